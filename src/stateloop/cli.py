@@ -1,0 +1,42 @@
+"""``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
+
+Each command lives in the module named in :data:`COMMANDS`, which provides
+``add_arguments(parser)`` and ``run(args) -> int``. Command modules are imported to build the
+parser, so they import heavy dependencies (lightning, lm-eval, mlflow) inside ``run`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stateloop.config import ConfigError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stateloop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

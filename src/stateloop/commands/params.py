@@ -1,0 +1,30 @@
+"""``stateloop params --config configs/paper.yaml``: one CSV row per run the config defines,
+with its parameter count taken from a model built on the meta device (no weights allocated)."""
+
+from __future__ import annotations
+
+import csv
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
+    p.add_argument("--experiments", nargs="*", help="only these experiments (default: all)")
+    p.add_argument("--output", help="write the CSV here instead of stdout")
+
+
+def run(args) -> int:
+    from stateloop.experiments import expand_runs, load_pipeline
+    from stateloop.models.registry import count_params
+
+    cfg = load_pipeline(args.config)
+    rows = [(r.id, r.model, r.scale, r.K, r.d_s, count_params(r.model_config)) for r in expand_runs(cfg, args.experiments)]
+    out = open(args.output, "w", newline="") if args.output else sys.stdout
+    try:
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
+        writer.writerows(rows)
+    finally:
+        if args.output:
+            out.close()
+    return 0

@@ -1,0 +1,211 @@
+"""Configuration schema: dataclasses are the schema, YAML files hold values only.
+
+Every section of a config file is read into a dataclass by :func:`from_dict`, which rejects
+unknown keys and values of the wrong type with a one-line :class:`ConfigError` naming the key
+(``model.d_modle: unknown key``). Resolution order for a run: scale defaults -> experiment
+overrides -> command-line ``key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config value is missing, unknown or of the wrong type. The message names the key."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass
+class ModelConfig:
+    """Shape of one model. Fields shared by every variant; variant-specific knobs go in
+    ``options`` and are checked against the variant's own options dataclass (see registry)."""
+
+    name: str = "vanilla_looped"  # registry name (one spelling everywhere)
+    vocab_size: int = 50432  # GPT-NeoX-20B's 50,277 ids padded to a multiple of 128
+    n_layers: int = 24  # layers in the shared backbone T
+    d_model: int = 2048  # d
+    d_ff: int = 5504  # SwiGLU width f
+    n_heads: int = 32
+    head_dim: int = 64
+    K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
+    d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    # Causal attention mixer over the state (eq. 8).
+    mixer_heads: int = 32
+    mixer_head_dim: int = 64
+    # Mamba-2 mixer over the state (eq. 9).
+    mamba_expand: int = 2
+    mamba_d_state: int = 128
+    mamba_d_conv: int = 4
+    mamba_head_dim: int = 64
+    mamba_n_groups: int = 8
+    mamba_chunk_size: int = 64
+    mamba_prenorm: bool = True  # [choice] pre-RMSNorm before the Mamba-2 block; the paper's count rounds the same either way
+    # Kernel selection: "auto" uses flash-attn / mamba_ssm on CUDA when importable, "torch" never does,
+    # "kernel" requires them and fails loudly.
+    attn_impl: str = "auto"
+    ssd_impl: str = "auto"
+    options: dict = field(default_factory=dict)  # variant-specific options (registry checks them)
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "head_dim", "K", "max_seq_len"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model.{key}: must be positive, got {getattr(self, key)}")
+        if self.d_state < 0:
+            raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
+        for key in ("attn_impl", "ssd_impl"):
+            if getattr(self, key) not in ("auto", "torch", "kernel"):
+                raise ConfigError(f"model.{key}: must be one of auto, torch, kernel; got {getattr(self, key)!r}")
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim: RoPE needs an even head size, got {self.head_dim}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Strict dict -> dataclass conversion
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, where)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        (item_tp, *_rest) = typing.get_args(tp) or (Any,)
+        return [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
+        return {_convert(k, key_tp, f"{where}"): _convert(v, val_tp, f"{where}.{k}") for k, v in value.items()}
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
+        return dict(value)
+    if tp is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
+        return list(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            # YAML reads 1.4b as a string but 410 as an int; names are strings.
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported annotation {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            raise ConfigError(f"{path}: unknown key (allowed: {', '.join(sorted(names))})")
+        kwargs[key] = _convert(value, hints[key], path)
+    for f in dataclasses.fields(cls):
+        if f.init and f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{where + '.' if where else ''}{f.name}: missing required key")
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        msg = str(err)
+        # Field checks in __post_init__ name the key relative to the section; prefix the section path.
+        raise ConfigError(msg if not where or msg.startswith(where) else f"{where}.{msg.split('.', 1)[-1]}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass -> plain dict (YAML/JSON-serialisable)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj
+
+
+def merge(base: dict, override: dict) -> dict:
+    """Recursive dict merge; values of ``override`` win. Neither input is modified."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_dotlist(items: list[str]) -> dict:
+    """``["train.lr=3e-4", "model.K=5"]`` -> nested dict with YAML-typed values."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{item}: override must look like key.path=value")
+        key, raw = item.split("=", 1)
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    with path.open() as fh:
+        data = yaml.safe_load(fh)
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    return data

@@ -1,0 +1,165 @@
+"""Looped language models: one shared backbone T applied K times, with or without a state.
+
+Vanilla Looped (Universal-Transformer style):
+
+    H^0 = sqrt(d) E[x]                      (1)  embedding scaled by sqrt(d)
+    H^k = T(H^{k-1}),  k = 1..K             (2)  one weight set, K applications
+    logits = W_o RMSNorm_f(H^K)                  untied LM head
+
+StateLoop (paper, Sec. 3) adds one persistent state S^k in R^{d_s} per token. With Z^0 = H^0,
+S^0 = 0, for k = 1..K:
+
+    X^k = T(Z^{k-1})                              backbone application k
+    S^k = Update(S^{k-1}, X^k)                    eqs. (3)-(6), models/state.py
+    S^k = Mixer(S^k)                              eqs. (7)-(9), models/mixers.py
+    R_k = W_{s->z} RMSNorm_s(S^k)   (k < K)       feedback read                       (10)
+    Z^k = X^k + R_k                 (k < K)       input of the next iteration         (11)
+    logits = W_o RMSNorm_f(X^K + R_K),  R_K = W_{s->out} RMSNorm_s(S^K)   terminal read (12)
+
+Extra parameters: W_u, W_Delta (d_s x d), b_Delta, A_log (d_s), W_{s->z}, W_{s->out} (d x d_s),
+RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
+
+Ablations (Table 4):
+- ``state_only`` (eq. 13): no reads at all; the loop is the vanilla loop Z^k = X^k, the state is
+  updated by eq. (6) at width d_s = d from every iteration, and the prediction reads the state
+  alone: logits = W_o RMSNorm_f(S^K). [choice: the paper's "state only" keeps W_u, W_Delta,
+  b_Delta, A_log and RMSNorm_h, which fixes the parameter count (409.00M); where the prediction
+  reads from is our reading of eq. (13).]
+- ``reset_state`` (eq. 14, left): S^{k-1} is replaced by 0 before every update, so nothing persists
+  across iterations: S^k = (1 - a^k) P^k.
+- ``stateloop_gru``: a GRU cell replaces eq. (6); P^k, feedback and readout unchanged.
+
+Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
+- ``return_states=True``: ``output.states`` = [S^1, ..., S^K] (after the mixer);
+- ``read_mask`` (K,) or (B, K), 1 keeps a read, 0 zeroes its projected output R_k;
+- ``state_overrides`` {k: tensor}: S^k is replaced after its update (and mixer) at boundary k;
+  the following iterations update from the replacement. Freezing S^i at every boundary after i
+  is ``{j: frozen_j for j in range(i + 1, K + 1)}``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from stateloop.models.backbone import Backbone, RMSNorm, Rotary
+from stateloop.models.cache import ModelCache
+from stateloop.models.mixers import build_mixer
+from stateloop.models.state import GRUStateCell, SelectiveStateCell
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # (B, T, V): next-token logits at every real token position
+    states: list[torch.Tensor] | None = None  # S^1..S^K when requested
+
+
+class LoopedLM(nn.Module):
+    """Vanilla Looped: eqs. (1)-(2). Subclasses override :meth:`loop`."""
+
+    def __init__(self, cfg, d_ff: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, d)
+        self.backbone = Backbone.from_config(cfg, d_ff=d_ff)
+        self.norm_f = RMSNorm(d, cfg.norm_eps)
+        self.head = nn.Linear(d, cfg.vocab_size, bias=False)
+
+    # -- pieces shared by every model ------------------------------------------------------------
+    @property
+    def n_layer_applications(self) -> int:
+        """Layer applications per token (the unrolled depth), used to scale the init."""
+        return self.cfg.K * self.cfg.n_layers
+
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.embed(idx) * math.sqrt(self.cfg.d_model)  # (1)
+
+    def rotary(self, T: int, cache: ModelCache | None, device, dtype) -> Rotary:
+        offset = 0 if cache is None else cache.seq_len
+        return Rotary(T, offset, self.cfg.head_dim, self.cfg.rope_theta, device, dtype)
+
+    def apply_backbone(self, h: torch.Tensor, rope: Rotary, cache: ModelCache | None, k: int) -> torch.Tensor:
+        """Application k of T, with the KV caches of that application when decoding."""
+        caches = None if cache is None else cache.kv_list(("T", k), len(self.backbone.layers))
+        return self.backbone(h, rope, caches)
+
+    def lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm_f(h))
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, cache: ModelCache | None = None, **hooks) -> ModelOutput:
+        """idx (B, T) token ids -> next-token logits (B, T, V). With ``cache``, idx continues the
+        sequence already in the cache (prefill, then one token or a chunk at a time)."""
+        h = self.embed_tokens(idx)
+        rope = self.rotary(idx.shape[1], cache, idx.device, h.dtype)
+        out = self.loop(h, rope, cache, **hooks)
+        if cache is not None:
+            cache.advance(idx.shape[1])
+        return out
+
+    def loop(self, h: torch.Tensor, rope: Rotary, cache: ModelCache | None) -> ModelOutput:
+        for k in range(self.cfg.K):
+            h = self.apply_backbone(h, rope, cache, k)  # (2)
+        return ModelOutput(self.lm_head(h))
+
+
+class StateLoopLM(LoopedLM):
+    """StateLoop and its ablations: eqs. (3)-(14). See the module docstring."""
+
+    def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
+        super().__init__(cfg)
+        d, d_s = cfg.d_model, cfg.d_state
+        if d_s <= 0:
+            raise ValueError(f"{cfg.name}: d_state must be positive")
+        self.reset, self.has_reads = reset, reads
+        self.cell = SelectiveStateCell(d, d_s, cfg.norm_eps) if update == "ssm" else GRUStateCell(d, d_s, cfg.norm_eps)
+        self.mixer = build_mixer(mixer, cfg)
+        if reads:
+            self.norm_s = RMSNorm(d_s, cfg.norm_eps)
+            self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
+            self.W_sout = nn.Linear(d_s, d, bias=False)  # W_{s->out}: terminal read R_K
+
+    def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
+        R = W(self.norm_s(S))
+        if keep is not None:
+            R = R * keep
+        return R
+
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+        K = self.cfg.K
+        keeps = self._read_keeps(read_mask, h)  # list of K broadcastable multipliers or None
+        states = []
+        z, S = h, None
+        for k in range(1, K + 1):
+            X = self.apply_backbone(z, rope, cache, k - 1)
+            S = self.cell(None if self.reset else S, X)  # (3)-(6); (14) resets S^{k-1} to 0
+            mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
+            S = self.mixer(S, rope, mix_cache)  # (7)-(9)
+            if state_overrides and k in state_overrides:
+                S = state_overrides[k].to(S.dtype).expand_as(S)
+            if return_states:
+                states.append(S)
+            if k < K:
+                z = X + self.read(self.W_sz, S, keeps[k - 1]) if self.has_reads else X  # (10)-(11)
+        if self.has_reads:
+            out = X + self.read(self.W_sout, S, keeps[K - 1])  # (12)
+        else:
+            out = S  # (13): the prediction reads the state alone
+        return ModelOutput(self.lm_head(out), states if return_states else None)
+
+    def _read_keeps(self, read_mask, h):
+        K = self.cfg.K
+        if read_mask is None:
+            return [None] * K
+        if not self.has_reads:
+            raise ValueError(f"{self.cfg.name} has no state reads to mask")
+        m = torch.as_tensor(read_mask, dtype=h.dtype, device=h.device)
+        if m.shape[-1] != K or m.dim() > 2:
+            raise ValueError(f"read_mask must have shape (K,) or (B, K) with K={K}; got {tuple(m.shape)}")
+        if m.dim() == 1:
+            return [m[k] for k in range(K)]
+        return [m[:, k, None, None] for k in range(K)]

@@ -1,0 +1,104 @@
+"""State update cells: how the persistent state S absorbs one iteration's output X^k.
+
+All cells map (S^{k-1}, X^k) -> S^k with S in R^{B x T x d_s} (one state per token) and
+X in R^{B x T x d}. Notation of the paper, Sec. 3:
+
+    U^k   = RMSNorm_h(X^k)                                   (3)
+    P^k   = U^k W_u^T                  proposal, d_s wide     (4)
+    Delta^k = softplus(U^k W_Delta^T + b_Delta)  step sizes   (5)
+    S^k   = exp(-Delta^k * lambda) * S^{k-1}
+            + (1 - exp(-Delta^k * lambda)) * P^k,  lambda = exp(A_log)   (6)
+
+Eq. (6) is a gated, input-selective diagonal SSM along the *iteration* axis: each channel c
+keeps a fraction exp(-Delta lambda_c) of its old value and writes the rest from the proposal.
+At initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
+1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
+
+The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
+P^k, with S^{k-1} as its hidden state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from stateloop.models.backbone import RMSNorm
+
+# Paper initialisation of eq. (5)-(6).
+DELTA_INIT = 0.3  # softplus(b_Delta) at init
+LAMBDA_RANGE = (0.01, 4.0)  # lambda = exp(A_log), log-spaced over the d_s channels
+
+
+def inverse_softplus(y: float) -> float:
+    """x with softplus(x) = y, i.e. log(e^y - 1)."""
+    return math.log(math.expm1(y))
+
+
+class SelectiveStateCell(nn.Module):
+    """Eqs. (3)-(6). Parameters: RMSNorm_h (d), W_u, W_Delta (d_s x d), b_Delta, A_log (d_s)."""
+
+    def __init__(self, d: int, d_s: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm_h = RMSNorm(d, eps)
+        self.W_u = nn.Linear(d, d_s, bias=False)
+        self.W_delta = nn.Linear(d, d_s, bias=False)
+        self.b_delta = nn.Parameter(torch.empty(d_s))
+        self.A_log = nn.Parameter(torch.empty(d_s))
+
+    def reset_parameters(self, std: float) -> None:
+        """Paper init: W_Delta = 0, b_Delta = log(e^0.3 - 1), lambda log-spaced in [0.01, 4]."""
+        nn.init.normal_(self.W_u.weight, std=std)
+        nn.init.zeros_(self.W_delta.weight)
+        nn.init.constant_(self.b_delta, inverse_softplus(DELTA_INIT))
+        lo, hi = LAMBDA_RANGE
+        with torch.no_grad():
+            lam = torch.logspace(math.log10(lo), math.log10(hi), self.A_log.numel(), dtype=torch.float64)
+            self.A_log.copy_(lam.log())
+
+    def gates(self, X: torch.Tensor):
+        """Proposal P^k and retention a^k = exp(-Delta^k lambda) for iteration output X^k."""
+        U = self.norm_h(X)  # (3)
+        P = self.W_u(U)  # (4)
+        delta = F.softplus(self.W_delta(U) + self.b_delta)  # (5)
+        a = torch.exp(-delta * torch.exp(self.A_log))
+        return P, a
+
+    def write_rate(self, X: torch.Tensor) -> torch.Tensor:
+        """1 - a^k: the fraction of each channel overwritten by the proposal."""
+        return 1.0 - self.gates(X)[1]
+
+    def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
+        P, a = self.gates(X)
+        if S_prev is None:  # S^0 = 0
+            return (1.0 - a) * P
+        return a * S_prev + (1.0 - a) * P  # (6)
+
+
+class GRUStateCell(nn.Module):
+    """GRU update (Table 4): S^k = GRU(P^k, S^{k-1}) with P^k = W_u RMSNorm_h(X^k).
+
+    torch.nn.GRUCell(d_s, d_s) with gates r, z and candidate n:
+        r = sigma(W_ir P + b_ir + W_hr S + b_hr),  z = sigma(W_iz P + b_iz + W_hz S + b_hz)
+        n = tanh(W_in P + b_in + r * (W_hn S + b_hn)),  S^k = (1 - z) * n + z * S^{k-1}
+    Parameters: RMSNorm_h (d), W_u (d_s x d), 6 d_s^2 weights and 6 d_s biases.
+    """
+
+    def __init__(self, d: int, d_s: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm_h = RMSNorm(d, eps)
+        self.W_u = nn.Linear(d, d_s, bias=False)
+        self.gru = nn.GRUCell(d_s, d_s)
+
+    def reset_parameters(self, std: float) -> None:
+        nn.init.normal_(self.W_u.weight, std=std)
+        self.gru.reset_parameters()  # PyTorch default: U(-1/sqrt(d_s), 1/sqrt(d_s))
+
+    def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
+        P = self.W_u(self.norm_h(X))
+        shape = P.shape
+        h = None if S_prev is None else S_prev.reshape(-1, shape[-1])
+        return self.gru(P.reshape(-1, shape[-1]), h).view(shape)
