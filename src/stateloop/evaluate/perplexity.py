@@ -1,0 +1,43 @@
+"""Held-out token perplexity on token shards (the paper's "Pile" column, and the NLL that the
+analyses compare under interventions)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def heldout_windows(shards, seq_len: int, max_windows: int | None = None) -> torch.Tensor:
+    """Consecutive non-overlapping windows of seq_len + 1 tokens from the start of a split
+    (input = window[:-1], target = window[1:]). Deterministic: the same windows every call."""
+    n = (len(shards) - 1) // seq_len
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n <= 0:
+        raise ValueError(f"{shards.dir}: split {shards.split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
+    return torch.from_numpy(np.stack([shards.window(i * seq_len, seq_len + 1) for i in range(n)]))
+
+
+@torch.no_grad()
+def token_nll(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **forward_kwargs) -> torch.Tensor:
+    """Summed NLL and token count per window: returns a (N, 2) float64 tensor [sum_nll, n_tokens]."""
+    out = []
+    for start in range(0, len(windows), batch_size):
+        batch = windows[start : start + batch_size].to(device)
+        logits = model(batch[:, :-1], **forward_kwargs).logits.float()
+        nll = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="none").view(batch.shape[0], -1)
+        out.append(torch.stack([nll.sum(1).double().cpu(), torch.full((batch.shape[0],), nll.shape[1], dtype=torch.float64)], 1))
+    return torch.cat(out)
+
+
+def mean_nll(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **forward_kwargs) -> float:
+    """Mean NLL per token over all windows (perplexity = exp of it)."""
+    totals = token_nll(model, windows, batch_size, device, **forward_kwargs).sum(0)
+    return float(totals[0] / totals[1])
+
+
+def perplexity(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **forward_kwargs) -> float:
+    return math.exp(mean_nll(model, windows, batch_size, device, **forward_kwargs))

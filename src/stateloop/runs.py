@@ -1,0 +1,112 @@
+"""Run folders: what training leaves behind, and what evaluation and analyses read.
+
+    results/runs/{scale}/{model}/K{K}_ds{ds}/
+        config.yaml        the resolved run config (sections: run, model, data, train, ...)
+        model.pt           final weights: {"model": state_dict, "config": resolved config}
+        checkpoints/       resumable training state (train stage)
+        train.json         training summary (steps, tokens, losses, MLflow run id, code version)
+        eval.json, shapley.json, interventions.json, ...   results of later stages
+
+A run folder alone rebuilds its model: the variant and its shape come from the saved config,
+never from command-line arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from stateloop.config import ConfigError, ModelConfig, from_dict
+
+FINAL_WEIGHTS = "model.pt"
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def code_version() -> str:
+    """The git commit of the code (with '+dirty' when the tree has changes), or 'unknown'."""
+    here = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def save_final(run_dir: str | Path, model: torch.nn.Module, config: dict) -> Path:
+    """Save the final weights with the resolved config (atomically)."""
+    path = Path(run_dir) / FINAL_WEIGHTS
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    atomic_torch_save({"model": state, "config": config, "code_version": code_version()}, path)
+    return path
+
+
+def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
+    """Rebuild a run's model from its folder. Returns (model in eval mode, resolved config dict).
+
+    Fails with a one-line error naming the file when the folder has no final weights, the file is
+    unreadable, or the weights do not fit the saved config.
+    """
+    from stateloop.models.registry import build_model
+
+    path = Path(run_dir) / FINAL_WEIGHTS
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # truncated or corrupt file
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(blob, dict) or "model" not in blob or "config" not in blob:
+        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
+    config = blob["config"]
+    mcfg = from_dict(ModelConfig, config.get("model"), "model")
+    model = build_model(mcfg, init=False)
+    try:
+        model.load_state_dict(blob["model"], strict=True)
+    except RuntimeError as err:
+        first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
+        raise ConfigError(f"{path}: weights do not match the saved config ({first})") from None
+    return model.to(device).eval(), config
