@@ -131,6 +131,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
@@ -196,8 +201,18 @@ def parse_dotlist(items: list[str]) -> dict:
         parts = key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _yaml_scalar(raw)
     return out
+
+
+def _yaml_scalar(raw: str):
+    value = yaml.safe_load(raw)
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string; users mean a number
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
 
 
 def load_yaml(path: str | Path) -> dict:

@@ -22,7 +22,7 @@ from stateloop.models import kernels
 
 
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * g, computed in float32 and cast back."""
+    """y = x / sqrt(mean(x^2) + eps) * g, computed in at least float32 and cast back."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -30,7 +30,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * y.to(x.dtype)
 

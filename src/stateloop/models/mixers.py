@@ -58,7 +58,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = y.dtype
-        y = (y * F.silu(z)).float()
+        y = (y * F.silu(z)).to(torch.promote_types(dtype, torch.float32))
         g = y.view(*y.shape[:-1], -1, self.group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * g.view_as(y).to(dtype)
@@ -136,7 +136,7 @@ class Mamba2(nn.Module):
         x = x.view(Bsz, T, H, P)
         Bm, Cm = Bm.view(Bsz, T, G, N), Cm.view(Bsz, T, G, N)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
-        A = -torch.exp(self.A_log.float())  # (H,)
+        A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (H,), fp32 at least
         if cache is None:
             y = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
         elif T == 1 and cache.ssm is not None:

@@ -1,0 +1,191 @@
+"""The state update (eqs. 3-6), its initialisation, the GRU and reset variants, the wiring of
+reads (eqs. 10-13) and the analysis hooks."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import tiny_config
+from stateloop.models.registry import build_model
+from stateloop.models.state import GRUStateCell, SelectiveStateCell
+
+
+def _softplus(x):
+    return math.log1p(math.exp(x))
+
+
+def test_eq6_against_hand_computation():
+    d, d_s = 2, 3
+    cell = SelectiveStateCell(d, d_s).double()
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    with torch.no_grad():
+        cell.norm_h.weight.copy_(f64([1.0, 2.0]))
+        cell.W_u.weight.copy_(f64([[1.0, 0.0], [0.5, -1.0], [0.0, 2.0]]))
+        cell.W_delta.weight.copy_(f64([[0.1, 0.2], [-0.3, 0.0], [0.0, 0.5]]))
+        cell.b_delta.copy_(f64([0.0, 1.0, -1.0]))
+        cell.A_log.copy_(torch.log(f64([0.5, 1.0, 2.0])))
+    X = torch.tensor([[[3.0, -4.0]]], dtype=torch.float64)
+    S_prev = torch.tensor([[[1.0, -2.0, 0.5]]], dtype=torch.float64)
+    # by hand: RMS of (3, -4) is sqrt(12.5); U = (3, -4) / sqrt(12.5) * (1, 2)
+    r = math.sqrt((9 + 16) / 2 + cell.norm_h.eps)
+    U = [3 / r * 1.0, -4 / r * 2.0]
+    Wu = [[1.0, 0.0], [0.5, -1.0], [0.0, 2.0]]
+    Wd = [[0.1, 0.2], [-0.3, 0.0], [0.0, 0.5]]
+    bd, lam, s0 = [0.0, 1.0, -1.0], [0.5, 1.0, 2.0], [1.0, -2.0, 0.5]
+    expected = []
+    for c in range(3):
+        P = Wu[c][0] * U[0] + Wu[c][1] * U[1]
+        delta = _softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c])
+        a = math.exp(-delta * lam[c])
+        expected.append(a * s0[c] + (1 - a) * P)
+    got = cell(S_prev, X)[0, 0].tolist()
+    assert got == pytest.approx(expected, abs=1e-12)
+    # S^0 = 0: the first update writes (1 - a) P only
+    assert cell(None, X)[0, 0].tolist() == pytest.approx(
+        [e - math.exp(-_softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c]) * lam[c]) * s0[c] for c, e in enumerate(expected)],
+        abs=1e-12,
+    )
+
+
+def test_initial_write_rate_is_one_minus_exp_minus_03_lambda():
+    d_s = 16
+    model = build_model(tiny_config("stateloop", d_state=d_s))
+    lam = torch.logspace(math.log10(0.01), math.log10(4.0), d_s, dtype=torch.float64)
+    assert torch.exp(model.cell.A_log.double()).tolist() == pytest.approx(lam.tolist(), rel=1e-6)
+    assert torch.count_nonzero(model.cell.W_delta.weight) == 0
+    assert _softplus(model.cell.b_delta[0].item()) == pytest.approx(0.3, abs=1e-6)
+    X = torch.randn(2, 5, model.cfg.d_model)  # any input: W_Delta = 0 makes the rate input-free
+    rate = model.cell.write_rate(X)
+    expected = (1 - torch.exp(-0.3 * lam)).float()
+    assert torch.allclose(rate, expected.expand_as(rate), atol=1e-6)
+
+
+def test_gru_cell_against_hand_computation():
+    d, d_s = 3, 2
+    cell = GRUStateCell(d, d_s).double()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in cell.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    X = torch.randn(1, 1, d, dtype=torch.float64)
+    S_prev = torch.randn(1, 1, d_s, dtype=torch.float64)
+    U = X[0, 0] / torch.sqrt(X[0, 0].pow(2).mean() + cell.norm_h.eps) * cell.norm_h.weight
+    P = cell.W_u.weight @ U
+    g = cell.gru
+    Wir, Wiz, Win = g.weight_ih.chunk(3)
+    Whr, Whz, Whn = g.weight_hh.chunk(3)
+    bir, biz, bin_ = g.bias_ih.chunk(3)
+    bhr, bhz, bhn = g.bias_hh.chunk(3)
+    s = S_prev[0, 0]
+    r = torch.sigmoid(Wir @ P + bir + Whr @ s + bhr)
+    z = torch.sigmoid(Wiz @ P + biz + Whz @ s + bhz)
+    n = torch.tanh(Win @ P + bin_ + r * (Whn @ s + bhn))
+    expected = (1 - z) * n + z * s
+    assert torch.allclose(cell(S_prev, X)[0, 0], expected, atol=1e-12)
+
+
+def _manual_forward(model, idx):
+    """Eqs. (1), (3)-(13) composed by hand from the model's modules."""
+    cfg = model.cfg
+    rope = model.rotary(idx.shape[1], None, idx.device, torch.float32)
+    z = model.embed.weight[idx] * math.sqrt(cfg.d_model)
+    S, states = None, []
+    for k in range(1, cfg.K + 1):
+        X = z
+        for layer in model.backbone.layers:
+            X = layer(X, rope)
+        S = model.cell(None if model.reset else S, X)
+        S = model.mixer(S, rope)
+        states.append(S)
+        if k < cfg.K and model.has_reads:
+            z = X + model.W_sz(model.norm_s(S))
+        else:
+            z = X
+    out = X + model.W_sout(model.norm_s(S)) if model.has_reads else S
+    return model.head(model.norm_f(out)), states
+
+
+@pytest.mark.parametrize("name", ["stateloop", "stateloop_attn", "stateloop_mamba2", "state_only", "reset_state", "stateloop_gru"])
+def test_forward_composes_the_equations(name):
+    cfg = tiny_config(name, d_state=32 if name == "state_only" else 24)
+    model = build_model(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 13))
+    with torch.no_grad():
+        out = model(idx, return_states=True)
+        logits, states = _manual_forward(model, idx)
+    assert (out.logits - logits).abs().max() < 1e-5
+    assert len(out.states) == cfg.K
+    for a, b in zip(out.states, states):
+        assert (a - b).abs().max() < 1e-5
+
+
+def test_reset_state_forgets_previous_iterations():
+    """With the reset (eq. 14), S^k is (1 - a^k) P^k of iteration k alone."""
+    model = build_model(tiny_config("reset_state")).eval()
+    idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
+    captured = []
+    handle = model.backbone.register_forward_hook(lambda m, i, o: captured.append(o))
+    with torch.no_grad():
+        out = model(idx, return_states=True)
+    handle.remove()
+    for X, S in zip(captured, out.states):
+        P, a = model.cell.gates(X)
+        assert torch.allclose(S, (1 - a) * P, atol=1e-6)
+
+
+def test_state_only_prediction_reads_the_state():
+    model = build_model(tiny_config("state_only")).eval()
+    idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
+    with torch.no_grad():
+        out = model(idx, return_states=True)
+        assert torch.allclose(out.logits, model.head(model.norm_f(out.states[-1])), atol=1e-6)
+        # no feedback: the backbone's input at iteration k+1 is its output at iteration k
+        vanilla = tiny_config("vanilla_looped")
+        captured = []
+        h = model.backbone.register_forward_hook(lambda m, i, o: captured.append((i[0], o)))
+        model(idx)
+        h.remove()
+        for (_, prev_out), (next_in, _) in zip(captured, captured[1:]):
+            assert torch.equal(prev_out, next_in)
+        assert vanilla.K == model.cfg.K
+
+
+class TestHooks:
+    @pytest.fixture
+    def model(self):
+        return build_model(tiny_config("stateloop", K=3)).eval()
+
+    def test_mask_of_ones_changes_nothing_and_batched_masks_equal_single(self, model):
+        idx = torch.randint(0, model.cfg.vocab_size, (1, 11))
+        masks = torch.tensor([[1, 1, 1], [0, 1, 1], [1, 0, 0], [0, 0, 0]], dtype=torch.float32)
+        with torch.no_grad():
+            plain = model(idx).logits
+            assert torch.allclose(model(idx, read_mask=torch.ones(3)).logits, plain)
+            batched = model(idx.expand(4, -1), read_mask=masks).logits
+            for i, m in enumerate(masks):
+                assert torch.allclose(batched[i], model(idx, read_mask=m).logits[0], atol=1e-6)
+            assert (batched[1] - plain[0]).abs().max() > 1e-4
+
+    def test_terminal_mask_reads_backbone_output_only(self, model):
+        idx = torch.randint(0, model.cfg.vocab_size, (1, 7))
+        captured = []
+        h = model.backbone.register_forward_hook(lambda m, i, o: captured.append(o))
+        with torch.no_grad():
+            logits = model(idx, read_mask=torch.tensor([1.0, 1.0, 0.0])).logits
+        h.remove()
+        assert torch.allclose(logits, model.head(model.norm_f(captured[-1])), atol=1e-6)
+
+    def test_overriding_a_state_with_itself_is_the_identity_and_overrides_propagate(self, model):
+        idx = torch.randint(0, model.cfg.vocab_size, (2, 10))
+        with torch.no_grad():
+            out = model(idx, return_states=True)
+            same = model(idx, state_overrides={2: out.states[1]}).logits
+            assert torch.allclose(same, out.logits, atol=1e-6)
+            frozen = model(idx, return_states=True, state_overrides={2: out.states[0], 3: out.states[0]})
+            assert torch.equal(frozen.states[1], out.states[0]) and torch.equal(frozen.states[2], out.states[0])
+            assert (frozen.logits - out.logits).abs().max() > 1e-4
+
+    def test_bad_mask_shape_is_an_error(self, model):
+        with pytest.raises(ValueError, match="read_mask"):
+            model(torch.zeros(1, 4, dtype=torch.long), read_mask=torch.ones(2))

@@ -1,0 +1,71 @@
+"""Strict configs: unknown keys and wrong types fail with one line naming the key."""
+
+import pytest
+
+from stateloop.config import ConfigError, ModelConfig, from_dict, parse_dotlist
+from stateloop.experiments import expand_runs, load_pipeline
+
+
+def test_unknown_key_names_the_path():
+    with pytest.raises(ConfigError, match=r"^model\.d_modle: unknown key"):
+        from_dict(ModelConfig, {"d_modle": 3}, "model")
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("d_model", "wide", "expected an integer"),
+    ("d_model", 2.5, "expected an integer"),
+    ("mamba_prenorm", "yes", "expected true/false"),
+    ("options", [1], "expected a mapping"),
+    ("attn_impl", "cuda", "must be one of auto, torch, kernel"),
+    ("d_model", 0, "must be positive"),
+])
+def test_wrong_types_and_values(key, value, msg):
+    with pytest.raises(ConfigError, match=msg) as err:
+        from_dict(ModelConfig, {key: value}, "model")
+    assert str(err.value).startswith(f"model.{key}") and "\n" not in str(err.value)
+
+
+def test_dotlist_overrides_are_yaml_typed():
+    assert parse_dotlist(["model.K=5", "train.lr=3e-4", "model.name=stateloop"]) == {
+        "model": {"K": 5, "name": "stateloop"}, "train": {"lr": 3e-4}}
+    with pytest.raises(ConfigError):
+        parse_dotlist(["model.K"])
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+BASE = """
+scales:
+  s: {model: {vocab_size: 97, n_layers: 2, d_model: 32, d_ff: 64, n_heads: 4, head_dim: 8}}
+experiments:
+"""
+
+
+def test_runs_are_deduplicated_across_experiments(tmp_path):
+    cfg = load_pipeline(_write(tmp_path, BASE + """
+  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_state: [16]}
+  b: {scale: s, models: [stateloop], K: [3], d_state: [8, 16]}
+"""))
+    runs = expand_runs(cfg)
+    ids = [r.id for r in runs]
+    assert len(ids) == len(set(ids)) == 5
+    shared = next(r for r in runs if r.id == "s/stateloop/K3_ds16")
+    assert shared.experiments == ["a", "b"] and shared.folder == "results/runs/s/stateloop/K3_ds16"
+    assert "s/vanilla_looped/K2_ds0" in ids
+
+
+@pytest.mark.parametrize("exp,msg", [
+    ("{scale: s, models: [stateloop_xl]}", "unknown model 'stateloop_xl'"),
+    ("{scale: big, models: [stateloop]}", "unknown scale 'big'"),
+    ("{scale: s, models: [stateloop], d_state: [0]}", "needs a positive state width"),
+    ("{scale: s, models: [stateloop], K: [two]}", "experiments.e.K[0]: expected an integer"),
+    ("{scale: s, models: [state_only], d_state: [16]}", "state_only keeps the state at the model width"),
+])
+def test_pipeline_errors_name_the_problem(tmp_path, exp, msg):
+    with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")) as err:
+        load_pipeline(_write(tmp_path, BASE + f"  e: {exp}\n"))
+    assert "\n" not in str(err.value)
