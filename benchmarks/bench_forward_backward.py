@@ -1,0 +1,74 @@
+"""Forward+backward time of the StateLoop variants relative to Vanilla Looped, side by side.
+
+Paper-shaped small config (24 layers, d = d_s = 128, K = 4, SwiGLU width 344 = 2.6875 d as at
+1.4B, GPT-NeoX vocabulary), fp32 on CPU. The models are timed in interleaved rounds, so load on
+the machine hits all of them alike; the script prints the median time per step and its ratio to
+vanilla_looped. The paper's parameter overheads (+1.2%, +2.4%, +3.3% at 1.4B) are printed beside
+the measured parameter overheads at this shape.
+
+    python benchmarks/bench_forward_backward.py [--batch 4] [--seq 256] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from stateloop.config import ModelConfig
+from stateloop.models.registry import build_model, count_params
+
+MODELS = ["vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"]
+PAPER_PARAM_OVERHEAD = {"stateloop": 1.18, "stateloop_attn": 2.36, "stateloop_mamba2": 3.26}
+
+
+def config(name: str, vocab: int) -> ModelConfig:
+    return ModelConfig(
+        name=name, vocab_size=vocab, n_layers=24, d_model=128, d_ff=344, n_heads=2, head_dim=64, K=4,
+        d_state=128 if name != "vanilla_looped" else 0, max_seq_len=1024, mixer_heads=2, mixer_head_dim=64,
+        mamba_expand=2, mamba_d_state=128, mamba_d_conv=4, mamba_head_dim=64, mamba_n_groups=1,
+    )
+
+
+def step_time(model, idx) -> float:
+    t0 = time.perf_counter()
+    logits = model(idx).logits
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--vocab", type=int, default=50432)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    models = {name: build_model(config(name, args.vocab)) for name in MODELS}
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq))
+    for m in models.values():  # warm-up
+        step_time(m, idx)
+    times = {name: [] for name in MODELS}
+    for _ in range(args.rounds):
+        for name, m in models.items():
+            times[name].append(step_time(m, idx))
+    base_t = statistics.median(times["vanilla_looped"])
+    base_p = count_params(config("vanilla_looped", args.vocab))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch} x {args.seq} tokens, "
+          f"{args.rounds} interleaved rounds (median)")
+    print(f"{'model':<18}{'ms/step':>10}{'time ratio':>12}{'params':>12}{'param +%':>10}{'paper +% (1.4B)':>17}")
+    for name in MODELS:
+        t = statistics.median(times[name])
+        p = count_params(config(name, args.vocab))
+        paper = PAPER_PARAM_OVERHEAD.get(name)
+        print(f"{name:<18}{t * 1e3:>10.1f}{t / base_t:>12.3f}{p:>12,}{100 * (p / base_p - 1):>10.2f}"
+              f"{'' if paper is None else f'{paper:+.2f}':>17}")
+
+
+if __name__ == "__main__":
+    main()
