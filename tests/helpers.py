@@ -13,6 +13,9 @@ from stateloop.models.registry import MODELS
 # Options some models need at the tiny shape (their defaults are sized for the paper).
 TINY_OPTIONS: dict[str, dict] = {
     "vanilla_looped_ffn": {"d_ff": 80},
+    "hyperloop": {"n_begin": 1, "n_middle": 1, "n_end": 1, "n_streams": 3},
+    "mesh": {"n_prelude": 1, "n_core": 1, "n_coda": 1},
+    "parcae": {"n_prelude": 1, "n_core": 1, "n_coda": 1},
 }
 
 

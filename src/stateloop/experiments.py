@@ -6,6 +6,7 @@ A config file (``configs/*.yaml``) has two sections::
       410m: {model: {n_layers: 24, d_model: 1024, ...}}
     experiments:   # name -> a grid of runs; a table or figure reads one or more experiments
       table4: {scale: 410m, models: [stateloop, state_only], K: [7], d_state: [1024]}
+      table1: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
 
 A run is (scale, model, K, d_s), with d_s = 0 for models without a persistent state. Runs are
 deduplicated across experiments: one run used by several tables is trained once. Its folder is
@@ -33,6 +34,9 @@ class ExperimentConfig:
     K: list[int] = field(default_factory=lambda: [4])
     d_state: list[int] = field(default_factory=lambda: [0])  # used by models with a state; others get 0
     options: dict[str, dict] = field(default_factory=dict)  # model name -> model.options overrides
+    # model name -> its own loop counts, replacing K for that model (MeSH and Parcae count core
+    # repetitions: 10 at 1.4B while the other Table 1 models loop K = 4 times)
+    K_by_model: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,7 +81,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
     for name, exp in cfg.experiments.items():
         if exp.scale not in cfg.scales:
             raise ConfigError(f"{where}: experiments.{name}.scale: unknown scale {exp.scale!r} (defined: {', '.join(cfg.scales)})")
-        for model in list(exp.models) + list(exp.options):
+        for model in list(exp.models) + list(exp.options) + list(exp.K_by_model):
             if model not in MODELS:
                 raise ConfigError(f"{where}: experiments.{name}.models: unknown model {model!r} (registered: {', '.join(MODELS)})")
     # Building every run's config checks the variant options and shape constraints early.
@@ -110,7 +114,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
         for model in exp.models:
             spec = get_spec(model)
             widths = exp.d_state if spec.has_state else [0]
-            for K in exp.K:
+            for K in exp.K_by_model.get(model, exp.K):
                 for d_s in widths:
                     try:
                         mcfg = run_model_config(scale, model, K, d_s, exp.options.get(model))

@@ -14,6 +14,11 @@ ROOT = Path(__file__).resolve().parents[2]
 PAPER = {  # (scale, model, K, d_s) -> millions, as printed in the paper
     ("1.4b", "vanilla_looped", 4, 0): 1420.92,
     ("1.4b", "vanilla_looped_ffn", 4, 0): 1467.22,
+    ("1.4b", "hyperloop", 4, 0): 1421.32,
+    ("1.4b", "mesh", 10, 0): 1421.51,
+    ("1.4b", "ponderlm", 4, 0): 1420.92,
+    ("1.4b", "parcae", 10, 0): 1429.32,
+    ("1.4b", "pause_token", 4, 0): 1420.92,
     ("1.4b", "stateloop", 4, 2048): 1437.71,
     ("1.4b", "stateloop_attn", 4, 2048): 1454.49,
     ("1.4b", "stateloop_mamba2", 4, 2048): 1467.23,

@@ -60,12 +60,14 @@ class ModelOutput:
 class LoopedLM(nn.Module):
     """Vanilla Looped: eqs. (1)-(2). Subclasses override :meth:`loop`."""
 
-    def __init__(self, cfg, d_ff: int | None = None):
+    def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, d)
-        self.backbone = Backbone.from_config(cfg, d_ff=d_ff)
+        # The looped stack (n_layers defaults to cfg.n_layers; prelude/core/coda baselines pass
+        # the size of their shared core here).
+        self.backbone = Backbone.from_config(cfg, n_layers=n_layers, d_ff=d_ff)
         self.norm_f = RMSNorm(d, cfg.norm_eps)
         self.head = nn.Linear(d, cfg.vocab_size, bias=False)
 

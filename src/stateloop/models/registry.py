@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from stateloop.config import ConfigError, ModelConfig, from_dict
+from stateloop.models.baselines import hyperloop, mesh, parcae, pause_token, ponderlm
 from stateloop.models.looped import LoopedLM, StateLoopLM
 
 
@@ -91,6 +92,21 @@ _SPECS = [
               description="the state is reset before every update (eq. 14)"),
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
               description="a GRU cell replaces the selective-SSM update"),
+    # The paper's baselines (models/baselines/, ../shared/design/baselines.md).
+    ModelSpec("hyperloop", lambda cfg, o: hyperloop.HyperloopLM(cfg, o), "Hyperloop", False,
+              hyperloop.HyperloopOptions, validate=hyperloop.check_options,
+              description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections"),
+    ModelSpec("mesh", lambda cfg, o: mesh.MeshLM(cfg, o), "MeSH", False, mesh.MeshOptions,
+              validate=mesh.check_options,
+              description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers"),
+    ModelSpec("ponderlm", lambda cfg, o: ponderlm.PonderLM(cfg, o), "PonderLM", False, ponderlm.PonderLMOptions,
+              description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
+    ModelSpec("parcae", lambda cfg, o: parcae.ParcaeLM(cfg, o), "Parcae", False, parcae.ParcaeOptions,
+              validate=parcae.check_options,
+              description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
+    ModelSpec("pause_token", lambda cfg, o: pause_token.PauseTokenLM(cfg, o), "Pause Token", False,
+              pause_token.PauseTokenOptions, validate=pause_token.check_options,
+              description="K-1 pause tokens after every token; the prediction is read at the last pause"),
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}

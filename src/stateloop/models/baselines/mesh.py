@@ -1,0 +1,144 @@
+"""MeSH, Memory-as-State-Highways (Yu et al., ICLR 2026): a slot buffer with step-wise routers.
+
+Structure "8 + 8R10 + 8" at 1.4B: prelude f_pre, a shared core f_core repeated K times (K = 10),
+coda f_coda. Instead of one hidden state carried from step to step, every token owns a buffer of
+S = K + 3 slots m_0..m_{S-1} (13 at K = 10), and the steps exchange information through it
+with softmax routers that are unique to each step (no step embedding is needed: the routers
+are what differ between steps). With h_emb = sqrt(d) E[x]:
+
+    m_0 = h_emb,  m_1 = ... = m_{S-1} = 0
+    transitional cycle (router pair 0):
+        h_p = f_pre(h_emb)
+        w^w = softmax(R^w_0 h_p + b^w_0),  w^r = softmax(R^r_0 h_p + b^r_0)     (over slots)
+        m_b <- m_b + w^w_b h_p  (all b);   h^0 = sum_b w^r_b m_b
+    core steps t = 0..K-1 (router pair t + 1; the routers read the core *input* h^t):
+        w^w = softmax(R^w_{t+1} h^t + b^w_{t+1}),  w^r = softmax(R^r_{t+1} h^t + b^r_{t+1})
+        h_m = f_core(h^t)
+        m_b <- m_b + w^w_b h_m;   h^{t+1} = sum_b w^r_b m_b         (read after the write)
+    logits = W_o RMSNorm_f(f_coda(h^K))
+
+Routers: R in R^{S x d} with a bias in R^S, K + 1 write and K + 1 read routers; extra
+parameters (K + 1) 2 (d + 1) S (1421.51M at 1.4B; the paper's count shows the biases). The
+buffer is transient: it lives inside one token's forward pass, so decoding needs only the KV
+caches of every layer application: prelude ("prelude"), core step t ("T", t), coda ("coda").
+
+What the paper leaves open, and the choices made here:
+- [assume] Slot 0 is read-only: the raw embedding stays readable in slot 0 at every step (the
+  design's "embedding highway"). The write softmax still has S logits, but slot 0's logit is
+  masked out, so each write distributes weight one over slots 1..S-1 (the slot-0 row of every
+  write router is kept for the parameter count and stays unused). ``protect_embedding_slot:
+  false`` writes to all S slots instead, which is the literal "for all b" of the update.
+- [assume] The transitional cycle above (the paper's Algorithm 2 is a figure, not text).
+- [assume] Routers read h directly (no normalisation); router weights N(0, init_std), bias 0
+  (uniform weights 1/S at init up to the small weight noise).
+- [paper, optional] h_emb is scaled by sqrt(d), as in MeSH's own recipe and the shared backbone.
+- The backbone init is the shared one, residual outputs scaled by the unrolled depth
+  n_prelude + K n_core + n_coda (96 at 1.4B), which is MeSH's recipe too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from stateloop.config import ConfigError
+from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
+from stateloop.models.looped import ModelOutput
+
+_SPLIT = ("n_prelude", "n_core", "n_coda")
+
+
+@dataclass
+class MeshOptions:
+    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
+    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
+    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
+    n_slots: int | None = None  # buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)
+    protect_embedding_slot: bool = True  # slot 0 keeps the embedding (writes go to slots 1..S-1)
+
+
+def resolve_slots(cfg, opts: MeshOptions) -> int:
+    return cfg.K + 3 if opts.n_slots is None else opts.n_slots
+
+
+def check_options(cfg, opts: MeshOptions) -> None:
+    check_split(dict(zip(_SPLIT, resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "mesh"))), "n_core", "mesh")
+    if resolve_slots(cfg, opts) < 2:
+        raise ConfigError(f"model.options.n_slots: mesh needs at least 2 slots, got {resolve_slots(cfg, opts)}")
+
+
+class SlotRouter(nn.Module):
+    """The write and read routers of one step: per-token softmax weights over the S slots."""
+
+    def __init__(self, d: int, n_slots: int, protect_slot0: bool):
+        super().__init__()
+        self.write = nn.Linear(d, n_slots, bias=True)  # R^w, b^w
+        self.read = nn.Linear(d, n_slots, bias=True)  # R^r, b^r
+        self.protect_slot0 = protect_slot0
+
+    def forward(self, h: torch.Tensor):
+        """h (B, T, d) -> write and read weights (B, T, S), each summing to one over the slots."""
+        logits_w = self.write(h).float()
+        if self.protect_slot0:
+            logits_w = logits_w.masked_fill(torch.arange(logits_w.shape[-1], device=h.device) == 0, float("-inf"))
+        w_write = torch.softmax(logits_w, dim=-1).to(h.dtype)
+        w_read = torch.softmax(self.read(h).float(), dim=-1).to(h.dtype)
+        return w_write, w_read
+
+
+def write_then_read(m: torch.Tensor, h_new: torch.Tensor, w_write: torch.Tensor, w_read: torch.Tensor):
+    """One buffer step: m_b <- m_b + w^w_b h_new for every slot b, then read sum_b w^r_b m_b.
+
+    m (B, T, S, d), h_new (B, T, d), weights (B, T, S) -> (new buffer, read-out (B, T, d))."""
+    m = m + w_write[..., None] * h_new[..., None, :]
+    return m, torch.einsum("bts,btsd->btd", w_read, m)
+
+
+class MeshLM(StackedLM):
+    """Prelude -> K router-mediated core steps over a slot buffer -> coda (module docstring)."""
+
+    def __init__(self, cfg, opts: MeshOptions | None = None):
+        opts = opts or MeshOptions()
+        n_prelude, n_core, n_coda = resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "mesh")
+        super().__init__(cfg, n_layers=n_core)  # self.backbone: the shared core f_core
+        self.opts = opts
+        self.n_prelude, self.n_core, self.n_coda = n_prelude, n_core, n_coda
+        self.n_slots = resolve_slots(cfg, opts)
+        self.prelude = self.unique_stack(n_prelude)
+        self.coda = self.unique_stack(n_coda)
+        self.routers = nn.ModuleList(
+            SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
+        )
+
+    @property
+    def n_layer_applications(self) -> int:
+        return self.n_prelude + self.cfg.K * self.n_core + self.n_coda
+
+    def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
+        """m_0 = h_emb, the other slots 0: (B, T, S, d)."""
+        m = h_emb.new_zeros(*h_emb.shape[:-1], self.n_slots, h_emb.shape[-1])
+        m[..., 0, :] = h_emb
+        return m
+
+    def forward(self, idx: torch.Tensor, cache=None, return_buffers: bool = False) -> ModelOutput:
+        """With ``return_buffers``, ``output.states`` lists the buffer after every write
+        (transitional cycle, then core steps 1..K), for the analyses and tests."""
+        h_emb = self.embed_tokens(idx)
+        rope = self.rotary(idx.shape[1], cache, idx.device, h_emb.dtype)
+        m = self.init_buffer(h_emb)
+        buffers = []
+        # Transitional cycle: the prelude output is written, then the core's first input is read.
+        h_p = self.apply_stack(self.prelude, h_emb, rope, cache, ("prelude",))
+        m, h = write_then_read(m, h_p, *self.routers[0](h_p))
+        buffers.append(m)
+        for t in range(self.cfg.K):
+            w_write, w_read = self.routers[t + 1](h)  # routers read the core input h^t
+            h_m = self.apply_backbone(h, rope, cache, t)
+            m, h = write_then_read(m, h_m, w_write, w_read)
+            buffers.append(m)
+        out = self.apply_stack(self.coda, h, rope, cache, ("coda",))
+        if cache is not None:
+            cache.advance(idx.shape[1])
+        return ModelOutput(self.lm_head(out), buffers if return_buffers else None)

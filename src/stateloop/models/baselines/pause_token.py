@@ -1,0 +1,120 @@
+"""Pause tokens (Goyal et al., ICLR 2024), in the StateLoop paper's compute-matched variant.
+
+A plain (non-looped) backbone T reads every real token followed by P pause tokens
+(P = K - 1 = 3 at K = 4), so each real token gets K positions x L layers = K L layer
+applications, the compute of a K-times looped model:
+
+    input   x_1 p p p x_2 p p p ... x_T p p p                      length (P + 1) T
+    H       = T(sqrt(d) E[input])                                   one pass, RoPE positions 0..(P+1)T-1
+    logits_t = W_o RMSNorm_f(H at the last pause after x_t)         prediction of x_{t+1}
+
+The model is never trained to predict a pause: only the output at the last pause of each group
+carries a label (x_{t+1}); the outputs at x_t and at the other pauses are ignored (label -100).
+``forward`` returns exactly those T read-outs, so training is plain next-token CE on (B, T, V),
+with one target per real token, like every other model. :func:`expand_with_pauses` builds the
+expanded ids and the equivalent masked labels explicitly.
+
+The pause embedding is one row of the input embedding E, an id the tokenizer never emits
+(GPT-NeoX-20B has 50,277 ids, padded to 50,432), so there are no new parameters (1420.92M).
+
+Decoding: a prompt is expanded the same way; each new real token is appended as the chunk
+[x, p, ..., p] of P + 1 positions to the ordinary per-layer KV caches (L caches growing by P + 1
+entries per real token). ``ModelCache.seq_len`` counts real tokens; the RoPE offset of the next
+chunk is (P + 1) seq_len.
+
+What the paper leaves open, and the choices made here:
+- [assume] Non-looped 24-layer T, with K - 1 pauses per token (the ``n_pause`` option overrides).
+- [assume] The pause id is the last padded row, ``vocab_size - 1`` (option ``pause_id``). Real
+  tokens must not use that id; nothing checks it.
+- [assume] Consecutive RoPE positions over the expanded sequence; a training sequence of T real
+  tokens is a (P + 1) T-position context.
+- Init: residual outputs scaled by the depth of the residual stream, L layers (not K L: every
+  position passes through T once), see ``n_layer_applications``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from stateloop.config import ConfigError
+from stateloop.models.looped import LoopedLM, ModelOutput
+from stateloop.models.backbone import Rotary
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class PauseTokenOptions:
+    n_pause: int | None = None  # pauses after every real token; None: K - 1 (3 at K = 4)
+    pause_id: int | None = None  # embedding row of <pause>; None: vocab_size - 1 (an unused padded id)
+
+
+def resolve_pause(cfg, opts: PauseTokenOptions) -> tuple[int, int]:
+    n_pause = cfg.K - 1 if opts.n_pause is None else opts.n_pause
+    pause_id = cfg.vocab_size - 1 if opts.pause_id is None else opts.pause_id
+    return n_pause, pause_id
+
+
+def check_options(cfg, opts: PauseTokenOptions) -> None:
+    n_pause, pause_id = resolve_pause(cfg, opts)
+    if n_pause < 0:
+        raise ConfigError(f"model.options.n_pause: must be >= 0, got {n_pause}")
+    if not 0 <= pause_id < cfg.vocab_size:
+        raise ConfigError(f"model.options.pause_id: must be a row of the vocabulary [0, {cfg.vocab_size}), got {pause_id}")
+
+
+def expand_with_pauses(idx: torch.Tensor, n_pause: int, pause_id: int, targets: torch.Tensor | None = None):
+    """Insert ``n_pause`` pause ids after every token and build the matching labels.
+
+    idx (B, T) -> ids (B, (P+1) T): x_1 p..p x_2 p..p ... x_T p..p.
+    labels (B, (P+1) T): -100 everywhere except at the last pause after x_t, which holds the
+    target of x_t: ``targets[:, t]`` when given, else the next real token x_{t+1} (and -100 for
+    the last group, which has no next token). With P = 0 the last "pause" is x_t itself.
+    """
+    B, T = idx.shape
+    G = n_pause + 1
+    ids = torch.full((B, T, G), pause_id, dtype=idx.dtype, device=idx.device)
+    ids[:, :, 0] = idx
+    if targets is None:
+        targets = torch.full_like(idx, IGNORE_INDEX)
+        targets[:, :-1] = idx[:, 1:]
+    labels = torch.full((B, T, G), IGNORE_INDEX, dtype=torch.long, device=idx.device)
+    labels[:, :, -1] = targets
+    return ids.reshape(B, T * G), labels.reshape(B, T * G)
+
+
+class PauseTokenLM(LoopedLM):
+    """One pass of T over the pause-expanded sequence; logits read at each group's last pause."""
+
+    def __init__(self, cfg, opts: PauseTokenOptions | None = None):
+        super().__init__(cfg)
+        self.n_pause, self.pause_id = resolve_pause(cfg, opts or PauseTokenOptions())
+
+    @property
+    def n_layer_applications(self) -> int:
+        return self.cfg.n_layers  # depth of every position's residual stream
+
+    @property
+    def group(self) -> int:
+        return self.n_pause + 1  # positions per real token
+
+    def hidden(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
+        """Final hidden states H at every expanded position: (B, (P+1) T, d)."""
+        ids, _ = expand_with_pauses(idx, self.n_pause, self.pause_id)
+        h = self.embed_tokens(ids)
+        offset = 0 if cache is None else cache.seq_len * self.group
+        rope = Rotary(ids.shape[1], offset, self.cfg.head_dim, self.cfg.rope_theta, idx.device, h.dtype)
+        h = self.apply_backbone(h, rope, cache, 0)
+        if cache is not None:
+            cache.advance(idx.shape[1])  # real tokens
+        return h
+
+    def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
+        h = self.hidden(idx, cache)
+        return ModelOutput(self.lm_head(h[:, self.group - 1 :: self.group]))  # the last pause of each group
+
+    def expanded_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits at every expanded position (B, (P+1) T, V), for analyses and tests."""
+        return self.lm_head(self.hidden(idx))
