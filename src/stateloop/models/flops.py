@@ -1,30 +1,53 @@
-"""Compute of a model counted from its config: FLOPs per token of a forward(+backward) pass.
+"""Compute of a model counted from its config: FLOPs and layer applications per token.
 
-The count comes from running the real forward pass on the meta device under
+The count comes from running the real forward and backward pass on the meta device under
 ``torch.utils.flop_counter.FlopCounterMode``: every matmul, attention and scan the model really
 performs is counted, loop iterations included (a K-times looped model counts K backbone
-applications), and nothing is allocated. Backward is counted by autograd in the same way.
+applications, Pause Token its 4 positions per real token), and nothing is allocated.
 Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 
-def flops_per_token(cfg, seq_len: int, backward: bool = True) -> float:
-    """Matmul FLOPs per token of one training step (forward + backward) at ``seq_len``."""
+@dataclass
+class ComputeProfile:
+    flops_per_token: float  # training (forward + backward) matmul FLOPs per real token
+    forward_flops_per_token: float
+    layer_applications_per_token: float  # decoder-layer applications per real token (unrolled depth)
+
+
+def compute_profile(cfg, seq_len: int) -> ComputeProfile:
+    from stateloop.models.backbone import Layer
     from stateloop.models.registry import build_model
 
     cfg = dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch")
     model = build_model(cfg, device="meta")
+    positions = [0]
+
+    def count(module, args, output):
+        positions[0] += args[0].shape[0] * args[0].shape[1]
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, Layer)]
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     counter = FlopCounterMode(display=False)
     with counter:
         logits = model(idx).logits
-        if backward:
-            logits.float().sum().backward()
-    return counter.get_total_flops() / seq_len
+    forward = counter.get_total_flops()
+    for h in hooks:
+        h.remove()
+    with counter:
+        logits.float().sum().backward()
+    backward = counter.get_total_flops()
+    return ComputeProfile((forward + backward) / seq_len, forward / seq_len, positions[0] / seq_len)
+
+
+def flops_per_token(cfg, seq_len: int) -> float:
+    """Training (forward + backward) matmul FLOPs per token at ``seq_len``."""
+    return compute_profile(cfg, seq_len).flops_per_token
