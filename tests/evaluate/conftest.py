@@ -61,7 +61,7 @@ def save_run(run_dir: Path, data_dir: Path, name: str = "vanilla_looped", model=
     from stateloop.models.registry import build_model
     from stateloop.runs import save_final
 
-    cfg = tiny_config(name, vocab_size=MODEL_VOCAB, max_seq_len=64, **overrides)
+    cfg = tiny_config(name, **{"vocab_size": MODEL_VOCAB, "max_seq_len": 64, **overrides})
     model = model if model is not None else build_model(cfg).eval()
     config = {"run": {"id": f"test/{name}/K{cfg.K}_ds{cfg.d_state}", "scale": "test"},
               "model": config_model if config_model is not None else to_dict(cfg), "data": {"dir": str(data_dir)}}
@@ -79,13 +79,19 @@ def make_run(tmp_path, data_dir):
     return make
 
 
+@pytest.fixture(scope="session")
+def mlflow_dir(tmp_path_factory):
+    """One MLflow store for the session (creating its tables takes seconds)."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch, tmp_path):
-    """Nothing may come from the Hub; MLflow writes into the test's folder."""
+def _offline(monkeypatch, tmp_path, mlflow_dir):
+    """Nothing may come from the Hub; MLflow writes into the session's store."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.chdir(tmp_path)  # MLflow's artifact folder (./mlruns) lands here
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{mlflow_dir / 'mlflow.db'}")
+    monkeypatch.chdir(mlflow_dir)  # MLflow's artifact folder (./mlruns) lands there
 
 
 @pytest.fixture(autouse=True)
