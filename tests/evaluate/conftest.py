@@ -23,10 +23,12 @@ def sentences(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
-    """tokenizer.json (byte-level BPE, eos <|endoftext|>), meta.json and a `val` split of shards."""
+    """tokenizer.json (byte-level BPE, eos <|endoftext|>, trained on generated sentences and
+    synthetic-corpus documents), meta.json and a `val` split of shards."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from stateloop.data.shards import ShardWriter, token_dtype, write_meta
+    from stateloop.data.synthetic import iter_documents
 
     folder = tmp_path_factory.mktemp("data")
     tok = Tokenizer(models.BPE())
@@ -34,16 +36,17 @@ def data_dir(tmp_path_factory) -> Path:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(sentences(2000, seed=0), trainer)
+    tok.train_from_iterator(sentences(2000, seed=0) + list(iter_documents("train", 300)), trainer)
     assert tok.get_vocab_size() <= MODEL_VOCAB
     tok.save(str(folder / "tokenizer.json"))
     eos = tok.token_to_id(EOS)
     dtype = token_dtype(tok.get_vocab_size())
     writer = ShardWriter(folder, "val", dtype, shard_tokens=1500)  # several shards: windows cross boundaries
-    for line in sentences(300, seed=1):
-        writer.add(tok.encode(line).ids + [eos])
+    for text in sentences(100, seed=1) + list(iter_documents("val", 20)):
+        writer.add(tok.encode(text).ids + [eos])
     write_meta(folder, {"dtype": dtype.name, "vocab_size": tok.get_vocab_size(), "eos_id": eos,
-                        "tokenizer": {"source": "test"}, "splits": {"val": writer.close()}})
+                        "tokenizer": {"file": "tokenizer.json"}, "splits": {"val": writer.close()},
+                        "source": {"kind": "synthetic", "generator": "v1", "seed": 0, "max_hops": 3}})
     return folder
 
 

@@ -157,3 +157,38 @@ def test_paper_task_names_are_lm_evals_own(tmp_path):
     assert all(prepared.output_types[t] == "multiple_choice" for t in PAPER_TASKS if t not in ("wikitext", "lambada_openai"))
     assert all(metrics.reported(t) for t in PAPER_TASKS)
     assert "acc_norm for arc_challenge, hellaswag" in metrics.describe("accuracy", PAPER_TASKS)
+
+
+def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
+    """The synthetic multiple-choice and cloze tasks run offline through lm-eval at 0 and 5 shots;
+    the logged 5-shot prompts hold five answered examples from the few-shot pool, then the item."""
+    run_dir, _ = make_run("stateloop", max_seq_len=256)
+    assert eval_cli(run_dir, "--no-mlflow", "--tasks", "synth_mc", "synth_cloze", "--shots", "0", "5", "--limit", "5",
+                    "--set", "eval.heldout_windows=4", "eval.bootstrap_iters=0", "eval.fewshot_pool=20") == 0
+    res = json.loads((run_dir / "eval.json").read_text())
+    work = run_dir / "eval_work"
+    for task in ("synth_mc", "synth_cloze"):
+        entry = res["tasks"][task]
+        assert entry["source"] == "local" and entry["reported"]["accuracy"] == "acc"
+        for shots in ("0", "5"):
+            block = entry["shots"][shots]
+            assert block["n_shot"] == int(shots) and block["n_samples"]["effective"] == 5
+            assert 0.0 <= block["metrics"]["acc"] <= 1.0
+        pool = [json.loads(l) for l in (work / task / "train.jsonl").read_text().splitlines()]
+        if task == "synth_mc":
+            answered = {f"{d['question']}\nAnswer: {d['choices'][d['label']]}" for d in pool}
+        else:
+            answered = {d["context"] + d["target"] for d in pool}
+        for shots in (0, 5):
+            samples = [json.loads(l) for l in (run_dir / "eval_samples" / f"{task}_{shots}shot.jsonl").read_text().splitlines()]
+            assert len(samples) == 5
+            for s in samples:
+                prompt = s["arguments"][0][0]
+                assert prompt.count("Answer:") == shots + 1
+                blocks = prompt.split("\n\n")  # lm-eval's few-shot delimiter
+                assert len(blocks) == shots + 1
+                assert all(b in answered for b in blocks[:-1])
+                assert len(set(blocks[:-1])) == shots
+    # The held-out items differ from the few-shot pool (the generator's test vs train split).
+    test_items = (work / "synth_mc" / "test.jsonl").read_text().splitlines()
+    assert not set(test_items) & set((work / "synth_mc" / "train.jsonl").read_text().splitlines())

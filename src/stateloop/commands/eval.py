@@ -1,8 +1,8 @@
 """``stateloop eval RUN_DIR``: held-out perplexity and lm-eval tasks for one trained run.
 
-The eval settings are, in increasing precedence: EvalConfig's defaults (the paper's tasks at 0 and
-5 shots), the ``eval`` section saved in the run's resolved config, the ``eval`` section of the
-run's scale in ``--config``, ``--set eval.key=value`` overrides, and the dedicated flags
+The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
+config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
+paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
 (``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
 
 Writes RUN_DIR/eval.json (atomically) and RUN_DIR/eval_samples/, and logs to the run's MLflow run.
@@ -50,18 +50,26 @@ def run_config_of(run_dir) -> dict:
 
 
 def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict | None = None):
-    """EvalConfig for a run: defaults <- saved `eval` <- --config's scale `eval` <- overrides."""
+    """EvalConfig for a run: the `eval` section of the run's scale in ``config_file`` (default:
+    the pipeline config the run was trained from, ``run.config`` of its resolved config, when that
+    file exists; else an `eval` section saved in the resolved config; else the defaults), then
+    ``overrides``."""
+    from pathlib import Path
+
     from stateloop.config import ConfigError, from_dict, merge, to_dict
     from stateloop.evaluate.config import EvalConfig
     from stateloop.evaluate.lm import run_id_of
 
     run_config = run_config_of(run_dir)
     data = dict(run_config.get("eval") or {})
+    run_section = run_config.get("run") if isinstance(run_config.get("run"), dict) else {}
+    if not config_file and run_section.get("config") and Path(run_section["config"]).is_file():
+        config_file = run_section["config"]
     if config_file:
         from stateloop.experiments import load_pipeline
 
         pipeline = load_pipeline(config_file)
-        scale = (run_config.get("run") or {}).get("scale") or run_id_of(run_dir, run_config).split("/")[0]
+        scale = run_section.get("scale") or run_id_of(run_dir, run_config).split("/")[0]
         if scale not in pipeline.scales:
             raise ConfigError(f"{config_file}: scales.{scale}: not defined (the run's scale; defined: {', '.join(pipeline.scales)})")
         data = to_dict(pipeline.scales[scale].eval)

@@ -23,7 +23,7 @@ class EvalConfig:
     shots: list[int] = field(default_factory=lambda: [0, 5])  # few-shot counts; perplexity tasks run at 0 only
     limit: int | None = None  # at most this many documents per task (quick runs); None: all
     batch_size: int = 16  # sequences per forward pass
-    max_length: int | None = None  # context window in tokens; None: the model's max_seq_len
+    max_length: int | None = None  # context window in tokens; None: the run's train.seq_len, else model.max_seq_len
     precision: str = "32-true"  # "32-true" or "bf16-mixed" (autocast on CUDA)
     device: str = "auto"  # "auto": cuda when available, else cpu
     task_data: dict[str, str] = field(default_factory=dict)  # local task -> folder of its source files

@@ -32,8 +32,14 @@ from stateloop.evaluate.config import EvalConfig
 RESULTS_FILE = "eval.json"
 SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
-DEFAULT_TRACKING_URI = "sqlite:///results/mlflow.db"
 DEFAULT_EXPERIMENT = "stateloop"
+
+
+def trained_length(config: dict) -> int | None:
+    """The context the run was trained with (train.seq_len), the default evaluation window; None
+    leaves the model's max_seq_len."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    return train.get("seq_len") or None
 
 
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
@@ -84,14 +90,15 @@ def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> 
     return path
 
 
-def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, progress: bool = True) -> dict:
+def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, progress: bool = True,
+              data_meta: dict | None = None) -> dict:
     """lm-eval over cfg.tasks x cfg.shots. Returns {"lm_eval_version", "tasks": {...}}."""
     import lm_eval
     from lm_eval import simple_evaluate
 
     from stateloop.evaluate.tasks import prepare_tasks
 
-    prepared = prepare_tasks(cfg.tasks, work_dir, cfg)
+    prepared = prepare_tasks(cfg.tasks, work_dir, cfg, data_meta)
     tasks: dict[str, dict] = {}
     for shots in sorted(cfg.shots):
         names = [t for t in cfg.tasks if shots == 0 or prepared.output_types[t] != "loglikelihood_rolling"]
@@ -140,7 +147,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     run_dir = Path(run_dir)
     run = load_run(run_dir, cfg.device)
     lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
-                         max_length=cfg.max_length, device=str(next(run.model.parameters()).device),
+                         max_length=cfg.max_length or trained_length(run.config), device=str(next(run.model.parameters()).device),
                          precision=cfg.precision, name=run.run_id)
     started = datetime.datetime.now(datetime.timezone.utc)
     results: dict = {
@@ -157,7 +164,9 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
               file=sys.stderr, flush=True)
     samples_dir = run_dir / SAMPLES_DIR if cfg.log_samples else None
     if cfg.tasks:
-        results.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress))
+        from stateloop.data.shards import read_meta
+
+        results.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
     else:
         import lm_eval
 
@@ -165,7 +174,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     results["seconds"] = round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2)
     results["summary"] = summary(results)
     if mlflow:
-        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results)
+        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config)
     atomic_write_json(run_dir / RESULTS_FILE, results)
     return results
 
@@ -174,44 +183,64 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
 # MLflow
 
 
-def tracking_uri() -> str:
-    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def _train_run_id(run_dir: Path) -> str | None:
+def _train_summary(run_dir: Path) -> dict:
     path = run_dir / "train.json"
     if not path.is_file():
-        return None
+        return {}
     try:
-        return json.loads(path.read_text()).get("mlflow_run_id") or None
-    except (ValueError, AttributeError):
-        raise ConfigError(f"{path}: not a JSON object") from None
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
 
 
-def log_to_mlflow(run_dir: Path, run_id: str, results: dict) -> str:
-    """Log the summary metrics (and eval.json as an artifact) into the run's MLflow run: the one
-    named in train.json's ``mlflow_run_id`` when training recorded it, else a run named by the
-    run id in the ``MLFLOW_EXPERIMENT_NAME`` experiment (default "stateloop"), created if absent."""
-    import mlflow
+def tracking_uri(train_summary: dict | None = None) -> str:
+    """$MLFLOW_TRACKING_URI, else the store training logged to (train.json), else
+    sqlite:///<absolute cwd>/results/mlflow.db (as training's default)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    if train_summary and train_summary.get("mlflow_tracking_uri"):
+        return train_summary["mlflow_tracking_uri"]
+    db = Path.cwd().resolve() / "results" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None) -> str:
+    """Log the summary metrics (as ``eval/<name>``) and eval.json (as an artifact) into the run's
+    MLflow run: the one named by train.json's ``mlflow_run_id`` when training recorded it, else a
+    run named by the run id in the training config's experiment (``train.mlflow_experiment``,
+    default "stateloop"), created when absent and found again on the next evaluation."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri()
+    summary_ = _train_summary(run_dir)
+    uri = tracking_uri(summary_)
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     client = MlflowClient(tracking_uri=uri)
-    mlflow_id = _train_run_id(run_dir)
-    if mlflow_id is None:
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+    mlflow_id = summary_.get("mlflow_run_id")
+    if mlflow_id:
+        try:
+            client.get_run(mlflow_id)
+        except MlflowException:
+            raise ConfigError(f"{run_dir / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
+    else:
+        train = (config or {}).get("train") if isinstance((config or {}).get("train"), dict) else {}
+        name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
         exp = client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
-        found = client.search_runs([exp_id], filter_string=f"tags.`mlflow.runName` = '{run_id}'", max_results=1)
+        found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
         mlflow_id = found[0].info.run_id if found else client.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
-    step = 0
-    metrics = [mlflow.entities.Metric(f"eval/{k}", float(v), int(datetime.datetime.now().timestamp() * 1000), step)
-               for k, v in results["summary"].items()]
-    tags = [mlflow.entities.RunTag("eval.lm_eval_version", results.get("lm_eval_version", "")),
-            mlflow.entities.RunTag("eval.code_version", results.get("code_version", ""))]
-    for start in range(0, len(metrics), 500):
+    now = int(datetime.datetime.now().timestamp() * 1000)
+    metrics = [Metric(f"eval/{k}", float(v), now, 0) for k, v in results["summary"].items()]
+    tags = [RunTag("eval.lm_eval_version", str(results.get("lm_eval_version", ""))),
+            RunTag("eval.code_version", str(results.get("code_version", "")))]
+    for start in range(0, max(len(metrics), 1), 500):
         client.log_batch(mlflow_id, metrics=metrics[start : start + 500], tags=tags if start == 0 else [])
     client.log_dict(mlflow_id, results, "eval/eval.json")
     return mlflow_id

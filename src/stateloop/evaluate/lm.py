@@ -30,8 +30,6 @@ length, longest first (lm-eval's ``Collator``), right padding, results back in r
 from __future__ import annotations
 
 import inspect
-import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,31 +74,18 @@ def run_id_of(run_dir: Path, config: dict) -> str:
 
 
 def load_tokenizer(data_dir: Path):
-    """The tokenizer that made a data folder's shards, and its end-of-document id (meta.json)."""
-    data_dir = Path(data_dir)
-    meta_path = data_dir / "meta.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"{meta_path}: no token-shard metadata (has `stateloop tokenize` run for this data?)")
-    try:
-        meta = json.loads(meta_path.read_text())
-        eos_id = int(meta["eos_id"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"{meta_path}: unreadable or without eos_id ({type(err).__name__}: {err})") from None
-    try:  # the data stage's loader, where present (it knows every tokenizer source the data stage writes)
-        from stateloop.data import load_tokenizer as data_load_tokenizer
-    except ImportError:
-        data_load_tokenizer = None
-    if data_load_tokenizer is not None:
-        return data_load_tokenizer(data_dir), eos_id
-    from tokenizers import Tokenizer
+    """The tokenizer that made a data folder's shards (checked against meta.json by the data
+    stage's loader), and its end-of-document id."""
+    from stateloop.data import load_tokenizer as data_load_tokenizer
+    from stateloop.data.shards import read_meta
 
-    tok_path = data_dir / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path}: the data folder has no tokenizer")
+    meta_path = Path(data_dir) / "meta.json"
+    meta = read_meta(data_dir)  # FileNotFoundError naming meta.json
     try:
-        return Tokenizer.from_file(str(tok_path)), eos_id
-    except Exception as err:
-        raise ConfigError(f"{tok_path}: cannot be read as a tokenizer ({type(err).__name__}: {err})") from None
+        eos_id = int(meta["eos_id"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{meta_path}: no integer eos_id") from None
+    return data_load_tokenizer(data_dir), eos_id
 
 
 def _check_folder_config(run_dir: Path, config: dict) -> None:
@@ -367,6 +352,3 @@ class StateLoopEvalLM(TemplateLM):
             texts.append(text[:cut])
         return texts
 
-
-def nll_to_ppl(total_nll: float, count: int) -> float:
-    return math.exp(total_nll / count)

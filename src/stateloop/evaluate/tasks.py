@@ -94,18 +94,32 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+def synthetic_config(data_meta: dict | None):
+    """The generator settings the run's corpus was made with (meta.json's ``source``), so the
+    evaluation items are drawn from the distribution the model was trained on; the generator's
+    defaults when the run's data is not synthetic."""
+    from stateloop.data.config import SyntheticConfig
+
+    source = (data_meta or {}).get("source") or {}
+    if source.get("kind") != "synthetic":
+        return SyntheticConfig()
+    keys = {"mix", "max_hops", "max_steps"}
+    return SyntheticConfig(**{k: v for k, v in source.items() if k in keys})
+
+
 def _synthetic(task: str) -> Callable:
-    def prepare(folder: Path, cfg: EvalConfig, source: Path | None) -> Path:
+    def prepare(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
         from stateloop.data.synthetic import task_examples
 
-        _write_jsonl(folder / "train.jsonl", task_examples(task, SYNTH_FEWSHOT_SPLIT, cfg.fewshot_pool, seed=cfg.seed))
-        _write_jsonl(folder / "test.jsonl", task_examples(task, SYNTH_HELDOUT_SPLIT, cfg.synthetic_examples, seed=cfg.seed))
+        gen = synthetic_config(data_meta)
+        _write_jsonl(folder / "train.jsonl", task_examples(task, SYNTH_FEWSHOT_SPLIT, cfg.fewshot_pool, cfg.seed, gen))
+        _write_jsonl(folder / "test.jsonl", task_examples(task, SYNTH_HELDOUT_SPLIT, cfg.synthetic_examples, cfg.seed, gen))
         return folder
 
     return prepare
 
 
-def _piqa(folder: Path, cfg: EvalConfig, source: Path | None) -> Path:
+def _piqa(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
     """valid.jsonl (goal, sol1, sol2) + valid-labels.lst (one 0/1 per line) -> valid.jsonl with `label`."""
     docs_path, labels_path = source / "valid.jsonl", source / "valid-labels.lst"
     for p in (docs_path, labels_path):
@@ -136,7 +150,7 @@ def wikitext_pages(text: str) -> list[str]:
     return pages
 
 
-def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None) -> Path:
+def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
     path = source / "test.txt"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (eval.task_data.wikitext_local must hold WikiText-2's test.txt)")
@@ -150,7 +164,7 @@ def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None) -> Path:
 
 @dataclass(frozen=True)
 class Preparer:
-    prepare: Callable  # (work folder, EvalConfig, source folder or None) -> data folder
+    prepare: Callable  # (work folder, EvalConfig, source folder or None, the data's meta.json) -> data folder
     needs_source: bool  # reads eval.task_data[task]
 
 
@@ -187,9 +201,10 @@ def _absolute_data_files(spec, folder: Path, where: str):
     raise ConfigError(f"{where}: dataset_kwargs.data_files must be a path, list or mapping")
 
 
-def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig):
+def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_meta: dict | None = None):
     """Write runnable YAMLs (absolute data paths) for the local ones among ``tasks`` into
-    ``work_dir`` and return a :class:`PreparedTasks` whose task manager knows every task."""
+    ``work_dir`` and return a :class:`PreparedTasks` whose task manager knows every task.
+    ``data_meta``: the run's data folder's meta.json (the synthetic tasks follow its generator)."""
     from lm_eval.tasks import TaskManager
 
     work_dir = Path(work_dir).resolve()
@@ -216,7 +231,7 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig):
             raise ConfigError(f"eval.task_data.{name}: missing (the folder holding the data of local task {name})")
         if source is not None and not source.is_dir():
             raise FileNotFoundError(f"{source}: data folder of {name} not found (eval.task_data.{name})")
-        folder = prep.prepare(work_dir / name, cfg, source) if prep is not None else source
+        folder = prep.prepare(work_dir / name, cfg, source, data_meta) if prep is not None else source
         kwargs = dict(spec.get("dataset_kwargs") or {})
         if "data_files" in kwargs:
             kwargs["data_files"] = _absolute_data_files(kwargs["data_files"], folder, f"task {name} ({available[name]})")
