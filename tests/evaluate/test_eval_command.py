@@ -37,7 +37,8 @@ def test_lambada_piqa_wikitext_from_shared_data(make_run, shared_data, tmp_path)
     assert lam["column"] == "lambada_openai" and lam["reported"] == {"accuracy": "acc", "perplexity": "perplexity"}
     assert lam["version"] == 1.0 and lam["shots"]["0"]["n_samples"] == {"original": 5153, "effective": 6}
     m = lam["shots"]["0"]["metrics"]
-    assert 0.0 <= m["acc"] <= 1.0 and m["perplexity"] > 1.0
+    assert 0.0 <= m["acc"] <= 1.0 and m["perplexity"] > 1.0 and "sample_len" not in m
+    assert lam["shots"]["0"]["table"] == {"accuracy": m["acc"], "perplexity": m["perplexity"]}
     # LAMBADA's perplexity is exp(-mean target log-likelihood): check it from the logged samples.
     samples = [json.loads(l) for l in (run_dir / "eval_samples" / "lambada_openai_local_0shot.jsonl").read_text().splitlines()]
     assert len(samples) == 6

@@ -35,13 +35,6 @@ WORK_DIR = "eval_work"
 DEFAULT_EXPERIMENT = "stateloop"
 
 
-def trained_length(config: dict) -> int | None:
-    """The context the run was trained with (train.seq_len), the default evaluation window; None
-    leaves the model's max_seq_len."""
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    return train.get("seq_len") or None
-
-
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
     """Token perplexity of the model on the held-out split of its data."""
     from stateloop.data.shards import ShardSet
@@ -74,11 +67,12 @@ def _task_entry(task: str, shots: int, res: dict) -> dict:
     raw = res["results"][task]
     values = {}
     for key, value in raw.items():
-        if key == "alias" or not isinstance(value, (int, float)):
-            continue  # "alias", and stderr "N/A" when bootstrapping is off
+        if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
+            continue  # not metrics; stderr is "N/A" when bootstrapping is off
         values[_metric_name(key)] = float(value)
+    table = {kind: values[m] for kind, m in M.reported(task).items() if m in values}
     return {"n_shot": res.get("n-shot", {}).get(task, shots), "n_samples": res.get("n-samples", {}).get(task),
-            "metrics": values}
+            "metrics": values, "table": table}
 
 
 def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
@@ -141,7 +135,7 @@ def summary(results: dict) -> dict[str, float]:
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True) -> dict:
     """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow. Returns the results."""
-    from stateloop.evaluate.lm import StateLoopEvalLM, load_run
+    from stateloop.evaluate.lm import StateLoopEvalLM, load_run, trained_length
     from stateloop.runs import atomic_write_json, code_version
 
     run_dir = Path(run_dir)

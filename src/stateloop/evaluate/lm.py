@@ -13,9 +13,9 @@ c_1..c_m, y_1..y_n is scored as
 
     log p(y | c) = sum_{j=1..n} log softmax(f(c, y_<j))[y_j]
 
-from one causal forward pass over the last L + 1 tokens of c ++ y (L = context window, the
-model's ``max_seq_len`` unless the eval config says otherwise; longer inputs lose tokens on the
-left, as lm-eval's HF backend does). ``is_greedy`` says whether every y_j is the argmax.
+from one causal forward pass over the last L + 1 tokens of c ++ y (L = the context window: the
+run's training ``seq_len``, else the model's ``max_seq_len``, unless the eval config sets one;
+longer inputs lose tokens on the left, as lm-eval's HF backend does). ``is_greedy`` says whether every y_j is the argmax.
 Documents longer than L (``loglikelihood_rolling``) are cut into lm-eval's rolling windows
 (:func:`lm_eval.utils.get_rolling_token_windows` with context_len = 1, made disjoint by
 :func:`lm_eval.utils.make_disjoint_window`): every token is predicted exactly once, the first
@@ -71,6 +71,13 @@ def run_id_of(run_dir: Path, config: dict) -> str:
     if run.get("id"):
         return str(run["id"])
     return "/".join(Path(run_dir).resolve().parts[-3:])
+
+
+def trained_length(config: dict) -> int | None:
+    """The context the run was trained with (train.seq_len), the default evaluation window; None
+    leaves the model's max_seq_len."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    return train.get("seq_len") or None
 
 
 def load_tokenizer(data_dir: Path):
@@ -169,6 +176,8 @@ class StateLoopEvalLM(TemplateLM):
             run = load_run(run_dir, device)
             model, tokenizer, eos_id = run.model, run.tokenizer, run.eos_id
             name = name or run.run_id
+            if max_length in (None, "", "None"):
+                max_length = trained_length(run.config)
         if model is None or tokenizer is None or eos_id is None:
             raise ValueError("StateLoopEvalLM needs run_dir, or model, tokenizer and eos_id")
         self._device = resolve_device(device) if run_dir is None else next(model.parameters()).device
