@@ -15,8 +15,8 @@ c_1..c_m, y_1..y_n is scored as
 
 from one causal forward pass over the last L + 1 tokens of c ++ y (L = the context window: the
 run's training ``seq_len``, else the model's ``max_seq_len``, unless the eval config sets one;
-longer inputs lose tokens on the left, as lm-eval's HF backend does). ``is_greedy`` says whether every y_j is the argmax.
-Documents longer than L (``loglikelihood_rolling``) are cut into lm-eval's rolling windows
+longer inputs lose tokens on the left, as lm-eval's HF backend does). ``is_greedy`` says
+whether every y_j is the argmax. Documents longer than L (``loglikelihood_rolling``) are cut into lm-eval's rolling windows
 (:func:`lm_eval.utils.get_rolling_token_windows` with context_len = 1, made disjoint by
 :func:`lm_eval.utils.make_disjoint_window`): every token is predicted exactly once, the first
 from the end-of-document token.
