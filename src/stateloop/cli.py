@@ -17,6 +17,8 @@ from stateloop.config import ConfigError
 COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
     "plan": ("stateloop.commands.plan", "training tokens, FLOPs and GPU-hours of every run in a config"),
+    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
+    "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
 }
 
 

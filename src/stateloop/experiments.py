@@ -20,11 +20,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError, ModelConfig, from_dict, load_yaml, merge, to_dict
+from stateloop.data.config import DataConfig
+from stateloop.evaluate.config import EvalConfig
 
 
 @dataclass
 class ScaleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""``stateloop eval RUN_DIR``: held-out perplexity and lm-eval tasks for one trained run.
+
+The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
+config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
+paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
+(``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
+
+Writes RUN_DIR/eval.json (atomically) and RUN_DIR/eval_samples/, and logs to the run's MLflow run.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (results/runs/{scale}/{model}/K{K}_ds{ds})")
+    p.add_argument("--config", help="pipeline config whose scale's `eval:` section to use (configs/*.yaml)")
+    p.add_argument("--tasks", nargs="*", help="lm-eval task names (local ones from workflow/tasks/); none: perplexity only")
+    p.add_argument("--shots", nargs="+", type=int, help="few-shot counts, e.g. --shots 0 5")
+    p.add_argument("--limit", type=int, help="at most N documents per task (quick runs)")
+    p.add_argument("--batch-size", type=int, help="sequences per forward pass")
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--set", nargs="*", default=[], metavar="eval.KEY=VALUE", help="other eval settings, e.g. eval.heldout_windows=50")
+    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def run_config_of(run_dir) -> dict:
+    """The resolved config saved with a run's weights (read lazily: no weights are loaded)."""
+    from pathlib import Path
+
+    import torch
+
+    from stateloop.config import ConfigError
+    from stateloop.runs import FINAL_WEIGHTS
+
+    path = Path(run_dir) / FINAL_WEIGHTS
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as err:
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from None
+    if not isinstance(blob, dict) or not isinstance(blob.get("config"), dict):
+        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
+    return blob["config"]
+
+
+def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict | None = None):
+    """EvalConfig for a run: the `eval` section of the run's scale in ``config_file`` (default:
+    the pipeline config the run was trained from, ``run.config`` of its resolved config, when that
+    file exists; else an `eval` section saved in the resolved config; else the defaults), then
+    ``overrides``."""
+    from pathlib import Path
+
+    from stateloop.config import ConfigError, from_dict, merge, to_dict
+    from stateloop.evaluate.config import EvalConfig
+    from stateloop.evaluate.lm import run_id_of
+
+    run_config = run_config_of(run_dir)
+    data = dict(run_config.get("eval") or {})
+    run_section = run_config.get("run") if isinstance(run_config.get("run"), dict) else {}
+    if not config_file and run_section.get("config") and Path(run_section["config"]).is_file():
+        config_file = run_section["config"]
+    if config_file:
+        from stateloop.experiments import load_pipeline
+
+        pipeline = load_pipeline(config_file)
+        scale = run_section.get("scale") or run_id_of(run_dir, run_config).split("/")[0]
+        if scale not in pipeline.scales:
+            raise ConfigError(f"{config_file}: scales.{scale}: not defined (the run's scale; defined: {', '.join(pipeline.scales)})")
+        data = to_dict(pipeline.scales[scale].eval)
+    data = merge(data, overrides or {})
+    return from_dict(EvalConfig, data, "eval")
+
+
+def run(args) -> int:
+    from stateloop.config import ConfigError, parse_dotlist
+    from stateloop.evaluate.harness import RESULTS_FILE, evaluate_run
+
+    dotted = parse_dotlist(args.set)
+    unknown = [k for k in dotted if k != "eval"]
+    if unknown:
+        raise ConfigError(f"--set {unknown[0]}...: only eval.* settings can be overridden here")
+    overrides = dict(dotted.get("eval", {}))
+    for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    cfg = resolve_eval_config(args.run_dir, args.config, overrides)
+    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.quiet)
+    if not args.quiet:
+        held = results["heldout"]
+        print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
+        for task, entry in results["tasks"].items():
+            for shots, block in entry["shots"].items():
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
+                n = (block.get("n_samples") or {}).get("effective")
+                print(f"{task} {shots}-shot (n={n}): {shown}")
+        print(f"wrote {args.run_dir.rstrip('/')}/{RESULTS_FILE}", file=sys.stderr)
+    return 0

@@ -1,0 +1,240 @@
+"""``stateloop eval``'s work: one run folder -> ``eval.json`` (+ samples) and its MLflow run.
+
+1. Held-out token perplexity on the run's own data (the paper's "Pile" column): consecutive
+   windows of L + 1 tokens from the start of ``eval.heldout_split`` of the run's token shards,
+   PPL = exp(sum NLL / number of predicted tokens) (evaluate/perplexity.py).
+2. Every task of ``eval.tasks`` through lm-eval at every shot count of ``eval.shots``
+   (rolling-loglikelihood tasks, i.e. document perplexities, at zero shots only), through the
+   ``stateloop`` lm-eval model (evaluate/lm.py).
+
+``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
+each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
+what goes to MLflow. It is written atomically; prompts and answers of every request go to
+``eval_samples/{task}_{shots}shot.jsonl`` when ``eval.log_samples`` is on.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from stateloop.config import ConfigError, to_dict
+from stateloop.evaluate import metrics as M
+from stateloop.evaluate.config import EvalConfig
+
+RESULTS_FILE = "eval.json"
+SAMPLES_DIR = "eval_samples"
+WORK_DIR = "eval_work"
+DEFAULT_EXPERIMENT = "stateloop"
+
+
+def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
+    """Token perplexity of the model on the held-out split of its data."""
+    from stateloop.data.shards import ShardSet
+    from stateloop.evaluate.perplexity import heldout_windows, token_nll
+
+    try:
+        shards = ShardSet(data_dir, cfg.heldout_split)
+    except KeyError as err:
+        raise ConfigError(f"eval.heldout_split: {err.args[0]}") from None
+    windows = heldout_windows(shards, lm.max_length, cfg.heldout_windows)
+    autocast = lm.precision == "bf16-mixed" and lm.device.type == "cuda"
+    totals = torch.zeros(2, dtype=torch.float64)
+    step = cfg.batch_size * 8  # progress granularity
+    with torch.autocast(lm.device.type, torch.bfloat16, enabled=autocast):
+        for start in tqdm(range(0, len(windows), step), desc=f"held-out perplexity ({cfg.heldout_split})",
+                          disable=not progress, leave=False):
+            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device).sum(0)
+    nll = float(totals[0] / totals[1])
+    return {"split": cfg.heldout_split, "windows": len(windows), "seq_len": lm.max_length,
+            "tokens": int(totals[1]), "split_tokens": len(shards), "nll": nll, "ppl": math.exp(nll)}
+
+
+def _metric_name(key: str) -> str:
+    """lm-eval's "acc,none" -> "acc"; another filter keeps its name: "exact_match,strict" -> "exact_match_strict"."""
+    metric, _, filt = key.partition(",")
+    return metric if filt in ("", "none") else f"{metric}_{filt}"
+
+
+def _task_entry(task: str, shots: int, res: dict) -> dict:
+    raw = res["results"][task]
+    values = {}
+    for key, value in raw.items():
+        if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
+            continue  # not metrics; stderr is "N/A" when bootstrapping is off
+        values[_metric_name(key)] = float(value)
+    table = {kind: values[m] for kind, m in M.reported(task).items() if m in values}
+    return {"n_shot": res.get("n-shot", {}).get(task, shots), "n_samples": res.get("n-samples", {}).get(task),
+            "metrics": values, "table": table}
+
+
+def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
+    from stateloop.runs import atomic_write_bytes
+
+    lines = [json.dumps(s, default=str, ensure_ascii=False) for s in samples]
+    path = folder / f"{task}_{shots}shot.jsonl"
+    atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
+    return path
+
+
+def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, progress: bool = True,
+              data_meta: dict | None = None) -> dict:
+    """lm-eval over cfg.tasks x cfg.shots. Returns {"lm_eval_version", "tasks": {...}}."""
+    import lm_eval
+    from lm_eval import simple_evaluate
+
+    from stateloop.evaluate.tasks import prepare_tasks
+
+    prepared = prepare_tasks(cfg.tasks, work_dir, cfg, data_meta)
+    tasks: dict[str, dict] = {}
+    for shots in sorted(cfg.shots):
+        names = [t for t in cfg.tasks if shots == 0 or prepared.output_types[t] != "loglikelihood_rolling"]
+        if not names:
+            continue
+        if progress:
+            print(f"[eval] {shots}-shot: {', '.join(names)}", file=sys.stderr, flush=True)
+        res = simple_evaluate(
+            model=lm, tasks=names, num_fewshot=shots, task_manager=prepared.task_manager, limit=cfg.limit,
+            bootstrap_iters=cfg.bootstrap_iters, log_samples=cfg.log_samples, random_seed=cfg.seed,
+            numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed,
+            verbosity=None,
+        )
+        for task in names:
+            entry = tasks.setdefault(task, {
+                "column": M.column(task), "reported": M.reported(task),
+                "version": res.get("versions", {}).get(task), "output_type": prepared.output_types[task],
+                "source": "local" if task in prepared.local else "lm-eval", "shots": {},
+            })
+            entry["shots"][str(shots)] = _task_entry(task, shots, res)
+            if samples_dir is not None and res.get("samples") and task in res["samples"]:
+                path = _write_samples(samples_dir, task, shots, res["samples"][task])
+                entry["shots"][str(shots)]["samples_file"] = str(path.name)
+    return {"lm_eval_version": lm_eval.__version__, "tasks": tasks}
+
+
+def summary(results: dict) -> dict[str, float]:
+    """Every number as a flat {name: value}: heldout/ppl, {task}/{n}shot/{metric}."""
+    out = {}
+    held = results.get("heldout")
+    if held:
+        out["heldout/nll"], out["heldout/ppl"] = held["nll"], held["ppl"]
+    for task, entry in results.get("tasks", {}).items():
+        for shots, block in entry["shots"].items():
+            for metric, value in block["metrics"].items():
+                if math.isfinite(value):
+                    out[f"{task}/{shots}shot/{metric}"] = value
+    return out
+
+
+def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True) -> dict:
+    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow. Returns the results."""
+    from stateloop.evaluate.lm import StateLoopEvalLM, load_run, trained_length
+    from stateloop.runs import atomic_write_json, code_version
+
+    run_dir = Path(run_dir)
+    run = load_run(run_dir, cfg.device)
+    lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
+                         max_length=cfg.max_length or trained_length(run.config), device=str(next(run.model.parameters()).device),
+                         precision=cfg.precision, name=run.run_id)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    results: dict = {
+        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir),
+        "data_dir": str(run.data_dir), "code_version": code_version(), "started": started.isoformat(timespec="seconds"),
+        "device": str(lm.device), "max_length": lm.max_length, "eval_config": to_dict(cfg),
+        "metrics_note": {"accuracy": M.describe("accuracy"), "perplexity": M.describe("perplexity")},
+    }
+    if progress:
+        print(f"[eval] {run.run_id}: {results['model']} on {lm.device}, window {lm.max_length}", file=sys.stderr, flush=True)
+    results["heldout"] = heldout_perplexity(lm, run.data_dir, cfg, progress)
+    if progress:
+        print(f"[eval] held-out perplexity {results['heldout']['ppl']:.3f} over {results['heldout']['tokens']} tokens",
+              file=sys.stderr, flush=True)
+    samples_dir = run_dir / SAMPLES_DIR if cfg.log_samples else None
+    if cfg.tasks:
+        from stateloop.data.shards import read_meta
+
+        results.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
+    else:
+        import lm_eval
+
+        results.update({"lm_eval_version": lm_eval.__version__, "tasks": {}})
+    results["seconds"] = round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2)
+    results["summary"] = summary(results)
+    if mlflow:
+        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config)
+    atomic_write_json(run_dir / RESULTS_FILE, results)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------
+# MLflow
+
+
+def _train_summary(run_dir: Path) -> dict:
+    path = run_dir / "train.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
+
+
+def tracking_uri(train_summary: dict | None = None) -> str:
+    """$MLFLOW_TRACKING_URI, else the store training logged to (train.json), else
+    sqlite:///<absolute cwd>/results/mlflow.db (as training's default)."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    if train_summary and train_summary.get("mlflow_tracking_uri"):
+        return train_summary["mlflow_tracking_uri"]
+    db = Path.cwd().resolve() / "results" / "mlflow.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{db}"
+
+
+def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None) -> str:
+    """Log the summary metrics (as ``eval/<name>``) and eval.json (as an artifact) into the run's
+    MLflow run: the one named by train.json's ``mlflow_run_id`` when training recorded it, else a
+    run named by the run id in the training config's experiment (``train.mlflow_experiment``,
+    default "stateloop"), created when absent and found again on the next evaluation."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    summary_ = _train_summary(run_dir)
+    uri = tracking_uri(summary_)
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=uri)
+    mlflow_id = summary_.get("mlflow_run_id")
+    if mlflow_id:
+        try:
+            client.get_run(mlflow_id)
+        except MlflowException:
+            raise ConfigError(f"{run_dir / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
+    else:
+        train = (config or {}).get("train") if isinstance((config or {}).get("train"), dict) else {}
+        name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
+        mlflow_id = found[0].info.run_id if found else client.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
+    now = int(datetime.datetime.now().timestamp() * 1000)
+    metrics = [Metric(f"eval/{k}", float(v), now, 0) for k, v in results["summary"].items()]
+    tags = [RunTag("eval.lm_eval_version", str(results.get("lm_eval_version", ""))),
+            RunTag("eval.code_version", str(results.get("code_version", "")))]
+    for start in range(0, max(len(metrics), 1), 500):
+        client.log_batch(mlflow_id, metrics=metrics[start : start + 500], tags=tags if start == 0 else [])
+    client.log_dict(mlflow_id, results, "eval/eval.json")
+    return mlflow_id

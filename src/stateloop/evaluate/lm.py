@@ -1,0 +1,363 @@
+"""The lm-eval model ``stateloop``: any run folder, every registered variant.
+
+    lm_eval --model stateloop --model_args run_dir=results/runs/tiny/stateloop/K4_ds64 ...
+    (with ``import stateloop.evaluate.lm`` done first: lm-eval has no plugin hook), or, as
+    ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
+
+The variant and its shape come from the run folder (``model.pt`` holds the resolved config), never
+from arguments; the tokenizer is the one that made the run's token shards (``data.dir`` of the
+resolved config: ``tokenizer.json`` and ``meta.json``'s ``eos_id``).
+
+Scoring, in the harness's terms. A request (context c, continuation y) with token ids
+c_1..c_m, y_1..y_n is scored as
+
+    log p(y | c) = sum_{j=1..n} log softmax(f(c, y_<j))[y_j]
+
+from one causal forward pass over the last L + 1 tokens of c ++ y (L = the context window: the
+run's training ``seq_len``, else the model's ``max_seq_len``, unless the eval config sets one;
+longer inputs lose tokens on the left, as lm-eval's HF backend does). ``is_greedy`` says
+whether every y_j is the argmax. Documents longer than L (``loglikelihood_rolling``) are cut into lm-eval's rolling windows
+(:func:`lm_eval.utils.get_rolling_token_windows` with context_len = 1, made disjoint by
+:func:`lm_eval.utils.make_disjoint_window`): every token is predicted exactly once, the first
+from the end-of-document token.
+
+Why not subclass lm-eval's ``HFLM`` (as its mamba backend does): HFLM builds transformers
+models and tokenizers and generates through ``model.generate``; our models decode through
+:class:`stateloop.models.cache.ModelCache`. The batching here follows HFLM's: requests sorted by
+length, longest first (lm-eval's ``Collator``), right padding, results back in request order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.models.utils import Collator
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm.auto import tqdm
+
+from stateloop.config import ConfigError, ModelConfig, from_dict
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading a run folder
+
+
+@dataclass
+class LoadedRun:
+    model: torch.nn.Module
+    config: dict  # the resolved run config saved with the weights
+    tokenizer: object  # tokenizers.Tokenizer
+    eos_id: int
+    data_dir: Path
+    run_id: str
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def run_id_of(run_dir: Path, config: dict) -> str:
+    """The run id ``{scale}/{model}/K{K}_ds{ds}``: from the resolved config's ``run`` section when it
+    names one, else from the folder's last three components (results/runs/<id>)."""
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    if run.get("id"):
+        return str(run["id"])
+    return "/".join(Path(run_dir).resolve().parts[-3:])
+
+
+def trained_length(config: dict) -> int | None:
+    """The context the run was trained with (train.seq_len), the default evaluation window; None
+    leaves the model's max_seq_len."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    return train.get("seq_len") or None
+
+
+def load_tokenizer(data_dir: Path):
+    """The tokenizer that made a data folder's shards (checked against meta.json by the data
+    stage's loader), and its end-of-document id."""
+    from stateloop.data import load_tokenizer as data_load_tokenizer
+    from stateloop.data.shards import read_meta
+
+    meta_path = Path(data_dir) / "meta.json"
+    meta = read_meta(data_dir)  # FileNotFoundError naming meta.json
+    try:
+        eos_id = int(meta["eos_id"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{meta_path}: no integer eos_id") from None
+    return data_load_tokenizer(data_dir), eos_id
+
+
+def _check_folder_config(run_dir: Path, config: dict) -> None:
+    """A run folder's config.yaml, when present, must describe the model the weights were saved with."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return
+    try:
+        folder = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(folder, dict) or "model" not in folder:
+        return
+    try:
+        ours = from_dict(ModelConfig, folder["model"], "model")
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+    saved = from_dict(ModelConfig, config.get("model"), "model")
+    if ours != saved:
+        key = next(k for k in vars(saved) if getattr(saved, k) != getattr(ours, k))
+        raise ConfigError(f"{path}: model.{key} = {getattr(ours, key)!r} does not match the weights' config "
+                          f"({getattr(saved, key)!r} in {run_dir / 'model.pt'})")
+
+
+def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
+    """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder."""
+    from stateloop.runs import load_model
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    model, config = load_model(run_dir, device=resolve_device(device))
+    _check_folder_config(run_dir, config)
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if not data.get("dir"):
+        raise ConfigError(f"{run_dir / 'model.pt'}: the saved config has no data.dir (where the tokenizer is)")
+    data_dir = Path(data["dir"])
+    tokenizer, eos_id = load_tokenizer(data_dir)
+    n_tok = tokenizer.get_vocab_size()
+    if n_tok > model.cfg.vocab_size:
+        raise ConfigError(f"{data_dir / 'tokenizer.json'}: {n_tok} ids do not fit the model's vocab_size {model.cfg.vocab_size}")
+    return LoadedRun(model, config, tokenizer, eos_id, data_dir, run_id_of(run_dir, config))
+
+
+# ----------------------------------------------------------------------------------------------
+# The lm-eval model
+
+
+def _model_takes_cache(model: torch.nn.Module) -> bool:
+    try:
+        return "cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@register_model("stateloop")
+class StateLoopEvalLM(TemplateLM):
+    """lm-eval's view of one trained model. See the module docstring for the scoring rule."""
+
+    def __init__(
+        self,
+        run_dir: str | None = None,
+        *,
+        model: torch.nn.Module | None = None,
+        tokenizer=None,
+        eos_id: int | None = None,
+        batch_size: int | str = 16,
+        max_length: int | str | None = None,
+        device: str = "auto",
+        precision: str = "32-true",
+        use_cache: bool | str = True,
+        max_batch_size=None,  # passed by lm-eval's CLI; batches here have a fixed size
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        if run_dir is not None:
+            if model is not None:
+                raise ValueError("give either run_dir or model, not both")
+            run = load_run(run_dir, device)
+            model, tokenizer, eos_id = run.model, run.tokenizer, run.eos_id
+            name = name or run.run_id
+            if max_length in (None, "", "None"):
+                max_length = trained_length(run.config)
+        if model is None or tokenizer is None or eos_id is None:
+            raise ValueError("StateLoopEvalLM needs run_dir, or model, tokenizer and eos_id")
+        self._device = resolve_device(device) if run_dir is None else next(model.parameters()).device
+        self.model = model.to(self._device).eval()
+        self.tokenizer = tokenizer
+        self._eos_id = int(eos_id)
+        self.batch_size = int(batch_size)
+        self.max_length = int(max_length) if max_length not in (None, "", "None") else model.cfg.max_seq_len
+        if self.batch_size <= 0 or self.max_length <= 1:
+            raise ValueError(f"batch_size and max_length must be positive (got {self.batch_size}, {self.max_length})")
+        if precision not in ("32-true", "bf16-mixed"):
+            raise ValueError(f"precision must be 32-true or bf16-mixed, got {precision!r}")
+        self.precision = precision
+        self.use_cache = str(use_cache).lower() not in ("false", "0", "no") and _model_takes_cache(model)
+        self._name = name or getattr(model.cfg, "name", "stateloop")
+        self._n_token_ids = tokenizer.get_vocab_size()
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, **kwargs) -> "StateLoopEvalLM":
+        return cls(str(run_dir), **kwargs)
+
+    # -- tokenizer ------------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        return self._eos_id
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"stateloop-{self._name}".replace("/", "__")
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        # Documents are separated by eos_id in the shards; no BOS or other template tokens are added.
+        return self.tokenizer.encode(string, add_special_tokens=False).ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    # -- forward --------------------------------------------------------------------------------
+    def _logits(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
+        """(B, T) ids -> (B, T, V) float32 logits (autocast to bf16 on CUDA when asked)."""
+        autocast = self.precision == "bf16-mixed" and self._device.type == "cuda"
+        with torch.inference_mode(), torch.autocast(self._device.type, torch.bfloat16, enabled=autocast):
+            out = self.model(idx, cache=cache) if cache is not None else self.model(idx)
+        return out.logits.float()
+
+    # -- loglikelihood ---------------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, hook: bool = True) -> list[tuple[float, bool]]:
+        """requests: ((context, continuation), context ids, continuation ids). Sorted longest
+        first, scored in batches of right-padded inputs, returned in request order."""
+        L = self.max_length
+
+        def longest_first(req):
+            toks = req[1] + req[2]
+            return -len(toks), tuple(toks)
+
+        ordered = Collator(requests, sort_fn=longest_first)
+        results = []
+        bar = tqdm(total=len(requests), desc="loglikelihood", disable=disable_tqdm, leave=False)
+        for chunk in ordered.get_batched(n=self.batch_size):
+            inputs, conts = [], []
+            for _, ctx, cont in chunk:
+                if not ctx or not cont:
+                    raise ValueError("a loglikelihood request needs a non-empty context and continuation")
+                if len(cont) > L:
+                    raise ValueError(f"continuation of {len(cont)} tokens is longer than the context window {L}")
+                inputs.append((ctx + cont)[-(L + 1):][:-1])  # truncate on the left, drop the last token
+                conts.append(cont)
+            T = max(len(x) for x in inputs)
+            batch = torch.full((len(inputs), T), self._eos_id, dtype=torch.long)
+            for i, x in enumerate(inputs):
+                batch[i, : len(x)] = torch.tensor(x, dtype=torch.long)  # right padding: causal, so harmless
+            logits = self._logits(batch.to(self._device))
+            for (pair, _, _), x, cont, row in zip(chunk, inputs, conts, logits):
+                n = len(cont)
+                logp = F.log_softmax(row[len(x) - n : len(x)], dim=-1)  # positions predicting the continuation
+                target = torch.tensor(cont, device=logp.device)
+                ll = float(logp.gather(-1, target[:, None]).sum())
+                greedy = bool((logp.argmax(-1) == target).all())
+                results.append((ll, greedy))
+                if hook:
+                    self.cache_hook.add_partial("loglikelihood", pair, (ll, greedy))
+            bar.update(len(chunk))
+        bar.close()
+        return ordered.get_original(results)
+
+    def rolling_windows(self, tokens: list[int]) -> list[tuple[list[int], list[int]]]:
+        """lm-eval's disjoint rolling windows (context ids, predicted ids) over a document."""
+        return [make_disjoint_window(w) for w in get_rolling_token_windows(
+            token_list=tokens, prefix_token=self.prefix_token_id, max_seq_len=self.max_length, context_len=1)]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Total log-probability of each document, every token predicted once (module docstring)."""
+        windows, owner = [], []
+        for i, req in enumerate(requests):
+            (text,) = req.args
+            for ctx, cont in self.rolling_windows(self.tok_encode(text)):
+                windows.append(((text, ""), ctx, cont))
+                owner.append(i)
+        scores = self._loglikelihood_tokens(windows, disable_tqdm=disable_tqdm, hook=False)
+        totals = [0.0] * len(requests)
+        for i, (ll, _) in zip(owner, scores):
+            totals[i] += ll
+        for req, total in zip(requests, totals):
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+        return totals
+
+    # -- generation ------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy continuation of each context until a stop string, end-of-document or
+        ``max_gen_toks``. Contexts of equal length decode together; with the model's KV cache
+        (prefill once, then one token per step) unless the model has none (then the whole
+        sequence is recomputed every step)."""
+        items = []
+        for i, req in enumerate(requests):
+            context, kwargs = req.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_gen = int(kwargs.pop("max_gen_toks", 256))
+            if kwargs.pop("do_sample", False) or float(kwargs.pop("temperature", 0.0) or 0.0) > 0:
+                raise ValueError("stateloop decodes greedily only: do_sample must be false and temperature 0")
+            if max_gen >= self.max_length:
+                raise ValueError(f"max_gen_toks {max_gen} leaves no room for context in the window {self.max_length}")
+            ids = self.tok_encode(context) if context else [self.prefix_token_id]
+            ids = ids[-(self.max_length - max_gen):]  # the whole sequence stays inside the window
+            items.append((i, ids, until, max_gen))
+        items.sort(key=lambda it: (-len(it[1]), it[3], it[0]))
+        out: list[str | None] = [None] * len(requests)
+        bar = tqdm(total=len(items), desc="generate_until", disable=disable_tqdm, leave=False)
+        start = 0
+        while start < len(items):
+            end = start + 1
+            while (end < len(items) and end - start < self.batch_size
+                   and len(items[end][1]) == len(items[start][1]) and items[end][3] == items[start][3]):
+                end += 1
+            group = items[start:end]
+            for (i, _, _, _), text in zip(group, self._greedy(group)):
+                out[i] = text
+                self.cache_hook.add_partial("generate_until", requests[i].args, text)
+            bar.update(len(group))
+            start = end
+        bar.close()
+        return out
+
+    def _greedy(self, group) -> list[str]:
+        from stateloop.models.cache import ModelCache
+
+        max_gen = group[0][3]
+        seqs = torch.tensor([ids for _, ids, _, _ in group], dtype=torch.long, device=self._device)
+        generated = [[] for _ in group]
+        done = [False] * len(group)
+        cache = ModelCache() if self.use_cache else None
+        logits = self._logits(seqs, cache)[:, -1]
+        for _ in range(max_gen):
+            nxt = logits[:, : self._n_token_ids].argmax(-1)  # only ids the tokenizer can decode
+            for r, (_, _, until, _) in enumerate(group):
+                if done[r]:
+                    continue
+                tok = int(nxt[r])
+                if tok == self._eos_id:
+                    done[r] = True
+                    continue
+                generated[r].append(tok)
+                if until and any(s in self.tok_decode(generated[r]) for s in until):
+                    done[r] = True
+            if all(done):
+                break
+            if cache is not None:
+                logits = self._logits(nxt[:, None], cache)[:, -1]
+            else:
+                seqs = torch.cat([seqs, nxt[:, None]], dim=1)
+                logits = self._logits(seqs)[:, -1]
+        texts = []
+        for (_, _, until, _), ids in zip(group, generated):
+            text = self.tok_decode(ids)
+            cut = min((text.index(s) for s in until if s in text), default=len(text))
+            texts.append(text[:cut])
+        return texts
+

@@ -1,0 +1,72 @@
+"""Which lm-eval metric each table reports: the one place this is decided.
+
+The paper names its tasks but not, for each, whether its Table 2 prints ``acc`` or the
+length-normalised ``acc_norm``. [choice] We follow the convention of the Mamba paper (and
+lm-eval's usual reporting): ``acc_norm`` for ARC-Challenge and HellaSwag, ``acc`` elsewhere.
+Table 1's perplexities are lm-eval's ``perplexity`` (LAMBADA-OpenAI, per token of the target word)
+and ``word_perplexity`` (WikiText-2, per whitespace-separated word of the original document).
+The rendered tables print :func:`describe` under themselves.
+
+Local tasks (``workflow/tasks/``) report under the column of the paper task whose data and prompt
+they reproduce (:data:`PAPER_TASK`).
+"""
+
+from __future__ import annotations
+
+# Table 2 (accuracy, in percent in the rendered table): task -> lm-eval metric.
+ACCURACY_METRIC: dict[str, str] = {
+    "lambada_openai": "acc",
+    "arc_easy": "acc",
+    "arc_challenge": "acc_norm",
+    "winogrande": "acc",
+    "piqa": "acc",
+    "hellaswag": "acc_norm",
+    "sciq": "acc",
+    "race": "acc",
+    # offline tasks of the small scales
+    "synth_mc": "acc",
+    "synth_cloze": "acc",
+}
+
+# Table 1 (perplexity, zero-shot): task -> lm-eval metric. The held-out token perplexity of the
+# run's own data (the paper's "Pile" column) is computed outside lm-eval (evaluate/perplexity.py).
+PERPLEXITY_METRIC: dict[str, str] = {
+    "lambada_openai": "perplexity",
+    "wikitext": "word_perplexity",
+    "synth_cloze": "perplexity",
+}
+
+# Local task -> the paper column it stands in for (same data, same prompt).
+PAPER_TASK: dict[str, str] = {
+    "lambada_openai_local": "lambada_openai",
+    "piqa_local": "piqa",
+    "wikitext_local": "wikitext",
+}
+
+
+def column(task: str) -> str:
+    """The table column a task's numbers go in."""
+    return PAPER_TASK.get(task, task)
+
+
+def reported(task: str) -> dict[str, str]:
+    """{"accuracy": metric, "perplexity": metric} for the tables this task appears in."""
+    col = column(task)
+    out = {}
+    if col in ACCURACY_METRIC:
+        out["accuracy"] = ACCURACY_METRIC[col]
+    if col in PERPLEXITY_METRIC:
+        out["perplexity"] = PERPLEXITY_METRIC[col]
+    return out
+
+
+def describe(table: str = "accuracy", tasks: list[str] | None = None) -> str:
+    """One line for under a rendered table, e.g. 'Accuracy: acc_norm for arc_challenge,
+    hellaswag; acc for the others.'"""
+    metrics = ACCURACY_METRIC if table == "accuracy" else PERPLEXITY_METRIC
+    names = [t for t in (tasks or list(metrics)) if t in metrics]
+    by_metric: dict[str, list[str]] = {}
+    for t in names:
+        by_metric.setdefault(metrics[t], []).append(t)
+    parts = [f"{m} for {', '.join(ts)}" for m, ts in by_metric.items()]
+    return f"{'Accuracy' if table == 'accuracy' else 'Perplexity'} (lm-eval metric): " + "; ".join(parts) + "."

@@ -1,0 +1,251 @@
+"""Offline lm-eval tasks: the YAMLs of ``workflow/tasks/`` made runnable for one evaluation.
+
+lm-eval resolves a local task's ``dataset_kwargs.data_files`` against the *current directory*,
+not the YAML's folder. So the YAMLs in ``workflow/tasks/`` name their files relative to the
+task's data folder, and :func:`prepare_tasks` writes a runnable copy of each into a work folder
+with every path made absolute. A task's data folder is
+
+- for the synthetic tasks (``synth_mc``, ``synth_cloze``): a folder this module fills with
+  examples from the synthetic corpus's generator (``stateloop.data.synthetic.task_examples``),
+  a few-shot pool from its ``train`` split and held-out test examples from its ``test`` split;
+- for ``piqa_local``: a folder this module fills with PIQA's ``valid.jsonl`` joined with
+  ``valid-labels.lst`` (the original dev split keeps its labels in a separate file);
+- for ``wikitext_local``: a folder this module fills with one JSON line per article of
+  WikiText-2's ``test.txt``, split at its top-level headings (as EleutherAI's document-level copy
+  of WikiText is);
+- otherwise (``lambada_openai_local``, or any YAML you add): ``eval.task_data[task]``, the
+  source folder itself.
+
+Tasks not in ``workflow/tasks/`` are lm-eval's own (downloaded from the Hugging Face Hub).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from stateloop.config import ConfigError
+from stateloop.evaluate.config import EvalConfig
+
+DEFAULT_TASK_DIR = Path(__file__).resolve().parents[3] / "workflow" / "tasks"
+
+# The synthetic generator's splits: the few-shot pool and the held-out examples.
+SYNTH_FEWSHOT_SPLIT = "train"
+SYNTH_HELDOUT_SPLIT = "test"
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML with lm-eval's `!function module.name` tags kept as they are
+
+
+class FunctionTag(str):
+    """The text of a ``!function`` tag (resolved by lm-eval relative to the YAML's folder)."""
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Loader.add_constructor("!function", lambda loader, node: FunctionTag(loader.construct_scalar(node)))
+_Dumper.add_representer(FunctionTag, lambda dumper, data: dumper.represent_scalar("!function", str(data)))
+
+
+def read_task_yaml(path: Path) -> dict:
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict) or "task" not in data:
+        raise ConfigError(f"{path}: not an lm-eval task (no `task:` key)")
+    return data
+
+
+def task_yamls(task_dir: Path) -> dict[str, Path]:
+    """Task name -> YAML file, for every task in ``task_dir``."""
+    out = {}
+    for path in sorted(task_dir.glob("*.yaml")):
+        name = read_task_yaml(path)["task"]
+        if name in out:
+            raise ConfigError(f"{path}: task {name!r} is also defined in {out[name]}")
+        out[name] = path
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Preparing the data of the local tasks
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def synthetic_config(data_meta: dict | None):
+    """The generator settings the run's corpus was made with (meta.json's ``source``), so the
+    evaluation items are drawn from the distribution the model was trained on; the generator's
+    defaults when the run's data is not synthetic."""
+    from stateloop.data.config import SyntheticConfig
+
+    source = (data_meta or {}).get("source") or {}
+    if source.get("kind") != "synthetic":
+        return SyntheticConfig()
+    keys = {"mix", "max_hops", "max_steps"}
+    return SyntheticConfig(**{k: v for k, v in source.items() if k in keys})
+
+
+def _synthetic(task: str) -> Callable:
+    def prepare(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
+        from stateloop.data.synthetic import task_examples
+
+        gen = synthetic_config(data_meta)
+        _write_jsonl(folder / "train.jsonl", task_examples(task, SYNTH_FEWSHOT_SPLIT, cfg.fewshot_pool, cfg.seed, gen))
+        _write_jsonl(folder / "test.jsonl", task_examples(task, SYNTH_HELDOUT_SPLIT, cfg.synthetic_examples, cfg.seed, gen))
+        return folder
+
+    return prepare
+
+
+def _piqa(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
+    """valid.jsonl (goal, sol1, sol2) + valid-labels.lst (one 0/1 per line) -> valid.jsonl with `label`."""
+    docs_path, labels_path = source / "valid.jsonl", source / "valid-labels.lst"
+    for p in (docs_path, labels_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: missing (eval.task_data.piqa_local must hold PIQA's valid.jsonl and valid-labels.lst)")
+    docs = [json.loads(line) for line in docs_path.read_text().splitlines() if line.strip()]
+    labels = [int(x) for x in labels_path.read_text().split()]
+    if len(docs) != len(labels):
+        raise ConfigError(f"{labels_path}: {len(labels)} labels for {len(docs)} questions in {docs_path}")
+    _write_jsonl(folder / "valid.jsonl", [{**d, "label": y} for d, y in zip(docs, labels)])
+    return folder
+
+
+_HEADING = re.compile(r"^ = [^=].* = $")
+
+
+def wikitext_pages(text: str) -> list[str]:
+    """Articles of a WikiText token file: a new one starts at every top-level heading line
+    (`` = Title = ``); each keeps its lines (with their newlines) as in the file."""
+    pages, current = [], []
+    for line in text.splitlines(keepends=True):
+        if _HEADING.match(line.rstrip("\n")) and any(l.strip() for l in current):
+            pages.append("".join(current))
+            current = []
+        current.append(line)
+    if any(l.strip() for l in current):
+        pages.append("".join(current))
+    return pages
+
+
+def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
+    path = source / "test.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (eval.task_data.wikitext_local must hold WikiText-2's test.txt)")
+    _write_jsonl(folder / "test.jsonl", [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))])
+    # The YAML uses lm-eval's own detokenizer and word counting, next to the written YAML.
+    import lm_eval
+
+    shutil.copy(Path(lm_eval.__file__).parent / "tasks" / "wikitext" / "preprocess_wikitext.py", folder / "preprocess_wikitext.py")
+    return folder
+
+
+@dataclass(frozen=True)
+class Preparer:
+    prepare: Callable  # (work folder, EvalConfig, source folder or None, the data's meta.json) -> data folder
+    needs_source: bool  # reads eval.task_data[task]
+
+
+PREPARERS: dict[str, Preparer] = {
+    "synth_mc": Preparer(_synthetic("synth_mc"), False),
+    "synth_cloze": Preparer(_synthetic("synth_cloze"), False),
+    "piqa_local": Preparer(_piqa, True),
+    "wikitext_local": Preparer(_wikitext, True),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# A task manager over the chosen tasks
+
+
+@dataclass
+class PreparedTasks:
+    task_manager: object  # lm_eval.tasks.TaskManager
+    local: dict[str, Path]  # local task -> the runnable YAML written for it
+    builtin: list[str]  # lm-eval's own tasks
+    output_types: dict[str, str]  # task -> lm-eval output_type
+
+
+def _absolute_data_files(spec, folder: Path, where: str):
+    if isinstance(spec, str):
+        path = Path(spec) if Path(spec).is_absolute() else folder / spec
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: data file of {where} not found")
+        return str(path.resolve())
+    if isinstance(spec, list):
+        return [_absolute_data_files(s, folder, where) for s in spec]
+    if isinstance(spec, dict):
+        return {k: _absolute_data_files(v, folder, where) for k, v in spec.items()}
+    raise ConfigError(f"{where}: dataset_kwargs.data_files must be a path, list or mapping")
+
+
+def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_meta: dict | None = None):
+    """Write runnable YAMLs (absolute data paths) for the local ones among ``tasks`` into
+    ``work_dir`` and return a :class:`PreparedTasks` whose task manager knows every task.
+    ``data_meta``: the run's data folder's meta.json (the synthetic tasks follow its generator)."""
+    from lm_eval.tasks import TaskManager
+
+    work_dir = Path(work_dir).resolve()
+    task_dir = Path(cfg.task_dir) if cfg.task_dir else DEFAULT_TASK_DIR
+    if not task_dir.is_dir():
+        raise FileNotFoundError(f"{task_dir}: local task folder not found (eval.task_dir)")
+    available = task_yamls(task_dir)
+    for name in cfg.task_data:
+        if name not in available:
+            raise ConfigError(f"eval.task_data.{name}: no local task of that name in {task_dir}")
+    local, builtin, output_types = {}, [], {}
+    yaml_dir = work_dir / "yaml"
+    if yaml_dir.exists():
+        shutil.rmtree(yaml_dir)
+    yaml_dir.mkdir(parents=True)
+    for name in tasks:
+        if name not in available:
+            builtin.append(name)
+            continue
+        spec = read_task_yaml(available[name])
+        source = Path(cfg.task_data[name]) if name in cfg.task_data else None
+        prep = PREPARERS.get(name)
+        if source is None and (prep is None or prep.needs_source):
+            raise ConfigError(f"eval.task_data.{name}: missing (the folder holding the data of local task {name})")
+        if source is not None and not source.is_dir():
+            raise FileNotFoundError(f"{source}: data folder of {name} not found (eval.task_data.{name})")
+        folder = prep.prepare(work_dir / name, cfg, source, data_meta) if prep is not None else source
+        kwargs = dict(spec.get("dataset_kwargs") or {})
+        if "data_files" in kwargs:
+            kwargs["data_files"] = _absolute_data_files(kwargs["data_files"], folder, f"task {name} ({available[name]})")
+            spec["dataset_kwargs"] = kwargs
+        # lm-eval imports `!function` modules relative to the YAML: keep each task's YAML beside them.
+        out = (folder if any(isinstance(v, FunctionTag) for v in spec.values()) and prep is not None else yaml_dir) / f"{name}.yaml"
+        out.write_text(f"# written by stateloop eval from {available[name]}\n" + yaml.dump(spec, Dumper=_Dumper, sort_keys=False))
+        local[name] = out
+        output_types[name] = spec.get("output_type", "")
+    paths = sorted({str(p.parent) for p in local.values()})
+    tm = TaskManager(include_path=paths or None, include_defaults=bool(builtin))
+    for name in builtin:
+        entry = tm.task_index.get(name)
+        if entry is None:
+            raise ConfigError(f"eval.tasks: unknown task {name!r} (not in {task_dir} and not an lm-eval task)")
+        output_types[name] = (entry.cfg or {}).get("output_type", "")
+    return PreparedTasks(tm, local, builtin, output_types)

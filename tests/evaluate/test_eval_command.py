@@ -1,0 +1,195 @@
+"""``stateloop eval``: held-out perplexity, local tasks over shared data, results JSON, MLflow,
+config resolution and one-line errors for bad run folders."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import save_run
+from stateloop.cli import main
+
+
+def eval_cli(run_dir, *args):
+    return main(["eval", str(run_dir), "--quiet", *args])
+
+
+def test_lambada_piqa_wikitext_from_shared_data(make_run, shared_data, tmp_path):
+    """The local YAMLs over ../shared/data: LAMBADA gives token perplexity and accuracy, PIQA
+    accuracy, WikiText-2 word perplexity; eval.json names versions and sample counts."""
+    for folder in ("lambada-openai", "piqa", "wikitext-2"):
+        if not (shared_data / folder).is_dir():
+            pytest.skip(f"{shared_data / folder} not found")
+    L = 160  # PIQA's longer solutions need more than 64 of this small tokenizer's tokens
+    run_dir, model = make_run("stateloop", max_seq_len=L)
+    rc = eval_cli(run_dir, "--no-mlflow", "--tasks", "lambada_openai_local", "piqa_local", "wikitext_local", "--shots", "0", "--limit", "6",
+                  "--set", f"eval.task_data={{lambada_openai_local: {shared_data / 'lambada-openai'}, "
+                  f"piqa_local: {shared_data / 'piqa'}, wikitext_local: {shared_data / 'wikitext-2'}}}",
+                  "eval.heldout_windows=20", "eval.bootstrap_iters=0")
+    assert rc == 0
+    res = json.loads((run_dir / "eval.json").read_text())
+    assert res["model"] == "stateloop" and res["lm_eval_version"]
+    lam = res["tasks"]["lambada_openai_local"]
+    assert lam["column"] == "lambada_openai" and lam["reported"] == {"accuracy": "acc", "perplexity": "perplexity"}
+    assert lam["version"] == 1.0 and lam["shots"]["0"]["n_samples"] == {"original": 5153, "effective": 6}
+    m = lam["shots"]["0"]["metrics"]
+    assert 0.0 <= m["acc"] <= 1.0 and m["perplexity"] > 1.0 and "sample_len" not in m
+    assert lam["shots"]["0"]["table"] == {"accuracy": m["acc"], "perplexity": m["perplexity"]}
+    # LAMBADA's perplexity is exp(-mean target log-likelihood): check it from the logged samples.
+    samples = [json.loads(l) for l in (run_dir / "eval_samples" / "lambada_openai_local_0shot.jsonl").read_text().splitlines()]
+    assert len(samples) == 6
+    lls = [s["resps"][0][0][0] for s in samples]
+    assert m["perplexity"] == pytest.approx(math.exp(-sum(lls) / len(lls)), rel=1e-6)
+    assert samples[0]["arguments"][0][1] == " " + samples[0]["doc"]["text"].split(" ")[-1]  # lm-eval's target
+    assert res["tasks"]["piqa_local"]["shots"]["0"]["n_samples"] == {"original": 1838, "effective": 6}
+    wiki = res["tasks"]["wikitext_local"]
+    assert wiki["output_type"] == "loglikelihood_rolling" and wiki["shots"]["0"]["metrics"]["word_perplexity"] > 1.0
+    # Held-out perplexity on the run's own shards, recomputed by hand.
+    held = res["heldout"]
+    assert held["windows"] == 20 and held["tokens"] == 20 * L
+    from stateloop.data.shards import ShardSet
+
+    shards = ShardSet(res["data_dir"], "val")
+    nll = 0.0
+    with torch.no_grad():
+        for i in range(20):
+            w = torch.from_numpy(shards.window(i * L, L + 1))
+            nll += F.cross_entropy(model(w[None, :-1]).logits[0].double(), w[1:], reduction="sum").item()
+    assert held["ppl"] == pytest.approx(math.exp(nll / (20 * L)), rel=1e-5)
+
+
+def test_logs_into_the_runs_mlflow_run(make_run):
+    """Into train.json's mlflow_run_id when training recorded one; else into a run named by the
+    run id, the same one on every evaluation."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    exp = client.get_experiment_by_name("training") or client.get_experiment(client.create_experiment("training"))
+    train_id = client.create_run(exp.experiment_id, run_name="test/vanilla_looped/K3_ds0").info.run_id
+    run_dir, _ = make_run()
+    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": train_id}))
+    assert eval_cli(run_dir, "--tasks", "--set", "eval.heldout_windows=3") == 0  # perplexity only
+    res = json.loads((run_dir / "eval.json").read_text())
+    assert res["mlflow_run_id"] == train_id and res["tasks"] == {}
+    assert client.get_run(train_id).data.metrics["eval/heldout/ppl"] == pytest.approx(res["heldout"]["ppl"])
+
+    other, _ = make_run("stateloop_gru")
+    ids = []
+    for windows in (2, 3):
+        assert eval_cli(other, "--tasks", "--set", f"eval.heldout_windows={windows}") == 0
+        ids.append(json.loads((other / "eval.json").read_text())["mlflow_run_id"])
+    assert ids[0] == ids[1] != train_id
+    found = client.get_run(ids[0])
+    assert found.info.run_name == "test/stateloop_gru/K3_ds32"
+    assert found.data.metrics["eval/heldout/ppl"] == pytest.approx(json.loads((other / "eval.json").read_text())["heldout"]["ppl"])
+    assert client.get_experiment(found.info.experiment_id).name == "stateloop"
+
+
+def one_line_error(capsys, run_dir, path_part):
+    rc = eval_cli(run_dir, "--no-mlflow", "--tasks")
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert path_part in err, err
+    return err
+
+
+def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, capsys):
+    from helpers import tiny_config
+    from stateloop.config import to_dict
+
+    one_line_error(capsys, tmp_path / "nowhere", "nowhere")
+    empty = tmp_path / "runs" / "empty"
+    empty.mkdir(parents=True)
+    assert "no final weights" in one_line_error(capsys, empty, str(empty / "model.pt"))
+    # weights saved with a config that does not describe them
+    wrong = to_dict(tiny_config("vanilla_looped", vocab_size=320, max_seq_len=64, d_model=48, n_heads=6))
+    bad = tmp_path / "runs" / "mismatch"
+    save_run(bad, data_dir, "vanilla_looped", config_model=wrong)
+    assert "do not match" in one_line_error(capsys, bad, str(bad / "model.pt"))
+    # a folder config.yaml that disagrees with the weights' config
+    ok = tmp_path / "runs" / "ok"
+    _, config = save_run(ok, data_dir, "vanilla_looped")
+    import yaml
+
+    (ok / "config.yaml").write_text(yaml.safe_dump({**config, "model": {**config["model"], "K": 5}}))
+    assert "model.K" in one_line_error(capsys, ok, str(ok / "config.yaml"))
+    # a data folder without its tokenizer
+    nodata = tmp_path / "runs" / "nodata"
+    save_run(nodata, tmp_path / "missing-data", "vanilla_looped")
+    one_line_error(capsys, nodata, str(tmp_path / "missing-data" / "meta.json"))
+
+
+def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
+    from stateloop.commands.eval import resolve_eval_config
+    from stateloop.config import ConfigError
+    from stateloop.experiments import load_pipeline
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc], shots: [0], limit: 4}\n")
+    assert load_pipeline(cfg_file).scales["test"].eval.tasks == ["synth_mc"]
+    run_dir, _ = make_run()
+    cfg = resolve_eval_config(run_dir, str(cfg_file), {"limit": 2})
+    assert (cfg.tasks, cfg.shots, cfg.limit) == (["synth_mc"], [0], 2)
+    assert resolve_eval_config(run_dir).tasks[0] == "lambada_openai"  # the paper's by default
+    cfg_file.write_text("scales:\n  test:\n    eval: {taks: [synth_mc]}\n")
+    with pytest.raises(ConfigError, match=r"scales.test.eval.taks: unknown key"):
+        load_pipeline(cfg_file)
+    with pytest.raises(ConfigError, match=r"eval.shots"):
+        resolve_eval_config(run_dir, None, {"shots": [-1]})
+    assert main(["eval", str(run_dir), "--set", "eval.batch_sise=3"]) == 2
+    assert "eval.batch_sise: unknown key" in capsys.readouterr().err
+
+
+def test_paper_task_names_are_lm_evals_own(tmp_path):
+    """Every paper task resolves in the installed lm-eval's index (no download), with the output
+    type the tables assume; each has its reported metric."""
+    from stateloop.evaluate import metrics
+    from stateloop.evaluate.config import PAPER_TASKS, EvalConfig
+    from stateloop.evaluate.tasks import prepare_tasks
+
+    prepared = prepare_tasks(PAPER_TASKS, tmp_path / "work", EvalConfig())
+    assert prepared.builtin == PAPER_TASKS
+    assert prepared.output_types["wikitext"] == "loglikelihood_rolling"
+    assert prepared.output_types["lambada_openai"] == "loglikelihood"
+    assert all(prepared.output_types[t] == "multiple_choice" for t in PAPER_TASKS if t not in ("wikitext", "lambada_openai"))
+    assert all(metrics.reported(t) for t in PAPER_TASKS)
+    assert "acc_norm for arc_challenge, hellaswag" in metrics.describe("accuracy", PAPER_TASKS)
+
+
+def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
+    """The synthetic multiple-choice and cloze tasks run offline through lm-eval at 0 and 5 shots;
+    the logged 5-shot prompts hold five answered examples from the few-shot pool, then the item."""
+    run_dir, _ = make_run("stateloop", max_seq_len=256)
+    assert eval_cli(run_dir, "--no-mlflow", "--tasks", "synth_mc", "synth_cloze", "--shots", "0", "5", "--limit", "5",
+                    "--set", "eval.heldout_windows=4", "eval.bootstrap_iters=0", "eval.fewshot_pool=20") == 0
+    res = json.loads((run_dir / "eval.json").read_text())
+    work = run_dir / "eval_work"
+    for task in ("synth_mc", "synth_cloze"):
+        entry = res["tasks"][task]
+        assert entry["source"] == "local" and entry["reported"]["accuracy"] == "acc"
+        for shots in ("0", "5"):
+            block = entry["shots"][shots]
+            assert block["n_shot"] == int(shots) and block["n_samples"]["effective"] == 5
+            assert 0.0 <= block["metrics"]["acc"] <= 1.0
+        pool = [json.loads(l) for l in (work / task / "train.jsonl").read_text().splitlines()]
+        if task == "synth_mc":
+            answered = {f"{d['question']}\nAnswer: {d['choices'][d['label']]}" for d in pool}
+        else:
+            answered = {d["context"] + d["target"] for d in pool}
+        for shots in (0, 5):
+            samples = [json.loads(l) for l in (run_dir / "eval_samples" / f"{task}_{shots}shot.jsonl").read_text().splitlines()]
+            assert len(samples) == 5
+            for s in samples:
+                prompt = s["arguments"][0][0]
+                assert prompt.count("Answer:") == shots + 1
+                blocks = prompt.split("\n\n")  # lm-eval's few-shot delimiter
+                assert len(blocks) == shots + 1
+                assert all(b in answered for b in blocks[:-1])
+                assert len(set(blocks[:-1])) == shots
+    # The held-out items differ from the few-shot pool (the generator's test vs train split).
+    test_items = (work / "synth_mc" / "test.jsonl").read_text().splitlines()
+    assert not set(test_items) & set((work / "synth_mc" / "train.jsonl").read_text().splitlines())
