@@ -1,0 +1,49 @@
+"""``stateloop render TARGET --config CONFIG --out PATH``: one table or figure from the results.
+
+Tables (table1..table4) write PATH (.csv) and its Markdown twin (.md); figures (loop_depth,
+state_width, state_analysis) write PATH (.pdf) and its PNG twin (.png). Both atomically.
+"""
+
+from __future__ import annotations
+
+TARGETS = ["table1", "table2", "table3", "table4", "loop_depth", "state_width", "state_analysis"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", choices=TARGETS, help="what to render")
+    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
+    p.add_argument("--out", required=True, help="output path: results/<table>.csv or figures/<figure>.pdf")
+    p.add_argument("--results", default="results", help="results folder holding runs/ and bench/ (default: results)")
+    p.add_argument("--bench", help="decode benchmark JSON for table3 (default: RESULTS/bench/decode.json)")
+
+
+def run(args) -> int:
+    import io
+    from pathlib import Path
+
+    from stateloop.experiments import load_pipeline
+    from stateloop.runs import atomic_write_bytes
+
+    cfg = load_pipeline(args.config)
+    results, out = Path(args.results), Path(args.out)
+    if args.target.startswith("table"):
+        from stateloop.report import tables
+
+        kwargs = {"bench_json": Path(args.bench)} if args.target == "table3" and args.bench else {}
+        df, notes = tables.TABLES[args.target](cfg, results, **kwargs)
+        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
+        title = f"{args.target} ({Path(args.config).name})"
+        atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, title).encode())
+    else:
+        import matplotlib.pyplot as plt
+
+        from stateloop.report import figures
+
+        fig = figures.FIGURES[args.target](cfg, results)
+        for path, fmt in ((out, "pdf"), (out.with_suffix(".png"), "png")):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt, dpi=150)
+            atomic_write_bytes(path, buf.getvalue())
+        plt.close(fig)
+    print(f"stateloop render: wrote {out}")
+    return 0
