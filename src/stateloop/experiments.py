@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError, ModelConfig, from_dict, load_yaml, merge, to_dict
+from stateloop.train.config import TrainConfig
 
 
 @dataclass
 class ScaleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 @dataclass
