@@ -40,7 +40,8 @@ def run(args) -> int:
     if result.status == "interrupted":
         return REQUEUE_EXIT
     s = result.summary
-    print(f"{s['run']}: {s['steps']} steps, {s['tokens']:,} tokens, train loss {s['final_train_loss']:.4f}"
-          + (f", val loss {s['final_val_loss']:.4f}" if s["final_val_loss"] is not None else "")
-          + f", {s['wall_time_s']:.1f} s -> {out}")
+    if result.rank0:
+        losses = "".join(f", {name} loss {s[key]:.4f}" for name, key in (("train", "final_train_loss"), ("val", "final_val_loss"))
+                         if s[key] is not None)
+        print(f"{s['run']}: {s['steps']} steps, {s['tokens']:,} tokens{losses}, {s['wall_time_s']:.1f} s -> {out}")
     return 0

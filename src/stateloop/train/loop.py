@@ -63,6 +63,7 @@ class TrainResult:
     step: int
     summary: dict = field(default_factory=dict)
     checkpoint: Path | None = None
+    rank0: bool = True  # False in the other processes of a multi-device run (they print nothing)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,6 +291,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     val_loss = None
     saved_at = start_step if resume else None
     t_log, step_log = time.perf_counter(), start_step
+    steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
     world = fabric.world_size
     status = "FAILED"
     try:
@@ -345,6 +347,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
                     bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
                 window_losses.clear()
                 t_log, step_log = now, step
+                steady = steady or (now, step)
             if tcfg.val_every and step % tcfg.val_every == 0 and step < total and val_windows is not None:
                 val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
                 if tracker is not None:
@@ -352,15 +355,19 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             if stop_now > 0:
                 path = checkpoint(step)
                 if rank0:
-                    warn(f"{stop.signal or 'stop signal'}: checkpoint {path} written at step {step}; "
+                    warn(f"{stop.signal or 'stop signal (received by another rank)'}: checkpoint {path} written at step {step}; "
                          f"exiting with status {REQUEUE_EXIT} (rerun the command to resume)")
                 status = "KILLED"
-                return TrainResult("interrupted", step, checkpoint=path)
+                return TrainResult("interrupted", step, checkpoint=path, rank0=rank0)
             if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and step < total:
                 checkpoint(step)
                 saved_at = step
 
         # ================================ finish ===============================================
+        loop_end = time.perf_counter()
+        steady_tok_s = None
+        if steady is not None and total > steady[1]:
+            steady_tok_s = (total - steady[1]) * tcfg.tokens_per_step / (loop_end - steady[0])
         if val_windows is not None:
             val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
             if tracker is not None:
@@ -373,6 +380,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             "run": config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
             "final_train_loss": last_loss, "final_val_loss": val_loss,
             "wall_time_s": round(elapsed, 3), "resumed_from_step": start_step if resume else None,
+            "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
             "world_size": world, "precision": precision,
             "params": sum(p.numel() for p in raw_model.parameters()),
             "mlflow_run_id": tracker.run_id if tracker is not None else None,
@@ -384,7 +392,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             atomic_write_json(run_dir / TRAIN_SUMMARY, summary)
         fabric.barrier()
         status = "FINISHED"
-        return TrainResult("finished", total, summary, store.path(total))
+        return TrainResult("finished", total, summary, store.path(total), rank0=rank0)
     finally:
         stop.restore()
         if bar is not None:

@@ -2,7 +2,8 @@
 
 Resolution order (ARCHITECTURE.md): the scale's sections -> the experiment's model options (when
 an experiment of the config defines the run) -> the run id's model, K and d_s -> ``key=value``
-overrides (``train.lr=1e-3``, ``model.norm_eps=1e-6``, ``data.dir=...``). The result is the
+overrides (``train.lr=1e-3``, ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of
+``train.max_steps`` / ``train.max_tokens`` replaces the scale's budget given by the other). The result is the
 resolved config written to ``RUN_DIR/config.yaml`` and saved inside the final weights::
 
     run:   {id, scale, model, K, d_s, config, experiments}
@@ -68,7 +69,12 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     model_dict = merge(to_dict(mcfg), extra.get("model", {}))
     mcfg = from_dict(ModelConfig, model_dict, "model")
     get_spec(mcfg.name).check(mcfg)
-    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), extra.get("train", {})), "train")
+    train_extra = dict(extra.get("train", {}))
+    # The budget is one of two keys: overriding one replaces the scale's other.
+    for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
+        if key in train_extra and other not in train_extra:
+            train_extra[other] = 0
+    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), train_extra), "train")
     tcfg.check_budget()
     if tcfg.seq_len > mcfg.max_seq_len:
         raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
