@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
     "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
     "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
+    "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
 }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from stateloop.config import ConfigError, ModelConfig, from_dict, load_yaml, merge, to_dict
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
+from stateloop.train.config import TrainConfig
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ScaleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 @dataclass

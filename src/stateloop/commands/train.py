@@ -1,0 +1,47 @@
+"""``stateloop train --config C --run {scale}/{model}/K{K}_ds{ds} --data-dir DIR [key=value ...]``
+
+Trains one run with Lightning Fabric and leaves its folder (default ``results/runs/{run id}``)
+with config.yaml, checkpoints/, model.pt and train.json. Rerunning the same command resumes from
+the newest complete checkpoint. Everything is checked before training starts: unknown or
+mistyped keys, a missing or empty data folder, a tokenizer vocabulary larger than
+``model.vocab_size``; each fails with a one-line message naming the key or file (exit 2).
+
+Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
+kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
+    p.add_argument("--run", required=True, help="run id {scale}/{model}/K{K}_ds{ds}, e.g. tiny/stateloop/K3_ds64")
+    p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
+    p.add_argument("--out", help="run folder (default: results/runs/{run id})")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override a resolved value: train.lr=1e-3, train.max_steps=20, model.norm_eps=1e-6, data.dir=...")
+
+
+def run(args) -> int:
+    from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
+    from stateloop.train.resolve import open_data, resolve_run
+
+    config = resolve_run(args.config, args.run, args.overrides, args.data_dir)
+    open_data(config)  # fail on data problems before Fabric starts any process
+    out = args.out or f"results/runs/{config['run']['id']}"
+    try:
+        result = train(config, out, progress=not args.no_progress)
+    except NonFiniteLoss as err:
+        print(f"stateloop train: error: {err}", file=sys.stderr)
+        return NONFINITE_EXIT
+    if result.status == "interrupted":
+        return REQUEUE_EXIT
+    s = result.summary
+    if result.rank0:
+        losses = "".join(f", {name} loss {s[key]:.4f}" for name, key in (("train", "final_train_loss"), ("val", "final_val_loss"))
+                         if s[key] is not None)
+        print(f"{s['run']}: {s['steps']} steps, {s['tokens']:,} tokens{losses}, {s['wall_time_s']:.1f} s -> {out}")
+    return 0

@@ -1,0 +1,414 @@
+"""The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
+
+``train(config, run_dir)`` trains one run from its resolved config (train/resolve.py) and
+leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and train.json
+(runs.py describes the folder). The parts, in litgpt's order (setup -> fit -> validate):
+
+- setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. One node:
+  LightningEnvironment (Fabric spawns ``devices`` processes itself, even inside a one-task SLURM
+  job); several SLURM tasks (``srun --ntasks-per-node=devices``): SLURMEnvironment, ranks from
+  SLURM. The model is built from the seed, the optimizer and LambdaLR schedule beside it; the
+  newest complete checkpoint (checkpoint.py), when there is one, overwrites all of it.
+- fit: optimiser step s (0-based) reads ``accumulation`` micro-batches per device from
+  ``TokenSampler`` (batch = f(seed, s, rank, micro)), backward without gradient sync except on the
+  last micro-batch, clips the global gradient norm, checks that loss and norm are finite on every
+  rank (one small all-reduce that also carries the stop request of a signal), steps AdamW and
+  the schedule. The loss of a micro-batch is the mean next-token cross-entropy divided by the
+  accumulation count, so the summed gradient is that of the mean over the global batch.
+- validate: mean next-token NLL over the first ``val_tokens`` of the held-out split
+  (evaluate/perplexity.py), windows split over ranks and summed.
+
+Exit paths:
+- finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
+- SIGTERM / SIGUSR1 (SLURM preemption or time limit; send with ``#SBATCH --signal=B:USR1@120``):
+  the handler only sets a flag; at the next step boundary every rank saves a checkpoint and the
+  command exits with :data:`REQUEUE_EXIT` = 75 (EX_TEMPFAIL, "try again"): run the same command
+  again (or let the scheduler requeue it) and it resumes;
+- a non-finite loss or gradient norm: :class:`NonFiniteLoss` names the step before the optimiser
+  moves; the last good checkpoint stays as it is.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import yaml
+
+from stateloop.config import ConfigError
+from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, save_final
+from stateloop.train.checkpoint import CheckpointStore, warn
+from stateloop.train.resolve import open_data, parse_resolved
+
+REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
+NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
+TRAIN_SUMMARY = "train.json"
+MLFLOW_FILE = "mlflow.json"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm became NaN or infinite; the message names the step."""
+
+
+@dataclass
+class TrainResult:
+    status: str  # "finished" | "interrupted"
+    step: int
+    summary: dict = field(default_factory=dict)
+    checkpoint: Path | None = None
+    rank0: bool = True  # False in the other processes of a multi-device run (they print nothing)
+
+
+# ----------------------------------------------------------------------------------------------
+# Signals: set a flag only; the loop acts on it at the next step boundary.
+
+
+class StopRequest:
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.signal: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, _frame):
+        self.signal = signal.Signals(signum).name
+
+    def install(self) -> None:
+        if hasattr(signal, "SIGUSR1") and _main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name)
+                self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+# ----------------------------------------------------------------------------------------------
+# Setup
+
+
+def build_fabric(tcfg):
+    """Fabric from the ``train`` section (see the module docstring for the cluster environment)."""
+    import lightning as L
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+    accelerator = tcfg.accelerator
+    if accelerator == "auto":
+        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    precision = tcfg.precision
+    if precision == "auto":
+        precision = "bf16-mixed" if accelerator in ("cuda", "gpu") else "32-true"
+    if tcfg.strategy == "fsdp" and accelerator == "cpu":
+        raise ConfigError("train.strategy: fsdp needs GPUs (Fabric: 'FSDP is only available on GPU'); use ddp on CPU")
+    world = tcfg.world_size
+    slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
+    env = SLURMEnvironment(auto_requeue=False) if slurm_tasks > 1 else LightningEnvironment()
+    if world == 1:
+        strategy = "auto"
+    elif tcfg.strategy == "ddp":
+        from lightning.fabric.strategies import DDPStrategy
+
+        strategy = DDPStrategy(cluster_environment=env)
+    else:
+        from lightning.fabric.strategies import FSDPStrategy
+
+        from stateloop.models.backbone import Layer
+
+        # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file.
+        strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full")
+    fabric = L.Fabric(accelerator=accelerator, devices=tcfg.devices, num_nodes=tcfg.num_nodes, strategy=strategy,
+                      precision=precision, plugins=[env] if world == 1 else None)
+    return fabric, precision
+
+
+def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool) -> torch.optim.AdamW:
+    """AdamW; weight decay on matrices (linear weights, embeddings) only, not on norms, biases,
+    or the state's A_log / b_Delta vectors. [choice: the paper does not say which tensors decay.]"""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), eps=tcfg.eps, fused=fused or None)
+
+
+def _full_state_dict(fabric, model, raw_model) -> dict:
+    """The unsharded model weights (every rank must call this under FSDP)."""
+    from lightning.fabric.strategies import FSDPStrategy
+
+    if isinstance(fabric.strategy, FSDPStrategy):
+        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        root = next(m for m in model.modules() if isinstance(m, FSDP))
+        with FSDP.state_dict_type(root, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
+            return root.state_dict()
+    return raw_model.state_dict()
+
+
+class _Weights:
+    """A state_dict holder for runs.save_final."""
+
+    def __init__(self, sd: dict):
+        self._sd = sd
+
+    def state_dict(self) -> dict:
+        return self._sd
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation
+
+
+@torch.no_grad()
+def validate(fabric, model, windows: torch.Tensor | None, batch_size: int) -> float | None:
+    """Mean next-token NLL over the validation windows of every rank."""
+    if windows is None:
+        return None
+    from stateloop.evaluate.perplexity import token_nll
+
+    model.eval()
+    local = windows[fabric.global_rank :: fabric.world_size]
+    totals = token_nll(model, local, batch_size, device=fabric.device).sum(0).to(fabric.device)
+    totals = fabric.all_reduce(totals, reduce_op="sum")
+    model.train()
+    return float(totals[0] / totals[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+
+
+def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
+    """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank."""
+    from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+
+    from stateloop.evaluate.perplexity import heldout_windows
+    from stateloop.models.registry import build_model
+    from stateloop.train.flops import flops_per_sequence, peak_flops
+    from stateloop.train.sampler import TokenSampler
+    from stateloop.train.schedule import lr_lambda
+    from stateloop.train.tracking import Tracker, flatten, tracking_uri
+
+    mcfg, tcfg = parse_resolved(config)
+    train_shards, val_shards = open_data(config)  # every check before anything trains
+    run_dir = Path(run_dir)
+    total = tcfg.total_steps
+    accum = tcfg.accumulation
+
+    fabric, precision = build_fabric(tcfg)
+    fabric.launch()
+    rank0 = fabric.is_global_zero
+    if rank0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+    store = CheckpointStore(run_dir / "checkpoints", tcfg.keep_checkpoints)
+    resume = None
+    if rank0:
+        store.clean_temporaries()
+        resume = store.latest()
+    resume = fabric.broadcast(str(resume) if resume else None, src=0)
+
+    # -- model, optimizer, schedule ---------------------------------------------------------------
+    fabric.seed_everything(tcfg.seed, verbose=False)
+    if tcfg.strategy == "fsdp" and tcfg.world_size > 1:
+        raw_model = build_model(mcfg)  # on CPU, then sharded by setup (our init is not reset_parameters)
+    else:
+        with fabric.init_module():
+            raw_model = build_model(mcfg)
+    model = torch.compile(raw_model) if tcfg.compile else raw_model
+    model = fabric.setup_module(model)
+    optimizer = configure_optimizer(model, tcfg, fused=fabric.device.type == "cuda")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, total))
+    optimizer = fabric.setup_optimizers(optimizer)
+
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0, "tokens": 0,
+             "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
+             "data": {"sampler": "TokenSampler", "seed": tcfg.seed, "next_step": 0}}
+    if resume:
+        fabric.load(resume, state, weights_only=False)
+        _check_resume(resume, state["config"], config)
+        _set_rng_states(state["rng"])
+        state["config"] = config
+        if rank0:
+            warn(f"resuming from {resume} (step {state['step']} of {total}, {state['tokens']:,} tokens seen)")
+    start_step = state["step"]
+
+    # -- data ---------------------------------------------------------------------------------------
+    sampler = TokenSampler(train_shards, tcfg.seq_len, tcfg.global_batch, tcfg.micro_batch, fabric.world_size, tcfg.seed)
+    val_windows = None
+    if val_shards is not None:
+        n = (tcfg.val_tokens // tcfg.seq_len) // fabric.world_size * fabric.world_size  # equal forwards on every rank
+        val_windows = heldout_windows(val_shards, tcfg.seq_len, max_windows=max(n, fabric.world_size))
+
+    # -- tracking (rank 0) ----------------------------------------------------------------------------
+    tracker = None
+    if rank0:
+        run = config["run"]
+        tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
+                "code_version": code_version(), "config_file": run["config"]}
+        tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
+                          run_id=state["mlflow_run_id"], tags=tags)
+        tracker.log_params(flatten(config))
+        state["mlflow_run_id"] = tracker.run_id
+        atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
+                                                  "run_id": tracker.run_id, "run_name": run["id"]})
+    peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
+    flops_seq = flops_per_sequence(mcfg, tcfg.seq_len) if peak else None
+
+    stop = StopRequest()
+    stop.install()
+    t_start = time.perf_counter()
+    elapsed0 = state["elapsed"]
+    bar = None
+    if rank0 and progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=start_step, unit="step", desc=config["run"]["id"], dynamic_ncols=True,
+                   file=sys.stderr, mininterval=1.0)
+
+    def checkpoint(step: int) -> Path:
+        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=_collect_rng_states(include_cuda=True), train_loss=last_loss,
+                     elapsed=elapsed0 + time.perf_counter() - t_start,
+                     data={"sampler": "TokenSampler", "seed": tcfg.seed, "next_step": step})
+        return store.save(fabric, state, step)
+
+    window_losses: list[float] = []
+    last_loss = state["train_loss"]
+    val_loss = None
+    saved_at = start_step if resume else None
+    t_log, step_log = time.perf_counter(), start_step
+    steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
+    world = fabric.world_size
+    status = "FAILED"
+    try:
+        # ================================ fit ==================================================
+        model.train()
+        for s in range(start_step, total):
+            loss_sum = torch.zeros((), device=fabric.device)
+            for micro in range(accum):
+                x, y = sampler.micro_batch_at(s, micro, fabric.global_rank)
+                x = x.to(fabric.device, non_blocking=True)
+                y = y.to(fabric.device, non_blocking=True)
+                with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
+                    logits = model(x).logits  # (B, T, V)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum
+                    fabric.backward(loss)
+                loss_sum += loss.detach()
+            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=tcfg.grad_clip or float("inf"),
+                                              error_if_nonfinite=False)
+            local_bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm.to(loss_sum)))
+            flags = torch.stack([loss_sum, local_bad.float(), torch.tensor(float(stop.signal is not None), device=loss_sum.device)])
+            if world > 1:
+                flags = fabric.all_reduce(flags, reduce_op="sum")
+            loss_total, bad, stop_now = flags.tolist()
+            if bad > 0:
+                last_good = store.latest() if rank0 else None
+                raise NonFiniteLoss(
+                    f"step {s + 1}: non-finite loss or gradient norm (loss {loss_total / world:.4g}, grad norm "
+                    f"{float(grad_norm):.4g}); training stopped before the optimizer step; the last good checkpoint "
+                    f"is {last_good or 'none (no checkpoint was written yet)'}")
+            lr_used = optimizer.param_groups[0]["lr"]  # eta(s), set by the schedule after step s - 1
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            step = s + 1
+            window_losses.append(loss_total / world)
+            if bar is not None:
+                bar.update(1)
+
+            if step % tcfg.log_every == 0 or step == total:
+                now = time.perf_counter()
+                tok_s = (step - step_log) * tcfg.tokens_per_step / max(now - t_log, 1e-9)
+                metrics = {"train/loss": sum(window_losses) / len(window_losses),
+                           "train/lr": lr_used,
+                           "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
+                           "train/tokens": step * tcfg.tokens_per_step}
+                if flops_seq and peak:
+                    seq_per_s_device = tok_s / tcfg.seq_len / world
+                    metrics["train/mfu"] = flops_seq * seq_per_s_device / peak
+                last_loss = metrics["train/loss"]  # mean over the log window
+                if tracker is not None:
+                    tracker.log_metrics(metrics, step)
+                if bar is not None:
+                    bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                window_losses.clear()
+                t_log, step_log = now, step
+                steady = steady or (now, step)
+            if tcfg.val_every and step % tcfg.val_every == 0 and step < total and val_windows is not None:
+                val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
+                if tracker is not None:
+                    tracker.log_metrics({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}, step)
+            if stop_now > 0:
+                path = checkpoint(step)
+                if rank0:
+                    warn(f"{stop.signal or 'stop signal (received by another rank)'}: checkpoint {path} written at step {step}; "
+                         f"exiting with status {REQUEUE_EXIT} (rerun the command to resume)")
+                status = "KILLED"
+                return TrainResult("interrupted", step, checkpoint=path, rank0=rank0)
+            if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and step < total:
+                checkpoint(step)
+                saved_at = step
+
+        # ================================ finish ===============================================
+        loop_end = time.perf_counter()
+        steady_tok_s = None
+        if steady is not None and total > steady[1]:
+            steady_tok_s = (total - steady[1]) * tcfg.tokens_per_step / (loop_end - steady[0])
+        if val_windows is not None:
+            val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
+            if tracker is not None:
+                tracker.log_metrics({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}, total)
+        if saved_at != total:
+            checkpoint(total)
+        weights = _full_state_dict(fabric, model, raw_model)
+        elapsed = elapsed0 + time.perf_counter() - t_start
+        summary = {
+            "run": config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
+            "final_train_loss": last_loss, "final_val_loss": val_loss,
+            "wall_time_s": round(elapsed, 3), "resumed_from_step": start_step if resume else None,
+            "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
+            "world_size": world, "precision": precision,
+            "params": sum(p.numel() for p in raw_model.parameters()),
+            "mlflow_run_id": tracker.run_id if tracker is not None else None,
+            "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
+            "code_version": code_version(),
+        }
+        if rank0:
+            save_final(run_dir, _Weights(weights), config)
+            atomic_write_json(run_dir / TRAIN_SUMMARY, summary)
+        fabric.barrier()
+        status = "FINISHED"
+        return TrainResult("finished", total, summary, store.path(total), rank0=rank0)
+    finally:
+        stop.restore()
+        if bar is not None:
+            bar.close()
+        if tracker is not None:
+            tracker.finish(status)
+
+
+def _check_resume(path, saved: dict, current: dict) -> None:
+    """A checkpoint resumes only the model it holds; batch-stream changes are reported."""
+    if saved.get("model") != current["model"]:
+        keys = sorted(k for k in set(saved.get("model", {})) | set(current["model"])
+                      if saved.get("model", {}).get(k) != current["model"].get(k))
+        raise ConfigError(f"{path}: model.{keys[0] if keys else '?'} differs from the checkpoint's config; "
+                          f"train into a new --out folder")
+    for key in ("seed", "seq_len", "global_batch"):
+        if saved["train"].get(key) != current["train"].get(key):
+            warn(f"train.{key} changed since {Path(path).name} ({saved['train'].get(key)} -> {current['train'].get(key)}): "
+                 f"the resumed batch stream differs from an uninterrupted run's")

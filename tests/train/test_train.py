@@ -1,0 +1,153 @@
+"""Training in-process at a tiny config: learning, MLflow entries, corrupt-checkpoint fallback
+with an exact resume, the non-finite guard, and SIGUSR1 at a step boundary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from conftest import assert_bitwise_equal, resolved, weights
+
+from stateloop.runs import load_model
+from stateloop.train.checkpoint import CheckpointStore
+from stateloop.train.loop import NonFiniteLoss, train
+
+
+def _mlflow_run(run_dir):
+    from mlflow.tracking import MlflowClient
+
+    info = json.loads((run_dir / "mlflow.json").read_text())
+    client = MlflowClient(info["tracking_uri"])
+    return client, client.get_run(info["run_id"])
+
+
+def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
+    cfg_path, data = tiny_setup
+    cfg = resolved(cfg_path, data, overrides=["train.max_steps=60", "train.val_every=20", "train.checkpoint_every=0",
+                                              "train.log_every=5", "train.warmup_steps=5"])
+    run_dir = tmp_path / "run"
+    result = train(cfg, run_dir, progress=False)
+    assert result.status == "finished" and result.step == 60
+
+    client, run = _mlflow_run(run_dir)
+    history = [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    val = client.get_metric_history(run.info.run_id, "val/loss")
+    # Loss falls on the learnable stream: from about ln(96) = 4.56 at the start ...
+    assert history[0] > 3.8
+    # ... to well below the 4.16 nats of guessing uniformly among the tokenizer's 64 ids (generous margin).
+    assert result.summary["final_train_loss"] < history[0] - 1.0
+    assert result.summary["final_val_loss"] < math.log(64) - 1.0
+    # MLflow: run name = run id, flattened resolved config as params, metrics at the logged steps.
+    assert run.info.run_name == "t/stateloop/K2_ds32" and run.info.status == "FINISHED"
+    assert run.data.params["model.d_model"] == "32" and run.data.params["train.max_steps"] == "60"
+    assert run.data.params["run.id"] == "t/stateloop/K2_ds32" and run.data.params["data.dir"] == str(data.resolve())
+    assert run.data.tags["model"] == "stateloop" and run.data.tags["K"] == "2"
+    assert len(history) == 12 and [m.step for m in val] == [20, 40, 60]
+    lrs = client.get_metric_history(run.info.run_id, "train/lr")
+    assert lrs[0].step == 5 and lrs[0].value == pytest.approx(3e-3)  # step 5 uses eta(4) = peak after 5 warmup steps
+    assert set(run.data.metrics) >= {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/tokens",
+                                     "val/loss", "val/ppl"}
+    assert "train/mfu" not in run.data.metrics  # no MFU on CPU
+
+    summary = json.loads((run_dir / "train.json").read_text())
+    assert summary["mlflow_run_id"] == run.info.run_id and summary["tokens"] == 60 * 8 * 32
+    # The folder alone rebuilds the model, and its validation loss is the one reported.
+    model, saved = load_model(run_dir)
+    assert saved == cfg
+    from stateloop.data.shards import ShardSet
+    from stateloop.evaluate.perplexity import heldout_windows, mean_nll
+
+    windows = heldout_windows(ShardSet(data, "val"), 32, max_windows=512 // 32)
+    assert mean_nll(model, windows, batch_size=4) == pytest.approx(summary["final_val_loss"], rel=1e-5)
+
+
+def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tmp_path, capsys):
+    cfg_path, data = tiny_setup
+    cfg = resolved(cfg_path, data)  # 12 steps, checkpoints at 4, 8, 12 (keeps 2)
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir, progress=False)
+    reference = weights(run_dir)
+    store = CheckpointStore(run_dir / "checkpoints")
+    assert store.steps() == [12, 8] and store.verify(12) is None and store.verify(8) is None
+    first_run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
+
+    # Truncate the newest checkpoint (a crash in the middle of a copy, a full disk, ...).
+    ckpt = store.path(12)
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (run_dir / "model.pt").unlink()
+    capsys.readouterr()
+    result = train(cfg, run_dir, progress=False)
+    err = capsys.readouterr().err
+    assert "step_00000012.ckpt: truncated or corrupt" in err
+    assert "using the previous checkpoint step_00000008.ckpt" in err
+    assert result.summary["resumed_from_step"] == 8
+    assert_bitwise_equal(weights(run_dir), reference)  # steps 9-12 redone exactly
+    assert store.verify(12) is None  # rewritten whole
+    # The resumed run continued the same MLflow run.
+    client, run = _mlflow_run(run_dir)
+    assert run.info.run_id == first_run_id and run.info.status == "FINISHED"
+
+    # Corrupt bytes of the same size are caught by the checksum too.
+    blob = bytearray(ckpt.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    ckpt.write_bytes(bytes(blob))
+    assert "sha256 does not match" in store.verify(12)
+    assert store.latest() == store.path(8)
+
+
+def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch):
+    import stateloop.train.loop as loop
+
+    cfg_path, data = tiny_setup
+    cfg = resolved(cfg_path, data, overrides=["train.checkpoint_every=2", "train.val_tokens=0"])
+    calls = {"n": 0}
+    real = torch.nn.functional.cross_entropy
+
+    def poisoned(logits, target):  # micro-batches 1..10 fine (steps 1-5), step 6 turns NaN
+        calls["n"] += 1
+        loss = real(logits, target)
+        return loss * float("nan") if calls["n"] > 10 else loss
+
+    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    run_dir = tmp_path / "run"
+    with pytest.raises(NonFiniteLoss, match=r"^step 6: non-finite loss or gradient norm .*the last good checkpoint is .*step_00000004\.ckpt"):
+        train(cfg, run_dir, progress=False)
+    store = CheckpointStore(run_dir / "checkpoints")
+    assert store.steps() == [4, 2] and store.verify(4) is None
+    assert not (run_dir / "model.pt").exists()
+    _, run = _mlflow_run(run_dir)
+    assert run.info.status == "FAILED"
+
+
+def test_sigusr1_checkpoints_at_the_step_boundary_then_resumes(tiny_setup, tmp_path, capsys):
+    cfg_path, data = tiny_setup
+    cfg = resolved(cfg_path, data, overrides=["train.max_steps=400", "train.checkpoint_every=3", "train.val_tokens=0"])
+    run_dir = tmp_path / "run"
+    store = CheckpointStore(run_dir / "checkpoints")
+
+    def send_when_training():
+        deadline = time.time() + 60
+        while time.time() < deadline and not store.steps():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    watcher = threading.Thread(target=send_when_training, daemon=True)
+    watcher.start()
+    result = train(cfg, run_dir, progress=False)
+    watcher.join()
+    assert result.status == "interrupted" and 3 <= result.step < 400
+    assert store.steps()[0] == result.step and store.verify(result.step) is None
+    assert "SIGUSR1: checkpoint" in capsys.readouterr().err and not (run_dir / "model.pt").exists()
+    _, run = _mlflow_run(run_dir)
+    assert run.info.status == "KILLED"
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
+
+    # Rerunning resumes from that step (shorter budget here to keep the test fast).
+    done = train({**cfg, "train": {**cfg["train"], "max_steps": result.step + 2}}, run_dir, progress=False)
+    assert done.summary["resumed_from_step"] == result.step and done.status == "finished"

@@ -1,0 +1,122 @@
+"""Schedule, sampler and config checks: hand computations and one-line errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import resolved, write_config, write_shards
+
+from stateloop.cli import main
+from stateloop.config import ConfigError
+from stateloop.data.shards import ShardSet
+from stateloop.train.config import TrainConfig
+from stateloop.train.sampler import TokenSampler
+from stateloop.train.schedule import lr_at
+
+
+def test_schedule_by_hand():
+    # peak 1.0, floor 0.1, 4 warmup steps, 14 steps: cosine over the 10 steps after warmup.
+    lr = [lr_at(s, 1.0, 0.1, 4, 14) for s in range(14)]
+    assert lr[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert lr[4] == pytest.approx(1.0)  # progress 0
+    assert lr[9] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))  # progress 1/2: 0.55
+    assert lr[9] == pytest.approx(0.55)
+    assert lr[13] == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.9)))
+    assert all(a >= b for a, b in zip(lr[4:], lr[5:]))  # monotone decay
+    assert lr_at(20, 1.0, 0.1, 4, 14) == pytest.approx(0.1)  # the floor, past the end
+    assert lr_at(9, 1.0, 0.1, 4, 14, "constant") == 1.0
+
+
+def test_sampler_reads_windows_and_ignores_world_size(tmp_path):
+    data = write_shards(tmp_path / "d", n_train=5_000, n_val=500, shard_tokens=700)  # windows cross shard files
+    shards = ShardSet(data, "train")
+    flat = np.concatenate([np.asarray(m) for m in shards.maps]).astype(np.int64)
+    one = TokenSampler(shards, seq_len=16, global_batch=8, micro_batch=2, world_size=1, seed=3)
+    two = TokenSampler(shards, seq_len=16, global_batch=8, micro_batch=2, world_size=2, seed=3)
+    starts = one.step_starts(5)
+    assert starts.min() >= 0 and starts.max() <= len(flat) - 17
+    rows_one = [one.micro_batch_at(5, m, 0) for m in range(4)]  # 4 micro-batches on one device
+    rows_two = [two.micro_batch_at(5, m, r) for m in range(2) for r in range(2)]  # 2 x 2 devices
+    for (x1, y1), (x2, y2) in zip(rows_one, rows_two):
+        assert np.array_equal(x1.numpy(), x2.numpy()) and np.array_equal(y1.numpy(), y2.numpy())
+    x, y = rows_one[1]
+    for i, s in enumerate(starts[2:4]):
+        assert np.array_equal(x[i].numpy(), flat[s : s + 16]) and np.array_equal(y[i].numpy(), flat[s + 1 : s + 17])
+    assert not np.array_equal(one.step_starts(6), starts)  # another step, another batch
+    assert np.array_equal(TokenSampler(shards, 16, 8, 2, 1, seed=3).step_starts(5), starts)  # f(seed, step) only
+
+
+def test_train_config_arithmetic_and_errors():
+    cfg = TrainConfig(devices=2, num_nodes=2, micro_batch=4, global_batch=64, seq_len=128, max_tokens=64 * 128 * 10 + 5)
+    assert (cfg.world_size, cfg.accumulation, cfg.tokens_per_step, cfg.total_steps) == (4, 4, 8192, 10)
+    with pytest.raises(ConfigError, match=r"^train\.global_batch: 30 sequences is not a multiple"):
+        TrainConfig(micro_batch=4, global_batch=30)
+    with pytest.raises(ConfigError, match=r"^train\.strategy: must be one of ddp, fsdp"):
+        TrainConfig(strategy="deepspeed")
+    with pytest.raises(ConfigError, match=r"^train\.max_tokens: set a token budget"):
+        TrainConfig().check_budget()
+
+
+@pytest.mark.parametrize(
+    "overrides, data_kind, pattern",
+    [
+        (["train.lrr=1"], "ok", r"^train\.lrr: unknown key \(allowed: "),
+        (["train.lr=fast"], "ok", r"^train\.lr: expected a number, got 'fast'"),
+        (["train.micro_batch=3"], "ok", r"^train\.global_batch: 8 sequences is not a multiple"),
+        (["model.K=5"], "ok", r"^model\.K: set by the run id"),
+        (["optim.lr=1"], "ok", r"^optim: unknown section"),
+        (["train.seq_len=100"], "ok", r"^train\.seq_len: 100 exceeds model\.max_seq_len = 64"),
+        ([], "missing", r"/nope: data folder not found"),
+        ([], "empty", r"/empty/meta\.json: no token shards here"),
+        ([], "big_vocab", r"/big/meta\.json: the tokenizer's vocabulary \(200 ids\) does not fit model\.vocab_size = 96"),
+        (["train.val_split=test"], "ok", r"/data/meta\.json: no split 'test' \(has: train, val\)"),
+    ],
+)
+def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides, data_kind, pattern):
+    cfg = write_config(tmp_path / "cfg.yaml")
+    data = {"ok": lambda: write_shards(tmp_path / "data", n_train=2_000, n_val=500),
+            "missing": lambda: tmp_path / "nope",
+            "empty": lambda: (tmp_path / "empty").mkdir() or tmp_path / "empty",
+            "big_vocab": lambda: write_shards(tmp_path / "big", n_train=2_000, n_val=500, vocab=200)}[data_kind]()
+    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32", "--data-dir", str(data),
+               "--out", str(tmp_path / "run"), *overrides])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("stateloop train: error: ")
+    import re
+
+    assert re.search(pattern, err.removeprefix("stateloop train: error: ")), err
+    assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_run_id_errors(tmp_path):
+    cfg = write_config(tmp_path / "cfg.yaml")
+    with pytest.raises(ConfigError, match=r"^--run: expected \{scale\}/\{model\}/K\{K\}_ds\{ds\}"):
+        resolved(cfg, tmp_path, "t/stateloop/K2")
+    with pytest.raises(ConfigError, match=r"^--run: unknown scale 'big'"):
+        resolved(cfg, tmp_path, "big/stateloop/K2_ds32")
+    with pytest.raises(ConfigError, match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0"):
+        resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32")
+    with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
+        resolved(cfg, tmp_path, "t/nope/K2_ds0")
+    # An ad hoc K the experiments do not list is allowed; the resolved config records it.
+    cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K5_ds0", ["train.lr=1e-3"])
+    assert cfg_dict["model"]["K"] == 5 and cfg_dict["train"]["lr"] == 1e-3 and cfg_dict["run"]["experiments"] == []
+
+
+@pytest.mark.parametrize("name", ["smoke", "tiny"])
+def test_shipped_small_configs_resolve_every_run(name, tmp_path):
+    from pathlib import Path
+
+    from stateloop.experiments import expand_runs, load_pipeline
+
+    path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
+    runs = expand_runs(load_pipeline(path))
+    assert len(runs) >= 10
+    for run in runs:
+        cfg = resolved(path, tmp_path, run.id)
+        tcfg = TrainConfig(**cfg["train"])
+        assert tcfg.precision == "32-true" and tcfg.accelerator == "cpu" and tcfg.total_steps > 0
