@@ -353,3 +353,19 @@ def test_hub_source_path_with_val_split(tmp_path, monkeypatch):
     tok = load_tokenizer(tmp_path / "o")
     val = ShardSet(tmp_path / "o", "val")
     assert tok.decode(val.window(0, len(val)).tolist()) == "".join(f"val doc {i}" for i in range(7))
+
+
+def test_max_tokens_cuts_after_the_batch_that_reaches_it(tmp_path, monkeypatch):
+    import stateloop.data.tokenize as tk
+
+    monkeypatch.setattr(tk, "BATCH_DOCS", 10)
+    src = write_jsonl(tmp_path / "c.jsonl", [f"doc {i} " + "word " * 20 for i in range(200)])
+    full = tokenize(DataConfig(source=str(src), vocab_size=300, val_fraction=0.0), tmp_path / "full", progress=False, log=quiet)
+    per_doc = full["splits"]["train"]["tokens"] / 200
+    cfg = DataConfig(source=str(src), tokenizer=str(tmp_path / "full" / "tokenizer.json"), val_fraction=0.0, max_tokens=1000)
+    meta = tokenize(cfg, tmp_path / "cut", progress=False, log=quiet)
+    n = meta["splits"]["train"]["documents"]
+    assert n % 10 == 0 and 1000 <= meta["splits"]["train"]["tokens"] < 1000 + 10 * per_doc + 10
+    train = ShardSet(tmp_path / "full", "train")
+    cut = ShardSet(tmp_path / "cut", "train")
+    assert cut.window(0, len(cut)).tolist() == train.window(0, len(cut)).tolist()  # a prefix of the full run

@@ -470,6 +470,9 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
 
     Raises :class:`DataError` (one line, naming the key or file) for a missing or empty source,
     an unreadable tokenizer, or a tokenizer with more ids than ``model_vocab_size``.
+
+    With ``workers > 0`` the pool uses the ``spawn`` start method, so a script calling this
+    needs the usual ``if __name__ == "__main__":`` guard (the command line has it).
     """
     out = Path(out)
     streams = plan_streams(cfg)
@@ -534,6 +537,9 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
             else:
                 tasks = (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
                 total = stream.n_docs
+            # max_tokens ends the hash-assigned stream after the first batch that reaches it:
+            # results arrive in order, so the cut is the same for any number of workers.
+            budget = cfg.max_tokens if stream.split is None else None
             with _progress(f"tokenize {label}", total, progress) as bar:
                 n_tokens = 0
                 for result in runner.map(tasks):
@@ -543,6 +549,8 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
                         n_tokens += arr.size
                         bar.update(n_docs)
                     bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+                    if budget is not None and writers["train"].tokens >= budget:
+                        break
     finally:
         runner.close()
     splits = {}
