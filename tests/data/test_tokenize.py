@@ -302,3 +302,70 @@ def test_hub_source_offline_fails_in_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("stateloop tokenize: error: data.source: cannot load EleutherAI/pile (all)")
     assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources read through `datasets`: local .json/.parquet, and the hub path (load_dataset stubbed
+# with local files, since no hub is reachable here)
+
+
+def test_json_and_parquet_through_datasets_match_jsonl(tmp_path):
+    import pandas as pd
+
+    texts = [f"row {i}: " + "lorem ipsum " * (i % 5) for i in range(200)] + [""]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    (tmp_path / "a.json").write_text(json.dumps([{"text": t} for t in texts]))
+    pd.DataFrame({"text": texts, "k": range(len(texts))}).to_parquet(tmp_path / "a.parquet")
+    tok = str(tmp_path / "tok.json")
+    # one tokenizer for all three: a BPE trained once, then used as a local file
+    tokenize(DataConfig(source=str(tmp_path / "a.jsonl"), vocab_size=300), tmp_path / "ref", progress=False, log=quiet)
+    (tmp_path / "ref" / "tokenizer.json").rename(tok)
+    results = {}
+    for ext in ("jsonl", "json", "parquet"):
+        cfg = DataConfig(source=str(tmp_path / f"a.{ext}"), tokenizer=tok, val_fraction=0.1)
+        meta = tokenize(cfg, tmp_path / ext, progress=False, log=quiet)
+        assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 200  # "" skipped
+        results[ext] = shard_bytes(tmp_path / ext)
+    assert results["jsonl"] == results["json"] == results["parquet"]
+
+
+def test_hub_source_path_with_val_split(tmp_path, monkeypatch):
+    import datasets
+
+    files = {"train": write_jsonl(tmp_path / "tr.jsonl", [f"train doc {i}" for i in range(100)]),
+             "validation": write_jsonl(tmp_path / "va.jsonl", [f"val doc {i}" for i in range(7)])}
+    calls = []
+    real = datasets.load_dataset
+
+    def fake_load_dataset(name, config=None, split=None, streaming=False, **kw):
+        calls.append((name, config, split, streaming))
+        return real("json", data_files=[str(files[split])], split="train", streaming=True)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    cfg = DataConfig(source="someorg/corpus", hub_config="en", split="train", val_split="validation", vocab_size=300,
+                     max_docs=60)
+    meta = tokenize(cfg, tmp_path / "o", progress=False, log=quiet)
+    assert ("someorg/corpus", "en", "validation", True) in calls and ("someorg/corpus", "en", "train", True) in calls
+    assert meta["splits"]["train"]["documents"] == 60 and meta["splits"]["val"]["documents"] == 7
+    assert meta["source"] == {"kind": "hub", "text_field": "text", "max_docs": 60, "name": "someorg/corpus", "config": "en",
+                              "split": "train", "val_split": "validation", "test_split": None,
+                              "val_fraction": 0.0, "test_fraction": 0.0, "holdout_seed": 0}
+    tok = load_tokenizer(tmp_path / "o")
+    val = ShardSet(tmp_path / "o", "val")
+    assert tok.decode(val.window(0, len(val)).tolist()) == "".join(f"val doc {i}" for i in range(7))
+
+
+def test_max_tokens_cuts_after_the_batch_that_reaches_it(tmp_path, monkeypatch):
+    import stateloop.data.tokenize as tk
+
+    monkeypatch.setattr(tk, "BATCH_DOCS", 10)
+    src = write_jsonl(tmp_path / "c.jsonl", [f"doc {i} " + "word " * 20 for i in range(200)])
+    full = tokenize(DataConfig(source=str(src), vocab_size=300, val_fraction=0.0), tmp_path / "full", progress=False, log=quiet)
+    per_doc = full["splits"]["train"]["tokens"] / 200
+    cfg = DataConfig(source=str(src), tokenizer=str(tmp_path / "full" / "tokenizer.json"), val_fraction=0.0, max_tokens=1000)
+    meta = tokenize(cfg, tmp_path / "cut", progress=False, log=quiet)
+    n = meta["splits"]["train"]["documents"]
+    assert n % 10 == 0 and 1000 <= meta["splits"]["train"]["tokens"] < 1000 + 10 * per_doc + 10
+    train = ShardSet(tmp_path / "full", "train")
+    cut = ShardSet(tmp_path / "cut", "train")
+    assert cut.window(0, len(cut)).tolist() == train.window(0, len(cut)).tolist()  # a prefix of the full run

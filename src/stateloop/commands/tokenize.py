@@ -24,6 +24,7 @@ FLAGS = {
     "text_field": "column holding the text (json/parquet/hub)",
     "text_unit": ".txt files: document, paragraph or line",
     "max_docs": "read at most this many training documents",
+    "max_tokens": "stop reading once the train split has this many tokens",
     "tokenizer": "bpe (train on the corpus), a tokenizer.json path, or a hub name",
     "vocab_size": "vocabulary size of a trained BPE",
     "bpe_docs": "train the BPE on this many documents",
@@ -34,7 +35,7 @@ FLAGS = {
 }
 
 
-NUMBERS = ("val_fraction", "test_fraction", "max_docs", "vocab_size", "bpe_docs", "shard_tokens", "workers", "seed")
+NUMBERS = ("val_fraction", "test_fraction", "max_docs", "max_tokens", "vocab_size", "bpe_docs", "shard_tokens", "workers", "seed")
 
 
 def add_arguments(p) -> None:

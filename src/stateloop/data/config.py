@@ -14,6 +14,7 @@ cut into train / val / test token shards. Read strictly by :func:`stateloop.conf
           source: monology/pile-uncopyrighted   # a `datasets` hub name ...
           split: train
           val_fraction: 0.0005                  # ... held-out documents chosen by content hash
+          max_tokens: 30000000000               # the paper's token budget: no need to read more
           tokenizer: EleutherAI/gpt-neox-20b    # hub name, or a local tokenizer.json
           workers: 32
 
@@ -83,6 +84,7 @@ class DataConfig:
     text_field: str = "text"  # column holding the document text (json / parquet / hub)
     text_unit: str = "document"  # .txt files: one document per "document" (file), "paragraph" or "line"
     max_docs: int | None = None  # read at most this many documents of `split` (None: all)
+    max_tokens: int | None = None  # stop reading `split` once train has this many tokens (None: all)
     tokenizer: str = "bpe"  # "bpe" (train on the corpus) | path to tokenizer.json | hub name
     vocab_size: int = 4096  # BPE only: size of the trained vocabulary, special tokens included
     bpe_docs: int = 100000  # BPE only: train on the first this-many training documents
@@ -108,8 +110,9 @@ class DataConfig:
             raise ConfigError("data.val_fraction: val_fraction + test_fraction must be below 1")
         if self.text_unit not in ("document", "paragraph", "line"):
             raise ConfigError(f"data.text_unit: must be document, paragraph or line; got {self.text_unit!r}")
-        if self.max_docs is not None and self.max_docs <= 0:
-            raise ConfigError(f"data.max_docs: must be positive, got {self.max_docs}")
+        for key in ("max_docs", "max_tokens"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}: must be positive, got {getattr(self, key)}")
         if not self.tokenizer:
             raise ConfigError("data.tokenizer: must not be empty")
         if self.vocab_size < 257:  # the 256 byte symbols plus the end-of-document token

@@ -175,7 +175,8 @@ def _facts(rng: random.Random, cfg: SyntheticConfig, n_q: int) -> Episode:
     towns = dict(zip(people, rng.sample(TOWNS, n)))
     jobs = dict(zip(people, rng.sample(JOBS, n)))
     animals = dict(zip(people, rng.sample(ANIMALS, n)))
-    friend = {p: rng.choice([q for q in people if q != p]) for p in people}
+    # friend: a random map with no fixed points (the i-th person names one of the others)
+    friend = {p: people[(i + rng.randrange(1, n)) % n] for i, p in enumerate(people)}
     sentences = []
     for p in people:
         facts = [
@@ -187,10 +188,8 @@ def _facts(rng: random.Random, cfg: SyntheticConfig, n_q: int) -> Episode:
         if rng.random() < 0.5:
             facts.append(rng.choice(["{tm}, {p} walks to {pl}.", "{p} is often seen at {pl}.", "{tm}, {p} visits {pl}."]))
         rng.shuffle(facts)
-        sentences += [
-            s.format(p=p, t=towns[p], j=jobs[p], a=animals[p], f=friend[p], tm=rng.choice(TIMES), pl=rng.choice(PLACES))
-            for s in facts
-        ]
+        slots = dict(p=p, t=towns[p], j=jobs[p], a=animals[p], f=friend[p], tm=rng.choice(TIMES), pl=rng.choice(PLACES))
+        sentences += [s.format_map(slots) for s in facts]
     qas = []
     for _ in range(n_q):
         p = rng.choice(people)
