@@ -225,3 +225,43 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON Schema (workflow/schemas/config.schema.yaml is generated from the dataclasses)
+
+
+def json_schema(tp: Any) -> dict:
+    """JSON Schema of a dataclass tree; unknown keys are not allowed, as in :func:`from_dict`."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return {}
+    if origin in (typing.Union, types.UnionType):
+        return {"anyOf": [json_schema(a) for a in typing.get_args(tp)]}
+    if tp is type(None):
+        return {"type": "null"}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        props = {}
+        required = []
+        for f in dataclasses.fields(tp):
+            if not f.init:
+                continue
+            props[f.name] = json_schema(hints[f.name])
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                required.append(f.name)
+        out = {"type": "object", "properties": props, "additionalProperties": False}
+        if required:
+            out["required"] = required
+        return out
+    if origin in (list, tuple) or tp is list:
+        args = typing.get_args(tp)
+        return {"type": "array", "items": json_schema(args[0])} if args else {"type": "array"}
+    if origin is dict or tp is dict:
+        args = typing.get_args(tp)
+        return {"type": "object", "additionalProperties": json_schema(args[1])} if args else {"type": "object"}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if tp in simple:
+        # YAML writes some numbers as strings (3e-4) and names as numbers (410m is a string, 410 is not)
+        return {"type": {float: ["number", "string"], str: ["string", "number"]}.get(tp, simple[tp])}
+    raise TypeError(f"no JSON schema for {tp}")

@@ -26,11 +26,32 @@ from stateloop.train.config import TrainConfig
 
 
 @dataclass
+class StageResources:
+    """What one job of a stage asks the scheduler for (Snakemake resources; SLURM under
+    ``--profile slurm``). Training's nodes and GPUs come from the scale's ``train`` section."""
+
+    runtime: int = 60  # minutes
+    mem_mb: int = 4000
+    cpus_per_task: int = 2
+    gpus: int = 0  # GPUs per job of the stages other than train (partitions: profiles/slurm)
+
+
+@dataclass
+class ResourcesConfig:
+    tokenize: StageResources = field(default_factory=StageResources)
+    train: StageResources = field(default_factory=StageResources)
+    eval: StageResources = field(default_factory=StageResources)
+    analyze: StageResources = field(default_factory=StageResources)
+    bench: StageResources = field(default_factory=StageResources)
+
+
+@dataclass
 class ScaleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
 
 
 @dataclass
@@ -43,12 +64,27 @@ class ExperimentConfig:
     # model name -> its own loop counts, replacing K for that model (MeSH and Parcae count core
     # repetitions: 10 at 1.4B while the other Table 1 models loop K = 4 times)
     K_by_model: dict[str, list[int]] = field(default_factory=dict)
+    # False for shapes that are only measured, never trained (Table 3's decoding rows): such an
+    # experiment defines no runs unless it is asked for by name.
+    trained: bool = True
+
+
+@dataclass
+class BenchConfig:
+    """Table 3's decoding benchmark (``stateloop bench decode``); the paper's protocol by default."""
+
+    prefill: int = 1024  # prompt tokens P
+    tokens: int = 1024  # generated tokens N
+    repeats: int = 5  # timed runs per model
+    warmup: int = 1
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
 
 
 @dataclass
 class PipelineConfig:
     scales: dict[str, ScaleConfig]
     experiments: dict[str, ExperimentConfig] = field(default_factory=dict)
+    bench: BenchConfig = field(default_factory=BenchConfig)
 
 
 @dataclass
@@ -73,11 +109,16 @@ def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineCo
     data = load_yaml(path)
     if overrides:
         data = merge(data, overrides)
+    return pipeline_from_dict(data, str(path))
+
+
+def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
+    """Check a config mapping (as Snakemake holds it) strictly and build the pipeline config."""
     try:
         cfg = from_dict(PipelineConfig, data)
     except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    validate_pipeline(cfg, str(path))
+        raise ConfigError(f"{where}: {err}") from None
+    validate_pipeline(cfg, where)
     return cfg
 
 
@@ -111,7 +152,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
     from stateloop.models.registry import get_spec
 
     runs: dict[str, Run] = {}
-    names = experiments if experiments is not None else list(cfg.experiments)
+    names = experiments if experiments is not None else [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
         if name not in cfg.experiments:
             raise ConfigError(f"experiments.{name}: not defined (defined: {', '.join(cfg.experiments)})")

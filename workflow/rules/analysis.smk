@@ -1,0 +1,72 @@
+rule shapley:
+    input:
+        "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
+    output:
+        "results/runs/{scale}/{model}/K{K}_ds{ds}/shapley.json",
+    log:
+        "logs/shapley/{scale}/{model}/K{K}_ds{ds}.log",
+    threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
+    resources:
+        runtime=lambda wc: stage(wc.scale, "analyze").runtime,
+        mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
+        cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
+        gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+    conda:
+        "../../envs/stateloop.yaml"
+    shell:
+        "stateloop analyze shapley results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
+        " --no-progress > {log} 2>&1"
+
+
+rule interventions:
+    input:
+        "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
+    output:
+        "results/runs/{scale}/{model}/K{K}_ds{ds}/interventions.json",
+    log:
+        "logs/interventions/{scale}/{model}/K{K}_ds{ds}.log",
+    threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
+    resources:
+        runtime=lambda wc: stage(wc.scale, "analyze").runtime,
+        mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
+        cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
+        gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+    conda:
+        "../../envs/stateloop.yaml"
+    shell:
+        "stateloop analyze interventions results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
+        " --no-progress > {log} 2>&1"
+
+
+def decode_models():
+    """Table 3's rows: the decoding experiment's shapes as name:K[:d_s]."""
+    exp = PIPE.experiments["decoding"]
+    specs = []
+    for model in exp.models:
+        for K in exp.K_by_model.get(model, exp.K):
+            has_state = MODELS[model].has_state
+            specs += [f"{model}:{K}:{d}" for d in exp.d_state] if has_state else [f"{model}:{K}"]
+    return " ".join(specs)
+
+
+rule bench_decode:
+    output:
+        "results/bench/decode.json",
+    log:
+        "logs/bench/decode.log",
+    threads: lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").cpus_per_task
+    resources:
+        runtime=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").runtime,
+        mem_mb=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").mem_mb,
+        cpus_per_task=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").cpus_per_task,
+        gpu=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").gpus,
+    params:
+        scale=PIPE.experiments["decoding"].scale,
+        models=decode_models(),
+        bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
+               f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype}"),
+    conda:
+        "../../envs/stateloop.yaml"
+    shell:
+        "stateloop bench decode --config {CONFIGFILE} --scale {params.scale} --models {params.models}"
+        " {params.bench} --output {output} --no-progress > {log} 2>&1"
