@@ -101,8 +101,11 @@ def load_tokenizer(data_dir: str | Path):
 
     Checks the file against the sha256 recorded in ``meta.json``, so a model is never scored
     with a tokenizer other than the one it was trained on. The end-of-document id is
-    ``read_meta(data_dir)["eos_id"]``; documents in the shards are ``encode(text).ids + [eos_id]``
-    (no other special tokens added).
+    ``read_meta(data_dir)["eos_id"]``. Documents in the shards are
+    ``encode(text, add_special_tokens=False).ids + [eos_id]``, with a special-token string
+    inside a text encoded as plain text; the returned tokenizer has ``encode_special_tokens``
+    switched on to match, so ``encode(text, add_special_tokens=False)`` tokenizes evaluation
+    text exactly as the training data was.
     """
     from tokenizers import Tokenizer
 
@@ -116,4 +119,6 @@ def load_tokenizer(data_dir: str | Path):
     want = meta.get("tokenizer", {}).get("sha256")
     if want and sha256_file(path) != want:
         raise DataError(f"{path}: sha256 differs from meta.json (the tokenizer was changed after tokenization)")
-    return Tokenizer.from_file(str(path))
+    tok = Tokenizer.from_file(str(path))
+    tok.encode_special_tokens = True
+    return tok
