@@ -28,11 +28,21 @@ if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes J
 FINAL_WEIGHTS = "model.pt"
 
 
+def _temp_beside(path: Path):
+    """A temporary file next to ``path`` with the permissions an ordinary open() would give
+    (mkstemp makes it owner-only, which would hide results from others on a shared cluster)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
+    return fd, tmp
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write to a temporary file in the same folder, fsync, then rename over ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -52,8 +62,7 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
     import torch
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
         torch.save(obj, tmp)
