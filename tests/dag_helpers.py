@@ -1,0 +1,42 @@
+"""Running the Snakemake DAG from tests: a copy of the workflow and a subprocess."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The files of the checkout a DAG needs (tracked or not ignored), without results."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        src = ROOT / rel
+        if rel.startswith(("src/", "tests/", "benchmarks/")) or not src.exists():
+            continue  # the installed package runs from the checkout's src/
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            target.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, target)
+    return dest
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{e.get('PATH', '')}"  # stateloop, snakemake
+    e["PYTHONPATH"] = str(ROOT / "src")
+    e.pop("MLFLOW_TRACKING_URI", None)
+    return e
+
+
+def snakemake(cwd: Path, *args, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
