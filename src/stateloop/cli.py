@@ -16,6 +16,7 @@ from stateloop.config import ConfigError
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
+    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
     "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
 }
 

@@ -19,12 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError, ModelConfig, from_dict, load_yaml, merge, to_dict
+from stateloop.data.config import DataConfig
 from stateloop.train.config import TrainConfig
 
 
 @dataclass
 class ScaleConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 

@@ -18,11 +18,12 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from stateloop.config import ConfigError, ModelConfig, from_dict
+
+if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
+    import torch
 
 FINAL_WEIGHTS = "model.pt"
 
@@ -48,6 +49,8 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    import torch
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -90,6 +93,8 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     Fails with a one-line error naming the file when the folder has no final weights, the file is
     unreadable, or the weights do not fit the saved config.
     """
+    import torch
+
     from stateloop.models.registry import build_model
 
     path = Path(run_dir) / FINAL_WEIGHTS

@@ -83,6 +83,11 @@ class ShardWriter:
             if self._n == self.shard_tokens:
                 self._finish()
 
+    @property
+    def tokens(self) -> int:
+        """Tokens added so far (finished shards and the open one)."""
+        return sum(s["tokens"] for s in self.shards) + (self._n if self._fh is not None else 0)
+
     def close(self) -> dict:
         if self._fh is not None and self._n:
             self._finish()

@@ -1,0 +1,129 @@
+"""The ``data:`` section of a scale: where the text comes from, how it is tokenized, how it is
+cut into train / val / test token shards. Read strictly by :func:`stateloop.config.from_dict`
+(unknown keys and wrong types are one-line errors naming the key).
+
+    scales:
+      tiny:
+        data:
+          source: synthetic                 # the project's generator (stateloop.data.synthetic)
+          tokenizer: bpe                    # byte-level BPE trained on the train split
+          vocab_size: 2048
+          synthetic: {train_docs: 20000, val_docs: 500, test_docs: 500}
+      1.4b:
+        data:
+          source: monology/pile-uncopyrighted   # a `datasets` hub name ...
+          split: train
+          val_fraction: 0.0005                  # ... held-out documents chosen by content hash
+          max_tokens: 30000000000               # the paper's token budget: no need to read more
+          tokenizer: EleutherAI/gpt-neox-20b    # hub name, or a local tokenizer.json
+          workers: 32
+
+``source`` is ``"synthetic"``, a hub dataset name (with ``hub_config`` and ``split``), or local
+files: a path, a directory, or a glob (or a list of them) of ``.json``/``.jsonl``, ``.txt`` or
+``.parquet`` files. A value that names an existing path, contains a glob character or ends in
+one of those extensions is local; anything else is a hub name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stateloop.config import ConfigError
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".txt": "text", ".text": "text", ".parquet": "parquet"}
+SYNTHETIC_KINDS = ("bindings", "arithmetic", "facts", "lists")
+
+
+class DataError(ConfigError):
+    """The data source or tokenizer cannot be used. One line, naming the file or key."""
+
+
+@dataclass
+class SyntheticConfig:
+    """Settings of the offline generator (:mod:`stateloop.data.synthetic`). Each split is drawn
+    from its own seed namespace, so held-out documents never come from the training stream."""
+
+    train_docs: int = 20000
+    val_docs: int = 500
+    test_docs: int = 500
+    # Relative weight of each episode kind in a document (see the generator's docstring).
+    mix: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in SYNTHETIC_KINDS})
+    max_hops: int = 4  # longest chain of variable bindings / relations to follow
+    max_steps: int = 6  # longest chain of arithmetic statements
+
+    def __post_init__(self) -> None:
+        for key in ("train_docs", "val_docs", "test_docs"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"synthetic.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.train_docs == 0:
+            raise ConfigError("synthetic.train_docs: must be positive")
+        for key in self.mix:
+            if key not in SYNTHETIC_KINDS:
+                raise ConfigError(f"synthetic.mix.{key}: unknown kind (known: {', '.join(SYNTHETIC_KINDS)})")
+            if self.mix[key] < 0:
+                raise ConfigError(f"synthetic.mix.{key}: weight must be >= 0, got {self.mix[key]}")
+        if not any(w > 0 for w in self.mix.values()):
+            raise ConfigError("synthetic.mix: at least one kind needs a positive weight")
+        if not 1 <= self.max_hops <= 7:
+            raise ConfigError(f"synthetic.max_hops: must be in 1..7, got {self.max_hops}")
+        if not 1 <= self.max_steps <= 12:
+            raise ConfigError(f"synthetic.max_steps: must be in 1..12, got {self.max_steps}")
+
+
+@dataclass
+class DataConfig:
+    """Where a scale's tokens come from. Output: one folder of token shards (see shards.py)."""
+
+    source: str | list[str] = "synthetic"  # "synthetic" | hub dataset name | local paths/globs
+    hub_config: str | None = None  # the hub dataset's config name (e.g. "wikitext-103-raw-v1")
+    split: str = "train"  # hub split read for training (local files: all rows)
+    val_split: str | None = None  # hub split used whole as "val" (else val_fraction of `split`)
+    test_split: str | None = None  # hub split used whole as "test" (else test_fraction of `split`)
+    val_fraction: float = 0.0005  # documents of `split` held out as "val", chosen by content hash
+    test_fraction: float = 0.0  # ... and as "test"
+    text_field: str = "text"  # column holding the document text (json / parquet / hub)
+    text_unit: str = "document"  # .txt files: one document per "document" (file), "paragraph" or "line"
+    max_docs: int | None = None  # read at most this many documents of `split` (None: all)
+    max_tokens: int | None = None  # stop reading `split` once train has this many tokens (None: all)
+    tokenizer: str = "bpe"  # "bpe" (train on the corpus) | path to tokenizer.json | hub name
+    vocab_size: int = 4096  # BPE only: size of the trained vocabulary, special tokens included
+    bpe_docs: int = 100000  # BPE only: train on the first this-many training documents
+    eos_token: str | None = None  # end-of-document token (None: the tokenizer's own, detected)
+    shard_tokens: int = 1 << 27  # tokens per shard file (2^27 = 256 MiB at uint16)
+    workers: int = 1  # encoding processes (0: encode in the main process); output never depends on it
+    seed: int = 0  # seeds the synthetic generator and the held-out hash
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.source, list):
+            if not self.source:
+                raise ConfigError("data.source: empty list of files")
+            if "synthetic" in self.source:
+                raise ConfigError("data.source: 'synthetic' cannot be combined with files")
+        elif not self.source:
+            raise ConfigError("data.source: must not be empty")
+        for key in ("val_fraction", "test_fraction"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"data.{key}: must be in [0, 1), got {value}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ConfigError("data.val_fraction: val_fraction + test_fraction must be below 1")
+        if self.text_unit not in ("document", "paragraph", "line"):
+            raise ConfigError(f"data.text_unit: must be document, paragraph or line; got {self.text_unit!r}")
+        for key in ("max_docs", "max_tokens"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
+                raise ConfigError(f"data.{key}: must be positive, got {getattr(self, key)}")
+        if not self.tokenizer:
+            raise ConfigError("data.tokenizer: must not be empty")
+        if self.vocab_size < 257:  # the 256 byte symbols plus the end-of-document token
+            raise ConfigError(f"data.vocab_size: a byte-level BPE needs at least 257 ids, got {self.vocab_size}")
+        if self.bpe_docs <= 0:
+            raise ConfigError(f"data.bpe_docs: must be positive, got {self.bpe_docs}")
+        if self.shard_tokens <= 0:
+            raise ConfigError(f"data.shard_tokens: must be positive, got {self.shard_tokens}")
+        if self.workers < 0:
+            raise ConfigError(f"data.workers: must be >= 0, got {self.workers}")
+
+    @property
+    def is_synthetic(self) -> bool:
+        return self.source == "synthetic"

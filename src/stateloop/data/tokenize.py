@@ -1,0 +1,589 @@
+"""Text -> flat token shards (the data stage; ``stateloop tokenize`` is its command line).
+
+Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
+
+1. **Source.** ``synthetic`` (the project's generator, splits train/val/test), local files
+   (``.json``/``.parquet`` through ``datasets`` streaming; ``.jsonl`` and ``.txt`` read directly,
+   a ``.txt`` file as one document, or one per paragraph or line), or a hub dataset through
+   ``datasets.load_dataset(name, hub_config, split=..., streaming=True)``. Nothing is held in
+   memory beyond a few batches of documents.
+2. **Held-out documents.** Unless the source names its own val/test split, a document of the
+   training stream goes to ``val`` when ``u < val_fraction`` and to ``test`` when
+   ``val_fraction <= u < val_fraction + test_fraction``, where ``u`` is a keyed BLAKE2b hash of
+   its text mapped to [0, 1) (key: ``seed``). Hashing the *content* puts exact duplicates in the
+   same split, so a held-out document never appears verbatim in training.
+3. **Tokenizer.** A local ``tokenizer.json``, a hub name, or a byte-level BPE trained on the
+   first ``bpe_docs`` training documents. Each document becomes ``encode(text).ids + [eos]``;
+   special-token strings inside the text are encoded as plain text, so ``eos`` only ever ends a
+   document.
+4. **Shards.** ``{split}_{i:05d}.bin`` with ``shard_tokens`` tokens each (uint16 when the
+   vocabulary fits, else uint32), the tokenizer's ``tokenizer.json``, and ``meta.json``
+   (shards.py) extended with document and token counts, the tokenizer's sha256, the source's
+   description and a fingerprint of the inputs.
+
+Parallelism: ``workers`` processes encode batches of documents (synthetic documents are also
+generated there, by index range); results are consumed in submission order with a bounded
+number in flight, so the shards are identical for any number of workers and memory stays flat.
+
+Atomicity: everything is written under ``DIR/.partial/`` and moved into ``DIR`` only when every
+split is complete; the old ``meta.json`` is removed before anything changes and the new one is
+written last. A folder with a ``meta.json`` is complete; an interrupted run leaves none (and no
+shard outside ``.partial/``). A rerun whose inputs have the same fingerprint as the existing
+``meta.json`` returns at once; any other rerun rewrites the folder.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from stateloop.config import to_dict
+from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError
+from stateloop.data.shards import META, ShardWriter, read_meta, sha256_file, token_dtype, write_meta
+
+PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
+PARTIAL = ".partial"
+SPLITS = ("train", "val", "test")
+BATCH_DOCS = 1024  # documents per worker task ...
+BATCH_CHARS = 1 << 21  # ... or this many characters, whichever comes first
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+
+
+@dataclass
+class Stream:
+    """One pass over part of a source. ``split`` is the output split, or None: hash-assigned."""
+
+    kind: str  # "synthetic" | "local" | "hub"
+    split: str | None
+    files: list[str] = field(default_factory=list)  # local
+    fmt: str = ""  # local: json | text | parquet
+    hub_split: str = ""  # hub
+    synthetic_split: str = ""  # synthetic
+    n_docs: int | None = None  # synthetic: documents; others: max_docs (None: all)
+
+
+def _is_local(item: str) -> bool:
+    return (
+        Path(item).exists()
+        or any(ch in item for ch in "*?[")
+        or item.endswith(tuple(LOCAL_FORMATS))
+        or item.startswith((".", "/", "~"))
+    )
+
+
+def local_files(items: str | list[str], key: str = "data.source") -> tuple[list[str], str]:
+    """Expand paths, folders and globs into a sorted file list of one format."""
+    items = [items] if isinstance(items, str) else list(items)
+    files: list[str] = []
+    for item in items:
+        item = os.path.expanduser(item)
+        if any(ch in item for ch in "*?["):
+            matches = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise DataError(f"{key}: no files match {item!r}")
+            files += matches
+        elif os.path.isdir(item):
+            matches = sorted(
+                str(p) for p in Path(item).rglob("*") if p.is_file() and p.suffix in LOCAL_FORMATS and not p.name.startswith(".")
+            )
+            if not matches:
+                raise DataError(f"{key}: {item}: folder has no {'/'.join(LOCAL_FORMATS)} files")
+            files += matches
+        elif os.path.isfile(item):
+            files.append(item)
+        else:
+            raise DataError(f"{key}: {item}: file not found")
+    fmts = set()
+    for f in files:
+        suffix = Path(f).suffix
+        if suffix not in LOCAL_FORMATS:
+            raise DataError(f"{key}: {f}: unsupported file type {suffix or '(none)'} (use {', '.join(LOCAL_FORMATS)})")
+        fmts.add(LOCAL_FORMATS[suffix])
+    if len(fmts) > 1:
+        raise DataError(f"{key}: files mix formats ({', '.join(sorted(fmts))}); use one kind per source")
+    for f in files:
+        if os.path.getsize(f) == 0:
+            raise DataError(f"{key}: {f}: file is empty")
+    return files, fmts.pop()
+
+
+def plan_streams(cfg: DataConfig) -> list[Stream]:
+    """The passes over the source that make the train / val / test splits."""
+    if cfg.is_synthetic:
+        s = cfg.synthetic
+        return [
+            Stream("synthetic", split, synthetic_split=split, n_docs=n)
+            for split, n in (("train", s.train_docs), ("val", s.val_docs), ("test", s.test_docs))
+            if n > 0
+        ]
+    sources = cfg.source if isinstance(cfg.source, list) else [cfg.source]
+    if all(_is_local(item) for item in sources):
+        files, fmt = local_files(cfg.source)
+        streams = [Stream("local", None, files=files, fmt=fmt, n_docs=cfg.max_docs)]
+        for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):
+            if extra:  # for local sources, val_split / test_split name files
+                f, fmt2 = local_files(extra, f"data.{split}_split")
+                streams.append(Stream("local", split, files=f, fmt=fmt2))
+        return streams
+    if len(sources) > 1:
+        raise DataError(f"data.source: a list must name local files; {sources!r} has a hub name")
+    streams = [Stream("hub", None, hub_split=cfg.split, n_docs=cfg.max_docs)]
+    for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):
+        if extra:
+            streams.append(Stream("hub", split, hub_split=extra))
+    return streams
+
+
+def _read_txt(path: str, unit: str) -> Iterator[str]:
+    """A text file as documents: the whole file, blank-line-separated paragraphs, or lines.
+    Read as written (no newline translation), so the shards decode back to the file's text."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        if unit == "document":
+            yield fh.read()
+            return
+        if unit == "line":
+            for line in fh:
+                yield line.rstrip("\r\n")
+            return
+        para: list[str] = []
+        for line in fh:
+            if line.strip():
+                para.append(line)
+            elif para:
+                yield "".join(para).rstrip("\r\n")
+                para = []
+        if para:
+            yield "".join(para).rstrip("\r\n")
+
+
+def _iter_batches_datasets(ds, text_field: str, where: str) -> Iterator[list]:
+    for batch in ds.iter(batch_size=BATCH_DOCS):
+        if text_field not in batch:
+            raise DataError(f"data.text_field: {where} has no field {text_field!r} (has: {', '.join(batch)})")
+        yield batch[text_field]
+
+
+def _read_jsonl(path: str, text_field: str) -> Iterator:
+    """JSON lines, read directly (faster than, and without the import cost of, ``datasets``)."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"data.source: {path}:{lineno}: not JSON ({err.msg})") from None
+            if not isinstance(row, dict) or text_field not in row:
+                keys = ", ".join(row) if isinstance(row, dict) else type(row).__name__
+                raise DataError(f"data.text_field: {path}:{lineno} has no field {text_field!r} (has: {keys})")
+            yield row[text_field]
+
+
+def _raw_batches(stream: Stream, cfg: DataConfig) -> Iterator[list]:
+    """Lists of raw texts (or None values) from a local or hub stream, file by file in order."""
+    from itertools import islice
+
+    if stream.kind == "local":
+        for path in stream.files:
+            if path.endswith(".jsonl") or stream.fmt == "text":
+                rows = _read_jsonl(path, cfg.text_field) if stream.fmt == "json" else _read_txt(path, cfg.text_unit)
+                while batch := list(islice(rows, BATCH_DOCS)):
+                    yield batch
+                continue
+            from datasets import load_dataset
+
+            try:
+                ds = load_dataset(stream.fmt, data_files=[path], split="train", streaming=True)
+                yield from _iter_batches_datasets(ds, cfg.text_field, path)
+            except DataError:
+                raise
+            except Exception as err:
+                raise DataError(f"data.source: {path}: cannot be read as {stream.fmt} ({type(err).__name__}: {_first_line(err)})") from None
+        return
+    from datasets import load_dataset
+
+    where = f"{cfg.source}" + (f" ({cfg.hub_config})" if cfg.hub_config else "") + f" split {stream.hub_split!r}"
+    try:
+        ds = load_dataset(cfg.source, cfg.hub_config, split=stream.hub_split, streaming=True)
+    except Exception as err:
+        raise DataError(f"data.source: cannot load {where} ({type(err).__name__}: {_first_line(err)})") from None
+    yield from _iter_batches_datasets(ds, cfg.text_field, where)
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [""])[0][:300]
+
+
+def text_batches(stream: Stream, cfg: DataConfig) -> Iterator[list[str]]:
+    """Batches of non-empty document texts from a local or hub stream, at most ``n_docs`` in all."""
+    left = stream.n_docs
+    buf: list[str] = []
+    chars = 0
+    for raw in _raw_batches(stream, cfg):
+        for text in raw:
+            if not text:  # None or "": nothing to learn from
+                continue
+            if not isinstance(text, str):
+                raise DataError(f"data.text_field: {cfg.text_field!r} holds {type(text).__name__} values, not text")
+            buf.append(text)
+            chars += len(text)
+            if left is not None:
+                left -= 1
+            if len(buf) >= BATCH_DOCS or chars >= BATCH_CHARS or left == 0:
+                yield buf
+                buf, chars = [], 0
+            if left == 0:
+                return
+    if buf:
+        yield buf
+
+
+def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
+    """What was read, for meta.json; for local files also their sizes and modification times
+    (these enter the fingerprint, so an edited file triggers a rewrite)."""
+    if cfg.is_synthetic:
+        from stateloop.data import synthetic
+
+        return {"kind": "synthetic", "generator": synthetic.VERSION, "seed": cfg.seed, **to_dict(cfg.synthetic)}
+    out: dict = {"kind": streams[0].kind, "text_field": cfg.text_field, "max_docs": cfg.max_docs}
+    if streams[0].kind == "hub":
+        out.update(name=cfg.source, config=cfg.hub_config, split=cfg.split, val_split=cfg.val_split, test_split=cfg.test_split)
+    else:
+        out["format"] = streams[0].fmt
+        if streams[0].fmt == "text":
+            out["text_unit"] = cfg.text_unit
+        for s in streams:
+            out[f"{s.split or 'source'}_files"] = [
+                {"path": os.path.abspath(f), "bytes": os.path.getsize(f), "mtime_ns": os.stat(f).st_mtime_ns} for f in s.files
+            ]
+    if any(s.split is None for s in streams):
+        out["val_fraction"] = 0.0 if cfg.val_split else cfg.val_fraction
+        out["test_fraction"] = 0.0 if cfg.test_split else cfg.test_fraction
+        out["holdout_seed"] = cfg.seed
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Workers: encode one batch. State lives in module globals set by the pool initializer.
+
+_W: dict = {}
+
+
+def _init_worker(threads: int | None, seed: int, synthetic_cfg: dict | None, tokenizer_json: str | None = None,
+                 eos_id: int = 0, dtype: str = "uint32", fractions: tuple[float, float] = (0.0, 0.0)) -> None:
+    if threads is not None:  # set before `tokenizers` starts its thread pool
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+    _W.clear()
+    _W.update(seed=seed, key=seed.to_bytes(8, "little", signed=True), synthetic=synthetic_cfg, fractions=fractions)
+    if tokenizer_json is not None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(tokenizer_json)
+        tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not a boundary
+        _W.update(tok=tok, eos=eos_id, dtype=np.dtype(dtype))
+
+
+def holdout_split(text: str, fractions: tuple[float, float], key: bytes) -> str:
+    """train / val / test for one document of a hash-assigned stream (see the module docstring)."""
+    h = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8, key=key).digest()
+    u = int.from_bytes(h, "little") / 2.0**64
+    val, test = fractions
+    return "val" if u < val else "test" if u < val + test else "train"
+
+
+def _encode(texts: list[str]) -> np.ndarray:
+    tok, eos = _W["tok"], _W["eos"]
+    ids: list[int] = []
+    for enc in tok.encode_batch_fast(texts, add_special_tokens=False):
+        ids += enc.ids
+        ids.append(eos)
+    return np.array(ids, dtype=_W["dtype"])
+
+
+def _synthetic_docs(split: str, start: int, stop: int) -> list[str]:
+    from stateloop.data.config import SyntheticConfig
+    from stateloop.data.synthetic import document
+
+    cfg = SyntheticConfig(**_W["synthetic"])
+    return [document(split, i, _W["seed"], cfg) for i in range(start, stop)]
+
+
+def _work(task: tuple):
+    """One task. ("texts", split | None, texts) and ("synthetic", split, start, stop) return
+    {split: (tokens, documents)}; ("generate", split, start, stop) returns the synthetic texts."""
+    if task[0] == "generate":
+        return _synthetic_docs(*task[1:])
+    if task[0] == "synthetic":
+        texts = _synthetic_docs(*task[1:])
+        return {task[1]: (_encode(texts), len(texts))}
+    _, split, texts = task
+    if split is not None or not any(_W["fractions"]):
+        return {split or "train": (_encode(texts), len(texts))}
+    groups: dict[str, list[str]] = collections.defaultdict(list)
+    for text in texts:
+        groups[holdout_split(text, _W["fractions"], _W["key"])].append(text)
+    return {s: (_encode(g), len(g)) for s, g in groups.items()}
+
+
+class _Runner:
+    """Runs :func:`_work` in order: in this process (workers=0) or a spawn pool with at most
+    ``2 * workers`` tasks in flight (bounded memory; ``Pool.imap`` would read ahead without limit)."""
+
+    def __init__(self, workers: int, *initargs):
+        self.workers = workers
+        if workers == 0:
+            _init_worker(None, *initargs)
+            self.pool = None
+        else:
+            import multiprocessing as mp
+
+            # Each worker's tokenizer may use threads too; share the cores out between workers.
+            threads = max(1, (os.cpu_count() or 1) // workers)
+            ctx = mp.get_context("spawn")  # no inherited tokenizer thread pools or datasets threads
+            self.pool = ctx.Pool(workers, _init_worker, (threads, *initargs))
+
+    def map(self, tasks: Iterator[tuple]) -> Iterator[dict]:
+        if self.pool is None:
+            for task in tasks:
+                yield _work(task)
+            return
+        pending: collections.deque = collections.deque()
+        for task in tasks:
+            pending.append(self.pool.apply_async(_work, (task,)))
+            if len(pending) >= 2 * self.workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+# ----------------------------------------------------------------------------------------------
+# The stage
+
+
+def fingerprint(cfg: DataConfig, source: dict, tokenizer_id: dict) -> str:
+    """A hash of everything the tokens depend on (not ``workers``: output never depends on it)."""
+    relevant = {k: v for k, v in to_dict(cfg).items() if k not in ("workers", "synthetic", "source")}
+    blob = json.dumps({"pipeline": PIPELINE_VERSION, "config": relevant, "source": source, "tokenizer": tokenizer_id},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def is_complete(out: Path, fp: str | None = None) -> bool:
+    """``out`` holds a finished tokenization (with fingerprint ``fp`` when given): meta.json,
+    tokenizer and every shard at its recorded size."""
+    try:
+        meta = read_meta(out)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return False
+    if fp is not None and meta.get("fingerprint") != fp:
+        return False
+    if not (out / meta.get("tokenizer", {}).get("file", "tokenizer.json")).is_file():
+        return False
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in meta.get("splits", {}).values():
+        for shard in split["shards"]:
+            path = out / shard["file"]
+            if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
+                return False
+    return True
+
+
+def _check_fit(n_vocab: int, model_vocab_size: int | None, what: str) -> None:
+    if model_vocab_size is not None and n_vocab > model_vocab_size:
+        fix = "lower data.vocab_size" if what == "data.vocab_size" else "choose another data.tokenizer"
+        raise DataError(
+            f"model.vocab_size: {model_vocab_size} is smaller than the tokenizer's vocabulary ({what}: {n_vocab} ids); "
+            f"raise model.vocab_size or {fix}"
+        )
+
+
+def _clear(out: Path) -> None:
+    """Make ``out`` look incomplete first (meta.json goes), then remove old shards and staging."""
+    (out / META).unlink(missing_ok=True)
+    for split in SPLITS:
+        for path in out.glob(f"{split}_*.bin"):
+            path.unlink()
+    (out / "tokenizer.json").unlink(missing_ok=True)
+    shutil.rmtree(out / PARTIAL, ignore_errors=True)
+
+
+def _progress(desc: str, total: int | None, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="doc", unit_scale=True, dynamic_ncols=True, disable=not enabled,
+                file=sys.stderr, mininterval=0.5)
+
+
+def _synthetic_tasks(split: str, n: int, step: int = 256) -> Iterator[tuple]:
+    for start in range(0, n, step):
+        yield ("synthetic", split, start, min(n, start + step))
+
+
+def _bpe_texts(cfg: DataConfig, stream: Stream, count: list[int]) -> Iterator[str]:
+    """The first ``bpe_docs`` training documents (only documents that go to ``train``);
+    ``count[0]`` counts them."""
+    left = cfg.bpe_docs
+    if stream.kind == "synthetic":  # generated by the workers, in order
+        runner = _Runner(cfg.workers, cfg.seed, to_dict(cfg.synthetic))
+        try:
+            tasks = (("generate", "train", a, b) for _, _, a, b in _synthetic_tasks("train", min(left, stream.n_docs)))
+            for texts in runner.map(tasks):
+                count[0] += len(texts)
+                yield from texts
+        finally:
+            runner.close()
+        return
+    fractions = (0.0 if cfg.val_split else cfg.val_fraction, 0.0 if cfg.test_split else cfg.test_fraction)
+    key = cfg.seed.to_bytes(8, "little", signed=True)
+    for batch in text_batches(stream, cfg):
+        for text in batch:
+            if any(fractions) and holdout_split(text, fractions, key) != "train":
+                continue
+            yield text
+            count[0] += 1
+            left -= 1
+            if left == 0:
+                return
+
+
+def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None = None, force: bool = False,
+             progress: bool = True, log=print) -> dict:
+    """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content.
+
+    Raises :class:`DataError` (one line, naming the key or file) for a missing or empty source,
+    an unreadable tokenizer, or a tokenizer with more ids than ``model_vocab_size``.
+
+    With ``workers > 0`` the pool uses the ``spawn`` start method, so a script calling this
+    needs the usual ``if __name__ == "__main__":`` guard (the command line has it).
+    """
+    out = Path(out)
+    streams = plan_streams(cfg)
+    source = describe_source(cfg, streams)
+
+    # Tokenizer identity first (cheap), so that an up-to-date folder is recognised without work.
+    if cfg.tokenizer == "bpe":
+        _check_fit(cfg.vocab_size, model_vocab_size, "data.vocab_size")
+        tok, tok_json, tok_desc = None, None, {"kind": "bpe", "requested_vocab_size": cfg.vocab_size}
+        tok_id = dict(tok_desc)
+    else:
+        from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, vocab_size_of
+
+        tok, tok_json, tok_desc = load_tokenizer_spec(cfg.tokenizer)
+        _check_fit(vocab_size_of(tok), model_vocab_size, cfg.tokenizer)
+        find_eos(tok, cfg.eos_token, cfg.tokenizer)
+        tok_id = {**tok_desc, "sha256": sha256_text(tok_json)}
+    fp = fingerprint(cfg, source, tok_id)
+    if not force and is_complete(out, fp):
+        meta = read_meta(out)
+        _check_fit(meta["vocab_size"], model_vocab_size, str(out / "tokenizer.json"))
+        log(f"{out}: up to date ({meta['tokens']:,} tokens); nothing to do")
+        return meta
+
+    # Fail on an empty source before touching the folder.
+    primary = streams[0]
+    if primary.kind != "synthetic":
+        first = next(text_batches(Stream(**{**primary.__dict__, "n_docs": 1}), cfg), None)
+        if not first:
+            raise DataError(f"data.source: {cfg.source}: no documents with text (field {cfg.text_field!r})")
+
+    out.mkdir(parents=True, exist_ok=True)
+    _clear(out)
+    stage = out / PARTIAL
+    stage.mkdir()
+
+    from stateloop.data.tokenizer import find_eos, sha256_text, train_bpe, vocab_size_of
+
+    if tok is None:
+        log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
+        count = [0]
+        tok = train_bpe(_bpe_texts(cfg, primary, count), cfg.vocab_size, cfg.eos_token or "<|endoftext|>")
+        tok_json = tok.to_str()
+        tok_desc = {**tok_desc, "trained_on_docs": count[0]}
+    eos_token, eos_id = find_eos(tok, cfg.eos_token, tok_desc.get("name", "the trained BPE"))
+    n_vocab = vocab_size_of(tok)
+    _check_fit(n_vocab, model_vocab_size, cfg.tokenizer)
+    dtype = token_dtype(n_vocab)
+    (stage / "tokenizer.json").write_text(tok_json, encoding="utf-8")
+
+    fractions = (0.0 if cfg.val_split else cfg.val_fraction, 0.0 if cfg.test_split else cfg.test_fraction)
+    writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
+    docs = dict.fromkeys(SPLITS, 0)
+    synth = to_dict(cfg.synthetic) if cfg.is_synthetic else None
+    runner = _Runner(cfg.workers, cfg.seed, synth, tok_json, eos_id, dtype.name, fractions)
+    try:
+        for stream in streams:
+            label = stream.split or "train+held-out"
+            if stream.kind == "synthetic":
+                tasks = _synthetic_tasks(stream.synthetic_split, stream.n_docs)
+                total = stream.n_docs
+            else:
+                tasks = (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
+                total = stream.n_docs
+            # max_tokens ends the hash-assigned stream after the first batch that reaches it:
+            # results arrive in order, so the cut is the same for any number of workers.
+            budget = cfg.max_tokens if stream.split is None else None
+            with _progress(f"tokenize {label}", total, progress) as bar:
+                n_tokens = 0
+                for result in runner.map(tasks):
+                    for split, (arr, n_docs) in result.items():
+                        writers[split].add(arr)
+                        docs[split] += n_docs
+                        n_tokens += arr.size
+                        bar.update(n_docs)
+                    bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+                    if budget is not None and writers["train"].tokens >= budget:
+                        break
+    finally:
+        runner.close()
+    splits = {}
+    for s, w in writers.items():
+        entry = w.close()
+        if entry["tokens"]:
+            splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "shards": entry["shards"]}
+    if "train" not in splits:
+        raise DataError(f"data.source: {cfg.source}: no training documents (all were empty or held out)")
+
+    # Publish: shards and tokenizer into place, meta.json last.
+    for entry in splits.values():
+        for shard in entry["shards"]:
+            os.replace(stage / shard["file"], out / shard["file"])
+    os.replace(stage / "tokenizer.json", out / "tokenizer.json")
+    shutil.rmtree(stage, ignore_errors=True)
+    from stateloop.runs import code_version
+
+    meta = {
+        "dtype": dtype.name,
+        "vocab_size": n_vocab,
+        "eos_id": eos_id,
+        "eos_token": eos_token,
+        "tokens": sum(e["tokens"] for e in splits.values()),
+        "documents": sum(e["documents"] for e in splits.values()),
+        "tokenizer": {"file": "tokenizer.json", "sha256": sha256_file(out / "tokenizer.json"), **tok_desc},
+        "source": source,
+        "splits": splits,
+        "fingerprint": fp,
+        "data_config": to_dict(cfg),
+        "code_version": code_version(),
+    }
+    write_meta(out, meta)
+    log(f"{out}: " + ", ".join(f"{s} {e['tokens']:,} tokens / {e['documents']:,} docs" for s, e in splits.items())
+        + f" ({dtype.name}, vocab {n_vocab})")
+    return read_meta(out)
