@@ -115,3 +115,16 @@ def cli(args: list[str], cwd: Path, env_extra: dict | None = None, **popen) -> s
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", **(env_extra or {})}
     return subprocess.Popen([sys.executable, "-m", "stateloop.cli", *args], cwd=cwd, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+@pytest.fixture(scope="session")
+def synthetic_shards(tmp_path_factory) -> Path:
+    """The project's synthetic corpus (stateloop.data.synthetic), tokenized with a 512-id BPE."""
+    from stateloop.data.config import DataConfig, SyntheticConfig
+    from stateloop.data.tokenize import tokenize
+
+    out = tmp_path_factory.mktemp("synthetic")
+    cfg = DataConfig(vocab_size=512, shard_tokens=1 << 20, workers=0,
+                     synthetic=SyntheticConfig(train_docs=600, val_docs=40, test_docs=10))
+    tokenize(cfg, out, progress=False, log=lambda *a, **k: None)
+    return out

@@ -120,3 +120,25 @@ def test_shipped_small_configs_resolve_every_run(name, tmp_path):
         cfg = resolved(path, tmp_path, run.id)
         tcfg = TrainConfig(**cfg["train"])
         assert tcfg.precision == "32-true" and tcfg.accelerator == "cpu" and tcfg.total_steps > 0
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_flops_per_sequence_by_hand(K):
+    """Forward: 2 T (K L (4 d^2 + 3 d f) + d V) for the matmuls (q, k, v, o; SwiGLU gate, up, down;
+    LM head) plus K L 4 T^2 d for QK^T and AV; backward twice the forward."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import tiny_config
+
+    from stateloop.train.flops import flops_per_sequence, peak_flops
+
+    T, d, f, V, L = 16, 32, 64, 97, 2
+    cfg = tiny_config("vanilla_looped", K=K, n_layers=L, d_model=d, n_heads=4, head_dim=8, d_ff=f, vocab_size=V)
+    forward = 2 * T * (K * L * (4 * d * d + 3 * d * f) + d * V) + K * L * 4 * T * T * d
+    assert flops_per_sequence(cfg, T) == 3 * forward
+    import torch
+
+    assert peak_flops(torch.device("cpu"), "32-true") is None
+    assert peak_flops(torch.device("cpu"), "32-true", configured_tflops=2.5) == 2.5e12
