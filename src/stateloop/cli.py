@@ -16,6 +16,8 @@ from stateloop.config import ConfigError
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
+    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
+    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
 }
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from stateloop.models import kernels
 from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
-from stateloop.models.ssd import ssd_step
+from stateloop.models.ssd import ssd_step_grouped
 
 
 class IdentityMixer(nn.Module):
@@ -128,6 +128,8 @@ class Mamba2(nn.Module):
         return F.silu(y).transpose(1, 2)
 
     def forward(self, u: torch.Tensor, cache: Mamba2Cache | None = None) -> torch.Tensor:
+        if cache is not None and u.shape[1] == 1:
+            return self._decode_step(u, cache)
         Bsz, T, _ = u.shape
         G, N, H, P = self.n_groups, self.d_state, self.n_heads, self.head_dim
         z, xBC, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, H], dim=-1)
@@ -139,16 +141,38 @@ class Mamba2(nn.Module):
         A = -torch.exp(self.A_log.float())  # (H,)
         if cache is None:
             y = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
-        elif T == 1 and cache.ssm is not None:
-            rep = H // G
-            cache.ssm, y = ssd_step(cache.ssm, x[:, 0], dt[:, 0], A,
-                                    Bm[:, 0].repeat_interleave(rep, 1), Cm[:, 0].repeat_interleave(rep, 1))
-            y = y.unsqueeze(1)
-        else:
-            y, cache.ssm = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
-                                       initial_state=cache.ssm, return_final_state=True)
+        else:  # a chunk of several tokens continuing (or starting) a cached sequence
+            initial = None if cache.ssm is None else cache.ssm.to(x.dtype)
+            y, final = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
+                                   initial_state=initial, return_final_state=True)
+            cache.ssm = final.float()
         y = y + self.D[:, None] * x
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
+        return self.out_proj(y)
+
+    def _decode_step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
+        """One new token (B, 1, d) through the cached convolution window and SSM state.
+
+        The same computation as :meth:`forward` written for a single position: the depthwise
+        convolution is a multiply-add over the last d_conv inputs, and the SSD recurrence is one
+        step (:func:`~stateloop.models.ssd.ssd_step_grouped`) on a float32 state. This runs K times
+        per decoded token, so it avoids the general convolution and chunked-scan machinery."""
+        Bsz = u.shape[0]
+        G, N, H, P, W = self.n_groups, self.d_state, self.n_heads, self.head_dim, self.d_conv
+        z, xBC, dt = self.in_proj(u[:, 0]).split([self.d_inner, self.conv_dim, H], dim=-1)  # (B, .)
+        hist = cache.conv if cache.conv is not None else xBC.new_zeros(Bsz, W - 1, self.conv_dim)
+        window = torch.cat([hist, xBC.unsqueeze(1)], dim=1)  # (B, W, C): inputs t-W+1 .. t
+        cache.conv = window[:, 1:]
+        conv = (window * self.conv1d.weight.view(self.conv_dim, W).t()).sum(1) + self.conv1d.bias
+        x, Bm, Cm = F.silu(conv).split([self.d_inner, G * N, G * N], dim=-1)
+        dt = F.softplus(dt + self.dt_bias)  # (B, H)
+        A = -torch.exp(self.A_log.float())
+        state = cache.ssm if cache.ssm is not None else u.new_zeros(Bsz, H, P, N, dtype=torch.float32)
+        x = x.view(Bsz, H, P)
+        cache.ssm, y = ssd_step_grouped(state, x.float(), dt.float(), A, Bm.view(Bsz, G, N).float(),
+                                        Cm.view(Bsz, G, N).float())
+        y = torch.addcmul(y.to(x.dtype), self.D[:, None], x)  # + D x
+        y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
         return self.out_proj(y)
 
 
