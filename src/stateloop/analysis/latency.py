@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from stateloop.config import ConfigError
 from stateloop.models.cache import ModelCache
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,7 +49,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if name not in DTYPES:
-        raise ValueError(f"--dtype: unknown dtype {name!r} (auto, {', '.join(DTYPES)})")
+        raise ConfigError(f"--dtype: unknown dtype {name!r} (auto, {', '.join(DTYPES)})")
     return DTYPES[name]
 
 
@@ -146,16 +147,16 @@ def bench_decode(
     if not rows:
         raise ValueError("no models to benchmark")
     if prefill < 1 or n_new < 1 or runs < 1 or warmup < 0:
-        raise ValueError(f"need prefill >= 1, tokens >= 1, runs >= 1, warmup >= 0; got {prefill}, {n_new}, {runs}, {warmup}")
+        raise ConfigError(f"need prefill >= 1, tokens >= 1, runs >= 1, warmup >= 0; got {prefill}, {n_new}, {runs}, {warmup}")
     if interleave not in ("run", "token"):
         raise ValueError(f"interleave must be 'run' or 'token', got {interleave!r}")
     device = torch.device(device)
     labels = [r.label for r in rows]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"duplicate benchmark rows: {labels}")
+        raise ConfigError(f"--models: the same model is listed twice ({labels})")
     ref = reference if reference is not None else labels[0]
     if ref not in labels:
-        raise ValueError(f"--reference {ref!r} is not one of the rows ({', '.join(labels)})")
+        raise ConfigError(f"--reference {ref!r} is not one of the rows ({', '.join(labels)})")
     vocab = min(r.model.cfg.vocab_size for r in rows)
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, prefill), generator=gen).to(device)
@@ -230,11 +231,11 @@ def parse_model_spec(spec: str) -> tuple[str, int | None, int | None]:
     """``name``, ``name:K`` or ``name:K:d_s`` -> (name, K or None, d_s or None)."""
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0]:
-        raise ValueError(f"--models: {spec!r} must look like name, name:K or name:K:d_s")
+        raise ConfigError(f"--models: {spec!r} must look like name, name:K or name:K:d_s")
     try:
         nums = [int(p) for p in parts[1:]]
     except ValueError:
-        raise ValueError(f"--models: {spec!r} must look like name, name:K or name:K:d_s (integers)") from None
+        raise ConfigError(f"--models: {spec!r} must look like name, name:K or name:K:d_s (integers)") from None
     return parts[0], (nums[0] if nums else None), (nums[1] if len(nums) > 1 else None)
 
 
