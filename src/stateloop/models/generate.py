@@ -16,31 +16,29 @@ from stateloop.models.cache import ModelCache
 
 
 @torch.no_grad()
-def greedy_generate(model, prompt: torch.Tensor, n_new: int, use_cache: bool = True) -> torch.Tensor:
-    """prompt (B, P) token ids -> the n_new greedily chosen continuation tokens (B, n_new).
+def greedy_generate(model, prompt: torch.Tensor, n_new: int, use_cache: bool = True, return_logits: bool = False):
+    """prompt (B, P) token ids -> the n_new greedily chosen continuation tokens (B, n_new), and
+    with ``return_logits`` also the logits each token was chosen from (B, n_new, V).
 
     With ``use_cache`` the prompt is prefilled in one pass and each new token is fed alone;
     otherwise every step recomputes the forward pass over prompt + tokens so far.
     """
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must have shape (B, P) with P >= 1, got {tuple(prompt.shape)}")
-    if n_new <= 0:
-        return prompt.new_zeros(prompt.shape[0], 0)
-    if use_cache:
-        return _generate_cached(model, prompt, n_new)
-    seq = prompt
+    tokens, logits = [], []
+    cache = ModelCache() if use_cache else None
+    seq, feed = prompt, prompt
     for _ in range(n_new):
-        nxt = model(seq).logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-        seq = torch.cat([seq, nxt], dim=1)
-    return seq[:, prompt.shape[1]:]
-
-
-def _generate_cached(model, prompt: torch.Tensor, n_new: int) -> torch.Tensor:
-    cache = ModelCache()
-    out = prompt.new_empty(prompt.shape[0], n_new)
-    nxt = model(prompt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)  # prefill
-    out[:, :1] = nxt
-    for t in range(1, n_new):
-        nxt = model(nxt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
-        out[:, t : t + 1] = nxt
+        if use_cache:
+            step_logits = model(feed, cache=cache).logits[:, -1]  # prefill first, then one token per call
+        else:
+            step_logits = model(seq).logits[:, -1]  # the whole sequence again
+        feed = step_logits.argmax(-1, keepdim=True)  # (B, 1)
+        tokens.append(feed)
+        logits.append(step_logits)
+        if not use_cache:
+            seq = torch.cat([seq, feed], dim=1)
+    out = torch.cat(tokens, 1) if tokens else prompt.new_zeros(prompt.shape[0], 0)
+    if return_logits:
+        return out, (torch.stack(logits, 1) if logits else None)
     return out

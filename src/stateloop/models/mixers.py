@@ -58,7 +58,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = y.dtype
-        y = (y * F.silu(z)).float()
+        y = (y * F.silu(z)).to(torch.promote_types(dtype, torch.float32))
         g = y.view(*y.shape[:-1], -1, self.group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * g.view_as(y).to(dtype)
@@ -138,14 +138,13 @@ class Mamba2(nn.Module):
         x = x.view(Bsz, T, H, P)
         Bm, Cm = Bm.view(Bsz, T, G, N), Cm.view(Bsz, T, G, N)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
-        A = -torch.exp(self.A_log.float())  # (H,)
+        A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (H,), fp32 at least
         if cache is None:
             y = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
         else:  # a chunk of several tokens continuing (or starting) a cached sequence
-            initial = None if cache.ssm is None else cache.ssm.to(x.dtype)
             y, final = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
-                                   initial_state=initial, return_final_state=True)
-            cache.ssm = final.float()
+                                   initial_state=cache.ssm, return_final_state=True)
+            cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32))
         y = y + self.D[:, None] * x
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
         return self.out_proj(y)
@@ -155,7 +154,7 @@ class Mamba2(nn.Module):
 
         The same computation as :meth:`forward` written for a single position: the depthwise
         convolution is a multiply-add over the last d_conv inputs, and the SSD recurrence is one
-        step (:func:`~stateloop.models.ssd.ssd_step_grouped`) on a float32 state. This runs K times
+        step (:func:`~stateloop.models.ssd.ssd_step_grouped`) on a state of at least float32. This runs K times
         per decoded token, so it avoids the general convolution and chunked-scan machinery."""
         Bsz = u.shape[0]
         G, N, H, P, W = self.n_groups, self.d_state, self.n_heads, self.head_dim, self.d_conv
@@ -166,11 +165,12 @@ class Mamba2(nn.Module):
         conv = (window * self.conv1d.weight.view(self.conv_dim, W).t()).sum(1) + self.conv1d.bias
         x, Bm, Cm = F.silu(conv).split([self.d_inner, G * N, G * N], dim=-1)
         dt = F.softplus(dt + self.dt_bias)  # (B, H)
-        A = -torch.exp(self.A_log.float())
-        state = cache.ssm if cache.ssm is not None else u.new_zeros(Bsz, H, P, N, dtype=torch.float32)
+        sdt = torch.promote_types(u.dtype, torch.float32)  # the SSM state: float32 at least
+        A = -torch.exp(self.A_log.to(sdt))
+        state = cache.ssm if cache.ssm is not None else u.new_zeros(Bsz, H, P, N, dtype=sdt)
         x = x.view(Bsz, H, P)
-        cache.ssm, y = ssd_step_grouped(state, x.float(), dt.float(), A, Bm.view(Bsz, G, N).float(),
-                                        Cm.view(Bsz, G, N).float())
+        cache.ssm, y = ssd_step_grouped(state, x.to(sdt), dt.to(sdt), A, Bm.view(Bsz, G, N).to(sdt),
+                                        Cm.view(Bsz, G, N).to(sdt))
         y = torch.addcmul(y.to(x.dtype), self.D[:, None], x)  # + D x
         y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
         return self.out_proj(y)
