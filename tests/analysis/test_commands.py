@@ -63,17 +63,17 @@ TINY_SHAPE = ["model.n_layers=2", "model.d_model=32", "model.d_ff=64", "model.n_
               "model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.attn_impl=torch", "model.ssd_impl=torch"]
 
 
-@pytest.mark.parametrize("interleave", ["run", "token"])
-def test_bench_decode_tiny_shapes(tmp_path, interleave, capsys):
+@pytest.mark.parametrize("interleave,dtype", [("run", "float32"), ("token", "bfloat16")])
+def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
     out = tmp_path / "bench.json"
     models = ["vanilla_looped:2", "vanilla_looped:3", "vanilla_looped_ffn:2", "stateloop:2", "stateloop_attn:2:16",
               "stateloop_mamba2:2"]
     assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", *models, "--prefill", "5", "--tokens", "3",
-                 "--repeats", "2", "--warmup", "1", "--no-progress", "--interleave", interleave,
+                 "--repeats", "2", "--warmup", "1", "--no-progress", "--interleave", interleave, "--dtype", dtype,
                  "--output", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["prefill_tokens"] == 5 and res["settings"]["new_tokens"] == 3
-    assert res["settings"]["reference"] == "vanilla_looped:K2" and res["settings"]["dtype"] == "float32"
+    assert res["settings"]["reference"] == "vanilla_looped:K2" and res["settings"]["dtype"] == dtype
     rows = {r["label"]: r for r in res["rows"]}
     assert list(rows) == ["vanilla_looped:K2", "vanilla_looped:K3", "vanilla_looped_ffn:K2", "stateloop:K2:ds32",
                           "stateloop_attn:K2:ds16", "stateloop_mamba2:K2:ds32"]

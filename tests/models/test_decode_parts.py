@@ -4,7 +4,6 @@ import torch
 
 from stateloop.models.cache import KVCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
-from stateloop.models.ssd import ssd_step, ssd_step_grouped
 from stateloop.models.state import SelectiveStateCell
 
 
@@ -20,16 +19,6 @@ def test_state_cell_is_eq6_by_hand():
     with torch.no_grad():
         assert torch.allclose(cell(S, X), a * S + (1 - a) * P, atol=1e-6)  # (6)
         assert torch.allclose(cell(None, X), (1 - a) * P, atol=1e-6)  # S^0 = 0
-
-
-def test_grouped_ssd_step_equals_per_head_step():
-    b, h, p, n, g = 2, 6, 4, 5, 3
-    state, x = torch.randn(b, h, p, n), torch.randn(b, h, p)
-    dt, A = torch.rand(b, h), -torch.rand(h)
-    B, C = torch.randn(b, g, n), torch.randn(b, g, n)
-    s1, y1 = ssd_step(state, x, dt, A, B.repeat_interleave(h // g, 1), C.repeat_interleave(h // g, 1))
-    s2, y2 = ssd_step_grouped(state, x, dt, A, B, C)
-    assert torch.allclose(s1, s2, atol=1e-6) and torch.allclose(y1, y2, atol=1e-6)
 
 
 def test_mamba2_decode_steps_equal_full_forward():

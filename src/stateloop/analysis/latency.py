@@ -95,10 +95,11 @@ def time_decode(model, prompt: torch.Tensor, n_new: int, device: torch.device) -
 def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device: torch.device):
     """One run of several models in lockstep: every model prefills, then each decode step is
     taken by every model in turn (order rotated per step), each step timed on its own.
-    Returns per model (prefill seconds, decode seconds). Models see the same machine load to
-    within one step, which makes the ratios of their latencies robust on a shared CPU."""
+    Returns per model (prefill seconds, [seconds of each decode step]). Models see the same
+    machine load to within one step, which makes the ratios of their latencies robust on a
+    shared CPU."""
     caches = [ModelCache() for _ in models]
-    pre, dec, nxt = [0.0] * len(models), [0.0] * len(models), [None] * len(models)
+    pre, dec, nxt = [0.0] * len(models), [[] for _ in models], [None] * len(models)
     for i, model in enumerate(models):
         synchronize(device)
         t0 = time.perf_counter()
@@ -112,7 +113,7 @@ def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device:
             t0 = time.perf_counter()
             nxt[i] = models[i](nxt[i], cache=caches[i]).logits[:, -1].argmax(-1, keepdim=True)
             synchronize(device)
-            dec[i] += time.perf_counter() - t0
+            dec[i].append(time.perf_counter() - t0)
     return list(zip(pre, dec))
 
 
@@ -161,7 +162,7 @@ def bench_decode(
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, prefill), generator=gen).to(device)
 
-    timings = {r.label: {"prefill": [], "decode": []} for r in rows}
+    timings = {r.label: {"prefill": [], "decode": [], "steps": []} for r in rows}
     per_rep = len(rows) if interleave == "run" else 1
     with tqdm(total=(warmup + runs) * per_rep, desc="bench decode", unit="run", disable=not progress,
               dynamic_ncols=True) as bar:
@@ -181,6 +182,9 @@ def bench_decode(
             if rep >= warmup:
                 for row, (pre, dec) in measured:
                     timings[row.label]["prefill"].append(pre)
+                    if isinstance(dec, list):  # lockstep: the time of every step
+                        timings[row.label]["steps"].extend(dec)
+                        dec = sum(dec)
                     timings[row.label]["decode"].append(dec)
 
     results = []
@@ -203,6 +207,14 @@ def bench_decode(
         # interleaved); their median is the noise-robust estimate of the relative latency.
         ratios = [a / b for a, b in zip(lat["runs"], ref_lat["runs"])]
         r["latency_change_pct_median_of_runs"] = 100.0 * (statistics.median(ratios) - 1.0)
+    if interleave == "token":
+        # Lockstep: the typical (median) single-step latency of each model, immune to the bursts
+        # of foreign load that inflate whole runs; its ratio is the most robust change on a busy CPU.
+        ref_step = statistics.median(timings[ref]["steps"])
+        for r in results:
+            med = statistics.median(timings[r["label"]]["steps"])
+            r["step_ms_median"] = 1000.0 * med
+            r["latency_change_pct_median_step"] = 100.0 * (med / ref_step - 1.0)
     return {
         "benchmark": "decode",
         "settings": {

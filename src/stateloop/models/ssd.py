@@ -109,17 +109,3 @@ def ssd_step(state, x, dt, A, B, C):
     state = decay * state + (dt[..., None] * x)[..., None] * B[:, :, None, :]
     y = torch.einsum("bhpn,bhn->bhp", state, C)
     return state, y
-
-
-def ssd_step_grouped(state, x, dt, A, B, C):
-    """:func:`ssd_step` with B, C per group (b, g, n) instead of per head, for decoding: head i
-    uses group i // (h / g) by viewing the heads as (g, h / g), so B and C are broadcast, never
-    copied per head. state (b, h, p, n), x (b, h, p), dt (b, h), A (h,) -> (state, y (b, h, p))."""
-    b, h, p, n = state.shape
-    g = B.shape[1]
-    decay = torch.exp(dt * A)[..., None, None]  # (b, h, 1, 1)
-    xdt = (x * dt.unsqueeze(-1)).view(b, g, h // g, p, 1)  # dt_t x_t
-    # H_t = exp(dt A) H_{t-1} + (dt x_t) B_t^T, as one fused multiply-add
-    state = torch.addcmul((state * decay).view(b, g, h // g, p, n), xdt, B.view(b, g, 1, 1, n))
-    y = torch.matmul(state, C.view(b, g, 1, n, 1))  # y_t = H_t C_t: (b, g, h/g, p, 1)
-    return state.view(b, h, p, n), y.view(b, h, p)
