@@ -20,26 +20,38 @@ def test_analyze_shapley_writes_json_into_the_run(tiny_run, capsys):
     assert "feedback reads" in capsys.readouterr().out
 
 
-def test_analyze_interventions_logs_to_the_training_mlflow_run(tiny_run, tmp_path, monkeypatch):
-    import mlflow
+def test_analyze_logs_to_mlflow_by_run_name_then_by_training_run_id(tiny_run, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
 
     run_dir, model = tiny_run
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the file store is quicker to create than sqlite
     uri = (tmp_path / "mlruns").as_uri()
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    mlflow.set_tracking_uri(uri)
-    with mlflow.start_run(run_name="training") as train_run:
-        pass
-    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": train_run.info.run_id}))
+    client = MlflowClient(tracking_uri=uri)
+    # No train.json: the run named by the run id in the training experiment, created once.
+    assert main(["analyze", "shapley", str(run_dir), "--no-progress"]) == 0
+    exp = client.get_experiment_by_name("stateloop")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_name for r in runs] == ["tiny/stateloop/K3_ds32"]
+    shapley = json.loads((run_dir / "shapley.json").read_text())
+    assert runs[0].data.metrics["shapley/feedback_share_pct"] == pytest.approx(shapley["feedback_share_pct"])
+    # train.json names the training run: the next analysis attaches to it.
+    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": runs[0].info.run_id}))
     assert main(["analyze", "interventions", str(run_dir), "--no-progress", "--calib-windows", "4"]) == 0
     res = json.loads((run_dir / "interventions.json").read_text())
     assert (res["settings"]["calib_split"], res["settings"]["eval_split"]) == ("val", "test")
     assert res["settings"]["calib_windows"] == 4 and (run_dir / "interventions_calibration.pt").is_file()
     assert len(res["replacement"]) == len(res["freezing"]) == model.cfg.K - 1
-    logged = mlflow.get_run(train_run.info.run_id).data
+    assert len(client.search_runs([exp.experiment_id])) == 1
+    logged = client.get_run(runs[0].info.run_id).data
     assert logged.metrics["interventions/ppl_unmodified"] == pytest.approx(res["unmodified"]["ppl"])
     assert logged.metrics["interventions/ppl_freeze_1"] == pytest.approx(res["freezing"][0]["ppl"])
-    assert logged.tags["interventions.eval_split"] == "test"
+    assert logged.tags["interventions.eval_split"] == "test" and "shapley/phi_R1" in logged.metrics
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id, "analysis")}
+    assert artifacts == {"analysis/shapley.json", "analysis/interventions.json"}
+    # A train.json naming a run the store does not know is an error naming the file.
+    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": "0" * 32}))
+    assert main(["analyze", "shapley", str(run_dir), "--no-progress"]) == 2
 
 
 def test_analyze_errors_are_one_line(tmp_path, capsys):

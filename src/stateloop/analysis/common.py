@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
 
 from stateloop.config import ConfigError
 
-DEFAULT_TRACKING_URI = "sqlite:///results/mlflow.db"
+DEFAULT_DB = Path("results") / "mlflow.db"  # under the working directory, as training's default
+DEFAULT_EXPERIMENT = "stateloop"  # training's default train.mlflow_experiment
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -33,7 +33,7 @@ def run_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: in
 
     data = config.get("data") or {}
     if not data.get("dir"):
-        raise ConfigError(f"{Path(run_dir) / 'config'}: data.dir is not set, so the run's token shards are unknown")
+        raise ConfigError(f"{Path(run_dir) / 'model.pt'}: the saved config has no data.dir, so the run's token shards are unknown")
     try:
         shards = ShardSet(data["dir"], split)
     except KeyError as err:
@@ -54,61 +54,78 @@ def require_reads(model, what: str) -> None:
         raise ConfigError(f"model.name: {what} needs state reads; {model.cfg.name} has none")
 
 
-def training_mlflow_run_id(run_dir) -> str | None:
-    """The MLflow run id training recorded in RUN_DIR/train.json, if any."""
+def train_summary(run_dir) -> dict:
+    """RUN_DIR/train.json (written by training), or {} when absent."""
     path = Path(run_dir) / "train.json"
     if not path.is_file():
-        return None
+        return {}
     try:
         with open(path) as fh:
-            return json.load(fh).get("mlflow_run_id")
+            data = json.load(fh)
     except (OSError, ValueError) as err:
         raise ConfigError(f"{path}: cannot be read ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
 
 
-def log_to_mlflow(run_dir, analysis: str, metrics: dict, tags: dict, json_path) -> str:
-    """Log an analysis to MLflow: metrics prefixed ``{analysis}/``, tags, the JSON as an artifact.
+def run_id_of(run_dir, config: dict) -> str:
+    """The run id ``{scale}/{model}/K{K}_ds{ds}``: the config's ``run.id`` when set, else the
+    folder's last three path components (results/runs/<id>)."""
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
 
-    Tracking URI: $MLFLOW_TRACKING_URI, else sqlite:///results/mlflow.db (relative to the working
-    directory). The analysis attaches to the run's training MLflow run (``mlflow_run_id`` in
-    RUN_DIR/train.json) when there is one and the tracking store knows it; otherwise it opens a
-    run of its own in the experiment ``stateloop-analysis``, named after the run folder.
-    Tags rather than params carry settings, because params of a finished run cannot change when
-    an analysis is re-run with other settings. Returns the MLflow run id logged to.
-    """
-    import mlflow
-    from mlflow.exceptions import MlflowException
 
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+def tracking_uri(summary: dict, config: dict) -> str:
+    """$MLFLOW_TRACKING_URI, else the store training logged to (train.json, then the config's
+    ``train.mlflow_tracking_uri``), else sqlite:///<absolute cwd>/results/mlflow.db."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or summary.get("mlflow_tracking_uri") or train.get("mlflow_tracking_uri")
+    if not uri:
+        uri = f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    run_id = training_mlflow_run_id(run_dir)
-    if run_id is not None:
+    return uri
+
+
+def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path) -> str:
+    """Log an analysis into the run's MLflow run: metrics as ``{analysis}/<name>``, settings as
+    ``{analysis}.<name>`` tags (tags, unlike params, may change when an analysis is re-run with
+    other settings), and the JSON as an artifact under ``analysis/``. Returns the MLflow run id.
+
+    The MLflow run is the one RUN_DIR/train.json names (``mlflow_run_id``), which must exist in the
+    store; without it, the run named by the run id in the config's ``train.mlflow_experiment``
+    (default "stateloop"), created when absent and found again next time. The client API is used
+    so that no global active run leaks between calls.
+    """
+    import datetime
+
+    from mlflow.entities import Metric, RunTag
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    summary = train_summary(run_dir)
+    uri = tracking_uri(summary, config)
+    client = MlflowClient(tracking_uri=uri)
+    mlflow_id = summary.get("mlflow_run_id")
+    if mlflow_id:
         try:
-            mlflow.get_run(run_id)
+            client.get_run(mlflow_id)
         except MlflowException:
-            print(f"warning: MLflow run {run_id} of {run_dir}/train.json is not in {uri}; logging to a new run",
-                  file=sys.stderr)
-            tags = {**tags, "train_mlflow_run_id": run_id}
-            run_id = None
-    if run_id is None:
-        mlflow.set_experiment("stateloop-analysis")
-        ctx = mlflow.start_run(run_name=f"{run_label(run_dir)}/{analysis}")
+            raise ConfigError(f"{Path(run_dir) / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
     else:
-        ctx = mlflow.start_run(run_id=run_id)
-    with ctx as active:
-        mlflow.log_metrics({f"{analysis}/{k}": float(v) for k, v in metrics.items()})
-        mlflow.set_tags({f"{analysis}.{k}": str(v) for k, v in tags.items()})
-        mlflow.log_artifact(str(json_path), artifact_path="analysis")
-        return active.info.run_id
-
-
-def run_label(run_dir) -> str:
-    """``scale/model/K.._ds..`` for a folder under results/runs, else the folder's name."""
-    parts = Path(run_dir).resolve().parts
-    if "runs" in parts:
-        i = len(parts) - 1 - parts[::-1].index("runs")
-        if len(parts) - i - 1 == 3:
-            return "/".join(parts[i + 1:])
-    return Path(run_dir).name
+        train = config.get("train") if isinstance(config.get("train"), dict) else {}
+        name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
+        run_id = run_id_of(run_dir, config)
+        exp = client.get_experiment_by_name(name)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+        found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
+        mlflow_id = found[0].info.run_id if found else client.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
+    now = int(datetime.datetime.now().timestamp() * 1000)
+    client.log_batch(
+        mlflow_id,
+        metrics=[Metric(f"{analysis}/{k}", float(v), now, 0) for k, v in metrics.items()],
+        tags=[RunTag(f"{analysis}.{k}", str(v)) for k, v in tags.items()],
+    )
+    client.log_artifact(mlflow_id, str(json_path), artifact_path="analysis")
+    return mlflow_id

@@ -8,7 +8,8 @@
 
 Both read the model and its token shards from the run folder (``data.dir`` of its config), use
 consecutive windows of the run's training context length from the start of a split, and log to
-MLflow (attached to the training run when RUN_DIR/train.json names one).
+MLflow: into the training run that RUN_DIR/train.json names, else into the run named by the run
+id in the training experiment (as ``stateloop eval`` does).
 """
 
 from __future__ import annotations
@@ -105,6 +106,6 @@ def run(args) -> int:
     print(summary)
     print(f"wrote {out}", file=sys.stderr)
     if not args.no_mlflow:
-        mlflow_id = common.log_to_mlflow(run_dir, args.analysis, metrics, settings, out)
+        mlflow_id = common.log_to_mlflow(run_dir, config, args.analysis, metrics, settings, out)
         print(f"logged to MLflow run {mlflow_id}", file=sys.stderr)
     return 0
