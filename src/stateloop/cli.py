@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
     "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
     "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
+    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
+    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
 }
 
 

@@ -15,23 +15,50 @@ import torch
 
 
 class KVCache:
-    """Keys and values of one attention application, grown along the token axis."""
+    """Keys and values of one attention application, in buffers preallocated along the token axis.
 
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
-        self.v: torch.Tensor | None = None
+    ``update`` writes the new (B, T, H, D) keys and values after those already cached and returns
+    views of everything so far. The buffers grow by doubling when full (amortised O(1) copies per
+    token, instead of re-copying the whole cache on every decoding step as ``torch.cat`` growth
+    would); ``capacity`` sets the initial size (tokens), e.g. prompt + continuation length.
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self._k: torch.Tensor | None = None  # (B, capacity, H, D)
+        self._v: torch.Tensor | None = None
+        self._len = 0
+        self._capacity = capacity
 
     def update(self, k: torch.Tensor, v: torch.Tensor):
         """Append (B, T, H, D) keys and values; return everything cached so far."""
-        if self.k is None:
-            self.k, self.v = k, v
-        else:
-            self.k = torch.cat([self.k, k], dim=1)
-            self.v = torch.cat([self.v, v], dim=1)
-        return self.k, self.v
+        n = self._len + k.shape[1]
+        if self._k is None or n > self._k.shape[1]:
+            self._grow(k, v, n)
+        self._k[:, self._len : n] = k
+        self._v[:, self._len : n] = v
+        self._len = n
+        return self._k[:, :n], self._v[:, :n]
+
+    def _grow(self, k: torch.Tensor, v: torch.Tensor, needed: int) -> None:
+        size = max(self._capacity, needed, 2 * (0 if self._k is None else self._k.shape[1]))
+        new_k = k.new_empty(k.shape[0], size, *k.shape[2:])
+        new_v = v.new_empty(v.shape[0], size, *v.shape[2:])
+        if self._len:
+            new_k[:, : self._len] = self._k[:, : self._len]
+            new_v[:, : self._len] = self._v[:, : self._len]
+        self._k, self._v = new_k, new_v
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """The cached keys (B, T_past, H, D), or None before the first update."""
+        return None if self._k is None else self._k[:, : self._len]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        return None if self._v is None else self._v[:, : self._len]
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.shape[1]
+        return self._len
 
 
 class ModelCache:

@@ -131,27 +131,36 @@ class StateLoopLM(LoopedLM):
             R = R * keep
         return R
 
+    def step(self, k: int, z: torch.Tensor, S_prev: torch.Tensor | None, rope: Rotary, cache: ModelCache | None):
+        """Iteration k (1-based) without its read: X^k = T(Z^{k-1}), S^k = Mixer(Update(S^{k-1}, X^k)).
+        Returns (X^k, S^k). The loop below and the analyses (prefix-shared Shapley masks) share it."""
+        X = self.apply_backbone(z, rope, cache, k - 1)
+        S = self.cell(None if self.reset else S_prev, X)  # (3)-(6); (14) resets S^{k-1} to 0
+        mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
+        return X, self.mixer(S, rope, mix_cache)  # (7)-(9)
+
+    def feedback(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
+        """Z^k = X^k + R_k, R_k = W_{s->z} RMSNorm_s(S^k) (eqs. 10-11); X^k alone without reads."""
+        return X + self.read(self.W_sz, S, keep) if self.has_reads else X
+
+    def terminal(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
+        """The input of the final norm and head: X^K + R_K (eq. 12), or S^K alone (eq. 13)."""
+        return X + self.read(self.W_sout, S, keep) if self.has_reads else S
+
     def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
         K = self.cfg.K
         keeps = self._read_keeps(read_mask, h)  # list of K broadcastable multipliers or None
         states = []
         z, S = h, None
         for k in range(1, K + 1):
-            X = self.apply_backbone(z, rope, cache, k - 1)
-            S = self.cell(None if self.reset else S, X)  # (3)-(6); (14) resets S^{k-1} to 0
-            mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
-            S = self.mixer(S, rope, mix_cache)  # (7)-(9)
+            X, S = self.step(k, z, S, rope, cache)
             if state_overrides and k in state_overrides:
                 S = state_overrides[k].to(S.dtype).expand_as(S)
             if return_states:
                 states.append(S)
             if k < K:
-                z = X + self.read(self.W_sz, S, keeps[k - 1]) if self.has_reads else X  # (10)-(11)
-        if self.has_reads:
-            out = X + self.read(self.W_sout, S, keeps[K - 1])  # (12)
-        else:
-            out = S  # (13): the prediction reads the state alone
-        return ModelOutput(self.lm_head(out), states if return_states else None)
+                z = self.feedback(X, S, keeps[k - 1])  # (10)-(11)
+        return ModelOutput(self.lm_head(self.terminal(X, S, keeps[K - 1])), states if return_states else None)
 
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K

@@ -21,7 +21,6 @@ import torch.nn.functional as F
 from stateloop.models import kernels
 from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
-from stateloop.models.ssd import ssd_step
 
 
 class IdentityMixer(nn.Module):
@@ -128,6 +127,8 @@ class Mamba2(nn.Module):
         return F.silu(y).transpose(1, 2)
 
     def forward(self, u: torch.Tensor, cache: Mamba2Cache | None = None) -> torch.Tensor:
+        if cache is not None and u.shape[1] == 1:
+            return self._decode_step(u, cache)
         Bsz, T, _ = u.shape
         G, N, H, P = self.n_groups, self.d_state, self.n_heads, self.head_dim
         z, xBC, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, H], dim=-1)
@@ -139,16 +140,48 @@ class Mamba2(nn.Module):
         A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (H,), fp32 at least
         if cache is None:
             y = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
-        elif T == 1 and cache.ssm is not None:
-            rep = H // G
-            cache.ssm, y = ssd_step(cache.ssm, x[:, 0], dt[:, 0], A,
-                                    Bm[:, 0].repeat_interleave(rep, 1), Cm[:, 0].repeat_interleave(rep, 1))
-            y = y.unsqueeze(1)
-        else:
-            y, cache.ssm = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
-                                       initial_state=cache.ssm, return_final_state=True)
+        else:  # a chunk of several tokens continuing (or starting) a cached sequence
+            y, final = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
+                                   initial_state=cache.ssm, return_final_state=True)
+            cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32))
         y = y + self.D[:, None] * x
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
+        return self.out_proj(y)
+
+    def _decode_step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
+        """One new token (B, 1, d) through the cached convolution window and SSM state.
+
+        The same computation as :meth:`forward` written for a single position, with as few
+        tensor operations as possible (this runs K times per decoded token, and at batch 1 the
+        cost is per operation): the depthwise convolution is a multiply-add over the last d_conv
+        inputs, and the SSD recurrence is one step of
+
+            H_t = exp(dt_t A) H_{t-1} + (dt_t x_t) B_t^T,   y_t = H_t C_t + D x_t
+
+        with heads viewed as (groups, heads per group) so B and C broadcast, on a state of at
+        least float32 (:func:`~stateloop.models.ssd.ssd_step` is the per-head definition)."""
+        Bsz = u.shape[0]
+        G, N, H, P, W = self.n_groups, self.d_state, self.n_heads, self.head_dim, self.d_conv
+        z, xBC, dt = self.in_proj(u.view(Bsz, -1)).split([self.d_inner, self.conv_dim, H], dim=-1)  # (B, .)
+        hist = cache.conv if cache.conv is not None else xBC.new_zeros(Bsz, W - 1, self.conv_dim)
+        window = torch.cat([hist, xBC.unsqueeze(1)], dim=1)  # (B, W, C): inputs t-W+1 .. t
+        cache.conv = window[:, 1:]
+        conv = (window * self.conv1d.weight.view(self.conv_dim, W).t()).sum(1) + self.conv1d.bias
+        x, Bm, Cm = F.silu(conv).split([self.d_inner, G * N, G * N], dim=-1)
+        sdt = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
+        x, Bm, Cm = x.to(sdt), Bm.to(sdt), Cm.to(sdt)
+        dt = F.softplus(dt.to(sdt) + self.dt_bias)  # (B, H)
+        decay = torch.exp(dt * -torch.exp(self.A_log.to(sdt)))  # exp(dt A), A = -exp(A_log)
+        if cache.ssm is None:
+            cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=sdt)
+        state = (cache.ssm * decay.view(Bsz, H, 1, 1)).view(Bsz, G, H // G, P, N)
+        xv = x.view(Bsz, G, H // G, P, 1)
+        state.addcmul_(xv * dt.view(Bsz, G, H // G, 1, 1), Bm.view(Bsz, G, 1, 1, N))  # + (dt x) B^T
+        # H C: the heads of a group share C, so one (H/G P x N) @ (N x 1) product per group.
+        y = torch.bmm(state.view(Bsz * G, H // G * P, N), Cm.reshape(Bsz * G, N, 1)).view(Bsz, G, H // G, P)
+        cache.ssm = state.view(Bsz, H, P, N)
+        y = torch.addcmul(y, self.D.view(G, H // G, 1), xv.squeeze(-1))  # + D x
+        y = self.norm(y.view(Bsz, 1, self.d_inner).to(u.dtype), z.unsqueeze(1))
         return self.out_proj(y)
 
 

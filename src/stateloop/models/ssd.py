@@ -40,7 +40,15 @@ def segsum(a: torch.Tensor) -> torch.Tensor:
 
 
 def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_final_state: bool = False):
-    """Chunked SSD. Shapes as in :func:`stateloop.models.kernels.ssd`."""
+    """Chunked SSD. Shapes as in :func:`stateloop.models.kernels.ssd`.
+
+    Computed in the promoted dtype of x and A (A is float32 at least, so bfloat16 inputs run in
+    float32, as the fused kernel accumulates); y is returned in x's dtype."""
+    out_dtype = x.dtype
+    cdt = torch.promote_types(x.dtype, A.dtype)
+    x, dt, B, C = (t.to(cdt) for t in (x, dt, B, C))
+    if initial_state is not None:
+        initial_state = initial_state.to(cdt)
     b, l, h, p = x.shape
     n = B.shape[-1]
     q = chunk_size
@@ -77,7 +85,7 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
     from_start = torch.exp(a_cum)  # (b, h, c, q)
     y_inter = torch.einsum("bcihn,bchpn,bhci->bcihp", C, prev_states, from_start)
 
-    y = (y_intra + y_inter).reshape(b, L, h, p)[:, :l]
+    y = (y_intra + y_inter).reshape(b, L, h, p)[:, :l].to(out_dtype)
     return (y, final_state) if return_final_state else y
 
 

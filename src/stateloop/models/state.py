@@ -63,8 +63,8 @@ class SelectiveStateCell(nn.Module):
         """Proposal P^k and retention a^k = exp(-Delta^k lambda) for iteration output X^k."""
         U = self.norm_h(X)  # (3)
         P = self.W_u(U)  # (4)
-        delta = F.softplus(self.W_delta(U) + self.b_delta)  # (5)
-        a = torch.exp(-delta * torch.exp(self.A_log))
+        delta = F.softplus(F.linear(U, self.W_delta.weight, self.b_delta))  # (5), bias fused into the matmul
+        a = torch.exp(delta * -torch.exp(self.A_log))  # -lambda is computed on the d_s vector, not per token
         return P, a
 
     def write_rate(self, X: torch.Tensor) -> torch.Tensor:
@@ -73,9 +73,10 @@ class SelectiveStateCell(nn.Module):
 
     def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
         P, a = self.gates(X)
-        if S_prev is None:  # S^0 = 0
-            return (1.0 - a) * P
-        return a * S_prev + (1.0 - a) * P  # (6)
+        # One fused op each (this runs K times per decoded token):
+        if S_prev is None:  # S^0 = 0:  S^1 = (1 - a) P = P - a P
+            return torch.addcmul(P, a, P, value=-1.0)
+        return torch.lerp(P, S_prev, a)  # (6): P + a (S^{k-1} - P) = a S^{k-1} + (1 - a) P
 
 
 class GRUStateCell(nn.Module):

@@ -1,0 +1,288 @@
+"""Decoding latency (paper, Table 3): per-token latency and throughput at batch size 1.
+
+Protocol (paper: BF16, batch 1, a 1024-token prefill followed by a 1024-token continuation,
+five runs, mean and standard deviation):
+
+- one timed *run* of a model = a fresh :class:`~stateloop.models.cache.ModelCache`, the prompt
+  of P tokens processed in one pass (prefill, timed separately), then N single-token forward
+  passes through the per-iteration caches, each fed the greedy (argmax) token of the previous
+  one. Per-token latency = decode time / N; throughput = N / decode time;
+- the clock is read after ``torch.cuda.synchronize`` on CUDA; nothing forces a host sync
+  between decode steps (the argmax stays on the device), as in a real serving loop;
+- warm-up runs (not recorded) come first, so allocator growth, kernel selection and lazy
+  initialisation are not timed;
+- all models are measured side by side: the timed runs are interleaved round-robin across the
+  models, with the order rotated from one run to the next, so drift in machine load (thermal
+  state, other processes) spreads over every model instead of biasing whichever ran last
+  (or, with ``interleave="token"``, the models decode in lockstep, one token each in turn);
+- relative latency = mean per-token latency / that of the reference row - 1 (Table 3's
+  "latency change"); the reference is the first row unless named.
+
+The prompt is a fixed pseudo-random token sequence (seeded): latency does not depend on the
+token values, and untrained models of a given shape time the same as trained ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from stateloop.config import ConfigError
+from stateloop.models.cache import ModelCache
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# Table 3's rows: (model, K). Models with a state use d_s = d (the paper's 1.4B setting).
+TABLE3_ROWS = [
+    ("vanilla_looped", 4), ("vanilla_looped", 5), ("vanilla_looped_ffn", 4),
+    ("stateloop", 4), ("stateloop_attn", 4), ("stateloop_mamba2", 4),
+]
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA (the paper's setting), float32 elsewhere."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype: unknown dtype {name!r} (auto, {', '.join(DTYPES)})")
+    return DTYPES[name]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class BenchModel:
+    """One row of the benchmark: a built model and how it was obtained."""
+
+    label: str
+    model: torch.nn.Module
+    name: str
+    K: int
+    d_s: int
+    source: str  # a run folder, or "untrained"
+    params: int = 0
+    config: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.params = sum(p.numel() for p in self.model.parameters())
+
+
+@torch.no_grad()
+def time_decode(model, prompt: torch.Tensor, n_new: int, device: torch.device) -> tuple[float, float]:
+    """One run: (prefill seconds, decode seconds for n_new single-token steps)."""
+    cache = ModelCache()
+    synchronize(device)
+    t0 = time.perf_counter()
+    nxt = model(prompt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+    synchronize(device)
+    t1 = time.perf_counter()
+    for _ in range(n_new):
+        nxt = model(nxt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+    synchronize(device)
+    t2 = time.perf_counter()
+    return t1 - t0, t2 - t1
+
+
+@torch.no_grad()
+def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device: torch.device):
+    """One run of several models in lockstep: every model prefills, then each decode step is
+    taken by every model in turn (order rotated per step), each step timed on its own.
+    Returns per model (prefill seconds, [seconds of each decode step]). Models see the same
+    machine load to within one step, which makes the ratios of their latencies robust on a
+    shared CPU."""
+    caches = [ModelCache() for _ in models]
+    pre, dec, nxt = [0.0] * len(models), [[] for _ in models], [None] * len(models)
+    for i, model in enumerate(models):
+        synchronize(device)
+        t0 = time.perf_counter()
+        nxt[i] = model(prompt, cache=caches[i]).logits[:, -1].argmax(-1, keepdim=True)
+        synchronize(device)
+        pre[i] = time.perf_counter() - t0
+    order = list(range(len(models)))
+    for step in range(n_new):
+        shift = step % len(models)
+        for i in order[shift:] + order[:shift]:
+            t0 = time.perf_counter()
+            nxt[i] = models[i](nxt[i], cache=caches[i]).logits[:, -1].argmax(-1, keepdim=True)
+            synchronize(device)
+            dec[i].append(time.perf_counter() - t0)
+    return list(zip(pre, dec))
+
+
+def _summary(values: list[float]) -> dict:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "median": statistics.median(values), "min": min(values),
+            "runs": values}
+
+
+def bench_decode(
+    rows: list[BenchModel],
+    prefill: int,
+    n_new: int,
+    runs: int = 5,
+    warmup: int = 1,
+    device: str | torch.device = "cpu",
+    reference: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    interleave: str = "run",
+) -> dict:
+    """Time every row's decoding side by side; return the result dict written as JSON.
+
+    ``interleave="run"`` (the paper's protocol, the default): whole runs round-robin across the
+    models. ``interleave="token"``: the models decode in lockstep, one token each in turn
+    (:func:`time_decode_lockstep`), with a device sync after every step; best for ratios on a
+    busy CPU, not for absolute GPU latency (the per-step sync removes host/device overlap).
+    Models must already sit on ``device`` in the benchmark dtype, in eval mode.
+    """
+    from tqdm import tqdm
+
+    if not rows:
+        raise ValueError("no models to benchmark")
+    if prefill < 1 or n_new < 1 or runs < 1 or warmup < 0:
+        raise ConfigError(f"need prefill >= 1, tokens >= 1, runs >= 1, warmup >= 0; got {prefill}, {n_new}, {runs}, {warmup}")
+    if interleave not in ("run", "token"):
+        raise ValueError(f"interleave must be 'run' or 'token', got {interleave!r}")
+    device = torch.device(device)
+    labels = [r.label for r in rows]
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"--models: the same model is listed twice ({labels})")
+    ref = reference if reference is not None else labels[0]
+    if ref not in labels:
+        raise ConfigError(f"--reference {ref!r} is not one of the rows ({', '.join(labels)})")
+    vocab = min(r.model.cfg.vocab_size for r in rows)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (1, prefill), generator=gen).to(device)
+
+    timings = {r.label: {"prefill": [], "decode": [], "steps": []} for r in rows}
+    per_rep = len(rows) if interleave == "run" else 1
+    with tqdm(total=(warmup + runs) * per_rep, desc="bench decode", unit="run", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for rep in range(warmup + runs):
+            what = "warm-up" if rep < warmup else f"run {rep - warmup + 1}/{runs}"
+            if interleave == "token":
+                bar.set_postfix_str(f"{what}, {len(rows)} models in lockstep")
+                measured = zip(rows, time_decode_lockstep([r.model for r in rows], prompt, n_new, device))
+                bar.update()
+            else:
+                shift = rep % len(rows)
+                measured = []
+                for row in rows[shift:] + rows[:shift]:  # rotate the order each run
+                    bar.set_postfix_str(f"{what} {row.label}")
+                    measured.append((row, time_decode(row.model, prompt, n_new, device)))
+                    bar.update()
+            if rep >= warmup:
+                for row, (pre, dec) in measured:
+                    timings[row.label]["prefill"].append(pre)
+                    if isinstance(dec, list):  # lockstep: the time of every step
+                        timings[row.label]["steps"].extend(dec)
+                        dec = sum(dec)
+                    timings[row.label]["decode"].append(dec)
+
+    results = []
+    for row in rows:
+        t = timings[row.label]
+        per_token_ms = [1000.0 * d / n_new for d in t["decode"]]
+        results.append({
+            "label": row.label, "model": row.name, "K": row.K, "d_s": row.d_s, "source": row.source,
+            "params": row.params, "params_m": round(row.params / 1e6, 2),
+            "latency_ms_per_token": _summary(per_token_ms),
+            "throughput_tok_s": _summary([n_new / d for d in t["decode"]]),
+            "prefill_ms": _summary([1000.0 * p for p in t["prefill"]]),
+        })
+    by_label = {r["label"]: r for r in results}
+    ref_lat = by_label[ref]["latency_ms_per_token"]
+    for r in results:
+        lat = r["latency_ms_per_token"]
+        r["latency_change_pct"] = 100.0 * (lat["mean"] / ref_lat["mean"] - 1.0)
+        # Per-run ratios to the reference's run with the same index (same machine state when
+        # interleaved); their median is the noise-robust estimate of the relative latency.
+        ratios = [a / b for a, b in zip(lat["runs"], ref_lat["runs"])]
+        r["latency_change_pct_median_of_runs"] = 100.0 * (statistics.median(ratios) - 1.0)
+    if interleave == "token":
+        # Lockstep: the typical (median) single-step latency of each model, immune to the bursts
+        # of foreign load that inflate whole runs; its ratio is the most robust change on a busy CPU.
+        ref_step = statistics.median(timings[ref]["steps"])
+        for r in results:
+            med = statistics.median(timings[r["label"]]["steps"])
+            r["step_ms_median"] = 1000.0 * med
+            r["latency_change_pct_median_step"] = 100.0 * (med / ref_step - 1.0)
+    return {
+        "benchmark": "decode",
+        "settings": {
+            "batch_size": 1, "prefill_tokens": prefill, "new_tokens": n_new, "runs": runs, "warmup": warmup,
+            "dtype": str(next(rows[0].model.parameters()).dtype).replace("torch.", ""), "device": device_name(device),
+            "reference": ref, "seed": seed, "interleave": interleave,
+        },
+        "environment": environment(),
+        "rows": results,
+    }
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def environment() -> dict:
+    from stateloop.runs import code_version
+
+    return {"torch": torch.__version__, "python": platform.python_version(), "code_version": code_version()}
+
+
+def parse_model_spec(spec: str) -> tuple[str, int | None, int | None]:
+    """``name``, ``name:K`` or ``name:K:d_s`` -> (name, K or None, d_s or None)."""
+    parts = spec.split(":")
+    if len(parts) > 3 or not parts[0]:
+        raise ConfigError(f"--models: {spec!r} must look like name, name:K or name:K:d_s")
+    try:
+        nums = [int(p) for p in parts[1:]]
+    except ValueError:
+        raise ConfigError(f"--models: {spec!r} must look like name, name:K or name:K:d_s (integers)") from None
+    return parts[0], (nums[0] if nums else None), (nums[1] if len(nums) > 1 else None)
+
+
+def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
+    """A randomly initialised model of the scale's shape with the spec's name, K and d_s
+    (d_s defaults to d for models with a state)."""
+    from stateloop.experiments import ScaleConfig, run_model_config
+    from stateloop.models.registry import build_model, get_spec
+
+    name, K, d_s = parse_model_spec(spec)
+    model_spec = get_spec(name)
+    K = scale_model.K if K is None else K
+    d_s = (scale_model.d_model if d_s is None else d_s) if model_spec.has_state else 0
+    cfg = run_model_config(ScaleConfig(model=scale_model), name, K, d_s)
+    model = build_model(cfg, device=device).to(dtype=dtype).eval()
+    label = f"{name}:K{K}" + (f":ds{d_s}" if model_spec.has_state else "")
+    return BenchModel(label, model, name, K, d_s, "untrained", config={"model": dataclasses.asdict(cfg)})
+
+
+def run_row(run_dir, device, dtype) -> BenchModel:
+    """A trained run's model, from its folder."""
+    from stateloop.runs import load_model
+
+    model, config = load_model(run_dir, device=device)
+    model = model.to(dtype=dtype).eval()
+    cfg = model.cfg
+    label = f"{cfg.name}:K{cfg.K}" + (f":ds{cfg.d_state}" if cfg.d_state else "")
+    return BenchModel(label, model, cfg.name, cfg.K, cfg.d_state, str(run_dir), config=config)
+
+
+def format_table(result: dict) -> str:
+    """A plain-text table of the result (printed by the command)."""
+    lines = [f"{'model':<34} {'params(M)':>10} {'ms/token':>16} {'tok/s':>9} {'change':>8}"]
+    for r in result["rows"]:
+        lat = r["latency_ms_per_token"]
+        lines.append(f"{r['label']:<34} {r['params_m']:>10.2f} {lat['mean']:>9.3f} ± {lat['std']:<5.3f}"
+                     f"{r['throughput_tok_s']['mean']:>9.2f} {r['latency_change_pct']:>+7.2f}%")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""A tiny trained-looking run folder: a StateLoop model saved with save_final and small token
+shards (train/val/test) written with ShardWriter, as `stateloop train` and `tokenize` leave them."""
+
+import dataclasses
+
+import numpy as np
+
+from helpers import tiny_config
+from stateloop.data.shards import ShardWriter, token_dtype, write_meta
+from stateloop.models.registry import build_model
+from stateloop.runs import save_final
+
+VOCAB = 97
+SEQ = 16
+
+
+def write_shards(data_dir, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    splits = {}
+    for split, n in (("train", 400), ("val", 8 * SEQ + 1), ("test", 6 * SEQ + 1)):
+        w = ShardWriter(data_dir, split, token_dtype(VOCAB), shard_tokens=50)  # several shards per split
+        w.add(rng.integers(0, VOCAB, n))
+        splits[split] = w.close()
+    write_meta(data_dir, {"dtype": "uint16", "vocab_size": VOCAB, "eos_id": 0, "tokenizer": {}, "splits": splits})
+
+
+def make_run(root, name: str = "stateloop", **overrides):
+    """RUN_DIR with model.pt (config: model, data.dir, train.seq_len) and the shards beside it."""
+    data_dir = root / "data"
+    if not (data_dir / "meta.json").exists():
+        write_shards(data_dir)
+    cfg = tiny_config(name, vocab_size=VOCAB, init_std=0.2, **overrides)
+    model = build_model(cfg).eval()
+    run_dir = root / "runs" / "tiny" / name / f"K{cfg.K}_ds{cfg.d_state}"
+    config = {"model": dataclasses.asdict(cfg), "data": {"dir": str(data_dir)}, "train": {"seq_len": SEQ}}
+    save_final(run_dir, model, config)
+    return run_dir, model

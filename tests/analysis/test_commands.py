@@ -1,0 +1,111 @@
+"""The commands end to end: `stateloop analyze shapley|interventions RUN_DIR` and
+`stateloop bench decode`, their JSON, MLflow logging and one-line errors."""
+
+import json
+import math
+
+import pytest
+
+from analysis_helpers import make_run
+from stateloop.cli import main
+
+
+def test_analyze_shapley_writes_json_into_the_run(tiny_run, capsys):
+    run_dir, model = tiny_run
+    assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--no-progress", "--batch-size", "4"]) == 0
+    res = json.loads((run_dir / "shapley.json").read_text())
+    assert res["settings"]["split"] == "test" and res["settings"]["seq_len"] == 16 and res["settings"]["windows"] == 6
+    assert len(res["masks"]) == 2 ** model.cfg.K
+    assert sum(res["shapley"]) == pytest.approx(res["nll_all_masked"] - res["nll_none_masked"], abs=1e-9)
+    assert "feedback reads" in capsys.readouterr().out
+
+
+def test_analyze_logs_to_mlflow_by_run_name_then_by_training_run_id(tiny_run, tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    run_dir, model = tiny_run
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the file store is quicker to create than sqlite
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(tracking_uri=uri)
+    # No train.json: the run named by the run id in the training experiment, created once.
+    assert main(["analyze", "shapley", str(run_dir), "--no-progress"]) == 0
+    exp = client.get_experiment_by_name("stateloop")
+    runs = client.search_runs([exp.experiment_id])
+    assert [r.info.run_name for r in runs] == ["tiny/stateloop/K3_ds32"]
+    shapley = json.loads((run_dir / "shapley.json").read_text())
+    assert runs[0].data.metrics["shapley/feedback_share_pct"] == pytest.approx(shapley["feedback_share_pct"])
+    # train.json names the training run: the next analysis attaches to it.
+    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": runs[0].info.run_id}))
+    assert main(["analyze", "interventions", str(run_dir), "--no-progress", "--calib-windows", "4"]) == 0
+    res = json.loads((run_dir / "interventions.json").read_text())
+    assert (res["settings"]["calib_split"], res["settings"]["eval_split"]) == ("val", "test")
+    assert res["settings"]["calib_windows"] == 4 and (run_dir / "interventions_calibration.pt").is_file()
+    assert len(res["replacement"]) == len(res["freezing"]) == model.cfg.K - 1
+    assert len(client.search_runs([exp.experiment_id])) == 1
+    logged = client.get_run(runs[0].info.run_id).data
+    assert logged.metrics["interventions/ppl_unmodified"] == pytest.approx(res["unmodified"]["ppl"])
+    assert logged.metrics["interventions/ppl_freeze_1"] == pytest.approx(res["freezing"][0]["ppl"])
+    assert logged.tags["interventions.eval_split"] == "test" and "shapley/phi_R1" in logged.metrics
+    artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id, "analysis")}
+    assert artifacts == {"analysis/shapley.json", "analysis/interventions.json"}
+    # A train.json naming a run the store does not know is an error naming the file.
+    (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": "0" * 32}))
+    assert main(["analyze", "shapley", str(run_dir), "--no-progress"]) == 2
+
+
+def test_analyze_errors_are_one_line(tmp_path, capsys):
+    run_dir, _ = make_run(tmp_path, name="vanilla_looped")
+    assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
+    assert "needs a model with a persistent state" in capsys.readouterr().err
+    run_dir, _ = make_run(tmp_path, name="state_only", d_state=32)
+    assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
+    assert "needs state reads" in capsys.readouterr().err
+    run_dir, _ = make_run(tmp_path)
+    assert main(["analyze", "interventions", str(run_dir), "--no-mlflow", "--calib-split", "test"]) == 2
+    assert "separate from the evaluation data" in capsys.readouterr().err
+    assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--split", "dev"]) == 2
+    assert "no split 'dev'" in capsys.readouterr().err
+    assert main(["analyze", "shapley", str(tmp_path / "nowhere"), "--no-mlflow"]) == 2
+    assert "no final weights" in capsys.readouterr().err
+
+
+TINY_SHAPE = ["model.n_layers=2", "model.d_model=32", "model.d_ff=64", "model.n_heads=4", "model.head_dim=8",
+              "model.vocab_size=97", "model.mixer_heads=4", "model.mixer_head_dim=8", "model.mamba_d_state=8",
+              "model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.attn_impl=torch", "model.ssd_impl=torch"]
+
+
+@pytest.mark.parametrize("interleave,dtype", [("run", "float32"), ("token", "bfloat16")])
+def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
+    out = tmp_path / "bench.json"
+    models = ["vanilla_looped:2", "vanilla_looped:3", "vanilla_looped_ffn:2", "stateloop:2", "stateloop_attn:2:16",
+              "stateloop_mamba2:2"]
+    assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", *models, "--prefill", "5", "--tokens", "3",
+                 "--repeats", "2", "--warmup", "1", "--no-progress", "--interleave", interleave, "--dtype", dtype,
+                 "--output", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["prefill_tokens"] == 5 and res["settings"]["new_tokens"] == 3
+    assert res["settings"]["reference"] == "vanilla_looped:K2" and res["settings"]["dtype"] == dtype
+    rows = {r["label"]: r for r in res["rows"]}
+    assert list(rows) == ["vanilla_looped:K2", "vanilla_looped:K3", "vanilla_looped_ffn:K2", "stateloop:K2:ds32",
+                          "stateloop_attn:K2:ds16", "stateloop_mamba2:K2:ds32"]
+    for r in res["rows"]:
+        lat = r["latency_ms_per_token"]
+        assert len(lat["runs"]) == 2 and lat["mean"] > 0 and math.isfinite(lat["std"])
+        assert r["throughput_tok_s"]["mean"] == pytest.approx(sum(1000 / x for x in lat["runs"]) / 2)
+    assert rows["vanilla_looped:K2"]["latency_change_pct"] == 0.0
+    assert rows["stateloop:K2:ds32"]["params"] > rows["vanilla_looped:K2"]["params"]
+    assert "stateloop_mamba2:K2:ds32" in capsys.readouterr().out
+
+
+def test_bench_decode_run_folders_and_errors(tiny_run, tmp_path, capsys):
+    run_dir, _ = tiny_run
+    out = tmp_path / "b.json"
+    assert main(["bench", "decode", "--run-dirs", str(run_dir), "--prefill", "4", "--tokens", "2", "--repeats", "1",
+                 "--warmup", "0", "--no-progress", "--output", str(out)]) == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["source"] == str(run_dir) and row["label"] == "stateloop:K3:ds32"
+    assert main(["bench", "decode", "--set", "model.d_modle=3", "--models", "stateloop", "--output", str(out)]) == 2
+    assert "model.d_modle: unknown key" in capsys.readouterr().err
+    assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", "stateloop:x", "--output", str(out)]) == 2
+    assert "name:K:d_s" in capsys.readouterr().err
