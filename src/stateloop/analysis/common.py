@@ -4,14 +4,12 @@ the results to MLflow next to the run's training record."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
 from stateloop.config import ConfigError
 
-DEFAULT_DB = Path("results") / "mlflow.db"  # under the working directory, as training's default
 DEFAULT_EXPERIMENT = "stateloop"  # training's default train.mlflow_experiment
 
 
@@ -77,15 +75,11 @@ def run_id_of(run_dir, config: dict) -> str:
 
 
 def tracking_uri(summary: dict, config: dict) -> str:
-    """$MLFLOW_TRACKING_URI, else the store training logged to (train.json, then the config's
-    ``train.mlflow_tracking_uri``), else sqlite:///<absolute cwd>/results/mlflow.db."""
+    """The store training logged to (train.json, then the config's train.mlflow_tracking_uri)."""
+    from stateloop.tracking import tracking_uri as resolve
+
     train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or summary.get("mlflow_tracking_uri") or train.get("mlflow_tracking_uri")
-    if not uri:
-        uri = f"sqlite:///{Path.cwd().resolve() / DEFAULT_DB}"
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    return uri
+    return resolve(summary.get("mlflow_tracking_uri"), train.get("mlflow_tracking_uri"))
 
 
 def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path) -> str:
@@ -102,11 +96,11 @@ def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dic
 
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from stateloop.tracking import client as open_client
 
     summary = train_summary(run_dir)
     uri = tracking_uri(summary, config)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)
     mlflow_id = summary.get("mlflow_run_id")
     if mlflow_id:
         try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -191,16 +190,10 @@ def _train_summary(run_dir: Path) -> dict:
 
 
 def tracking_uri(train_summary: dict | None = None) -> str:
-    """$MLFLOW_TRACKING_URI, else the store training logged to (train.json), else
-    sqlite:///<absolute cwd>/results/mlflow.db (as training's default)."""
-    env = os.environ.get("MLFLOW_TRACKING_URI")
-    if env:
-        return env
-    if train_summary and train_summary.get("mlflow_tracking_uri"):
-        return train_summary["mlflow_tracking_uri"]
-    db = Path.cwd().resolve() / "results" / "mlflow.db"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{db}"
+    """The store training logged to (train.json), as stateloop.tracking resolves it."""
+    from stateloop.tracking import tracking_uri as resolve
+
+    return resolve((train_summary or {}).get("mlflow_tracking_uri"))
 
 
 def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None) -> str:
@@ -210,13 +203,11 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
     default "stateloop"), created when absent and found again on the next evaluation."""
     from mlflow.entities import Metric, RunTag
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
+    from stateloop.tracking import client as open_client
 
     summary_ = _train_summary(run_dir)
     uri = tracking_uri(summary_)
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-    client = MlflowClient(tracking_uri=uri)
+    client = open_client(uri)
     mlflow_id = summary_.get("mlflow_run_id")
     if mlflow_id:
         try:

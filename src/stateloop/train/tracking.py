@@ -16,20 +16,13 @@ global "active run" leaks between runs trained in one process (tests, notebooks)
 
 from __future__ import annotations
 
-import os
 import time
-from pathlib import Path
 
 
 def tracking_uri(configured: str = "") -> str:
-    env = os.environ.get("MLFLOW_TRACKING_URI", "")
-    if env:
-        return env
-    if configured:
-        return configured
-    db = Path.cwd().resolve() / "results" / "mlflow.db"
-    db.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{db}"
+    from stateloop.tracking import tracking_uri as resolve
+
+    return resolve(configured)
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, str]:
@@ -48,10 +41,10 @@ class Tracker:
     """One MLflow run. ``run_id`` given: continue it (a resumed training run)."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None):
-        from mlflow.tracking import MlflowClient
+        from stateloop.tracking import client
 
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = client(uri)
         self.run_id = None
         if run_id:
             try:
