@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
-import torch
 
 from stateloop.config import ModelConfig
 from stateloop.models.registry import MODELS

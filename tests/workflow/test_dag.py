@@ -10,12 +10,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import yaml
 
-from dag_helpers import ROOT, copy_workflow, env, snakemake
+from dag_helpers import copy_workflow, env, snakemake
 
 pytestmark = pytest.mark.slow
 
