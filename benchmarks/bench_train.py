@@ -19,6 +19,7 @@ over best-of-N bare (the least disturbed run of each). Aim (issue 4): >= 0.9.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -64,7 +65,10 @@ def bare_loop(config: dict, steps: int, warmup: int) -> float:
                             fused=device.type == "cuda" or None)
     accum = tcfg.accumulation
     batches = [torch.randint(0, mcfg.vocab_size, (tcfg.micro_batch, tcfg.seq_len + 1), device=device) for _ in range(accum)]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # bf16 autocast on GPU, as Fabric's bf16-mixed; on CPU no context at all (even a disabled
+    # torch.autocast costs time on every exit, which would flatter "ours").
+    mixed = device.type == "cuda" and tcfg.precision in ("auto", "bf16-mixed")
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
     t0 = None
     for step in range(steps):
         if step == warmup:
