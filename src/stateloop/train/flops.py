@@ -27,15 +27,11 @@ BF16_PEAK: list[tuple[str, float]] = [
 
 
 def flops_per_sequence(model_cfg, seq_len: int) -> int:
-    """FLOPs of one forward + backward pass over one sequence of ``seq_len`` tokens."""
-    from lightning.fabric.utilities.throughput import measure_flops
+    """FLOPs of one forward + backward pass over one sequence of ``seq_len`` tokens
+    (the count of :mod:`stateloop.models.flops`, which ``stateloop plan`` uses too)."""
+    from stateloop.models.flops import compute_profile
 
-    from stateloop.models.registry import build_model
-
-    with torch.device("meta"):
-        model = build_model(model_cfg, device="meta", init=False)
-        x = torch.zeros(1, seq_len, dtype=torch.long)
-    return int(measure_flops(model, lambda: model(x).logits, lambda y: y.float().sum()))
+    return round(compute_profile(model_cfg, seq_len).flops_per_token * seq_len)
 
 
 def peak_flops(device: torch.device, precision: str, configured_tflops: float = 0.0) -> float | None:
