@@ -51,3 +51,53 @@ def client(uri: str):
         c = MlflowClient(tracking_uri=uri)
         c.search_experiments(max_results=1)  # creates / migrates the store now, under the lock
     return c
+
+
+DEFAULT_EXPERIMENT = "stateloop"  # train.mlflow_experiment's default
+
+
+def train_summary(run_dir) -> dict:
+    """RUN_DIR/train.json (written when training finishes), or {} when absent."""
+    import json
+
+    from stateloop.config import ConfigError
+
+    path = Path(run_dir) / "train.json"
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        raise ConfigError(f"{path}: not valid JSON") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    return data
+
+
+def run_of(run_dir, run_id: str, config: dict | None):
+    """(client, MLflow run id) of a run folder, for the stages after training.
+
+    The MLflow run is the one RUN_DIR/train.json names (``mlflow_run_id``), which must exist in the
+    store; without it (a run trained elsewhere), the run named ``run_id`` in the config's
+    ``train.mlflow_experiment``, created when absent and found again next time."""
+    from mlflow.exceptions import MlflowException
+
+    from stateloop.config import ConfigError
+
+    summary = train_summary(run_dir)
+    train = (config or {}).get("train") if isinstance((config or {}).get("train"), dict) else {}
+    uri = tracking_uri(summary.get("mlflow_tracking_uri"), train.get("mlflow_tracking_uri"))
+    c = client(uri)
+    mlflow_id = summary.get("mlflow_run_id")
+    if mlflow_id:
+        try:
+            c.get_run(mlflow_id)
+        except MlflowException:
+            raise ConfigError(f"{Path(run_dir) / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
+        return c, mlflow_id
+    name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
+    exp = c.get_experiment_by_name(name)
+    exp_id = exp.experiment_id if exp is not None else c.create_experiment(name)
+    found = c.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
+    mlflow_id = found[0].info.run_id if found else c.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
+    return c, mlflow_id

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import save_run
+from evaluate_support import save_run
 from stateloop.cli import main
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
-from conftest import EOS, sentences
+from evaluate_support import EOS, sentences
 from stateloop.evaluate.lm import StateLoopEvalLM
 
 
@@ -114,7 +114,7 @@ def test_matches_lm_eval_hf_backend(make_run, data_dir, tmp_path):
     from lm_eval.tasks import TaskManager
     from transformers import PreTrainedTokenizerFast
 
-    from conftest import WORDS
+    from evaluate_support import WORDS
     from helpers import to_transformers_llama
 
     run_dir, model = make_run("vanilla_looped", K=1)

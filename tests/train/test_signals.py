@@ -7,7 +7,7 @@ import json
 import signal
 import time
 
-from conftest import assert_bitwise_equal, cli, resolved, weights
+from train_support import assert_bitwise_equal, cli, resolved, weights
 
 from stateloop.cli import main
 from stateloop.train.checkpoint import CheckpointStore

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from conftest import assert_bitwise_equal, resolved, weights
+from train_support import assert_bitwise_equal, resolved, weights
 
 from stateloop.runs import load_model
 from stateloop.train.checkpoint import CheckpointStore

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import resolved, write_config, write_shards
+from train_support import resolved, write_config, write_shards
 
 from stateloop.cli import main
 from stateloop.config import ConfigError

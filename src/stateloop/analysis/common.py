@@ -3,15 +3,11 @@ the results to MLflow next to the run's training record."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from stateloop.config import ConfigError
-
-DEFAULT_EXPERIMENT = "stateloop"  # training's default train.mlflow_experiment
-
 
 def pick_device(name: str = "auto") -> torch.device:
     return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
@@ -52,34 +48,11 @@ def require_reads(model, what: str) -> None:
         raise ConfigError(f"model.name: {what} needs state reads; {model.cfg.name} has none")
 
 
-def train_summary(run_dir) -> dict:
-    """RUN_DIR/train.json (written by training), or {} when absent."""
-    path = Path(run_dir) / "train.json"
-    if not path.is_file():
-        return {}
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{path}: cannot be read ({err})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a JSON object")
-    return data
-
-
 def run_id_of(run_dir, config: dict) -> str:
     """The run id ``{scale}/{model}/K{K}_ds{ds}``: the config's ``run.id`` when set, else the
     folder's last three path components (results/runs/<id>)."""
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
     return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
-
-
-def tracking_uri(summary: dict, config: dict) -> str:
-    """The store training logged to (train.json, then the config's train.mlflow_tracking_uri)."""
-    from stateloop.tracking import tracking_uri as resolve
-
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    return resolve(summary.get("mlflow_tracking_uri"), train.get("mlflow_tracking_uri"))
 
 
 def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path) -> str:
@@ -95,26 +68,10 @@ def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dic
     import datetime
 
     from mlflow.entities import Metric, RunTag
-    from mlflow.exceptions import MlflowException
-    from stateloop.tracking import client as open_client
 
-    summary = train_summary(run_dir)
-    uri = tracking_uri(summary, config)
-    client = open_client(uri)
-    mlflow_id = summary.get("mlflow_run_id")
-    if mlflow_id:
-        try:
-            client.get_run(mlflow_id)
-        except MlflowException:
-            raise ConfigError(f"{Path(run_dir) / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
-    else:
-        train = config.get("train") if isinstance(config.get("train"), dict) else {}
-        name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
-        run_id = run_id_of(run_dir, config)
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
-        found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
-        mlflow_id = found[0].info.run_id if found else client.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
+    from stateloop.tracking import run_of
+
+    client, mlflow_id = run_of(run_dir, run_id_of(run_dir, config), config)
     now = int(datetime.datetime.now().timestamp() * 1000)
     client.log_batch(
         mlflow_id,

@@ -58,7 +58,7 @@ def run(args) -> int:
         print(f"{r['run']:<36}{r['params'] / 1e6:>12.2f}{r['layer_apps_per_token']:>11g}{r['train_tokens'] / 1e9:>12.3f}"
               f"{r['train_flops']:>13.3e}{r['gpu_hours']:>11.1f}")
     print(f"\nTotals at MFU {args.mfu:.0%} of {args.peak_tflops:g} TFLOP/s per GPU:")
-    names = args.experiments or list(cfg.experiments)
+    names = args.experiments or [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
         sel = [r for r in rows if name in r["experiments"].split()]
         print(f"  {name:<16}{len(sel):>4} runs {sum(r['train_flops'] for r in sel):>12.3e} FLOPs "

@@ -31,9 +31,6 @@ from stateloop.evaluate.config import EvalConfig
 RESULTS_FILE = "eval.json"
 SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
-DEFAULT_EXPERIMENT = "stateloop"
-
-
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
     """Token perplexity of the model on the held-out split of its data."""
     from stateloop.data.shards import ShardSet
@@ -176,51 +173,16 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
 # MLflow
 
 
-def _train_summary(run_dir: Path) -> dict:
-    path = run_dir / "train.json"
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except ValueError:
-        raise ConfigError(f"{path}: not valid JSON") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: not a JSON object")
-    return data
-
-
-def tracking_uri(train_summary: dict | None = None) -> str:
-    """The store training logged to (train.json), as stateloop.tracking resolves it."""
-    from stateloop.tracking import tracking_uri as resolve
-
-    return resolve((train_summary or {}).get("mlflow_tracking_uri"))
-
-
 def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None) -> str:
     """Log the summary metrics (as ``eval/<name>``) and eval.json (as an artifact) into the run's
     MLflow run: the one named by train.json's ``mlflow_run_id`` when training recorded it, else a
     run named by the run id in the training config's experiment (``train.mlflow_experiment``,
     default "stateloop"), created when absent and found again on the next evaluation."""
     from mlflow.entities import Metric, RunTag
-    from mlflow.exceptions import MlflowException
-    from stateloop.tracking import client as open_client
 
-    summary_ = _train_summary(run_dir)
-    uri = tracking_uri(summary_)
-    client = open_client(uri)
-    mlflow_id = summary_.get("mlflow_run_id")
-    if mlflow_id:
-        try:
-            client.get_run(mlflow_id)
-        except MlflowException:
-            raise ConfigError(f"{run_dir / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
-    else:
-        train = (config or {}).get("train") if isinstance((config or {}).get("train"), dict) else {}
-        name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
-        exp = client.get_experiment_by_name(name)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
-        found = client.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
-        mlflow_id = found[0].info.run_id if found else client.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
+    from stateloop.tracking import run_of
+
+    client, mlflow_id = run_of(run_dir, run_id, config)
     now = int(datetime.datetime.now().timestamp() * 1000)
     metrics = [Metric(f"eval/{k}", float(v), now, 0) for k, v in results["summary"].items()]
     tags = [RunTag("eval.lm_eval_version", str(results.get("lm_eval_version", ""))),
