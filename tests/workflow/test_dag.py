@@ -52,7 +52,8 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
 
 def test_paper_config_plans_26_training_runs_once_each(tmp_path):
     work = copy_workflow(tmp_path)
-    planned = jobs(snakemake(work, "-n", "--configfile", "configs/paper.yaml", "all").stdout)
+    # Targets go before --configfile, which takes every following word as a config file.
+    planned = jobs(snakemake(work, "-n", "all", "--configfile", "configs/paper.yaml").stdout)
     outputs = [j["output"] for j in planned if j["rule"] == "train"]
     assert len(outputs) == 26 and len(set(outputs)) == 26
     assert sum("/1.4b/" in o for o in outputs) == 10 and sum("/410m/" in o for o in outputs) == 16
@@ -164,15 +165,15 @@ def test_interrupted_dag_resumes_without_redoing_finished_runs(tmp_path):
     and does not retrain the run that had finished."""
     work = copy_workflow(tmp_path)
     cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
-    cfg["scales"]["smoke"]["train"].update(max_tokens=512 * 400, checkpoint_every=10, val_every=0, val_tokens=0)
+    cfg["scales"]["smoke"]["train"].update(max_tokens=512 * 150, checkpoint_every=10, val_every=0, val_tokens=0)
     (work / "long.yaml").write_text(yaml.safe_dump(cfg))
     short = "results/runs/smoke/vanilla_looped/K2_ds0/model.pt"
     long_run = work / "results/runs/smoke/stateloop/K2_ds32"
     target = str(long_run.relative_to(work) / "model.pt")
-    snakemake(work, "--cores", "1", "--configfile", "configs/smoke.yaml", short)  # a run that finishes
+    snakemake(work, short, "--cores", "1", "--configfile", "long.yaml")  # a run that finishes
     finished_mtime = (work / short).stat().st_mtime
 
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "long.yaml", target],
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile", "long.yaml"],
                             cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -187,7 +188,7 @@ def test_interrupted_dag_resumes_without_redoing_finished_runs(tmp_path):
     assert not (long_run / "model.pt").exists()
 
     snakemake(work, "--unlock", "--configfile", "long.yaml")  # the killed DAG left its lock behind
-    out = snakemake(work, "--cores", "1", "--configfile", "long.yaml", "--rerun-incomplete", short, target).stdout
+    out = snakemake(work, short, target, "--cores", "1", "--configfile", "long.yaml").stdout
     summary = json.loads((long_run / "train.json").read_text())
     assert (summary.get("resumed_from_step") or 0) >= 10, summary
     assert (work / short).stat().st_mtime == finished_mtime  # the finished run was not redone

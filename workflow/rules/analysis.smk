@@ -38,17 +38,6 @@ rule interventions:
         " --no-progress > {log} 2>&1"
 
 
-def decode_models():
-    """Table 3's rows: the decoding experiment's shapes as name:K[:d_s]."""
-    exp = PIPE.experiments["decoding"]
-    specs = []
-    for model in exp.models:
-        for K in exp.K_by_model.get(model, exp.K):
-            has_state = MODELS[model].has_state
-            specs += [f"{model}:{K}:{d}" for d in exp.d_state] if has_state else [f"{model}:{K}"]
-    return " ".join(specs)
-
-
 rule bench_decode:
     output:
         "results/bench/decode.json",
@@ -61,6 +50,7 @@ rule bench_decode:
         cpus_per_task=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").cpus_per_task,
         gpu=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").gpus,
     params:
+        config=CONFIGFILE,
         scale=PIPE.experiments["decoding"].scale,
         models=decode_models(),
         bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
@@ -68,5 +58,5 @@ rule bench_decode:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop bench decode --config {CONFIGFILE} --scale {params.scale} --models {params.models}"
+        "stateloop bench decode --config {params.config} --scale {params.scale} --models {params.models}"
         " {params.bench} --output {output} --no-progress > {log} 2>&1"

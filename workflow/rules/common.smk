@@ -1,13 +1,13 @@
 # Load and check the config, expand the experiments into runs, and define the helpers the rule
 # files share. Any config error stops the DAG build with one line naming the key.
-import hashlib
+import json
 import re
 
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from stateloop.config import ConfigError
+from stateloop.config import ConfigError, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
 from stateloop.runs import atomic_write_bytes
@@ -19,10 +19,12 @@ except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
 validate(config, "../schemas/config.schema.yaml")  # the same rules as JSON Schema (documentation, editors)
 
-# The commands read the config Snakemake holds (file + --config overrides), saved under its hash.
+# The commands read the config Snakemake holds (file + --config overrides) from one stable path.
+# Each rule's params carry the config sections its job depends on, so that Snakemake's params
+# rerun trigger redoes exactly the jobs whose settings changed.
+CONFIGFILE = "results/config.yaml"
 _text = yaml.safe_dump(config, sort_keys=True).encode()
-CONFIGFILE = f"results/configs/config-{hashlib.sha256(_text).hexdigest()[:12]}.yaml"
-if not os.path.exists(CONFIGFILE):
+if not os.path.exists(CONFIGFILE) or open(CONFIGFILE, "rb").read() != _text:
     atomic_write_bytes(CONFIGFILE, _text)
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
@@ -61,3 +63,67 @@ def run_files(experiment, name):
 def stage(scale, name):
     return getattr(PIPE.scales[scale].resources, name)
 
+
+def settings(section):
+    """Params value: the scale's config section ``section`` as JSON."""
+    return lambda wc: json.dumps(to_dict(getattr(PIPE.scales[wc.scale], section)), sort_keys=True)
+
+
+def run_settings(wc):
+    """Params value: the resolved model config of a run."""
+    return json.dumps(to_dict(RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"].model_config), sort_keys=True)
+
+
+def train_res(wc):
+    return PIPE.scales[wc.scale].train
+
+
+def uses_gpu(wc):
+    return train_res(wc).accelerator in ("cuda", "gpu")
+
+
+def launcher(wc, resources):
+    """Several nodes: srun starts one task per device and Fabric reads SLURM's variables.
+    One node: Fabric starts its own processes, so no launcher."""
+    if not resources.get("mpi"):
+        return ""
+    return (f"{resources.mpi} --nodes={resources.nodes} --ntasks-per-node={resources.tasks_per_node}"
+            f" --cpus-per-task={resources.cpus_per_task}")
+
+
+def train_resources(wc):
+    t, res = train_res(wc), stage(wc.scale, "train")
+    out = {"runtime": res.runtime, "mem_mb": res.mem_mb, "cpus_per_task": res.cpus_per_task}
+    if uses_gpu(wc):
+        out.update(gres=f"gpu:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
+    if t.num_nodes > 1:
+        out.update(nodes=t.num_nodes, mpi="srun", tasks_per_node=t.devices)
+    return out
+
+
+def eval_tasks(wc):
+    """Runs of Tables 1-2 get the configured lm-eval tasks; the others only need held-out PPL."""
+    run = RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"]
+    return "" if "table1" in run.experiments else "--tasks"
+
+
+def decode_models():
+    """Table 3's rows: the decoding experiment's shapes as name:K[:d_s]."""
+    exp = PIPE.experiments["decoding"]
+    specs = []
+    for model in exp.models:
+        for K in exp.K_by_model.get(model, exp.K):
+            has_state = MODELS[model].has_state
+            specs += [f"{model}:{K}:{d}" for d in exp.d_state] if has_state else [f"{model}:{K}"]
+    return " ".join(specs)
+
+
+def figure_inputs(wc):
+    exp = STAGE_EXPERIMENTS[wc.figure]
+    files = run_files(exp, "eval.json")
+    if wc.figure == "state_analysis":
+        files = run_files(exp, "shapley.json") + run_files(exp, "interventions.json")
+    if wc.figure == "state_width":  # the vanilla reference line, when the config trains one
+        K = {r.K for r in runs_of(exp)}
+        files += [f"{run_dir(r)}/eval.json" for r in RUNS.values() if r.model == "vanilla_looped" and r.K in K]
+    return files

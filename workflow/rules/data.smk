@@ -8,8 +8,11 @@ rule tokenize:
         runtime=lambda wc: stage(wc.scale, "tokenize").runtime,
         mem_mb=lambda wc: stage(wc.scale, "tokenize").mem_mb,
         cpus_per_task=lambda wc: stage(wc.scale, "tokenize").cpus_per_task,
+    params:
+        config=CONFIGFILE,
+        data=settings("data"),
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop tokenize --config {CONFIGFILE} --scale {wildcards.scale} --out data/{wildcards.scale}"
+        "stateloop tokenize --config {params.config} --scale {wildcards.scale} --out data/{wildcards.scale}"
         " --no-progress > {log} 2>&1"

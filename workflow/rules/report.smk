@@ -9,21 +9,12 @@ rule render_table:
         "logs/render/{table}.log",
     wildcard_constraints:
         table="table1|table2|table3|table4",
+    params:
+        config=CONFIGFILE,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.table} --config {CONFIGFILE} --out {output.csv} > {log} 2>&1"
-
-
-def figure_inputs(wc):
-    exp = STAGE_EXPERIMENTS[wc.figure]
-    files = run_files(exp, "eval.json")
-    if wc.figure == "state_analysis":
-        files = run_files(exp, "shapley.json") + run_files(exp, "interventions.json")
-    if wc.figure == "state_width":  # the vanilla reference line, when the config trains one
-        K = {r.K for r in runs_of(exp)}
-        files += [f"{run_dir(r)}/eval.json" for r in RUNS.values() if r.model == "vanilla_looped" and r.K in K]
-    return files
+        "stateloop render {wildcards.table} --config {params.config} --out {output.csv} > {log} 2>&1"
 
 
 rule render_figure:
@@ -36,7 +27,9 @@ rule render_figure:
         "logs/render/{figure}.log",
     wildcard_constraints:
         figure="loop_depth|state_width|state_analysis",
+    params:
+        config=CONFIGFILE,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.figure} --config {CONFIGFILE} --out {output.pdf} > {log} 2>&1"
+        "stateloop render {wildcards.figure} --config {params.config} --out {output.pdf} > {log} 2>&1"
