@@ -142,3 +142,17 @@ def test_flops_per_sequence_by_hand(K):
 
     assert peak_flops(torch.device("cpu"), "32-true") is None
     assert peak_flops(torch.device("cpu"), "32-true", configured_tflops=2.5) == 2.5e12
+
+
+def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
+    from helpers import tiny_config
+    from stateloop.models.registry import build_model
+    from stateloop.train.config import TrainConfig
+    from stateloop.train.loop import configure_optimizer
+
+    model = build_model(tiny_config("parcae"))
+    opt = configure_optimizer(model, TrainConfig(micro_batch=1, global_batch=1), fused=False)
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    flagged = [p for p in model.parameters() if getattr(p, "_no_weight_decay", False)]
+    assert flagged and not any(id(p) in decayed for p in flagged)
+    assert id(model.embed.weight) in decayed and id(model.norm_f.weight) not in decayed

@@ -138,9 +138,13 @@ def build_fabric(tcfg):
 
 def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices (linear weights, embeddings) only, not on norms, biases,
-    or the state's A_log / b_Delta vectors. [choice: the paper does not say which tensors decay.]"""
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    or the state's A_log / b_Delta vectors [choice: the paper does not say which tensors decay],
+    nor on tensors a model flags ``_no_weight_decay`` (Parcae's B and C, as its recipe says)."""
+    def decays(p):
+        return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
+
+    decay = [p for p in model.parameters() if p.requires_grad and decays(p)]
+    no_decay = [p for p in model.parameters() if p.requires_grad and not decays(p)]
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), eps=tcfg.eps, fused=fused or None)
 
