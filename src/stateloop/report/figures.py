@@ -106,13 +106,12 @@ def state_analysis(cfg, results: Path):
     ax.bar(sh["reads"], sh["share_pct"], color=colors)
     ax.set(ylabel="share of total Shapley value (%)",
            title=f"(a) state reads: feedback {sh['feedback_share_pct']:.1f}%, terminal {sh['terminal_share_pct']:.1f}%")
-    ax.text(0.02, 0.95, f"paper (K=7): feedback {_fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
-                        f"terminal {_fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%",
-            transform=ax.transAxes, va="top", fontsize=8, color="crimson")
+    ax.set_xlabel(f"paper (K=7): feedback {_fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
+                  f"terminal {_fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%", color="crimson")
     rep = iv["replacement"]
     frz = iv["freezing"]
-    ax2.plot([e["i"] for e in rep], [e["ppl"] for e in rep], "o-", label="replace S^{i+1} by calibrated S^i")
-    ax2.plot([e["i"] for e in frz], [e["ppl"] for e in frz], "s-", label="freeze S^i after boundary i")
+    ax2.plot([e["i"] for e in rep], [e["ppl"] for e in rep], "o-", label=r"replace $S^{i+1}$ by calibrated $S^i$")
+    ax2.plot([e["i"] for e in frz], [e["ppl"] for e in frz], "s-", label=r"freeze $S^i$ after boundary $i$")
     ax2.axhline(iv["unmodified"]["ppl"], color="grey", ls="--", label="unmodified")
     ax2.scatter([3, 3], [_fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
                          _fact("fig4b_interventions", "freeze_at_S3_ppl")], **PAPER_STYLE)

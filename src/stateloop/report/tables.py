@@ -60,7 +60,8 @@ def _params(run) -> int:
 def _side_by_side(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], quantities: list[str]) -> pd.DataFrame:
     """Join ours and the paper's on ``keys``; add q_paper and q_diff after each quantity q."""
     paper = paper[[c for c in paper.columns if c in keys or c in quantities]]
-    df = ours.merge(paper, on=keys, how="left", suffixes=("", "_paper"))
+    paper = paper.rename(columns={q: f"{q}_paper" for q in quantities})  # also where ours lacks q
+    df = ours.merge(paper, on=keys, how="left")
     cols = list(keys)
     for q in quantities:
         if q not in df:
