@@ -54,3 +54,27 @@ class StackedLM(LoopedLM):
         """A unique stack (applied once per token) with its per-layer caches under ``key``."""
         caches = None if cache is None else cache.kv_list(key, len(stack.layers))
         return stack(h, rope, caches)
+
+
+PRELUDE_CORE_CODA = ("n_prelude", "n_core", "n_coda")
+
+
+def check_prelude_core_coda(cfg, opts, model: str) -> None:
+    check_split(dict(zip(PRELUDE_CORE_CODA, resolve_split(cfg, opts, PRELUDE_CORE_CODA, (1, 1, 1), model))), "n_core", model)
+
+
+class PreludeCoreCodaLM(StackedLM):
+    """Unique prelude -> shared core (``self.backbone``) applied K times -> unique coda: the
+    skeleton MeSH and Parcae share (their options carry n_prelude, n_core, n_coda)."""
+
+    def __init__(self, cfg, opts, model: str):
+        n_prelude, n_core, n_coda = resolve_split(cfg, opts, PRELUDE_CORE_CODA, (1, 1, 1), model)
+        super().__init__(cfg, n_layers=n_core)
+        self.opts = opts
+        self.n_prelude, self.n_core, self.n_coda = n_prelude, n_core, n_coda
+        self.prelude = self.unique_stack(n_prelude)
+        self.coda = self.unique_stack(n_coda)
+
+    @property
+    def n_layer_applications(self) -> int:
+        return self.n_prelude + self.cfg.K * self.n_core + self.n_coda

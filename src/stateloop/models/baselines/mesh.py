@@ -44,11 +44,8 @@ import torch
 import torch.nn as nn
 
 from stateloop.config import ConfigError
-from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
+from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
 from stateloop.models.looped import ModelOutput
-
-_SPLIT = ("n_prelude", "n_core", "n_coda")
-
 
 @dataclass
 class MeshOptions:
@@ -64,7 +61,7 @@ def resolve_slots(cfg, opts: MeshOptions) -> int:
 
 
 def check_options(cfg, opts: MeshOptions) -> None:
-    check_split(dict(zip(_SPLIT, resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "mesh"))), "n_core", "mesh")
+    check_prelude_core_coda(cfg, opts, "mesh")
     if resolve_slots(cfg, opts) < 2:
         raise ConfigError(f"model.options.n_slots: mesh needs at least 2 slots, got {resolve_slots(cfg, opts)}")
 
@@ -96,25 +93,16 @@ def write_then_read(m: torch.Tensor, h_new: torch.Tensor, w_write: torch.Tensor,
     return m, torch.einsum("bts,btsd->btd", w_read, m)
 
 
-class MeshLM(StackedLM):
+class MeshLM(PreludeCoreCodaLM):
     """Prelude -> K router-mediated core steps over a slot buffer -> coda (module docstring)."""
 
     def __init__(self, cfg, opts: MeshOptions | None = None):
         opts = opts or MeshOptions()
-        n_prelude, n_core, n_coda = resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "mesh")
-        super().__init__(cfg, n_layers=n_core)  # self.backbone: the shared core f_core
-        self.opts = opts
-        self.n_prelude, self.n_core, self.n_coda = n_prelude, n_core, n_coda
+        super().__init__(cfg, opts, "mesh")  # self.backbone: the shared core f_core
         self.n_slots = resolve_slots(cfg, opts)
-        self.prelude = self.unique_stack(n_prelude)
-        self.coda = self.unique_stack(n_coda)
         self.routers = nn.ModuleList(
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
-
-    @property
-    def n_layer_applications(self) -> int:
-        return self.n_prelude + self.cfg.K * self.n_core + self.n_coda
 
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""

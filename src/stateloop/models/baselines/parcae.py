@@ -56,12 +56,11 @@ import torch.nn.functional as F
 
 from stateloop.config import ConfigError
 from stateloop.models.backbone import RMSNorm
-from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
+from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
 from stateloop.models.looped import ModelOutput
 
 DECAY_INIT = math.sqrt(1.0 / 5.0)  # a at init [code: ssm_decay]
 RATE_MIN, RATE_MAX = 1e-6, 80.0  # Delta exp(A_log) is clamped here, so a stays in (0, 1) in float32
-_SPLIT = ("n_prelude", "n_core", "n_coda")
 
 
 @dataclass
@@ -78,7 +77,7 @@ class ParcaeOptions:
 
 
 def check_options(cfg, opts: ParcaeOptions) -> None:
-    check_split(dict(zip(_SPLIT, resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "parcae"))), "n_core", "parcae")
+    check_prelude_core_coda(cfg, opts, "parcae")
 
 
 def log_softplus(x: torch.Tensor) -> torch.Tensor:
@@ -126,24 +125,15 @@ class StableInjection(nn.Module):
         return u.to(h.dtype)
 
 
-class ParcaeLM(StackedLM):
+class ParcaeLM(PreludeCoreCodaLM):
     """Prelude -> (stable injection -> core) x K -> C -> coda (see module docstring)."""
 
     def __init__(self, cfg, opts: ParcaeOptions | None = None):
         opts = opts or ParcaeOptions()
-        n_prelude, n_core, n_coda = resolve_split(cfg, opts, _SPLIT, (1, 1, 1), "parcae")
-        super().__init__(cfg, n_layers=n_core)  # self.backbone: the shared core R
-        self.opts = opts
-        self.n_prelude, self.n_core, self.n_coda = n_prelude, n_core, n_coda
-        self.prelude = self.unique_stack(n_prelude)
+        super().__init__(cfg, opts, "parcae")  # self.backbone: the shared core R
         self.norm_pre = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.injection = StableInjection(cfg.d_model)
-        self.coda = self.unique_stack(n_coda)
         self._h0_blocks: dict = {}  # eval-mode h_0, cached per (block, device, dtype)
-
-    @property
-    def n_layer_applications(self) -> int:
-        return self.n_prelude + self.cfg.K * self.n_core + self.n_coda
 
     # -- initial state ---------------------------------------------------------------------------
     @property
