@@ -88,10 +88,11 @@ def code_version() -> str:
         return "unknown"
 
 
-def save_final(run_dir: str | Path, model: torch.nn.Module, config: dict) -> Path:
-    """Save the final weights with the resolved config (atomically)."""
+def save_final(run_dir: str | Path, model: torch.nn.Module | dict, config: dict) -> Path:
+    """Save the final weights (a model or its state dict) with the resolved config (atomically)."""
     path = Path(run_dir) / FINAL_WEIGHTS
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    sd = model if isinstance(model, dict) else model.state_dict()
+    state = {k: v.detach().cpu() for k, v in sd.items()}
     atomic_torch_save({"model": state, "config": config, "code_version": code_version()}, path)
     return path
 
@@ -124,3 +125,23 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
         first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
         raise ConfigError(f"{path}: weights do not match the saved config ({first})") from None
     return model.to(device).eval(), config
+
+
+def run_id_of(run_dir: str | Path, config: dict) -> str:
+    """The run id ``{scale}/{model}/K{K}_ds{ds}``: the resolved config's ``run.id`` when it names
+    one, else the folder's last three components (results/runs/<id>)."""
+    run = config.get("run") if isinstance(config.get("run"), dict) else {}
+    return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
+
+
+def trained_length(config: dict) -> int | None:
+    """The context a run was trained with (``train.seq_len`` of its resolved config), or None."""
+    train = config.get("train") if isinstance(config.get("train"), dict) else {}
+    return train.get("seq_len") or None
+
+
+def resolve_device(name: str = "auto"):
+    """``auto``: CUDA when available, else the CPU; otherwise the named device."""
+    import torch
+
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)

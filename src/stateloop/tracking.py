@@ -56,6 +56,12 @@ def client(uri: str):
 DEFAULT_EXPERIMENT = "stateloop"  # train.mlflow_experiment's default
 
 
+def experiment_id(c, name: str) -> str:
+    """The id of the MLflow experiment ``name``, created when absent."""
+    exp = c.get_experiment_by_name(name)
+    return exp.experiment_id if exp is not None else c.create_experiment(name)
+
+
 def train_summary(run_dir) -> dict:
     """RUN_DIR/train.json (written when training finishes), or {} when absent."""
     import json
@@ -95,9 +101,7 @@ def run_of(run_dir, run_id: str, config: dict | None):
         except MlflowException:
             raise ConfigError(f"{Path(run_dir) / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
         return c, mlflow_id
-    name = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
-    exp = c.get_experiment_by_name(name)
-    exp_id = exp.experiment_id if exp is not None else c.create_experiment(name)
+    exp_id = experiment_id(c, train.get("mlflow_experiment") or DEFAULT_EXPERIMENT)
     found = c.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)
     mlflow_id = found[0].info.run_id if found else c.create_run(exp_id, run_name=run_id, tags={"run_id": run_id}).info.run_id
     return c, mlflow_id

@@ -48,6 +48,11 @@ wildcard_constraints:
     ds=r"\d+",
 
 
+def run_of(wc):
+    """The run of a job's {scale}/{model}/K{K}_ds{ds} wildcards."""
+    return RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"]
+
+
 def run_dir(run):
     return f"results/runs/{run.id}"
 
@@ -71,7 +76,7 @@ def settings(section):
 
 def run_settings(wc):
     """Params value: the resolved model config of a run."""
-    return json.dumps(to_dict(RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"].model_config), sort_keys=True)
+    return json.dumps(to_dict(run_of(wc).model_config), sort_keys=True)
 
 
 def train_res(wc):
@@ -103,19 +108,13 @@ def train_resources(wc):
 
 def eval_tasks(wc):
     """Runs of Tables 1-2 get the configured lm-eval tasks; the others only need held-out PPL."""
-    run = RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"]
-    return "" if "table1" in run.experiments else "--tasks"
+    return "" if "table1" in run_of(wc).experiments else "--tasks"
 
 
 def decode_models():
-    """Table 3's rows: the decoding experiment's shapes as name:K[:d_s]."""
-    exp = PIPE.experiments["decoding"]
-    specs = []
-    for model in exp.models:
-        for K in exp.K_by_model.get(model, exp.K):
-            has_state = MODELS[model].has_state
-            specs += [f"{model}:{K}:{d}" for d in exp.d_state] if has_state else [f"{model}:{K}"]
-    return " ".join(specs)
+    """Table 3's rows: the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
+    shapes = expand_runs(PIPE, ["decoding"])
+    return " ".join(f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in shapes)
 
 
 def figure_inputs(wc):

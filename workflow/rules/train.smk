@@ -23,7 +23,7 @@ rule train:
         model=run_settings,
         train=settings("train"),
         launcher=launcher,
-        run=lambda wc: f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}",
+        run=lambda wc: run_of(wc).id,
     conda:
         "../../envs/stateloop.yaml"
     shell:

@@ -9,33 +9,22 @@ import torch
 
 from stateloop.config import ConfigError
 
-def pick_device(name: str = "auto") -> torch.device:
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-
-
 def run_seq_len(config: dict, model) -> int:
     """The training context length of a run: ``train.seq_len`` of its config when present,
     else the model's ``max_seq_len``."""
-    train = config.get("train") or {}
-    return int(train.get("seq_len") or model.cfg.max_seq_len)
+    from stateloop.runs import trained_length
+
+    return int(trained_length(config) or model.cfg.max_seq_len)
 
 
 def run_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
     """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config)."""
-    from stateloop.data.shards import ShardSet
-    from stateloop.evaluate.perplexity import heldout_windows
+    from stateloop.evaluate.perplexity import split_windows
 
     data = config.get("data") or {}
     if not data.get("dir"):
         raise ConfigError(f"{Path(run_dir) / 'model.pt'}: the saved config has no data.dir, so the run's token shards are unknown")
-    try:
-        shards = ShardSet(data["dir"], split)
-    except KeyError as err:
-        raise ConfigError(err.args[0]) from None
-    try:
-        return heldout_windows(shards, seq_len, max_windows)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    return split_windows(data["dir"], split, seq_len, max_windows)[0]
 
 
 def require_reads(model, what: str) -> None:
@@ -46,13 +35,6 @@ def require_reads(model, what: str) -> None:
         raise ConfigError(f"model.name: {what} needs a model with a persistent state; {model.cfg.name} has none")
     if not model.has_reads:
         raise ConfigError(f"model.name: {what} needs state reads; {model.cfg.name} has none")
-
-
-def run_id_of(run_dir, config: dict) -> str:
-    """The run id ``{scale}/{model}/K{K}_ds{ds}``: the config's ``run.id`` when set, else the
-    folder's last three path components (results/runs/<id>)."""
-    run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
 
 
 def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path) -> str:
@@ -70,6 +52,8 @@ def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dic
     from mlflow.entities import Metric, RunTag
 
     from stateloop.tracking import run_of
+
+    from stateloop.runs import run_id_of
 
     client, mlflow_id = run_of(run_dir, run_id_of(run_dir, config), config)
     now = int(datetime.datetime.now().timestamp() * 1000)

@@ -51,9 +51,9 @@ def run(args) -> int:
 
     from stateloop.analysis import common
     from stateloop.config import ConfigError
-    from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model
+    from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device
 
-    device = common.pick_device(args.device)
+    device = resolve_device(args.device)
     model, config = load_model(args.run_dir, device=device)
     model = model.to(getattr(torch, args.dtype))
     common.require_reads(model, f"analyze {args.analysis}")

@@ -67,11 +67,11 @@ def run(args) -> int:
     import torch
 
     from stateloop.analysis import latency
-    from stateloop.runs import atomic_write_json
+    from stateloop.runs import atomic_write_json, resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = resolve_device(args.device)
     dtype = latency.resolve_dtype(args.dtype, device)
     specs = list(args.models)
     if not specs and not args.run_dirs:

@@ -4,6 +4,7 @@ with its parameter count taken from a model built on the meta device (no weights
 from __future__ import annotations
 
 import csv
+import io
 import sys
 
 
@@ -19,12 +20,14 @@ def run(args) -> int:
 
     cfg = load_pipeline(args.config)
     rows = [(r.id, r.model, r.scale, r.K, r.d_s, count_params(r.model_config)) for r in expand_runs(cfg, args.experiments)]
-    out = open(args.output, "w", newline="") if args.output else sys.stdout
-    try:
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
-        writer.writerows(rows)
-    finally:
-        if args.output:
-            out.close()
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
+    writer.writerows(rows)
+    if args.output:
+        from stateloop.runs import atomic_write_bytes
+
+        atomic_write_bytes(args.output, buf.getvalue().encode())
+    else:
+        sys.stdout.write(buf.getvalue())
     return 0

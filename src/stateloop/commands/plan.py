@@ -32,13 +32,13 @@ def plan_rows(cfg, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.
     for run in expand_runs(cfg, experiments):
         train = cfg.scales[run.scale].train
         key = repr(run.model_config)
-        if key not in profiles:
-            profiles[key] = compute_profile(run.model_config, train.seq_len)
-        prof = profiles[key]
+        if key not in profiles:  # runs of one shape (K and d_s apart) are counted once
+            profiles[key] = (compute_profile(run.model_config, train.seq_len), count_params(run.model_config))
+        prof, params = profiles[key]
         tokens = train.total_steps * train.tokens_per_step
         flops = prof.flops_per_token * tokens
         rows.append({
-            "run": run.id, "experiments": " ".join(run.experiments), "params": count_params(run.model_config),
+            "run": run.id, "experiments": " ".join(run.experiments), "params": params,
             "layer_apps_per_token": round(prof.layer_applications_per_token, 2), "train_tokens": tokens,
             "train_flops": flops, "gpu_hours": flops / (mfu * peak_tflops * 1e12) / 3600,
         })

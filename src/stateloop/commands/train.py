@@ -27,10 +27,9 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
-    from stateloop.train.resolve import open_data, resolve_run
+    from stateloop.train.resolve import resolve_run
 
     config = resolve_run(args.config, args.run, args.overrides, args.data_dir)
-    open_data(config)  # fail on data problems before Fabric starts any process
     out = args.out or f"results/runs/{config['run']['id']}"
     try:
         result = train(config, out, progress=not args.no_progress)

@@ -33,14 +33,12 @@ SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
     """Token perplexity of the model on the held-out split of its data."""
-    from stateloop.data.shards import ShardSet
-    from stateloop.evaluate.perplexity import heldout_windows, token_nll
+    from stateloop.evaluate.perplexity import split_windows, token_nll
 
     try:
-        shards = ShardSet(data_dir, cfg.heldout_split)
-    except KeyError as err:
-        raise ConfigError(f"eval.heldout_split: {err.args[0]}") from None
-    windows = heldout_windows(shards, lm.max_length, cfg.heldout_windows)
+        windows, shards = split_windows(data_dir, cfg.heldout_split, lm.max_length, cfg.heldout_windows)
+    except ConfigError as err:
+        raise ConfigError(f"eval.heldout_split: {err}") from None
     autocast = lm.precision == "bf16-mixed" and lm.device.type == "cuda"
     totals = torch.zeros(2, dtype=torch.float64)
     step = cfg.batch_size * 8  # progress granularity

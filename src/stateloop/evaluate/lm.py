@@ -42,6 +42,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, ModelConfig, from_dict
+from stateloop.runs import resolve_device, run_id_of, trained_length  # noqa: F401  (trained_length: re-exported)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,28 +57,6 @@ class LoadedRun:
     eos_id: int
     data_dir: Path
     run_id: str
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def run_id_of(run_dir: Path, config: dict) -> str:
-    """The run id ``{scale}/{model}/K{K}_ds{ds}``: from the resolved config's ``run`` section when it
-    names one, else from the folder's last three components (results/runs/<id>)."""
-    run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    if run.get("id"):
-        return str(run["id"])
-    return "/".join(Path(run_dir).resolve().parts[-3:])
-
-
-def trained_length(config: dict) -> int | None:
-    """The context the run was trained with (train.seq_len), the default evaluation window; None
-    leaves the model's max_seq_len."""
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    return train.get("seq_len") or None
 
 
 def load_tokenizer(data_dir: Path):

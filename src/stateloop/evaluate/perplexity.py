@@ -3,8 +3,6 @@ analyses compare under interventions)."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -19,6 +17,20 @@ def heldout_windows(shards, seq_len: int, max_windows: int | None = None) -> tor
     if n <= 0:
         raise ValueError(f"{shards.dir}: split {shards.split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
     return torch.from_numpy(np.stack([shards.window(i * seq_len, seq_len + 1) for i in range(n)]))
+
+
+
+def split_windows(data_dir, split: str, seq_len: int, max_windows: int | None = None):
+    """Held-out windows of a data folder's split, with one-line errors for a missing split or one
+    shorter than a window. Returns (windows, shards)."""
+    from stateloop.config import ConfigError
+    from stateloop.data.shards import ShardSet
+
+    try:
+        shards = ShardSet(data_dir, split)
+        return heldout_windows(shards, seq_len, max_windows), shards
+    except (KeyError, ValueError) as err:
+        raise ConfigError(err.args[0]) from None
 
 
 @torch.no_grad()
@@ -38,6 +50,3 @@ def mean_nll(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **
     totals = token_nll(model, windows, batch_size, device, **forward_kwargs).sum(0)
     return float(totals[0] / totals[1])
 
-
-def perplexity(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **forward_kwargs) -> float:
-    return math.exp(mean_nll(model, windows, batch_size, device, **forward_kwargs))

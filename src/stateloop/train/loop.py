@@ -163,16 +163,6 @@ def _full_state_dict(fabric, model, raw_model) -> dict:
     return raw_model.state_dict()
 
 
-class _Weights:
-    """A state_dict holder for runs.save_final."""
-
-    def __init__(self, sd: dict):
-        self._sd = sd
-
-    def state_dict(self) -> dict:
-        return self._sd
-
-
 # ----------------------------------------------------------------------------------------------
 # Validation
 
@@ -402,7 +392,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             "code_version": code_version(),
         }
         if rank0:
-            save_final(run_dir, _Weights(weights), config)
+            save_final(run_dir, weights, config)
             atomic_write_json(run_dir / TRAIN_SUMMARY, summary)
         fabric.barrier()
         status = "FINISHED"

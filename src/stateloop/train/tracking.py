@@ -41,7 +41,7 @@ class Tracker:
     """One MLflow run. ``run_id`` given: continue it (a resumed training run)."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None):
-        from stateloop.tracking import client
+        from stateloop.tracking import client, experiment_id
 
         self.uri = uri
         self.client = client(uri)
@@ -55,8 +55,7 @@ class Tracker:
             except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
                 self.run_id = None
         if self.run_id is None:
-            exp = self.client.get_experiment_by_name(experiment)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(experiment)
+            exp_id = experiment_id(self.client, experiment)
             self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags or {}).info.run_id
         self._pending: list = []
 
