@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from stateloop.models.mixers import Mamba2
+from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.ssd import ssd_chunked, ssd_sequential
 
 
@@ -65,15 +65,26 @@ def test_chunked_gradients_equal_sequential():
 
 
 @torch.no_grad()
-def test_mamba2_block_equals_naive_per_token_block():
+@pytest.mark.parametrize("G", [1, 2])
+@pytest.mark.parametrize("mode", ["full", "decode", "prefill+decode"])
+def test_mamba2_block_equals_naive_per_token_block(mode, G):
+    """The block (full forward, token-by-token decoding from the first token, or a 5-token
+    prefill then single-token steps) against the equations evaluated naively."""
     torch.manual_seed(0)
-    d, expand, N, W, P, G = 8, 2, 4, 4, 4, 2
+    d, expand, N, W, P = 8, 2, 4, 4, 4
     m = Mamba2(d, expand, N, W, P, G, chunk_size=4, impl="torch").double()
     m.reset_parameters(0.5)
     with torch.no_grad():
         m.norm.weight.uniform_(0.5, 1.5)
     u = torch.randn(2, 11, d, dtype=torch.float64)
-    got = m(u)
+    if mode == "full":
+        got = m(u)
+    else:
+        cache = Mamba2Cache()
+        first = 5 if mode == "prefill+decode" else 0
+        parts = [m(u[:, :first], cache)] if first else []
+        parts += [m(u[:, t : t + 1], cache) for t in range(first, u.shape[1])]
+        got = torch.cat(parts, 1)
 
     # Naive: projections, an explicit causal depthwise convolution, the recurrence, D skip,
     # grouped gated RMSNorm, output projection.

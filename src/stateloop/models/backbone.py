@@ -21,8 +21,19 @@ import torch.nn.functional as F
 from stateloop.models import kernels
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (``F.rms_norm``: the mean square
+    is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
+    computed in the wider dtype, which is also the result's dtype."""
+    if weight is not None and weight.dtype != x.dtype:
+        x = x.to(torch.promote_types(x.dtype, weight.dtype))
+    return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+
 class RMSNorm(nn.Module):
-    """y = x / sqrt(mean(x^2) + eps) * g, computed in at least float32 and cast back."""
+    """RMSNorm with a learned gain, through :func:`rms_norm`: one call instead of six Python-level
+    operations (fused on CUDA). The norms are a large share of the per-token cost of batch-1
+    decoding at small widths."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -30,9 +41,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.to(torch.promote_types(x.dtype, torch.float32))
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):

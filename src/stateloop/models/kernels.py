@@ -29,11 +29,21 @@ except Exception:
     HAS_MAMBA_SSM = False
 
 try:  # pragma: no cover - only on GPU machines
+    from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn as _rmsnorm_gated_fn
+    from mamba_ssm.ops.triton.selective_state_update import selective_state_update as _selective_state_update
+
+    HAS_MAMBA_DECODE = True
+except Exception:
+    _rmsnorm_gated_fn = _selective_state_update = None
+    HAS_MAMBA_DECODE = False
+
+try:  # pragma: no cover - only on GPU machines
     from causal_conv1d import causal_conv1d_fn as _causal_conv1d_fn
+    from causal_conv1d import causal_conv1d_update as _causal_conv1d_update
 
     HAS_CAUSAL_CONV1D = True
 except Exception:
-    _causal_conv1d_fn = None
+    _causal_conv1d_fn = _causal_conv1d_update = None
     HAS_CAUSAL_CONV1D = False
 
 
@@ -127,3 +137,83 @@ def ssd(
     from stateloop.models.ssd import ssd_chunked
 
     return ssd_chunked(x, dt, A, B, C, chunk_size, initial_state=initial_state, return_final_state=return_final_state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Mamba-2 single-token decoding: convolution window, SSM recurrence, gated RMSNorm
+
+
+def conv1d_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                impl: str = "auto"):
+    """One new input through a depthwise causal convolution + SiLU.
+
+    x: (B, C) the new input; conv_state: (B, W-1, C) the previous W-1 inputs; weight: (C, W).
+    Returns (SiLU(conv) (B, C), the state holding the last W-1 inputs). The kernel
+    (``causal_conv1d_update``) updates a contiguous state in place; the twin returns a new view.
+    """
+    if _use_kernel(impl, HAS_CAUSAL_CONV1D, x, "causal-conv1d"):
+        conv_state = conv_state.contiguous()  # the kernel writes into it: (B, C, W-1) with channels contiguous
+        return _causal_conv1d_update(x, conv_state.transpose(1, 2), weight, bias, "silu"), conv_state
+    return conv1d_step_ref(x, conv_state, weight, bias)
+
+
+def conv1d_step_ref(x, conv_state, weight, bias):
+    window = torch.cat([conv_state, x.unsqueeze(1)], dim=1)  # (B, W, C): inputs t-W+1 .. t
+    y = torch.linalg.vecdot(window, weight.t(), dim=1)  # sum_w window[w] * weight[:, w]
+    return F.silu(y if bias is None else y + bias), window[:, 1:]
+
+
+def ssd_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, impl: str = "auto"):
+    """One token of the SSD recurrence, the state updated in place:
+
+        dt <- softplus(dt + dt_bias);  H <- exp(dt A) H + (dt x) B^T;  y = H C + D x
+
+    state: (b, h, p, n), float32 at least; x: (b, h, p); dt: (b, h) before bias and softplus;
+    A, D, dt_bias: (h,); B, C: (b, g, n) with the h heads split into g groups.
+    Returns (y (b, h, p) in x's dtype, state). Kernel: mamba_ssm's ``selective_state_update``.
+    """
+    b, h, p = x.shape
+    n = state.shape[-1]
+    if _use_kernel(impl, HAS_MAMBA_DECODE, x, "mamba_ssm selective_state_update"):
+        # The kernel takes per-channel dt, A, D and dt_bias; stride-0 expansions tell it they are per head.
+        y = _selective_state_update(state, x, dt.unsqueeze(-1).expand(b, h, p), A.float()[:, None, None].expand(h, p, n),
+                                    B, C, D[:, None].expand(h, p), z=None, dt_bias=dt_bias[:, None].expand(h, p),
+                                    dt_softplus=True)
+        return y, state
+    return ssd_step_ref(state, x, dt, A, B, C, D, dt_bias)
+
+
+def ssd_step_ref(state, x, dt, A, B, C, D, dt_bias):
+    """Pure-PyTorch twin of :func:`ssd_step`, in as few operations as possible (it runs K times per
+    decoded token in the Mamba-2 mixer): heads are viewed as (groups, heads per group x head dim),
+    so the outer product and the readout are one batched matrix product each."""
+    b, h, p = x.shape
+    g, n = B.shape[1], B.shape[2]
+    sdt = state.dtype
+    dt = F.softplus(dt.to(sdt) + dt_bias)  # (b, h)
+    state.mul_(torch.exp(dt * A.to(sdt)).view(b, h, 1, 1))  # exp(dt A) H
+    flat = state.view(b * g, h // g * p, n)
+    xs = x.to(sdt)
+    flat.baddbmm_((xs * dt.unsqueeze(-1)).view(b * g, -1, 1), B.to(sdt).reshape(b * g, 1, n))  # + (dt x) B^T
+    y = torch.bmm(flat, C.to(sdt).reshape(b * g, n, 1)).view(b, h, p)  # H C
+    return torch.addcmul(y, D.view(h, 1), xs).to(x.dtype), state  # + D x
+
+
+def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
+                   impl: str = "auto") -> torch.Tensor:
+    """Mamba-2's output norm, RMSNorm(y * SiLU(z)) over groups of ``group_size`` channels, times
+    ``weight``. Kernel: mamba_ssm's gated RMSNorm (``norm_before_gate=False``)."""
+    if _use_kernel(impl, HAS_MAMBA_DECODE, y, "mamba_ssm gated RMSNorm"):
+        return _rmsnorm_gated_fn(y, weight, None, z=z, eps=eps, group_size=group_size, norm_before_gate=False)
+    return gated_rms_norm_ref(y, z, weight, group_size, eps)
+
+
+def gated_rms_norm_ref(y, z, weight, group_size, eps):
+    y = y * F.silu(z)
+    if weight.dtype != y.dtype:  # mixed precision: compute in the wider dtype
+        y = y.to(torch.promote_types(y.dtype, weight.dtype))
+    if group_size == y.shape[-1]:  # one group
+        return F.rms_norm(y, (group_size,), weight, eps)
+    g = F.rms_norm(y.view(*y.shape[:-1], -1, group_size), (group_size,), None, eps)
+    return weight * g.view_as(y)

@@ -48,19 +48,16 @@ class AttentionMixer(nn.Module):
 
 
 class GatedRMSNorm(nn.Module):
-    """Mamba-2's output norm: RMSNorm(y * silu(z)) computed per group of d_in / n_groups channels."""
+    """Mamba-2's output norm: RMSNorm(y * silu(z)) computed per group of d_in / n_groups channels
+    (:func:`~stateloop.models.kernels.gated_rms_norm`)."""
 
-    def __init__(self, dim: int, group_size: int, eps: float = 1e-5):
+    def __init__(self, dim: int, group_size: int, eps: float = 1e-5, impl: str = "auto"):
         super().__init__()
-        self.group_size, self.eps = group_size, eps
+        self.group_size, self.eps, self.impl = group_size, eps, impl
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        dtype = y.dtype
-        y = (y * F.silu(z)).to(torch.promote_types(dtype, torch.float32))
-        g = y.view(*y.shape[:-1], -1, self.group_size)
-        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * g.view_as(y).to(dtype)
+        return kernels.gated_rms_norm(y, z, self.weight, self.group_size, self.eps, self.impl)
 
 
 class Mamba2Cache:
@@ -99,7 +96,7 @@ class Mamba2(nn.Module):
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
         self.D = nn.Parameter(torch.empty(self.n_heads))
-        self.norm = GatedRMSNorm(self.d_inner, self.d_inner // n_groups, eps)
+        self.norm = GatedRMSNorm(self.d_inner, self.d_inner // n_groups, eps, impl)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
         self.out_proj.residual_out = True
 
@@ -143,46 +140,32 @@ class Mamba2(nn.Module):
         else:  # a chunk of several tokens continuing (or starting) a cached sequence
             y, final = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
                                    initial_state=cache.ssm, return_final_state=True)
-            cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32))
+            cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32)).contiguous()  # updated in place by steps
         y = y + self.D[:, None] * x
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
         return self.out_proj(y)
 
     def _decode_step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
-        """One new token (B, 1, d) through the cached convolution window and SSM state.
-
-        The same computation as :meth:`forward` written for a single position, with as few
-        tensor operations as possible (this runs K times per decoded token, and at batch 1 the
-        cost is per operation): the depthwise convolution is a multiply-add over the last d_conv
-        inputs, and the SSD recurrence is one step of
-
-            H_t = exp(dt_t A) H_{t-1} + (dt_t x_t) B_t^T,   y_t = H_t C_t + D x_t
-
-        with heads viewed as (groups, heads per group) so B and C broadcast, on a state of at
-        least float32 (:func:`~stateloop.models.ssd.ssd_step` is the per-head definition)."""
+        """One new token (B, 1, d) through the cached convolution window and SSM state: the
+        computation of :meth:`forward` for a single position, in a handful of operations (it runs
+        K times per decoded token, and at batch 1 the cost is per operation, on a CPU as in GPU
+        kernel launches). On CUDA the convolution, recurrence and norm are mamba_ssm's and
+        causal-conv1d's fused decoding kernels (:mod:`stateloop.models.kernels`)."""
         Bsz = u.shape[0]
-        G, N, H, P, W = self.n_groups, self.d_state, self.n_heads, self.head_dim, self.d_conv
-        z, xBC, dt = self.in_proj(u.view(Bsz, -1)).split([self.d_inner, self.conv_dim, H], dim=-1)  # (B, .)
-        hist = cache.conv if cache.conv is not None else xBC.new_zeros(Bsz, W - 1, self.conv_dim)
-        window = torch.cat([hist, xBC.unsqueeze(1)], dim=1)  # (B, W, C): inputs t-W+1 .. t
-        cache.conv = window[:, 1:]
-        conv = (window * self.conv1d.weight.view(self.conv_dim, W).t()).sum(1) + self.conv1d.bias
-        x, Bm, Cm = F.silu(conv).split([self.d_inner, G * N, G * N], dim=-1)
-        sdt = u.dtype if u.dtype in (torch.float32, torch.float64) else torch.float32
-        x, Bm, Cm = x.to(sdt), Bm.to(sdt), Cm.to(sdt)
-        dt = F.softplus(dt.to(sdt) + self.dt_bias)  # (B, H)
-        decay = torch.exp(dt * -torch.exp(self.A_log.to(sdt)))  # exp(dt A), A = -exp(A_log)
+        G, N, H, P = self.n_groups, self.d_state, self.n_heads, self.head_dim
+        z, xBC, dt = F.linear(u.view(Bsz, -1), self.in_proj.weight).split([self.d_inner, self.conv_dim, H], dim=-1)
+        if cache.conv is None:
+            cache.conv = xBC.new_zeros(Bsz, self.d_conv - 1, self.conv_dim)
+        xBC, cache.conv = kernels.conv1d_step(xBC, cache.conv, self.conv1d.weight.view(self.conv_dim, self.d_conv),
+                                              self.conv1d.bias, self.impl)
+        x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         if cache.ssm is None:
-            cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=sdt)
-        state = (cache.ssm * decay.view(Bsz, H, 1, 1)).view(Bsz, G, H // G, P, N)
-        xv = x.view(Bsz, G, H // G, P, 1)
-        state.addcmul_(xv * dt.view(Bsz, G, H // G, 1, 1), Bm.view(Bsz, G, 1, 1, N))  # + (dt x) B^T
-        # H C: the heads of a group share C, so one (H/G P x N) @ (N x 1) product per group.
-        y = torch.bmm(state.view(Bsz * G, H // G * P, N), Cm.reshape(Bsz * G, N, 1)).view(Bsz, G, H // G, P)
-        cache.ssm = state.view(Bsz, H, P, N)
-        y = torch.addcmul(y, self.D.view(G, H // G, 1), xv.squeeze(-1))  # + D x
-        y = self.norm(y.view(Bsz, 1, self.d_inner).to(u.dtype), z.unsqueeze(1))
-        return self.out_proj(y)
+            cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=torch.promote_types(u.dtype, torch.float32))
+        A = -torch.exp(self.A_log.to(cache.ssm.dtype))
+        y, cache.ssm = kernels.ssd_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
+                                        self.D, self.dt_bias, self.impl)
+        y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
+        return F.linear(y, self.out_proj.weight)
 
 
 class Mamba2Mixer(nn.Module):
