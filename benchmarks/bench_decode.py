@@ -56,7 +56,7 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def ops_per_token(model, prefill: int) -> int:
     """aten operators dispatched by one decode step after a prefill (deterministic)."""
     cache = ModelCache()

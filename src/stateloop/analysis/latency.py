@@ -75,7 +75,7 @@ class BenchModel:
         self.params = sum(p.numel() for p in self.model.parameters())
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def time_decode(model, prompt: torch.Tensor, n_new: int, device: torch.device) -> tuple[float, float]:
     """One run: (prefill seconds, decode seconds for n_new single-token steps)."""
     cache = ModelCache()
@@ -91,7 +91,7 @@ def time_decode(model, prompt: torch.Tensor, n_new: int, device: torch.device) -
     return t1 - t0, t2 - t1
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device: torch.device):
     """One run of several models in lockstep: every model prefills, then each decode step is
     taken by every model in turn (order rotated per step), each step timed on its own.

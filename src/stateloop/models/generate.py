@@ -15,7 +15,7 @@ import torch
 from stateloop.models.cache import ModelCache
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_generate(model, prompt: torch.Tensor, n_new: int, use_cache: bool = True, return_logits: bool = False):
     """prompt (B, P) token ids -> the n_new greedily chosen continuation tokens (B, n_new), and
     with ``return_logits`` also the logits each token was chosen from (B, n_new, V).
