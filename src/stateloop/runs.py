@@ -13,6 +13,7 @@ never from command-line arguments.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -74,8 +75,10 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         raise
 
 
+@functools.cache
 def code_version() -> str:
-    """The git commit of the code (with '+dirty' when the tree has changes), or 'unknown'."""
+    """The git commit of the code (with '+dirty' when the tree has changes), or 'unknown'.
+    Worked out once per process: the code that is running, even if the tree changes later."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)

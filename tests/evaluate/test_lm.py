@@ -218,3 +218,13 @@ def test_generate_until_cached_equals_recomputed_and_hand_greedy(make_run, token
     (cut,) = cached.generate_until(
         [Instance("generate_until", {}, (contexts[i], {"until": ["<<STOP>>", stop], "max_gen_toks": 12}), 0)], disable_tqdm=True)
     assert cut == a[i][: a[i].index(stop)]
+
+
+def test_continuation_longer_than_the_window_is_a_one_line_error(make_run):
+    from stateloop.config import ConfigError
+
+    run_dir, _ = make_run()
+    lm = StateLoopEvalLM(str(run_dir), batch_size=2, device="cpu", max_length=8)
+    with pytest.raises(ConfigError, match="longer than the model's context window"):
+        lm.loglikelihood(ll_requests([("the cat", " sat on the mat and then the dog sat on the cat again")]),
+                         disable_tqdm=True)

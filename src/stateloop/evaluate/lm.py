@@ -225,7 +225,9 @@ class StateLoopEvalLM(TemplateLM):
                 if not ctx or not cont:
                     raise ValueError("a loglikelihood request needs a non-empty context and continuation")
                 if len(cont) > L:
-                    raise ValueError(f"continuation of {len(cont)} tokens is longer than the context window {L}")
+                    raise ConfigError(f"a continuation of {len(cont)} tokens is longer than the model's context window "
+                                      f"({L} tokens, model.max_seq_len): it cannot be scored; shorten the task's "
+                                      f"continuations or evaluate a model with a longer window")
                 inputs.append((ctx + cont)[-(L + 1):][:-1])  # truncate on the left, drop the last token
                 conts.append(cont)
             T = max(len(x) for x in inputs)
