@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from stateloop.config import ConfigError
-from stateloop.models.cache import ModelCache
+from stateloop.models.generate import greedy_steps, model_logits
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -78,14 +78,14 @@ class BenchModel:
 @torch.inference_mode()
 def time_decode(model, prompt: torch.Tensor, n_new: int, device: torch.device) -> tuple[float, float]:
     """One run: (prefill seconds, decode seconds for n_new single-token steps)."""
-    cache = ModelCache()
+    steps = greedy_steps(model_logits(model), prompt)
     synchronize(device)
     t0 = time.perf_counter()
-    nxt = model(prompt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+    next(steps)  # prefill
     synchronize(device)
     t1 = time.perf_counter()
     for _ in range(n_new):
-        nxt = model(nxt, cache=cache).logits[:, -1].argmax(-1, keepdim=True)
+        next(steps)
     synchronize(device)
     t2 = time.perf_counter()
     return t1 - t0, t2 - t1
@@ -98,12 +98,12 @@ def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device:
     Returns per model (prefill seconds, [seconds of each decode step]). Models see the same
     machine load to within one step, which makes the ratios of their latencies robust on a
     shared CPU."""
-    caches = [ModelCache() for _ in models]
-    pre, dec, nxt = [0.0] * len(models), [[] for _ in models], [None] * len(models)
-    for i, model in enumerate(models):
+    steps = [greedy_steps(model_logits(model), prompt) for model in models]
+    pre, dec = [0.0] * len(models), [[] for _ in models]
+    for i, gen in enumerate(steps):
         synchronize(device)
         t0 = time.perf_counter()
-        nxt[i] = model(prompt, cache=caches[i]).logits[:, -1].argmax(-1, keepdim=True)
+        next(gen)  # prefill
         synchronize(device)
         pre[i] = time.perf_counter() - t0
     order = list(range(len(models)))
@@ -111,7 +111,7 @@ def time_decode_lockstep(models: list, prompt: torch.Tensor, n_new: int, device:
         shift = step % len(models)
         for i in order[shift:] + order[:shift]:
             t0 = time.perf_counter()
-            nxt[i] = models[i](nxt[i], cache=caches[i]).logits[:, -1].argmax(-1, keepdim=True)
+            next(steps[i])
             synchronize(device)
             dec[i].append(time.perf_counter() - t0)
     return list(zip(pre, dec))

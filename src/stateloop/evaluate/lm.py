@@ -308,16 +308,15 @@ class StateLoopEvalLM(TemplateLM):
         return out
 
     def _greedy(self, group) -> list[str]:
-        from stateloop.models.cache import ModelCache
+        from stateloop.models.generate import greedy_steps
 
         max_gen = group[0][3]
         seqs = torch.tensor([ids for _, ids, _, _ in group], dtype=torch.long, device=self._device)
         generated = [[] for _ in group]
         done = [False] * len(group)
-        cache = ModelCache() if self.use_cache else None
-        logits = self._logits(seqs, cache)[:, -1]
-        for _ in range(max_gen):
-            nxt = logits[:, : self._n_token_ids].argmax(-1)  # only ids the tokenizer can decode
+        # Only ids the tokenizer can decode are chosen (the embedding may be padded past them).
+        steps = greedy_steps(self._logits, seqs, use_cache=self.use_cache, n_vocab=self._n_token_ids)
+        for _, (nxt, _) in zip(range(max_gen), steps):
             for r, (_, _, until, _) in enumerate(group):
                 if done[r]:
                     continue
@@ -330,11 +329,6 @@ class StateLoopEvalLM(TemplateLM):
                     done[r] = True
             if all(done):
                 break
-            if cache is not None:
-                logits = self._logits(nxt[:, None], cache)[:, -1]
-            else:
-                seqs = torch.cat([seqs, nxt[:, None]], dim=1)
-                logits = self._logits(seqs)[:, -1]
         texts = []
         for (_, _, until, _), ids in zip(group, generated):
             text = self.tok_decode(ids)

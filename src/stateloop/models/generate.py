@@ -1,43 +1,60 @@
-"""Greedy generation, with the decoding cache or by recomputation.
+"""Greedy decoding, with the decoding cache or by recomputation: one stepper for every caller.
 
-Both functions take any registered model (``model(idx, cache=None) -> ModelOutput`` with logits
-at every real token position) and return the same tokens: the cached path runs the prompt once
-(prefill) and then one new token per call through the per-iteration caches of
-:mod:`stateloop.models.cache`; the recomputing path runs the whole sequence again for every new
-token. Their agreement is the end-to-end check of incremental decoding
-(tests/models/test_generate.py); the cached path is what ``stateloop bench decode`` times.
+:func:`greedy_steps` is the only greedy loop in the package: the eval adapter's
+``generate_until`` (stop strings, a restricted vocabulary), the latency benchmark (which times
+each step) and :func:`greedy_generate` (tests, scripts) all drive it. With the cache the prompt
+runs once (prefill) and then one new token per call through the per-iteration caches of
+:mod:`stateloop.models.cache`; without it every step runs the whole sequence again. Both give
+the same tokens, which is the end-to-end check of incremental decoding
+(tests/models/test_generate.py).
 """
 
 from __future__ import annotations
+
+from typing import Callable, Iterator
 
 import torch
 
 from stateloop.models.cache import ModelCache
 
 
-@torch.inference_mode()
-def greedy_generate(model, prompt: torch.Tensor, n_new: int, use_cache: bool = True, return_logits: bool = False):
-    """prompt (B, P) token ids -> the n_new greedily chosen continuation tokens (B, n_new), and
-    with ``return_logits`` also the logits each token was chosen from (B, n_new, V).
+def model_logits(model) -> Callable:
+    """``forward(idx, cache) -> logits (B, T, V)`` for a registered model."""
+    return lambda idx, cache: model(idx, cache=cache).logits
 
-    With ``use_cache`` the prompt is prefilled in one pass and each new token is fed alone;
-    otherwise every step recomputes the forward pass over prompt + tokens so far.
+
+def greedy_steps(forward: Callable, prompt: torch.Tensor, use_cache: bool = True,
+                 n_vocab: int | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Greedy decoding as a generator, without end: step i yields the i-th new token (B, 1) and
+    the logits (B, V) it was chosen from. The first step runs the prompt (prefill); every later
+    step runs only when asked for, so a caller that stops early computes nothing extra.
+
+    ``forward(idx, cache)`` returns logits (B, T, V) (see :func:`model_logits`); ``n_vocab``
+    restricts the choice to the first ids (e.g. those a tokenizer can decode).
     """
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt must have shape (B, P) with P >= 1, got {tuple(prompt.shape)}")
-    tokens, logits = [], []
     cache = ModelCache() if use_cache else None
     seq, feed = prompt, prompt
-    for _ in range(n_new):
+    while True:
+        logits = forward(feed, cache)[:, -1] if use_cache else forward(seq, None)[:, -1]
+        nxt = (logits if n_vocab is None else logits[:, :n_vocab]).argmax(-1, keepdim=True)
+        yield nxt, logits
         if use_cache:
-            step_logits = model(feed, cache=cache).logits[:, -1]  # prefill first, then one token per call
+            feed = nxt  # only the new token goes through the caches
         else:
-            step_logits = model(seq).logits[:, -1]  # the whole sequence again
-        feed = step_logits.argmax(-1, keepdim=True)  # (B, 1)
-        tokens.append(feed)
+            seq = torch.cat([seq, nxt], dim=1)  # the whole sequence again
+
+
+@torch.inference_mode()
+def greedy_generate(model, prompt: torch.Tensor, n_new: int, use_cache: bool = True, return_logits: bool = False):
+    """prompt (B, P) token ids -> the n_new greedily chosen continuation tokens (B, n_new), and
+    with ``return_logits`` also the logits each token was chosen from (B, n_new, V)."""
+    steps = greedy_steps(model_logits(model), prompt, use_cache)
+    tokens, logits = [], []
+    for _, (nxt, step_logits) in zip(range(n_new), steps):
+        tokens.append(nxt)
         logits.append(step_logits)
-        if not use_cache:
-            seq = torch.cat([seq, feed], dim=1)
     out = torch.cat(tokens, 1) if tokens else prompt.new_zeros(prompt.shape[0], 0)
     if return_logits:
         return out, (torch.stack(logits, 1) if logits else None)
