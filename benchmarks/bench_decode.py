@@ -17,7 +17,11 @@ processes share the CPU). A third, load-free
 measure counts the aten operators dispatched per decoded token (the CPU cost at this width is
 dominated by per-operator overhead, as the paper's batch-1 GPU decoding is by kernel launches).
 
-    PYTHONPATH=src python benchmarks/bench_decode.py [--prefill 64 --tokens 64 --repeats 7]
+    PYTHONPATH=src python benchmarks/bench_decode.py --prefill 1024 --tokens 1024 --repeats 3  # the paper's P, N (~25 min)
+    PYTHONPATH=src python benchmarks/bench_decode.py [--prefill 64 --tokens 64 --repeats 7]      # short context (~2 min)
+
+The context length changes the ratios: the backbone's K x L KV caches grow with it, the state
+branch of StateLoop and Mamba-2 does not (benchmarks/README.md has both settings).
 """
 
 from __future__ import annotations

@@ -117,6 +117,12 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
 
     (ok / "config.yaml").write_text(yaml.safe_dump({**config, "model": {**config["model"], "K": 5}}))
     assert "model.K" in one_line_error(capsys, ok, str(ok / "config.yaml"))
+    # ... and the analyses and the latency benchmark, which load runs the same way, refuse it too
+    for argv in (["analyze", "shapley", str(ok), "--no-mlflow"], ["bench", "decode", "--run-dirs", str(ok), "--device", "cpu",
+                                                                 "--output", str(tmp_path / "d.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "model.K" in err and str(ok / "config.yaml") in err, err
     # a data folder without its tokenizer
     nodata = tmp_path / "runs" / "nodata"
     save_run(nodata, tmp_path / "missing-data", "vanilla_looped")

@@ -41,7 +41,7 @@ from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
-from stateloop.config import ConfigError, ModelConfig, from_dict
+from stateloop.config import ConfigError
 from stateloop.runs import resolve_device, run_id_of, trained_length  # noqa: F401  (trained_length: re-exported)
 
 
@@ -74,30 +74,6 @@ def load_tokenizer(data_dir: Path):
     return data_load_tokenizer(data_dir), eos_id
 
 
-def _check_folder_config(run_dir: Path, config: dict) -> None:
-    """A run folder's config.yaml, when present, must describe the model the weights were saved with."""
-    import yaml
-
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        return
-    try:
-        folder = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(folder, dict) or "model" not in folder:
-        return
-    try:
-        ours = from_dict(ModelConfig, folder["model"], "model")
-    except ConfigError as err:
-        raise ConfigError(f"{path}: {err}") from None
-    saved = from_dict(ModelConfig, config.get("model"), "model")
-    if ours != saved:
-        key = next(k for k in vars(saved) if getattr(saved, k) != getattr(ours, k))
-        raise ConfigError(f"{path}: model.{key} = {getattr(ours, key)!r} does not match the weights' config "
-                          f"({getattr(saved, key)!r} in {run_dir / 'model.pt'})")
-
-
 def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
     """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder."""
     from stateloop.runs import load_model
@@ -105,8 +81,7 @@ def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
-    model, config = load_model(run_dir, device=resolve_device(device))
-    _check_folder_config(run_dir, config)
+    model, config = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     if not data.get("dir"):
         raise ConfigError(f"{run_dir / 'model.pt'}: the saved config has no data.dir (where the tokenizer is)")
