@@ -95,6 +95,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     err = capsys.readouterr().err
     assert "step_00000012.ckpt: truncated or corrupt" in err
     assert "using the previous checkpoint step_00000008.ckpt" in err
+    assert "changed since" not in err  # same tokens: no batch-stream warning
     assert result.summary["resumed_from_step"] == 8
     assert_bitwise_equal(weights(run_dir), reference)  # steps 9-12 redone exactly
     assert store.verify(12) is None  # rewritten whole
@@ -108,6 +109,33 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     ckpt.write_bytes(bytes(blob))
     assert "sha256 does not match" in store.verify(12)
     assert store.latest() == store.path(8)
+
+
+def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, capsys):
+    """The checkpoint records which train tokens the batch stream came from; resuming on a
+    re-tokenized data folder says so (the run continues: re-tokenizing can be deliberate)."""
+    from train_support import write_shards
+
+    from stateloop.data.shards import ShardSet
+
+    cfg_path, data = tiny_setup
+    cfg = resolved(cfg_path, data)
+    run_dir = tmp_path / "run"
+    train(cfg, run_dir, progress=False)
+    store = CheckpointStore(run_dir / "checkpoints")
+    before = ShardSet(data, "train").fingerprint()
+    assert torch.load(store.path(12), weights_only=False)["data"]["fingerprint"] == before
+    write_shards(data, seed=5)  # same folder, same sizes, other tokens
+    after = ShardSet(data, "train").fingerprint()
+    assert after != before
+    store.path(12).unlink()
+    (run_dir / "model.pt").unlink()
+    capsys.readouterr()
+    result = train(cfg, run_dir, progress=False)
+    err = capsys.readouterr().err
+    assert result.summary["resumed_from_step"] == 8
+    assert f"changed since step_00000008.ckpt" in err and f"{before} -> {after}" in err, err
+    assert torch.load(store.path(12), weights_only=False)["data"]["fingerprint"] == after
 
 
 def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch):

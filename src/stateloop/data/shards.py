@@ -137,6 +137,12 @@ class ShardSet:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
+    def fingerprint(self) -> str:
+        """A short hash of the split's shard list in meta.json (files, token counts, checksums):
+        equal exactly when the split holds the same tokens in the same order."""
+        shards = json.dumps(self.meta["splits"][self.split]["shards"], sort_keys=True)
+        return hashlib.sha256(shards.encode()).hexdigest()[:16]
+
     def window(self, start: int, length: int) -> np.ndarray:
         """Tokens [start, start + length) as int64, read across shard boundaries."""
         if start < 0 or start + length > len(self):

@@ -2,7 +2,8 @@
 
     RUN_DIR/checkpoints/
         step_00000100.ckpt          Fabric checkpoint: model, optimizer, scheduler, step, tokens,
-                                    RNG states, elapsed time, MLflow run id, resolved config
+                                    RNG states, elapsed time, MLflow run id, resolved config,
+                                    and which train tokens fed it (folder, count, shard hash)
         step_00000100.ckpt.sha256   sidecar {"sha256", "bytes", "step"}: written last, so its
                                     presence marks the checkpoint complete
 

@@ -229,12 +229,16 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, total))
     optimizer = fabric.setup_optimizers(optimizer)
 
+    # The batch stream is a function of (train tokens, seed, step); the checkpoint records which tokens.
+    data_identity = {"dir": str(train_shards.dir), "split": train_shards.split, "tokens": len(train_shards),
+                     "fingerprint": train_shards.fingerprint()}
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0, "tokens": 0,
              "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
-             "data": {"sampler": "TokenSampler", "seed": tcfg.seed, "next_step": 0}}
+             "data": data_identity}
     if resume:
         fabric.load(resume, state, weights_only=False)
-        _check_resume(resume, state["config"], config)
+        _check_resume(resume, state["config"], config, state["data"], data_identity)
+        state["data"] = data_identity
         _set_rng_states(state["rng"])
         state["config"] = config
         if rank0:
@@ -286,8 +290,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
 
     def checkpoint(step: int) -> Path:
         state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=_collect_rng_states(include_cuda=True), train_loss=last_loss,
-                     elapsed=elapsed0 + time.perf_counter() - t_start,
-                     data={"sampler": "TokenSampler", "seed": tcfg.seed, "next_step": step})
+                     elapsed=elapsed0 + time.perf_counter() - t_start, data=data_identity)
         return store.save(fabric, state, step)
 
     window_losses: list[float] = []
@@ -405,8 +408,13 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             tracker.finish(status)
 
 
-def _check_resume(path, saved: dict, current: dict) -> None:
+def _check_resume(path, saved: dict, current: dict, saved_data: dict | None = None, data: dict | None = None) -> None:
     """A checkpoint resumes only the model it holds; batch-stream changes are reported."""
+    old_print = (saved_data or {}).get("fingerprint")
+    if old_print and data and old_print != data["fingerprint"]:
+        warn(f"the {data['split']!r} tokens in {data['dir']} changed since {Path(path).name} "
+             f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
+             f"the resumed batch stream differs from an uninterrupted run's")
     if saved.get("model") != current["model"]:
         keys = sorted(k for k in set(saved.get("model", {})) | set(current["model"])
                       if saved.get("model", {}).get(k) != current["model"].get(k))
