@@ -59,7 +59,7 @@ def test_model_kernel_and_torch_paths_agree(name):
 @cuda
 @pytest.mark.skipif(not (kernels.HAS_MAMBA_DECODE and kernels.HAS_CAUSAL_CONV1D), reason="mamba_ssm / causal-conv1d not importable")
 def test_mamba_decode_kernels_match_torch_twins():
-    """conv1d_step, ssd_step and gated_rms_norm: the fused kernels against the twins over 20 steps."""
+    """conv1d_step, ssd_decode_step and gated_rms_norm: the fused kernels against the twins over 20 steps."""
     torch.manual_seed(0)
     b, h, p, g, n, W = 2, 8, 64, 2, 128, 4
     C = h * p + 2 * g * n
@@ -76,8 +76,8 @@ def test_mamba_decode_kernels_match_torch_twins():
         assert (out_k.float() - out_t).abs().max() < 5e-2
         x, Bm, Cm = out_t.split([h * p, g * n, g * n], dim=-1)
         args = (x.reshape(b, h, p), dt.float(), A, Bm.reshape(b, g, n), Cm.reshape(b, g, n), D, dt_bias)
-        y_k, ssm_k = kernels.ssd_step(ssm_k, *args, impl="kernel")
-        y_t, ssm_t = kernels.ssd_step(ssm_t, *args, impl="torch")
+        y_k, ssm_k = kernels.ssd_decode_step(ssm_k, *args, impl="kernel")
+        y_t, ssm_t = kernels.ssd_decode_step(ssm_t, *args, impl="torch")
         assert (y_k - y_t).abs().max() / y_t.abs().max() < 1e-3
         assert (ssm_k - ssm_t).abs().max() / ssm_t.abs().max() < 1e-3
     y, z = torch.randn(2, 2, 5, h * p, device="cuda")

@@ -163,7 +163,7 @@ def conv1d_step_ref(x, conv_state, weight, bias):
     return F.silu(y if bias is None else y + bias), window[:, 1:]
 
 
-def ssd_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+def ssd_decode_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, impl: str = "auto"):
     """One token of the SSD recurrence, the state updated in place:
 
@@ -181,13 +181,13 @@ def ssd_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Te
                                     B, C, D[:, None].expand(h, p), z=None, dt_bias=dt_bias[:, None].expand(h, p),
                                     dt_softplus=True)
         return y, state
-    return ssd_step_ref(state, x, dt, A, B, C, D, dt_bias)
+    return ssd_decode_step_ref(state, x, dt, A, B, C, D, dt_bias)
 
 
-def ssd_step_ref(state, x, dt, A, B, C, D, dt_bias):
-    """Pure-PyTorch twin of :func:`ssd_step`, in as few operations as possible (it runs K times per
-    decoded token in the Mamba-2 mixer): heads are viewed as (groups, heads per group x head dim),
-    so the outer product and the readout are one batched matrix product each."""
+def ssd_decode_step_ref(state, x, dt, A, B, C, D, dt_bias):
+    """Pure-PyTorch twin of :func:`ssd_decode_step`, in as few operations as possible (it runs K
+    times per decoded token in the Mamba-2 mixer): heads are viewed as (groups, heads per group x
+    head dim), so the outer product and the readout are one batched matrix product each."""
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
     sdt = state.dtype

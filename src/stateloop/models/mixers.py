@@ -162,7 +162,7 @@ class Mamba2(nn.Module):
         if cache.ssm is None:
             cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=torch.promote_types(u.dtype, torch.float32))
         A = -torch.exp(self.A_log.to(cache.ssm.dtype))
-        y, cache.ssm = kernels.ssd_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
+        y, cache.ssm = kernels.ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
                                         self.D, self.dt_bias, self.impl)
         y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
         return F.linear(y, self.out_proj.weight)
