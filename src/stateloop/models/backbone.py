@@ -21,17 +21,8 @@ import torch.nn.functional as F
 from stateloop.models import kernels
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (``F.rms_norm``: the mean square
-    is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
-    computed in the wider dtype, which is also the result's dtype."""
-    if weight is not None and weight.dtype != x.dtype:
-        x = x.to(torch.promote_types(x.dtype, weight.dtype))
-    return F.rms_norm(x, x.shape[-1:], weight, eps)
-
-
 class RMSNorm(nn.Module):
-    """RMSNorm with a learned gain, through :func:`rms_norm`: one call instead of six Python-level
+    """RMSNorm with a learned gain, through :func:`~stateloop.models.kernels.rms_norm`: one call instead of six Python-level
     operations (fused on CUDA). The norms are a large share of the per-token cost of batch-1
     decoding at small widths."""
 
@@ -41,7 +32,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return kernels.rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):

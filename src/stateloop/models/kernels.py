@@ -62,6 +62,19 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 
 
 # ----------------------------------------------------------------------------------------------
+# RMSNorm
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (``F.rms_norm``: the mean square
+    is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
+    computed in the wider dtype, which is also the result's dtype."""
+    if weight is not None and weight.dtype != x.dtype:
+        x = x.to(torch.promote_types(x.dtype, weight.dtype))
+    return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+
+# ----------------------------------------------------------------------------------------------
 # Causal attention
 
 
@@ -164,7 +177,7 @@ def conv1d_step_ref(x, conv_state, weight, bias):
 
 
 def ssd_decode_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-             C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, impl: str = "auto"):
+                    C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, impl: str = "auto"):
     """One token of the SSD recurrence, the state updated in place:
 
         dt <- softplus(dt + dt_bias);  H <- exp(dt A) H + (dt x) B^T;  y = H C + D x
@@ -211,9 +224,8 @@ def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
 
 def gated_rms_norm_ref(y, z, weight, group_size, eps):
     y = y * F.silu(z)
-    if weight.dtype != y.dtype:  # mixed precision: compute in the wider dtype
-        y = y.to(torch.promote_types(y.dtype, weight.dtype))
     if group_size == y.shape[-1]:  # one group
-        return F.rms_norm(y, (group_size,), weight, eps)
-    g = F.rms_norm(y.view(*y.shape[:-1], -1, group_size), (group_size,), None, eps)
+        return rms_norm(y, weight, eps)
+    y = y.to(torch.promote_types(y.dtype, weight.dtype))  # as rms_norm does with a gain: the wider dtype
+    g = rms_norm(y.view(*y.shape[:-1], -1, group_size), None, eps)
     return weight * g.view_as(y)
