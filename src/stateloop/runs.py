@@ -127,11 +127,11 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     except RuntimeError as err:
         first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
         raise ConfigError(f"{path}: weights do not match the saved config ({first})") from None
-    check_folder_config(Path(run_dir), config)
+    check_folder_config(Path(run_dir), mcfg)
     return model.to(device).eval(), config
 
 
-def check_folder_config(run_dir: Path, config: dict) -> None:
+def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
     """A run folder's config.yaml, when present, must describe the model the weights were saved with
     (a folder whose config was edited after training fails here, naming the first differing key)."""
     import yaml
@@ -149,11 +149,10 @@ def check_folder_config(run_dir: Path, config: dict) -> None:
         ours = from_dict(ModelConfig, folder["model"], "model")
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    saved = from_dict(ModelConfig, config.get("model"), "model")
     if ours != saved:
         key = next(k for k in vars(saved) if getattr(saved, k) != getattr(ours, k))
         raise ConfigError(f"{path}: model.{key} = {getattr(ours, key)!r} does not match the weights' config "
-                          f"({getattr(saved, key)!r} in {run_dir / 'model.pt'})")
+                          f"({getattr(saved, key)!r} in {run_dir / FINAL_WEIGHTS})")
 
 
 def run_id_of(run_dir: str | Path, config: dict) -> str:

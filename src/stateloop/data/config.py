@@ -94,6 +94,12 @@ class DataConfig:
     seed: int = 0  # seeds the synthetic generator and the held-out hash
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
+    @property
+    def holdout_fractions(self) -> tuple[float, float]:
+        """(val, test) fractions held out of the hash-split stream; 0 for a split taken whole
+        from the hub (val_split / test_split)."""
+        return (0.0 if self.val_split else self.val_fraction, 0.0 if self.test_split else self.test_fraction)
+
     def __post_init__(self) -> None:
         if isinstance(self.source, list):
             if not self.source:

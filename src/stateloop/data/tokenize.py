@@ -41,6 +41,7 @@ import json
 import os
 import shutil
 import sys
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -71,7 +72,6 @@ class Stream:
     files: list[str] = field(default_factory=list)  # local
     fmt: str = ""  # local: json | text | parquet
     hub_split: str = ""  # hub
-    synthetic_split: str = ""  # synthetic
     n_docs: int | None = None  # synthetic: documents; others: max_docs (None: all)
 
 
@@ -125,7 +125,7 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
     if cfg.is_synthetic:
         s = cfg.synthetic
         return [
-            Stream("synthetic", split, synthetic_split=split, n_docs=n)
+            Stream("synthetic", split, n_docs=n)
             for split, n in (("train", s.train_docs), ("val", s.val_docs), ("test", s.test_docs))
             if n > 0
         ]
@@ -270,8 +270,7 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
                 {"path": os.path.abspath(f), "bytes": os.path.getsize(f), "mtime_ns": os.stat(f).st_mtime_ns} for f in s.files
             ]
     if any(s.split is None for s in streams):
-        out["val_fraction"] = 0.0 if cfg.val_split else cfg.val_fraction
-        out["test_fraction"] = 0.0 if cfg.test_split else cfg.test_fraction
+        out["val_fraction"], out["test_fraction"] = cfg.holdout_fractions
         out["holdout_seed"] = cfg.seed
     return out
 
@@ -282,12 +281,17 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
 _W: dict = {}
 
 
+def holdout_key(seed: int) -> bytes:
+    """The BLAKE2b key of the held-out split assignment for a seed."""
+    return seed.to_bytes(8, "little", signed=True)
+
+
 def _init_worker(threads: int | None, seed: int, synthetic_cfg: dict | None, tokenizer_json: str | None = None,
                  eos_id: int = 0, dtype: str = "uint32", fractions: tuple[float, float] = (0.0, 0.0)) -> None:
     if threads is not None:  # set before `tokenizers` starts its thread pool
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     _W.clear()
-    _W.update(seed=seed, key=seed.to_bytes(8, "little", signed=True), synthetic=synthetic_cfg, fractions=fractions)
+    _W.update(seed=seed, key=holdout_key(seed), synthetic=synthetic_cfg, fractions=fractions)
     if tokenizer_json is not None:
         from tokenizers import Tokenizer
 
@@ -451,8 +455,7 @@ def _bpe_texts(cfg: DataConfig, stream: Stream, count: list[int]) -> Iterator[st
         finally:
             runner.close()
         return
-    fractions = (0.0 if cfg.val_split else cfg.val_fraction, 0.0 if cfg.test_split else cfg.test_fraction)
-    key = cfg.seed.to_bytes(8, "little", signed=True)
+    fractions, key = cfg.holdout_fractions, holdout_key(cfg.seed)
     for batch in text_batches(stream, cfg):
         for text in batch:
             if any(fractions) and holdout_split(text, fractions, key) != "train":
@@ -500,7 +503,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     # Fail on an empty source before touching the folder.
     primary = streams[0]
     if primary.kind != "synthetic":
-        first = next(text_batches(Stream(**{**primary.__dict__, "n_docs": 1}), cfg), None)
+        first = next(text_batches(dataclasses.replace(primary, n_docs=1), cfg), None)
         if not first:
             raise DataError(f"data.source: {cfg.source}: no documents with text (field {cfg.text_field!r})")
 
@@ -523,7 +526,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     dtype = token_dtype(n_vocab)
     (stage / "tokenizer.json").write_text(tok_json, encoding="utf-8")
 
-    fractions = (0.0 if cfg.val_split else cfg.val_fraction, 0.0 if cfg.test_split else cfg.test_fraction)
+    fractions = cfg.holdout_fractions
     writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
     docs = dict.fromkeys(SPLITS, 0)
     synth = to_dict(cfg.synthetic) if cfg.is_synthetic else None
@@ -532,11 +535,10 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         for stream in streams:
             label = stream.split or "train+held-out"
             if stream.kind == "synthetic":
-                tasks = _synthetic_tasks(stream.synthetic_split, stream.n_docs)
-                total = stream.n_docs
+                tasks = _synthetic_tasks(stream.split, stream.n_docs)
             else:
                 tasks = (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
-                total = stream.n_docs
+            total = stream.n_docs
             # max_tokens ends the hash-assigned stream after the first batch that reaches it:
             # results arrive in order, so the cut is the same for any number of workers.
             budget = cfg.max_tokens if stream.split is None else None

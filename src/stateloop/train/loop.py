@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, save_final
+from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, resolve_device, save_final
 from stateloop.train.checkpoint import CheckpointStore, warn
 from stateloop.train.resolve import open_data, parse_resolved
 
@@ -107,9 +107,7 @@ def build_fabric(tcfg):
     import lightning as L
     from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
-    accelerator = tcfg.accelerator
-    if accelerator == "auto":
-        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    accelerator = resolve_device().type if tcfg.accelerator == "auto" else tcfg.accelerator
     precision = tcfg.precision
     if precision == "auto":
         precision = "bf16-mixed" if accelerator in ("cuda", "gpu") else "32-true"
@@ -168,10 +166,8 @@ def _full_state_dict(fabric, model, raw_model) -> dict:
 
 
 @torch.no_grad()
-def validate(fabric, model, windows: torch.Tensor | None, batch_size: int) -> float | None:
+def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
     """Mean next-token NLL over the validation windows of every rank."""
-    if windows is None:
-        return None
     from stateloop.evaluate.perplexity import token_nll
 
     model.eval()
@@ -195,10 +191,11 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     from stateloop.train.flops import flops_per_sequence, peak_flops
     from stateloop.train.sampler import TokenSampler
     from stateloop.train.schedule import lr_lambda
-    from stateloop.train.tracking import Tracker, flatten, tracking_uri
+    from stateloop.tracking import tracking_uri
+    from stateloop.train.tracking import Tracker, flatten
 
     mcfg, tcfg = parse_resolved(config)
-    train_shards, val_shards = open_data(config)  # every check before anything trains
+    train_shards, val_shards = open_data(config, mcfg, tcfg)  # every check before anything trains
     run_dir = Path(run_dir)
     total = tcfg.total_steps
     accum = tcfg.accumulation
@@ -290,7 +287,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
 
     def checkpoint(step: int) -> Path:
         state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=_collect_rng_states(include_cuda=True), train_loss=last_loss,
-                     elapsed=elapsed0 + time.perf_counter() - t_start, data=data_identity)
+                     elapsed=elapsed0 + time.perf_counter() - t_start)
         return store.save(fabric, state, step)
 
     window_losses: list[float] = []
@@ -323,7 +320,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
                 flags = fabric.all_reduce(flags, reduce_op="sum")
             loss_total, bad, stop_now = flags.tolist()
             if bad > 0:
-                last_good = store.latest() if rank0 else None
+                last_good = store.path(saved_at) if saved_at is not None else None  # written or resumed from
                 raise NonFiniteLoss(
                     f"step {s + 1}: non-finite loss or gradient norm (loss {loss_total / world:.4g}, grad norm "
                     f"{float(grad_norm):.4g}); training stopped before the optimizer step; the last good checkpoint "
@@ -358,7 +355,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             if tcfg.val_every and step % tcfg.val_every == 0 and step < total and val_windows is not None:
                 val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
                 if tracker is not None:
-                    tracker.log_metrics({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}, step)
+                    tracker.log_metrics(_val_metrics(val_loss), step)
             if stop_now > 0:
                 path = checkpoint(step)
                 if rank0:
@@ -378,7 +375,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
         if val_windows is not None:
             val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
             if tracker is not None:
-                tracker.log_metrics({"val/loss": val_loss, "val/ppl": math.exp(min(val_loss, 50.0))}, total)
+                tracker.log_metrics(_val_metrics(val_loss), total)
         if saved_at != total:
             checkpoint(total)
         weights = _full_state_dict(fabric, model, raw_model)
@@ -408,10 +405,14 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             tracker.finish(status)
 
 
-def _check_resume(path, saved: dict, current: dict, saved_data: dict | None = None, data: dict | None = None) -> None:
+def _val_metrics(loss: float) -> dict:
+    return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}  # capped: a diverged run still logs
+
+
+def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict) -> None:
     """A checkpoint resumes only the model it holds; batch-stream changes are reported."""
     old_print = (saved_data or {}).get("fingerprint")
-    if old_print and data and old_print != data["fingerprint"]:
+    if old_print and old_print != data["fingerprint"]:
         warn(f"the {data['split']!r} tokens in {data['dir']} changed since {Path(path).name} "
              f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
              f"the resumed batch stream differs from an uninterrupted run's")

@@ -103,8 +103,9 @@ def parse_resolved(config: dict) -> tuple[ModelConfig, TrainConfig]:
     return from_dict(ModelConfig, config["model"], "model"), from_dict(TrainConfig, config["train"], "train")
 
 
-def open_data(config: dict):
-    """Open and check the token shards a resolved config names: (train ShardSet, val ShardSet or None).
+def open_data(config: dict, mcfg: ModelConfig, tcfg: TrainConfig):
+    """Open and check the token shards a resolved config names (its model and train sections
+    already parsed): (train ShardSet, val ShardSet or None).
 
     Fails, naming the folder or file, when the folder or its meta.json is missing, a split is
     missing or shorter than one window, a shard's size disagrees with meta.json, or the
@@ -112,7 +113,6 @@ def open_data(config: dict):
     """
     from stateloop.data.shards import META, ShardSet, read_meta
 
-    mcfg, tcfg = parse_resolved(config)
     folder = Path(config["data"]["dir"])
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: data folder not found (run `stateloop tokenize` first)")

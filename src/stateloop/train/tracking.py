@@ -19,12 +19,6 @@ from __future__ import annotations
 import time
 
 
-def tracking_uri(configured: str = "") -> str:
-    from stateloop.tracking import tracking_uri as resolve
-
-    return resolve(configured)
-
-
 def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     """{"model": {"K": 3}} -> {"model.K": "3"}; lists and scalars become strings."""
     out: dict[str, str] = {}
