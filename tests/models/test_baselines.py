@@ -71,7 +71,7 @@ def test_parcae_injection_by_hand():
         inj.B.weight.copy_(torch.tensor([[1.0, 2.0], [0.0, 1.0]]))
     h = torch.tensor([[[2.0, 3.0]]])
     e = torch.tensor([[[1.0, -1.0]]])
-    u = inj(h, inj.B(e))
+    u = inj(h, inj.drive(e), inj.decay())
     a = torch.tensor([math.exp(-1.0), math.exp(-4.0)])
     expected = a * torch.tensor([2.0, 3.0]) + torch.tensor([1.0, 2.0]) * torch.tensor([-1.0, -1.0])  # B e = (-1, -1)
     assert torch.allclose(u[0, 0], expected, atol=1e-6)

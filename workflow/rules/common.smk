@@ -53,16 +53,12 @@ def run_of(wc):
     return RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"]
 
 
-def run_dir(run):
-    return f"results/runs/{run.id}"
-
-
 def runs_of(experiment):
     return [r for r in RUNS.values() if experiment in r.experiments]
 
 
 def run_files(experiment, name):
-    return [f"{run_dir(r)}/{name}" for r in runs_of(experiment)]
+    return [f"{r.folder}/{name}" for r in runs_of(experiment)]
 
 
 def stage(scale, name):
@@ -124,5 +120,5 @@ def figure_inputs(wc):
         files = run_files(exp, "shapley.json") + run_files(exp, "interventions.json")
     if wc.figure == "state_width":  # the vanilla reference line, when the config trains one
         K = {r.K for r in runs_of(exp)}
-        files += [f"{run_dir(r)}/eval.json" for r in RUNS.values() if r.model == "vanilla_looped" and r.K in K]
+        files += [f"{r.folder}/eval.json" for r in RUNS.values() if r.model == "vanilla_looped" and r.K in K]
     return files

@@ -19,7 +19,6 @@ from torch.utils.flop_counter import FlopCounterMode
 @dataclass
 class ComputeProfile:
     flops_per_token: float  # training (forward + backward) matmul FLOPs per real token
-    forward_flops_per_token: float
     layer_applications_per_token: float  # decoder-layer applications per real token (unrolled depth)
 
 
@@ -37,17 +36,14 @@ def compute_profile(cfg, seq_len: int) -> ComputeProfile:
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, Layer)]
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     counter = FlopCounterMode(display=False)
-    with counter:
-        logits = model(idx).logits
+    try:
+        with counter:
+            logits = model(idx).logits
+    finally:
+        for h in hooks:
+            h.remove()
     forward = counter.get_total_flops()
-    for h in hooks:
-        h.remove()
     with counter:
         logits.float().sum().backward()
     backward = counter.get_total_flops()
-    return ComputeProfile((forward + backward) / seq_len, forward / seq_len, positions[0] / seq_len)
-
-
-def flops_per_token(cfg, seq_len: int) -> float:
-    """Training (forward + backward) matmul FLOPs per token at ``seq_len``."""
-    return compute_profile(cfg, seq_len).flops_per_token
+    return ComputeProfile((forward + backward) / seq_len, positions[0] / seq_len)

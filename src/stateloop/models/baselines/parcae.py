@@ -119,9 +119,13 @@ class StableInjection(nn.Module):
         rate = torch.exp(log_rate.clamp(math.log(RATE_MIN), math.log(RATE_MAX)))
         return torch.exp(-rate)
 
-    def forward(self, h: torch.Tensor, Be: torch.Tensor) -> torch.Tensor:
-        delta = F.softplus(self.dt_bias.float())
-        u = self.decay() * h.float() + delta * Be.float()
+    def drive(self, e: torch.Tensor) -> torch.Tensor:
+        """Delta B e in float32: the same at every repetition, so computed once per forward."""
+        return F.softplus(self.dt_bias.float()) * self.B(e).float()
+
+    def forward(self, h: torch.Tensor, drive: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """a h + Delta B e, with ``drive`` = :meth:`drive` (e) and ``a`` = :meth:`decay` ()."""
+        u = a * h.float() + drive
         return u.to(h.dtype)
 
 
@@ -177,10 +181,10 @@ class ParcaeLM(PreludeCoreCodaLM):
         x = self.embed_tokens(idx)
         rope = self.rotary(idx.shape[1], cache, idx.device, x.dtype)
         e = self.norm_pre(self.apply_stack(self.prelude, x, rope, cache, ("prelude",)))
-        Be = self.injection.B(e)  # the same injection at every repetition
+        drive, a = self.injection.drive(e), self.injection.decay()  # the same at every repetition
         h = self.initial_state(e, rope.positions)
         for r in range(self.cfg.K):
-            h = self.apply_backbone(self.injection(h, Be), rope, cache, r)  # h_r = R(a h + Delta B e)
+            h = self.apply_backbone(self.injection(h, drive, a), rope, cache, r)  # h_r = R(a h + Delta B e)
         out = self.apply_stack(self.coda, self.injection.C(h), rope, cache, ("coda",))
         if cache is not None:
             cache.advance(idx.shape[1])

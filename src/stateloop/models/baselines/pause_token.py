@@ -75,14 +75,21 @@ def expand_with_pauses(idx: torch.Tensor, n_pause: int, pause_id: int, targets: 
     """
     B, T = idx.shape
     G = n_pause + 1
-    ids = torch.full((B, T, G), pause_id, dtype=idx.dtype, device=idx.device)
-    ids[:, :, 0] = idx
+    ids = pause_ids(idx, n_pause, pause_id)
     if targets is None:
         targets = torch.full_like(idx, IGNORE_INDEX)
         targets[:, :-1] = idx[:, 1:]
     labels = torch.full((B, T, G), IGNORE_INDEX, dtype=torch.long, device=idx.device)
     labels[:, :, -1] = targets
-    return ids.reshape(B, T * G), labels.reshape(B, T * G)
+    return ids, labels.reshape(B, T * G)
+
+
+def pause_ids(idx: torch.Tensor, n_pause: int, pause_id: int) -> torch.Tensor:
+    """idx (B, T) -> (B, (P+1) T): each token followed by ``n_pause`` pause ids."""
+    B, T = idx.shape
+    ids = torch.full((B, T, n_pause + 1), pause_id, dtype=idx.dtype, device=idx.device)
+    ids[:, :, 0] = idx
+    return ids.reshape(B, T * (n_pause + 1))
 
 
 class PauseTokenLM(LoopedLM):
@@ -102,7 +109,7 @@ class PauseTokenLM(LoopedLM):
 
     def hidden(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
         """Final hidden states H at every expanded position: (B, (P+1) T, d)."""
-        ids, _ = expand_with_pauses(idx, self.n_pause, self.pause_id)
+        ids = pause_ids(idx, self.n_pause, self.pause_id)
         h = self.embed_tokens(ids)
         offset = 0 if cache is None else cache.seq_len * self.group
         rope = Rotary(ids.shape[1], offset, self.cfg.head_dim, self.cfg.rope_theta, idx.device, h.dtype)
