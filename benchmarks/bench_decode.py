@@ -27,7 +27,6 @@ branch of StateLoop and Mamba-2 does not (benchmarks/README.md has both settings
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 

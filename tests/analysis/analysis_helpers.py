@@ -7,6 +7,7 @@ import numpy as np
 
 from helpers import tiny_config
 from stateloop.data.shards import ShardWriter, token_dtype, write_meta
+from stateloop.evaluate.perplexity import split_windows
 from stateloop.models.registry import build_model
 from stateloop.runs import save_final
 
@@ -22,6 +23,11 @@ def write_shards(data_dir, seed: int = 0) -> None:
         w.add(rng.integers(0, VOCAB, n))
         splits[split] = w.close()
     write_meta(data_dir, {"dtype": "uint16", "vocab_size": VOCAB, "eos_id": 0, "tokenizer": {}, "splits": splits})
+
+
+def run_windows(run_dir, split: str):
+    """Held-out windows of a split of the shards beside a run made by :func:`make_run`."""
+    return split_windows(run_dir.parents[3] / "data", split, SEQ)[0]
 
 
 def make_run(root, name: str = "stateloop", **overrides):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from analysis_helpers import SEQ
+from analysis_helpers import run_windows
 from stateloop.analysis.interventions import (
     StateStats,
     calibrate,
@@ -16,12 +16,7 @@ from stateloop.analysis.interventions import (
     replacement_overrides,
     state_statistics,
 )
-from stateloop.data.shards import ShardSet
-from stateloop.evaluate.perplexity import heldout_windows, mean_nll
-
-
-def split_windows(run_dir, split):
-    return heldout_windows(ShardSet(run_dir.parents[3] / "data", split), SEQ)
+from stateloop.evaluate.perplexity import mean_nll
 
 
 def test_calibration_with_identical_statistics_is_the_identity():
@@ -43,7 +38,7 @@ def test_calibration_moves_each_channel_to_the_target_statistics():
 
 def test_state_statistics_match_a_direct_computation(tiny_run):
     run_dir, model = tiny_run
-    windows = split_windows(run_dir, "val")
+    windows = run_windows(run_dir, "val")
     stats = state_statistics(model, windows, batch_size=3, progress=False)
     with torch.no_grad():
         states = model(windows[:, :-1], return_states=True).states
@@ -56,7 +51,7 @@ def test_state_statistics_match_a_direct_computation(tiny_run):
 
 def test_replacing_a_state_by_itself_leaves_the_nll_unchanged(tiny_run):
     run_dir, model = tiny_run
-    windows = split_windows(run_dir, "test")
+    windows = run_windows(run_dir, "test")
     K = model.cfg.K
     identities = {f"self_{i}": (lambda states, i=i: {i + 1: states[i]}) for i in range(K)}  # S^{i+1} <- S^{i+1}
     nll = intervention_nll(model, windows, identities, batch_size=4, progress=False)
@@ -67,7 +62,7 @@ def test_replacing_a_state_by_itself_leaves_the_nll_unchanged(tiny_run):
 
 def test_interventions_change_the_nll_and_freezing_at_k_minus_1_is_replacement(tiny_run):
     run_dir, model = tiny_run
-    res, stats = intervention_analysis(model, split_windows(run_dir, "val"), split_windows(run_dir, "test"),
+    res, stats = intervention_analysis(model, run_windows(run_dir, "val"), run_windows(run_dir, "test"),
                                        batch_size=4, progress=False)
     K = model.cfg.K
     assert [e["i"] for e in res["replacement"]] == list(range(1, K)) == [e["i"] for e in res["freezing"]]

@@ -6,14 +6,8 @@ import math
 import pytest
 import torch
 
-from analysis_helpers import SEQ, make_run
+from analysis_helpers import make_run, run_windows
 from stateloop.analysis.shapley import keep_vector, masked_nll_sums, shapley_analysis, shapley_values
-from stateloop.data.shards import ShardSet
-from stateloop.evaluate.perplexity import heldout_windows
-
-
-def windows_of(run_dir):
-    return heldout_windows(ShardSet(run_dir.parents[3] / "data", "test"), SEQ)
 
 
 def test_shapley_values_by_hand():
@@ -34,7 +28,7 @@ def test_mask_tree_equals_masked_forward_passes(tiny_run):
     """Every leaf of the prefix-shared tree equals the model's own forward pass with that
     read_mask, evaluated for all 2^K masks in one batch through the (B, K) form of the hook."""
     run_dir, model = tiny_run
-    windows = windows_of(run_dir)
+    windows = run_windows(run_dir, "test")
     K = model.cfg.K
     tree = masked_nll_sums(model, windows, batch_size=4, progress=False)
     masks = torch.tensor([keep_vector(m, K) for m in range(2**K)])  # (2^K, K)
@@ -51,7 +45,7 @@ def test_mask_tree_equals_masked_forward_passes(tiny_run):
 
 def test_efficiency_and_shares(tiny_run):
     run_dir, model = tiny_run
-    res = shapley_analysis(model, windows_of(run_dir), batch_size=8, progress=False)
+    res = shapley_analysis(model, run_windows(run_dir, "test"), batch_size=8, progress=False)
     assert sum(res["shapley"]) == pytest.approx(res["nll_all_masked"] - res["nll_none_masked"], abs=1e-9)
     assert sum(res["share_pct"]) == pytest.approx(100.0)
     assert res["feedback_share_pct"] + res["terminal_share_pct"] == pytest.approx(100.0)
@@ -65,7 +59,7 @@ def test_inert_read_gets_zero(tmp_path, inert):
     run_dir, model = make_run(tmp_path, K=4)
     with torch.no_grad():
         (model.W_sout if inert == "terminal" else model.W_sz).weight.zero_()
-    res = shapley_analysis(model, windows_of(run_dir), batch_size=8, progress=False)
+    res = shapley_analysis(model, run_windows(run_dir, "test"), batch_size=8, progress=False)
     phi, K = res["shapley"], model.cfg.K
     zero, live = ([K - 1], range(K - 1)) if inert == "terminal" else (range(K - 1), [K - 1])
     assert all(phi[i] == 0.0 for i in zero), phi

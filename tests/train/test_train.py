@@ -134,7 +134,7 @@ def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, ca
     result = train(cfg, run_dir, progress=False)
     err = capsys.readouterr().err
     assert result.summary["resumed_from_step"] == 8
-    assert f"changed since step_00000008.ckpt" in err and f"{before} -> {after}" in err, err
+    assert "changed since step_00000008.ckpt" in err and f"{before} -> {after}" in err, err
     assert torch.load(store.path(12), weights_only=False)["data"]["fingerprint"] == after
 
 

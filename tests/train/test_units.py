@@ -126,11 +126,7 @@ def test_shipped_small_configs_resolve_every_run(name, tmp_path):
 def test_flops_per_sequence_by_hand(K):
     """Forward: 2 T (K L (4 d^2 + 3 d f) + d V) for the matmuls (q, k, v, o; SwiGLU gate, up, down;
     LM head) plus K L 4 T^2 d for QK^T and AV; backward twice the forward."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from helpers import tiny_config
+    from helpers import tiny_config  # tests/ is on the path (tests/conftest.py)
 
     from stateloop.train.flops import flops_per_sequence, peak_flops
 

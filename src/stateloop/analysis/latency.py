@@ -24,7 +24,6 @@ token values, and untrained models of a given shape time the same as trained one
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 import statistics
 import time
@@ -68,8 +67,7 @@ class BenchModel:
     K: int
     d_s: int
     source: str  # a run folder, or "untrained"
-    params: int = 0
-    config: dict = field(default_factory=dict)
+    params: int = field(init=False)
 
     def __post_init__(self):
         self.params = sum(p.numel() for p in self.model.parameters())
@@ -264,18 +262,18 @@ def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
     cfg = run_model_config(ScaleConfig(model=scale_model), name, K, d_s)
     model = build_model(cfg, device=device).to(dtype=dtype).eval()
     label = f"{name}:K{K}" + (f":ds{d_s}" if model_spec.has_state else "")
-    return BenchModel(label, model, name, K, d_s, "untrained", config={"model": dataclasses.asdict(cfg)})
+    return BenchModel(label, model, name, K, d_s, "untrained")
 
 
 def run_row(run_dir, device, dtype) -> BenchModel:
     """A trained run's model, from its folder."""
     from stateloop.runs import load_model
 
-    model, config = load_model(run_dir, device=device)
+    model, _ = load_model(run_dir, device=device)
     model = model.to(dtype=dtype).eval()
     cfg = model.cfg
     label = f"{cfg.name}:K{cfg.K}" + (f":ds{cfg.d_state}" if cfg.d_state else "")
-    return BenchModel(label, model, cfg.name, cfg.K, cfg.d_state, str(run_dir), config=config)
+    return BenchModel(label, model, cfg.name, cfg.K, cfg.d_state, str(run_dir))
 
 
 def format_table(result: dict) -> str:

@@ -47,15 +47,14 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import torch
-
     from stateloop.analysis import common
+    from stateloop.analysis.latency import DTYPES
     from stateloop.config import ConfigError
     from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device
 
     device = resolve_device(args.device)
     model, config = load_model(args.run_dir, device=device)
-    model = model.to(getattr(torch, args.dtype))
+    model = model.to(DTYPES[args.dtype])
     common.require_reads(model, f"analyze {args.analysis}")
     seq_len = args.seq_len or common.run_seq_len(config, model)
     progress = not args.no_progress

@@ -58,7 +58,7 @@ def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict
 
     from stateloop.config import ConfigError, from_dict, merge, to_dict
     from stateloop.evaluate.config import EvalConfig
-    from stateloop.evaluate.lm import run_id_of
+    from stateloop.runs import run_id_of
 
     run_config = run_config_of(run_dir)
     data = dict(run_config.get("eval") or {})

@@ -129,8 +129,8 @@ def summary(results: dict) -> dict[str, float]:
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True) -> dict:
     """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow. Returns the results."""
-    from stateloop.evaluate.lm import StateLoopEvalLM, load_run, trained_length
-    from stateloop.runs import atomic_write_json, code_version
+    from stateloop.evaluate.lm import StateLoopEvalLM, load_run
+    from stateloop.runs import atomic_write_json, code_version, trained_length
 
     run_dir = Path(run_dir)
     run = load_run(run_dir, cfg.device)

@@ -42,7 +42,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError
-from stateloop.runs import resolve_device, run_id_of, trained_length  # noqa: F401  (trained_length: re-exported)
+from stateloop.runs import resolve_device, run_id_of, trained_length
 
 
 # ----------------------------------------------------------------------------------------------
