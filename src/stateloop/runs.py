@@ -27,6 +27,9 @@ if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes J
     import torch
 
 FINAL_WEIGHTS = "model.pt"
+RUN_CONFIG = "config.yaml"
+TRAIN_SUMMARY = "train.json"
+MLFLOW_FILE = "mlflow.json"
 
 
 def _temp_beside(path: Path):
@@ -136,7 +139,7 @@ def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
     (a folder whose config was edited after training fails here, naming the first differing key)."""
     import yaml
 
-    path = run_dir / "config.yaml"
+    path = run_dir / RUN_CONFIG
     if not path.is_file():
         return
     try:

@@ -17,6 +17,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+from stateloop.runs import TRAIN_SUMMARY
+
 DEFAULT_DB = Path("results") / "mlflow.db"
 
 
@@ -68,7 +70,7 @@ def train_summary(run_dir) -> dict:
 
     from stateloop.config import ConfigError
 
-    path = Path(run_dir) / "train.json"
+    path = Path(run_dir) / TRAIN_SUMMARY
     if not path.is_file():
         return {}
     try:
@@ -99,7 +101,7 @@ def run_of(run_dir, run_id: str, config: dict | None):
         try:
             c.get_run(mlflow_id)
         except MlflowException:
-            raise ConfigError(f"{Path(run_dir) / 'train.json'}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
+            raise ConfigError(f"{Path(run_dir) / TRAIN_SUMMARY}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
         return c, mlflow_id
     exp_id = experiment_id(c, train.get("mlflow_experiment") or DEFAULT_EXPERIMENT)
     found = c.search_runs([exp_id], filter_string=f"attributes.run_name = '{run_id}'", max_results=1)

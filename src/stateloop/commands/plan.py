@@ -28,13 +28,9 @@ def plan_rows(cfg, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.
     from stateloop.models.registry import count_params
 
     rows = []
-    profiles: dict = {}
-    for run in expand_runs(cfg, experiments):
+    for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
-        key = repr(run.model_config)
-        if key not in profiles:  # runs of one shape (K and d_s apart) are counted once
-            profiles[key] = (compute_profile(run.model_config, train.seq_len), count_params(run.model_config))
-        prof, params = profiles[key]
+        prof, params = compute_profile(run.model_config, train.seq_len), count_params(run.model_config)
         tokens = train.total_steps * train.tokens_per_step
         flops = prof.flops_per_token * tokens
         rows.append({

@@ -43,14 +43,13 @@ import torch.nn.functional as F
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, resolve_device, save_final
+from stateloop.runs import (MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
+                            resolve_device, save_final)
 from stateloop.train.checkpoint import CheckpointStore, warn
 from stateloop.train.resolve import open_data, parse_resolved
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
-TRAIN_SUMMARY = "train.json"
-MLFLOW_FILE = "mlflow.json"
 
 
 class NonFiniteLoss(RuntimeError):
@@ -205,7 +204,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     rank0 = fabric.is_global_zero
     if rank0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(run_dir / "config.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+        atomic_write_bytes(run_dir / RUN_CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
     store = CheckpointStore(run_dir / "checkpoints", tcfg.keep_checkpoints)
     resume = None
     if rank0:
