@@ -98,17 +98,15 @@ def _manual_forward(model, idx):
         S = model.cell(None if model.reset else S, X)
         S = model.mixer(S, rope)
         states.append(S)
-        if k < cfg.K and model.has_reads:
+        if k < cfg.K:
             z = X + model.W_sz(model.norm_s(S))
-        else:
-            z = X
-    out = X + model.W_sout(model.norm_s(S)) if model.has_reads else S
+    out = X + model.W_sout(model.norm_s(S))
     return model.head(model.norm_f(out)), states
 
 
-@pytest.mark.parametrize("name", ["stateloop", "stateloop_attn", "stateloop_mamba2", "state_only", "reset_state", "stateloop_gru"])
+@pytest.mark.parametrize("name", ["stateloop", "stateloop_attn", "stateloop_mamba2", "reset_state", "stateloop_gru"])
 def test_forward_composes_the_equations(name):
-    cfg = tiny_config(name, d_state=32 if name == "state_only" else 24)
+    cfg = tiny_config(name, d_state=24)
     model = build_model(cfg).eval()
     idx = torch.randint(0, cfg.vocab_size, (2, 13))
     with torch.no_grad():
@@ -134,21 +132,50 @@ def test_reset_state_forgets_previous_iterations():
         assert torch.allclose(S, (1 - a) * P, atol=1e-6)
 
 
-def test_state_only_prediction_reads_the_state():
-    model = build_model(tiny_config("state_only")).eval()
-    idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
+def test_state_only_follows_eq13():
+    """Paper, eq. (13): "The state-only alternative uses a gated state itself as the next backbone
+    input Z^{k+1}. From X^0 = 0 and H^0 = T(E), its recurrence for k = 0..K-2 is
+    X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}, H^{k+1} = T(Z^{k+1})"; the prediction reads
+    H^{K-1} through the final norm and head. Composed here in the paper's letters from the
+    model's modules (Cell = eq. (6) at width d, computed by hand from W_u, W_Delta, b_Delta, A_log).
+
+    A misreading that keeps the vanilla loop (H^{k+1} = T(H^k)) and reads the state at the head,
+    or that adds the state to the previous output (Z^{k+1} = H^k + X^{k+1}), fails here."""
+    torch.manual_seed(3)
+    model = build_model(tiny_config("state_only", K=4)).double().eval()
+    with torch.no_grad():  # a non-trivial W_Delta (zero at init) so that the gate depends on H^k
+        model.cell.W_delta.weight.normal_(std=0.3)
+    cfg, cell = model.cfg, model.cell
+    idx = torch.randint(0, cfg.vocab_size, (2, 11))
+    rope = model.rotary(idx.shape[1], None, idx.device, torch.float64)
+
+    def T(z):
+        for layer in model.backbone.layers:
+            z = layer(z, rope)
+        return z
+
+    def Cell(H, X_prev):  # eq. (6) with H as input and X_prev as previous state
+        U = H / torch.sqrt(H.pow(2).mean(-1, keepdim=True) + cell.norm_h.eps) * cell.norm_h.weight
+        P = U @ cell.W_u.weight.T
+        delta = torch.nn.functional.softplus(U @ cell.W_delta.weight.T + cell.b_delta)
+        a = torch.exp(-delta * torch.exp(cell.A_log))
+        return a * X_prev + (1 - a) * P
+
     with torch.no_grad():
+        E = model.embed.weight[idx] * math.sqrt(cfg.d_model)
+        X, H = torch.zeros_like(E), T(E)  # X^0 = 0, H^0 = T(E)
+        gated = []
+        for k in range(cfg.K - 1):
+            X = Cell(H, X)  # X^{k+1}
+            gated.append(X)
+            H = T(X)  # H^{k+1} = T(Z^{k+1}), Z^{k+1} = X^{k+1}
+        expected = model.head(model.norm_f(H))
         out = model(idx, return_states=True)
-        assert torch.allclose(out.logits, model.head(model.norm_f(out.states[-1])), atol=1e-6)
-        # no feedback: the backbone's input at iteration k+1 is its output at iteration k
-        vanilla = tiny_config("vanilla_looped")
-        captured = []
-        h = model.backbone.register_forward_hook(lambda m, i, o: captured.append((i[0], o)))
-        model(idx)
-        h.remove()
-        for (_, prev_out), (next_in, _) in zip(captured, captured[1:]):
-            assert torch.equal(prev_out, next_in)
-        assert vanilla.K == model.cfg.K
+    assert (out.logits - expected).abs().max() < 1e-10
+    assert len(out.states) == cfg.K - 1
+    for ours, theirs in zip(out.states, gated):
+        assert (ours - theirs).abs().max() < 1e-10
+    assert not any(n.startswith(("W_sz", "W_sout", "norm_s")) for n, _ in model.named_parameters())
 
 
 class TestHooks:

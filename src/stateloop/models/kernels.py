@@ -62,6 +62,22 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 
 
 # ----------------------------------------------------------------------------------------------
+# Precision
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float32 for bf16 / fp16 / float32, float64 for float64: where precision-critical values
+    (normalisation statistics, gates, recurrent states) are computed and kept."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """x in :func:`wide_dtype`: a bf16 tensor becomes float32, a float64 one stays float64 (where
+    ``x.float()`` would silently downcast a float64 verification run)."""
+    return x.to(wide_dtype(x.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
 # RMSNorm
 
 
@@ -70,7 +86,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
     computed in the wider dtype, which is also the result's dtype."""
     if weight is not None and weight.dtype != x.dtype:
-        x = x.to(torch.promote_types(x.dtype, weight.dtype))
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        x, weight = x.to(dtype), weight.to(dtype)
     return F.rms_norm(x, x.shape[-1:], weight, eps)
 
 
@@ -223,9 +240,13 @@ def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
 
 
 def gated_rms_norm_ref(y, z, weight, group_size, eps):
-    y = y * F.silu(z)
+    """The twin of the kernel: y and z are upcast (to at least float32, and to the gain's dtype)
+    *before* the gate y * SiLU(z), as mamba_ssm's ``rms_norm_ref`` and transformers'
+    ``MambaRMSNormGated`` do; the result is returned in y's dtype, as the kernel returns it."""
+    out_dtype = y.dtype
+    dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
+    y = y.to(dtype) * F.silu(z.to(dtype))
     if group_size == y.shape[-1]:  # one group
-        return rms_norm(y, weight, eps)
-    y = y.to(torch.promote_types(y.dtype, weight.dtype))  # as rms_norm does with a gain: the wider dtype
+        return rms_norm(y, weight, eps).to(out_dtype)
     g = rms_norm(y.view(*y.shape[:-1], -1, group_size), None, eps)
-    return weight * g.view_as(y)
+    return (weight * g.view_as(y)).to(out_dtype)

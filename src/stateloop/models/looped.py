@@ -20,11 +20,15 @@ Extra parameters: W_u, W_Delta (d_s x d), b_Delta, A_log (d_s), W_{s->z}, W_{s->
 RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
 
 Ablations (Table 4):
-- ``state_only`` (eq. 13): no reads at all; the loop is the vanilla loop Z^k = X^k, the state is
-  updated by eq. (6) at width d_s = d from every iteration, and the prediction reads the state
-  alone: logits = W_o RMSNorm_f(S^K). [choice: the paper's "state only" keeps W_u, W_Delta,
-  b_Delta, A_log and RMSNorm_h, which fixes the parameter count (409.00M); where the prediction
-  reads from is our reading of eq. (13).]
+- ``state_only`` (paper, eq. 13): "The state-only alternative uses a gated state itself as the
+  next backbone input Z^{k+1}. From X^0 = 0 and H^0 = T(E), its recurrence for k = 0..K-2 is
+  X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}, H^{k+1} = T(Z^{k+1})". In the paper's letters H^k
+  is a backbone output (this module's X^k) and X^k the gated state, of the backbone width, Cell
+  being eq. (6) at d_s = d with H^k as input and X^k as previous state. So the gated state
+  *replaces* the next backbone input (no residual from the previous iteration), there are K
+  backbone applications and K-1 cell updates, and the prediction reads the last backbone output
+  H^{K-1} through the final norm and head: no reads, no W_{s->z} / W_{s->out}. Parameters:
+  W_u, W_Delta, b_Delta, A_log, RMSNorm_h (409.00M at 410M, the paper's count).
 - ``reset_state`` (eq. 14, left): S^{k-1} is replaced by 0 before every update, so nothing persists
   across iterations: S^k = (1 - a^k) P^k.
 - ``stateloop_gru``: a GRU cell replaces eq. (6); P^k, feedback and readout unchanged.
@@ -126,7 +130,7 @@ class StateLoopLM(LoopedLM):
             self.W_sout = nn.Linear(d_s, d, bias=False)  # W_{s->out}: terminal read R_K
 
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
-        R = W(self.norm_s(S))
+        R = W(self.norm_s(S).to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
         if keep is not None:
             R = R * keep
         return R
@@ -140,12 +144,12 @@ class StateLoopLM(LoopedLM):
         return X, self.mixer(S, rope, mix_cache)  # (7)-(9)
 
     def feedback(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """Z^k = X^k + R_k, R_k = W_{s->z} RMSNorm_s(S^k) (eqs. 10-11); X^k alone without reads."""
-        return X + self.read(self.W_sz, S, keep) if self.has_reads else X
+        """Z^k = X^k + R_k, R_k = W_{s->z} RMSNorm_s(S^k) (eqs. 10-11)."""
+        return X + self.read(self.W_sz, S, keep)
 
     def terminal(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The input of the final norm and head: X^K + R_K (eq. 12), or S^K alone (eq. 13)."""
-        return X + self.read(self.W_sout, S, keep) if self.has_reads else S
+        """The input of the final norm and head: X^K + R_K (eq. 12)."""
+        return X + self.read(self.W_sout, S, keep)
 
     def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
         K = self.cfg.K
@@ -174,3 +178,28 @@ class StateLoopLM(LoopedLM):
         if m.dim() == 1:
             return [m[k] for k in range(K)]
         return [m[:, k, None, None] for k in range(K)]
+
+
+class StateOnlyLM(StateLoopLM):
+    """Table 4's state-only feedback, eq. (13) (module docstring): Z^{k+1} = Cell(H^k, Z^k), the
+    gated state alone is the next backbone input; the head reads the last backbone output."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg, reads=False)
+        if cfg.d_state != cfg.d_model:
+            raise ValueError(f"{cfg.name}: the state-only state is the backbone input, so d_state must equal d_model")
+
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+        K = self.cfg.K
+        self._read_keeps(read_mask, h)  # refuses a mask: there are no reads
+        states = []
+        z, S = h, None  # Z^0 = E (scaled embedding), X^0 = 0
+        for k in range(1, K):  # paper k = 0..K-2: H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}
+            _, S = self.step(k, z, S, rope, cache)
+            if state_overrides and k in state_overrides:
+                S = state_overrides[k].to(S.dtype).expand_as(S)
+            if return_states:
+                states.append(S)
+            z = S.to(h.dtype)  # the backbone runs in the activations' dtype; the state stays float32
+        H = self.apply_backbone(z, rope, cache, K - 1)  # H^{K-1}
+        return ModelOutput(self.lm_head(H), states if return_states else None)

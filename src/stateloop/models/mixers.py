@@ -5,7 +5,8 @@
     Mamba-2 (eq. 9):    S^k <- S^k + Mamba2(RMSNorm(S^k))    SSD block along the tokens
 
 The mixed state is the persistent state: it is what the reads see and what the next
-iteration's update (eq. 6) starts from. Every mixer has the contract
+iteration's update (eq. 6) starts from. It stays in float32 (models/state.py: the residual sum
+S + Mixer(S) keeps the state's dtype); the mixer's own matmuls run in its weights' dtype. Every mixer has the contract
 ``forward(S (B, T, d_s), rope, cache) -> (B, T, d_s)``; ``cache`` is the per-iteration decoding
 cache (a KV cache, or convolution + SSM states), or None for a full forward pass.
 """
@@ -41,7 +42,8 @@ class AttentionMixer(nn.Module):
         self.attn = Attention(d_s, n_heads, head_dim, impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: KVCache | None = None) -> torch.Tensor:
-        return S + self.attn(self.norm(S), rope.for_head_dim(self.attn.head_dim), cache)
+        u = self.norm(S).to(self.attn.wq.weight.dtype)  # the state is float32; the matmuls run in the weights' dtype
+        return S + self.attn(u, rope.for_head_dim(self.attn.head_dim), cache)
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -179,7 +181,8 @@ class Mamba2Mixer(nn.Module):
                             cfg.mamba_n_groups, cfg.mamba_chunk_size, cfg.norm_eps, cfg.ssd_impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: Mamba2Cache | None = None) -> torch.Tensor:
-        return S + self.mamba(self.norm(S), cache)
+        u = self.norm(S).to(self.mamba.in_proj.weight.dtype)  # as in AttentionMixer
+        return S + self.mamba(u, cache)
 
     def new_cache(self) -> Mamba2Cache:
         return Mamba2Cache()

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from stateloop.config import ConfigError, ModelConfig, from_dict
 from stateloop.models.baselines import hyperloop, mesh, parcae, pause_token, ponderlm
-from stateloop.models.looped import LoopedLM, StateLoopLM
+from stateloop.models.looped import LoopedLM, StateLoopLM, StateOnlyLM
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,9 @@ _SPECS = [
               description="StateLoop with causal attention over the state (eq. 8)"),
     ModelSpec("stateloop_mamba2", lambda cfg, _: StateLoopLM(cfg, mixer="mamba2"), "StateLoop + Mamba-2", True,
               description="StateLoop with a Mamba-2 block over the state (eq. 9)"),
-    ModelSpec("state_only", lambda cfg, _: StateLoopLM(cfg, reads=False), "State only", True,
-              description="no state reads; the prediction reads the state (eq. 13)", validate=_state_only_check),
+    ModelSpec("state_only", lambda cfg, _: StateOnlyLM(cfg), "State only", True,
+              description="the gated state alone is the next backbone input; no state reads (eq. 13)",
+              validate=_state_only_check),
     ModelSpec("reset_state", lambda cfg, _: StateLoopLM(cfg, reset=True), "Reset state", True,
               description="the state is reset before every update (eq. 14)"),
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,

@@ -16,6 +16,16 @@ At initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of chann
 
 The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
 P^k, with S^{k-1} as its hidden state.
+
+Precision [choice; the paper is silent]: the state S^k is kept in float32 (float64 in a float64
+run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also under bf16 autocast
+and in a model cast to bf16 for inference, and eq. (6) is evaluated in that dtype. S is a
+recurrence over the K iterations whose slow channels move by tiny steps: at init the slowest
+channel writes 1 - exp(-0.3 * 0.01) = 0.003 of its value per iteration, less than bf16's spacing
+just below 1 (2^-8 = 0.0039), so in bf16 the retention a^k would round to 1 or to 0.996 and
+S^{k-1} - P^k would cancel to bf16 noise (tests/models/test_precision.py measures both). This is
+the same contract as Mamba's SSM state. Matmuls that read the state (reads, mixers) run in the
+dtype of their weights or autocast's, as every other matmul does.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.models.backbone import RMSNorm
+from stateloop.models.kernels import upcast
 
 # Paper initialisation of eq. (5)-(6).
 DELTA_INIT = 0.3  # softplus(b_Delta) at init
@@ -63,8 +74,8 @@ class SelectiveStateCell(nn.Module):
         """Proposal P^k and retention a^k = exp(-Delta^k lambda) for iteration output X^k."""
         U = self.norm_h(X)  # (3)
         P = self.W_u(U)  # (4)
-        delta = F.softplus(F.linear(U, self.W_delta.weight, self.b_delta))  # (5), bias fused into the matmul
-        a = torch.exp(delta * -torch.exp(self.A_log))  # -lambda is computed on the d_s vector, not per token
+        delta = F.softplus(upcast(F.linear(U, self.W_delta.weight, self.b_delta)))  # (5), bias fused into the matmul
+        a = torch.exp(delta * -torch.exp(upcast(self.A_log)))  # -lambda is computed on the d_s vector, not per token
         return P, a
 
     def write_rate(self, X: torch.Tensor) -> torch.Tensor:
@@ -73,10 +84,11 @@ class SelectiveStateCell(nn.Module):
 
     def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
         P, a = self.gates(X)
+        P, a = upcast(P), upcast(a)  # the state's dtype (module docstring)
         # One fused op each (this runs K times per decoded token):
         if S_prev is None:  # S^0 = 0:  S^1 = (1 - a) P = P - a P
             return torch.addcmul(P, a, P, value=-1.0)
-        return torch.lerp(P, S_prev, a)  # (6): P + a (S^{k-1} - P) = a S^{k-1} + (1 - a) P
+        return torch.lerp(P, S_prev.to(P.dtype), a)  # (6): P + a (S^{k-1} - P) = a S^{k-1} + (1 - a) P
 
 
 class GRUStateCell(nn.Module):
@@ -99,7 +111,9 @@ class GRUStateCell(nn.Module):
         self.gru.reset_parameters()  # PyTorch default: U(-1/sqrt(d_s), 1/sqrt(d_s))
 
     def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
+        """The GRU's arithmetic runs in its weights' dtype (or autocast's, as torch's GRU cell
+        does); the state it returns is kept in the wide dtype like eq. (6)'s."""
         P = self.W_u(self.norm_h(X))
         shape = P.shape
-        h = None if S_prev is None else S_prev.reshape(-1, shape[-1])
-        return self.gru(P.reshape(-1, shape[-1]), h).view(shape)
+        h = None if S_prev is None else S_prev.reshape(-1, shape[-1]).to(P.dtype)
+        return upcast(self.gru(P.reshape(-1, shape[-1]), h).view(shape))

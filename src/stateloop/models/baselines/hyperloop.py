@@ -45,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.config import ConfigError
+from stateloop.models.kernels import upcast
 from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
 from stateloop.models.looped import ModelOutput
 
@@ -93,9 +94,9 @@ class LoopHyperConnection(nn.Module):
     def weights(self, Y: torch.Tensor):
         """Y (B, T, n, d) -> h_pre, h_post, h_res, each (B, T, n)."""
         flat = Y.flatten(-2)
-        z = F.rms_norm(flat.float(), (flat.shape[-1],), eps=self.eps).to(Y.dtype)  # no gain
+        z = F.rms_norm(upcast(flat), (flat.shape[-1],), eps=self.eps).to(Y.dtype)  # no gain
         pre = torch.einsum("btk,gnk->btgn", z, self.W) * self.alpha[:, None] + self.b  # (B, T, 3, n)
-        gates = torch.sigmoid(pre.float()).to(Y.dtype)
+        gates = torch.sigmoid(upcast(pre)).to(Y.dtype)
         return gates[..., 0, :], 2 * gates[..., 1, :], gates[..., 2, :]
 
     @staticmethod

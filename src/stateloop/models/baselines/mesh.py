@@ -44,6 +44,7 @@ import torch
 import torch.nn as nn
 
 from stateloop.config import ConfigError
+from stateloop.models.kernels import upcast
 from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
 from stateloop.models.looped import ModelOutput
 
@@ -77,11 +78,11 @@ class SlotRouter(nn.Module):
 
     def forward(self, h: torch.Tensor):
         """h (B, T, d) -> write and read weights (B, T, S), each summing to one over the slots."""
-        logits_w = self.write(h).float()
+        logits_w = upcast(self.write(h))
         if self.protect_slot0:
             logits_w = logits_w.masked_fill(torch.arange(logits_w.shape[-1], device=h.device) == 0, float("-inf"))
         w_write = torch.softmax(logits_w, dim=-1).to(h.dtype)
-        w_read = torch.softmax(self.read(h).float(), dim=-1).to(h.dtype)
+        w_read = torch.softmax(upcast(self.read(h)), dim=-1).to(h.dtype)
         return w_write, w_read
 
 

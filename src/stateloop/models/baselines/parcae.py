@@ -55,6 +55,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.config import ConfigError
+from stateloop.models.kernels import upcast
 from stateloop.models.backbone import RMSNorm
 from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
 from stateloop.models.looped import ModelOutput
@@ -109,23 +110,23 @@ class StableInjection(nn.Module):
             nn.init.trunc_normal_(self.C.weight, std=c_std, a=-3 * c_std, b=3 * c_std)
 
     def decay(self) -> torch.Tensor:
-        """a = exp(-Delta exp(A_log)) in float32, strictly inside (0, 1) for any finite parameters.
+        """a = exp(-Delta exp(A_log)) in float32 (float64 in a float64 run), strictly inside (0, 1) for any finite parameters.
 
         Computed as exp(-exp(log softplus(dt_bias) + A_log)) with the rate clamped to
         [1e-6, 80]: a in [exp(-80), exp(-1e-6)], so no overflow (exp(A_log) = inf) or
         underflow (softplus = 0) can reach 0 or 1. The clamp is inactive at realistic values.
         """
-        log_rate = log_softplus(self.dt_bias.float()) + self.A_log.float()
+        log_rate = log_softplus(upcast(self.dt_bias)) + upcast(self.A_log)
         rate = torch.exp(log_rate.clamp(math.log(RATE_MIN), math.log(RATE_MAX)))
         return torch.exp(-rate)
 
     def drive(self, e: torch.Tensor) -> torch.Tensor:
-        """Delta B e in float32: the same at every repetition, so computed once per forward."""
-        return F.softplus(self.dt_bias.float()) * self.B(e).float()
+        """Delta B e in float32 at least: the same at every repetition, so computed once per forward."""
+        return F.softplus(upcast(self.dt_bias)) * upcast(self.B(e))
 
     def forward(self, h: torch.Tensor, drive: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """a h + Delta B e, with ``drive`` = :meth:`drive` (e) and ``a`` = :meth:`decay` ()."""
-        u = a * h.float() + drive
+        u = a * upcast(h) + drive
         return u.to(h.dtype)
 
 

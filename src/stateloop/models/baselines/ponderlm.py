@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from stateloop.models.kernels import upcast
 from stateloop.models.looped import LoopedLM, ModelOutput
 
 
@@ -63,7 +64,7 @@ class PonderLM(LoopedLM):
 
     def pondering_embedding(self, logits: torch.Tensor) -> torch.Tensor:
         """c softmax(logits) E: the expected input embedding under the predicted distribution."""
-        p = torch.softmax(logits.float(), dim=-1).to(self.embed.weight.dtype)  # (B, T, V)
+        p = torch.softmax(upcast(logits), dim=-1).to(self.embed.weight.dtype)  # (B, T, V)
         return self.embed_scale * (p @ self.embed.weight)  # (B, T, d)
 
     def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
