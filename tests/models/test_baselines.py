@@ -172,29 +172,44 @@ def test_mesh_write_then_read_by_hand():
     assert torch.allclose(read[0, 0], torch.tensor([0.5 + 0.25 + 0.25, 0.75 + 0.5]))
 
 
-def test_mesh_router_weights_sum_to_one_and_slot0_holds_the_embedding():
+def test_mesh_writes_to_every_slot_by_default():
+    """Baseline spec (MeSH): "m_b += w_w[b] h_p for all b": by default every slot, slot 0 (which
+    starts as the embedding) included, receives a share of each write."""
     model = build_model(tiny_config("mesh")).eval()
     assert model.n_slots == model.cfg.K + 3
     h = torch.randn(2, 7, 32) * 5
     for router in model.routers:
         w_write, w_read = router(h)
         assert torch.allclose(w_write.sum(-1), torch.ones(2, 7)) and torch.allclose(w_read.sum(-1), torch.ones(2, 7))
-        assert (w_write[..., 0] == 0).all() and (w_write[..., 1:] > 0).all() and (w_read > 0).all()
+        assert (w_write > 0).all() and (w_read > 0).all()
     idx = torch.randint(0, 97, (2, 7))
     with torch.no_grad():
         out = model(idx, return_buffers=True)
     h_emb = model.embed(idx) * math.sqrt(32)
     assert len(out.states) == model.cfg.K + 1  # the transitional cycle, then K core steps
-    for m in out.states:
-        assert torch.equal(m[..., 0, :], h_emb)
-    open_slot0 = build_model(tiny_config("mesh", options={"n_prelude": 1, "n_core": 1, "n_coda": 1, "protect_embedding_slot": False}))
+    assert not torch.equal(out.states[-1][..., 0, :], h_emb)
+
+
+def test_mesh_protected_slot0_holds_the_embedding():
+    """The option ``protect_embedding_slot: true``: no write reaches slot 0, which keeps h_emb."""
+    model = build_model(tiny_config("mesh", options={"n_prelude": 1, "n_core": 1, "n_coda": 1,
+                                                     "protect_embedding_slot": True})).eval()
+    for router in model.routers:
+        w_write, _ = router(torch.randn(2, 7, 32) * 5)
+        assert (w_write[..., 0] == 0).all() and (w_write[..., 1:] > 0).all()
+    idx = torch.randint(0, 97, (2, 7))
     with torch.no_grad():
-        assert not torch.equal(open_slot0(idx, return_buffers=True).states[-1][..., 0, :], open_slot0.embed(idx) * math.sqrt(32))
+        out = model(idx, return_buffers=True)
+    for m in out.states:
+        assert torch.equal(m[..., 0, :], model.embed(idx) * math.sqrt(32))
 
 
-def test_mesh_forward_is_the_spec_composition():
-    """Transitional cycle with router pair 0 on the prelude output; routers t+1 read the core input."""
-    model = build_model(tiny_config("mesh", K=2)).eval()
+@pytest.mark.parametrize("protect", [False, True])
+def test_mesh_forward_is_the_spec_composition(protect):
+    """Transitional cycle with router pair 0 on the prelude output; routers t+1 read the core input;
+    writes to all slots ("m_b += w_w[b] h_p for all b"), or to slots 1.. with the option."""
+    options = {"n_prelude": 1, "n_core": 1, "n_coda": 1, "protect_embedding_slot": protect}
+    model = build_model(tiny_config("mesh", K=2, options=options)).eval()
     idx = torch.randint(0, 97, (1, 6))
     S = model.n_slots
     with torch.no_grad():
@@ -209,7 +224,7 @@ def test_mesh_forward_is_the_spec_composition():
             return torch.softmax(logits, -1)
 
         def step(router, h_route, h_write):
-            w_w, w_r = weights(router.write, h_route, True), weights(router.read, h_route, False)
+            w_w, w_r = weights(router.write, h_route, protect), weights(router.read, h_route, False)
             for b in range(S):
                 slots[b] = slots[b] + w_w[..., b : b + 1] * h_write
             return sum(w_r[..., b : b + 1] * slots[b] for b in range(S))

@@ -3,8 +3,12 @@
 The paper names its tasks but not, for each, whether its Table 2 prints ``acc`` or the
 length-normalised ``acc_norm``. [choice] We follow the convention of the Mamba paper (and
 lm-eval's usual reporting): ``acc_norm`` for ARC-Challenge and HellaSwag, ``acc`` elsewhere.
-Table 1's perplexities are lm-eval's ``perplexity`` (LAMBADA-OpenAI, per token of the target word)
-and ``word_perplexity`` (WikiText-2, per whitespace-separated word of the original document).
+Table 1's perplexities are lm-eval's ``perplexity`` for LAMBADA-OpenAI and ``word_perplexity`` for
+WikiText-2. LAMBADA's is per *example*: exp of minus the mean, over the examples, of the
+log-likelihood of each example's whole target word (all its tokens summed), so it is a
+per-target-word perplexity, not a per-token one (the paper calls the column "token PPL").
+WikiText-2's is per whitespace-separated word: exp of the total NLL of all documents (rolling
+windows) divided by their total word count (lm-eval's ``weighted_perplexity``).
 The rendered tables print :func:`describe` under themselves.
 
 Local tasks (``workflow/tasks/``) report under the column of the paper task whose data and prompt
@@ -69,4 +73,9 @@ def describe(table: str = "accuracy", tasks: list[str] | None = None) -> str:
     for t in names:
         by_metric.setdefault(metrics[t], []).append(t)
     parts = [f"{m} for {', '.join(ts)}" for m, ts in by_metric.items()]
-    return f"{'Accuracy' if table == 'accuracy' else 'Perplexity'} (lm-eval metric): " + "; ".join(parts) + "."
+    line = f"{'Accuracy' if table == 'accuracy' else 'Perplexity'} (lm-eval metric): " + "; ".join(parts) + "."
+    if table != "accuracy":
+        line += (" lm-eval's `perplexity` is per example (exp of minus the mean log-likelihood of each"
+                 " example's whole target word), so LAMBADA's column is a per-target-word perplexity;"
+                 " `word_perplexity` is per whitespace-separated word of the documents.")
+    return line

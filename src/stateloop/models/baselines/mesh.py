@@ -23,11 +23,12 @@ buffer is transient: it lives inside one token's forward pass, so decoding needs
 caches of every layer application: prelude ("prelude"), core step t ("T", t), coda ("coda").
 
 What the paper leaves open, and the choices made here:
-- [assume] Slot 0 is read-only: the raw embedding stays readable in slot 0 at every step (the
-  design's "embedding highway"). The write softmax still has S logits, but slot 0's logit is
-  masked out, so each write distributes weight one over slots 1..S-1 (the slot-0 row of every
-  write router is kept for the parameter count and stays unused). ``protect_embedding_slot:
-  false`` writes to all S slots instead, which is the literal "for all b" of the update.
+- [spec] Writes go to every slot, slot 0 included: the update is "m_b += w_w[b] h_p for all b"
+  (the MeSH update as specified for this reproduction), so the raw embedding in slot 0 is
+  the start of a slot like the others, not a protected copy. [option] ``protect_embedding_slot:
+  true`` masks slot 0's write logit instead, so the raw embedding stays readable in slot 0 at
+  every step (an "embedding highway"); the slot-0 row of every write router is then unused, and
+  the parameter count is the same either way.
 - [assume] The transitional cycle above (the paper's Algorithm 2 is a figure, not text).
 - [assume] Routers read h directly (no normalisation); router weights N(0, init_std), bias 0
   (uniform weights 1/S at init up to the small weight noise).
@@ -54,7 +55,7 @@ class MeshOptions:
     n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
     n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
     n_slots: int | None = None  # buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)
-    protect_embedding_slot: bool = True  # slot 0 keeps the embedding (writes go to slots 1..S-1)
+    protect_embedding_slot: bool = False  # true: slot 0 keeps the embedding (writes go to slots 1..S-1)
 
 
 def resolve_slots(cfg, opts: MeshOptions) -> int:
