@@ -228,3 +228,22 @@ def test_continuation_longer_than_the_window_is_a_one_line_error(make_run):
     with pytest.raises(ConfigError, match="longer than the model's context window"):
         lm.loglikelihood(ll_requests([("the cat", " sat on the mat and then the dog sat on the cat again")]),
                          disable_tqdm=True)
+
+
+@pytest.mark.parametrize("name", ["stateloop", "stateloop_mamba2", "state_only"])
+def test_bf16_mixed_evaluates_under_autocast_on_the_cpu(make_run, tokenizer, name):
+    """``eval.precision: bf16-mixed`` (configs/paper.yaml, configs/gpu.yaml) runs under bf16
+    autocast wherever it runs, the CPU included: log-likelihoods are the autocast forward's, a
+    bf16 rounding away from float32's, and not float32's (so the setting is not silently dropped)."""
+    run_dir, model = make_run(name)
+    pairs = [("the cat sat on the", " mat"), ("a big red fox", " jumped over the lazy dog")]
+    fp32 = StateLoopEvalLM(str(run_dir), batch_size=2, device="cpu")
+    bf16 = StateLoopEvalLM(str(run_dir), batch_size=2, device="cpu", precision="bf16-mixed")
+    got32 = [ll for ll, _ in fp32.loglikelihood(ll_requests(pairs), disable_tqdm=True)]
+    got16 = [ll for ll, _ in bf16.loglikelihood(ll_requests(pairs), disable_tqdm=True)]
+    eos = tokenizer.token_to_id(EOS)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want16 = [direct_loglikelihood(model, tokenizer, eos, c, x, 64)[0] for c, x in pairs]
+    for a, b, w in zip(got32, got16, want16):
+        assert b == pytest.approx(w, abs=1e-3)
+        assert a != b and abs(a - b) < 0.05 * abs(a)

@@ -24,7 +24,7 @@ class EvalConfig:
     limit: int | None = None  # at most this many documents per task (quick runs); None: all
     batch_size: int = 16  # sequences per forward pass
     max_length: int | None = None  # context window in tokens; None: the run's train.seq_len, else model.max_seq_len
-    precision: str = "32-true"  # "32-true" or "bf16-mixed" (autocast on CUDA)
+    precision: str = "32-true"  # "32-true" or "bf16-mixed" (bf16 autocast, on the CPU too)
     device: str = "auto"  # "auto": cuda when available, else cpu
     task_data: dict[str, str] = field(default_factory=dict)  # local task -> folder of its source files
     task_dir: str | None = None  # local task YAMLs; None: the checkout's workflow/tasks/

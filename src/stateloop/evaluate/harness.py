@@ -39,10 +39,9 @@ def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = Tru
         windows, shards = split_windows(data_dir, cfg.heldout_split, lm.max_length, cfg.heldout_windows)
     except ConfigError as err:
         raise ConfigError(f"eval.heldout_split: {err}") from None
-    autocast = lm.precision == "bf16-mixed" and lm.device.type == "cuda"
     totals = torch.zeros(2, dtype=torch.float64)
     step = cfg.batch_size * 8  # progress granularity
-    with torch.autocast(lm.device.type, torch.bfloat16, enabled=autocast):
+    with lm.autocast():
         for start in tqdm(range(0, len(windows), step), desc=f"held-out perplexity ({cfg.heldout_split})",
                           disable=not progress, leave=False):
             totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device).sum(0)

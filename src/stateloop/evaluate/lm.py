@@ -174,10 +174,14 @@ class StateLoopEvalLM(TemplateLM):
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
     # -- forward --------------------------------------------------------------------------------
+    def autocast(self):
+        """The precision context of every forward pass: bf16 autocast for ``bf16-mixed`` (on a CPU
+        too, where it is the nearest run of the GPU setting), else nothing."""
+        return torch.autocast(self._device.type, torch.bfloat16, enabled=self.precision == "bf16-mixed")
+
     def _logits(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
-        """(B, T) ids -> (B, T, V) float32 logits (autocast to bf16 on CUDA when asked)."""
-        autocast = self.precision == "bf16-mixed" and self._device.type == "cuda"
-        with torch.inference_mode(), torch.autocast(self._device.type, torch.bfloat16, enabled=autocast):
+        """(B, T) ids -> (B, T, V) float32 logits (under :meth:`autocast`)."""
+        with torch.inference_mode(), self.autocast():
             out = self.model(idx, cache=cache) if cache is not None else self.model(idx)
         return out.logits.float()
 
