@@ -11,17 +11,39 @@ cut into train / val / test token shards. Read strictly by :func:`stateloop.conf
           synthetic: {train_docs: 20000, val_docs: 500, test_docs: 500}
       1.4b:
         data:
-          source: monology/pile-uncopyrighted   # a `datasets` hub name ...
+          source: monology/pile-uncopyrighted   # a `datasets` hub name (or a local copy of it)
+          data_files: {train: train/*.jsonl.zst, validation: val.jsonl.zst}
           split: train
-          val_fraction: 0.0005                  # ... held-out documents chosen by content hash
+          val_split: validation                 # the Pile's own validation documents
+          val_fraction: 0.0
           max_tokens: 30000000000               # the paper's token budget: no need to read more
           tokenizer: EleutherAI/gpt-neox-20b    # hub name, or a local tokenizer.json
           workers: 32
+      gpu:
+        data:
+          source: HuggingFaceFW/fineweb-edu     # one split only (configs/gpu.yaml) ...
+          val_fraction: 0.001                   # ... so val is held out by content hash
 
 ``source`` is ``"synthetic"``, a hub dataset name (with ``hub_config`` and ``split``), or local
 files: a path, a directory, or a glob (or a list of them) of ``.json``/``.jsonl``, ``.txt`` or
 ``.parquet`` files. A value that names an existing path, contains a glob character or ends in
 one of those extensions is local; anything else is a hub name.
+
+Held-out splits. ``val_split`` / ``test_split`` take a split of the source whole:
+
+- hub source: a split name, read as ``datasets.load_dataset(source, hub_config, split=...)``.
+  ``datasets`` makes splits from file names, but a repository laid out as the Pile is
+  (``train/00.jsonl.zst`` ... ``train/29.jsonl.zst``, ``val.jsonl.zst``, ``test.jsonl.zst``) gets a
+  ``train`` split only: the ``train/`` folder matches its folder-name rule first, and files are
+  then not looked at. ``data_files`` (``datasets``' own argument: split name -> path pattern(s)
+  relative to the repository) names each split's files, and the split names then come from it;
+- ``data_files`` with one local folder as ``source``: the folder is read as a hub repository is,
+  by the same call (``load_dataset(folder, hub_config, data_files=..., split=...)``), so a local
+  mirror of a hub dataset takes the same ``data:`` section with only ``source`` changed;
+- other local sources: ``val_split`` / ``test_split`` name files (paths or globs).
+
+Without ``val_split``, ``val_fraction`` of the training documents are held out by a hash of their
+content (and likewise ``test_fraction``). :attr:`DataConfig.val_description` says which, in words.
 """
 
 from __future__ import annotations
@@ -79,6 +101,9 @@ class DataConfig:
     split: str = "train"  # hub split read for training (local files: all rows)
     val_split: str | None = None  # hub split used whole as "val" (else val_fraction of `split`)
     test_split: str | None = None  # hub split used whole as "test" (else test_fraction of `split`)
+    # split name -> file pattern(s) relative to the source (hub repo or one local folder), passed
+    # to datasets.load_dataset as data_files; None: the splits datasets infers from file names
+    data_files: dict[str, str | list[str]] | None = None
     val_fraction: float = 0.0005  # documents of `split` held out as "val", chosen by content hash
     test_fraction: float = 0.0  # ... and as "test"
     text_field: str = "text"  # column holding the document text (json / parquet / hub)
@@ -93,6 +118,38 @@ class DataConfig:
     workers: int = 1  # encoding processes (0: encode in the main process); output never depends on it
     seed: int = 0  # seeds the synthetic generator and the held-out hash
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    @property
+    def val_description(self) -> str:
+        """Where the "val" split comes from, in words for table notes: e.g. "the source's own
+        'validation' split" or "0.05% of the training documents, held out by content hash"."""
+        return self._heldout_description("val")
+
+    @property
+    def test_description(self) -> str:
+        """As :attr:`val_description`, for the "test" split."""
+        return self._heldout_description("test")
+
+    def _heldout_description(self, which: str) -> str:
+        if self.is_synthetic:
+            n = getattr(self.synthetic, f"{which}_docs")
+            return f"{n:,} documents of the synthetic generator's own {which} split" if n else f"no {which} split"
+        named = getattr(self, f"{which}_split")
+        if named:
+            if self.data_files is not None or not self._local_source:
+                return f"the source's own {named!r} split"
+            return f"the held-out files {named}"
+        fraction = getattr(self, f"{which}_fraction")
+        if not fraction:
+            return f"no {which} split"
+        return f"{100 * fraction:g}% of the training documents, held out by content hash"
+
+    @property
+    def _local_source(self) -> bool:
+        from stateloop.data.tokenize import _is_local
+
+        items = self.source if isinstance(self.source, list) else [self.source]
+        return all(_is_local(item) for item in items)
 
     @property
     def holdout_fractions(self) -> tuple[float, float]:
@@ -114,6 +171,17 @@ class DataConfig:
                 raise ConfigError(f"data.{key}: must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ConfigError("data.val_fraction: val_fraction + test_fraction must be below 1")
+        if self.data_files is not None:
+            if not self.data_files:
+                raise ConfigError("data.data_files: empty mapping (name at least the training split's files)")
+            for name, patterns in self.data_files.items():
+                if not patterns or (isinstance(patterns, list) and not all(patterns)):
+                    raise ConfigError(f"data.data_files.{name}: empty file pattern")
+            for key in ("split", "val_split", "test_split"):
+                name = getattr(self, key)
+                if name is not None and name not in self.data_files:
+                    raise ConfigError(f"data.{key}: {name!r} is not a split of data.data_files "
+                                      f"(has: {', '.join(self.data_files)})")
         if self.text_unit not in ("document", "paragraph", "line"):
             raise ConfigError(f"data.text_unit: must be document, paragraph or line; got {self.text_unit!r}")
         for key in ("max_docs", "max_tokens"):

@@ -5,8 +5,10 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
 1. **Source.** ``synthetic`` (the project's generator, splits train/val/test), local files
    (``.json``/``.parquet`` through ``datasets`` streaming; ``.jsonl`` and ``.txt`` read directly,
    a ``.txt`` file as one document, or one per paragraph or line), or a hub dataset through
-   ``datasets.load_dataset(name, hub_config, split=..., streaming=True)``. Nothing is held in
-   memory beyond a few batches of documents.
+   ``datasets.load_dataset(name, hub_config, split=..., streaming=True)`` (with
+   ``data_files=...`` when the config names each split's files; one local folder with
+   ``data_files`` is read by the same call, as a local copy of a hub repository). Nothing is held
+   in memory beyond a few batches of documents.
 2. **Held-out documents.** Unless the source names its own val/test split, a document of the
    training stream goes to ``val`` when ``u < val_fraction`` and to ``test`` when
    ``val_fraction <= u < val_fraction + test_fraction``, where ``u`` is a keyed BLAKE2b hash of
@@ -19,7 +21,9 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
 4. **Shards.** ``{split}_{i:05d}.bin`` with ``shard_tokens`` tokens each (uint16 when the
    vocabulary fits, else uint32), the tokenizer's ``tokenizer.json``, and ``meta.json``
    (shards.py) extended with document and token counts, the tokenizer's sha256, the source's
-   description and a fingerprint of the inputs.
+   description and a fingerprint of the inputs. Each split's entry records where its documents
+   came from (``source``: ``split:validation``, ``files:val.jsonl``, ``hash:0.0005``,
+   ``synthetic``; see :func:`split_sources`).
 
 Parallelism: ``workers`` processes encode batches of documents (synthetic documents are also
 generated there, by index range); results are consumed in submission order with a bounded
@@ -67,11 +71,11 @@ BATCH_CHARS = 1 << 21  # ... or this many characters, whichever comes first
 class Stream:
     """One pass over part of a source. ``split`` is the output split, or None: hash-assigned."""
 
-    kind: str  # "synthetic" | "local" | "hub"
+    kind: str  # "synthetic" | "local" | "hub" | "folder" (a local folder read like a hub repository)
     split: str | None
     files: list[str] = field(default_factory=list)  # local
     fmt: str = ""  # local: json | text | parquet
-    hub_split: str = ""  # hub
+    hub_split: str = ""  # hub, folder
     n_docs: int | None = None  # synthetic: documents; others: max_docs (None: all)
 
 
@@ -100,7 +104,11 @@ def local_files(items: str | list[str], key: str = "data.source") -> tuple[list[
                 str(p) for p in Path(item).rglob("*") if p.is_file() and p.suffix in LOCAL_FORMATS and not p.name.startswith(".")
             )
             if not matches:
-                raise DataError(f"{key}: {item}: folder has no {'/'.join(LOCAL_FORMATS)} files")
+                hint = ""
+                if any(p.is_file() and len(p.suffixes) > 1 and p.suffixes[-2] in LOCAL_FORMATS for p in Path(item).rglob("*")):
+                    hint = (" (compressed files, as in a hub repository's layout: set data.data_files to read the folder "
+                            "as one, e.g. {train: train/*.jsonl.zst, validation: val.jsonl.zst})")
+                raise DataError(f"{key}: {item}: folder has no {'/'.join(LOCAL_FORMATS)} files{hint}")
             files += matches
         elif os.path.isfile(item):
             files.append(item)
@@ -130,6 +138,15 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
             if n > 0
         ]
     sources = cfg.source if isinstance(cfg.source, list) else [cfg.source]
+    if cfg.data_files is not None and all(_is_local(item) for item in sources):
+        folder = os.path.expanduser(sources[0])
+        if len(sources) > 1 or not os.path.isdir(folder):
+            raise DataError(f"data.data_files: needs a hub name or one local folder as data.source, got {cfg.source!r}")
+        streams = [Stream("folder", None, hub_split=cfg.split, n_docs=cfg.max_docs)]
+        for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):
+            if extra:
+                streams.append(Stream("folder", split, hub_split=extra))
+        return streams
     if all(_is_local(item) for item in sources):
         files, fmt = local_files(cfg.source)
         streams = [Stream("local", None, files=files, fmt=fmt, n_docs=cfg.max_docs)]
@@ -215,11 +232,17 @@ def _raw_batches(stream: Stream, cfg: DataConfig) -> Iterator[list]:
         return
     from datasets import load_dataset
 
+    path = os.path.expanduser(cfg.source) if stream.kind == "folder" else cfg.source
     where = f"{cfg.source}" + (f" ({cfg.hub_config})" if cfg.hub_config else "") + f" split {stream.hub_split!r}"
+    extra = {"data_files": cfg.data_files} if cfg.data_files is not None else {}
     try:
-        ds = load_dataset(cfg.source, cfg.hub_config, split=stream.hub_split, streaming=True)
+        ds = load_dataset(path, cfg.hub_config, split=stream.hub_split, streaming=True, **extra)
     except Exception as err:
-        raise DataError(f"data.source: cannot load {where} ({type(err).__name__}: {_first_line(err)})") from None
+        key = "data.source" if stream.split is None else f"data.{stream.split}_split"
+        hint = ""
+        if stream.split is not None and cfg.data_files is None:
+            hint = "; if the source's file names do not make that split, name its files in data.data_files"
+        raise DataError(f"{key}: cannot load {where} ({type(err).__name__}: {_first_line(err)}){hint}") from None
     yield from _iter_batches_datasets(ds, cfg.text_field, where)
 
 
@@ -259,8 +282,18 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
 
         return {"kind": "synthetic", "generator": synthetic.VERSION, "seed": cfg.seed, **to_dict(cfg.synthetic)}
     out: dict = {"kind": streams[0].kind, "text_field": cfg.text_field, "max_docs": cfg.max_docs}
-    if streams[0].kind == "hub":
+    if streams[0].kind in ("hub", "folder"):
         out.update(name=cfg.source, config=cfg.hub_config, split=cfg.split, val_split=cfg.val_split, test_split=cfg.test_split)
+        if cfg.data_files is not None:
+            out["data_files"] = cfg.data_files
+        if streams[0].kind == "folder":  # every file of the folder: an edited file triggers a rewrite
+            root = Path(os.path.expanduser(cfg.source))
+            out["path"] = str(root.resolve())
+            out["files"] = [
+                {"path": str(p.relative_to(root)), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+                for p in sorted(root.rglob("*"))
+                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+            ]
     else:
         out["format"] = streams[0].fmt
         if streams[0].fmt == "text":
@@ -272,6 +305,27 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
     if any(s.split is None for s in streams):
         out["val_fraction"], out["test_fraction"] = cfg.holdout_fractions
         out["holdout_seed"] = cfg.seed
+    return out
+
+
+def split_sources(cfg: DataConfig, streams: list[Stream]) -> dict[str, str]:
+    """Where each output split's documents come from, for meta.json's ``splits.<name>.source``:
+    ``split:<name>`` (a split of a hub dataset or folder), ``files:<names>`` (local files),
+    ``hash:<fraction>`` (documents of the training stream held out by content hash), or
+    ``synthetic``. ``train`` is the training stream (less any hash hold-out)."""
+    if cfg.is_synthetic:
+        return dict.fromkeys(("train", "val", "test"), "synthetic")
+    out = {}
+    for stream in streams:
+        if stream.kind in ("hub", "folder"):
+            label = f"split:{stream.hub_split}"
+        else:
+            names = [os.path.basename(f) for f in stream.files]
+            label = "files:" + (",".join(names) if len(names) <= 3 else f"{len(names)} files ({names[0]}, ...)")
+        out[stream.split or "train"] = label
+    for split, fraction in zip(("val", "test"), cfg.holdout_fractions):
+        if split not in out and fraction:
+            out[split] = f"hash:{fraction:g}"
     return out
 
 
@@ -385,6 +439,8 @@ class _Runner:
 def fingerprint(cfg: DataConfig, source: dict, tokenizer_id: dict) -> str:
     """A hash of everything the tokens depend on (not ``workers``: output never depends on it)."""
     relevant = {k: v for k, v in to_dict(cfg).items() if k not in ("workers", "synthetic", "source")}
+    if relevant.get("data_files") is None:  # added later: unset, it leaves older fingerprints as they were
+        relevant.pop("data_files", None)
     blob = json.dumps({"pipeline": PIPELINE_VERSION, "config": relevant, "source": source, "tokenizer": tokenizer_id},
                       sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
@@ -500,12 +556,16 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         log(f"{out}: up to date ({meta['tokens']:,} tokens); nothing to do")
         return meta
 
-    # Fail on an empty source before touching the folder.
+    # Fail on an empty source or an unreadable held-out split before touching the folder.
     primary = streams[0]
-    if primary.kind != "synthetic":
-        first = next(text_batches(dataclasses.replace(primary, n_docs=1), cfg), None)
+    for stream in streams:
+        if stream.kind == "synthetic":
+            continue
+        first = next(text_batches(dataclasses.replace(stream, n_docs=1), cfg), None)
         if not first:
-            raise DataError(f"data.source: {cfg.source}: no documents with text (field {cfg.text_field!r})")
+            key = "data.source" if stream.split is None else f"data.{stream.split}_split"
+            what = cfg.source if stream.split is None else f"{stream.hub_split or ', '.join(stream.files)}"
+            raise DataError(f"{key}: {what}: no documents with text (field {cfg.text_field!r})")
 
     out.mkdir(parents=True, exist_ok=True)
     _clear(out)
@@ -556,10 +616,12 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     finally:
         runner.close()
     splits = {}
+    origin = split_sources(cfg, streams)
     for s, w in writers.items():
         entry = w.close()
         if entry["tokens"]:
-            splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "shards": entry["shards"]}
+            splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "source": origin.get(s, "?"),
+                         "shards": entry["shards"]}
     if "train" not in splits:
         raise DataError(f"data.source: {cfg.source}: no training documents (all were empty or held out)")
 

@@ -188,7 +188,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     from stateloop.evaluate.perplexity import heldout_windows
     from stateloop.models.registry import build_model
     from stateloop.train.flops import flops_per_sequence, peak_flops
-    from stateloop.train.sampler import TokenSampler
+    from stateloop.train.sampler import STREAM, TokenSampler
     from stateloop.train.schedule import lr_lambda
     from stateloop.tracking import tracking_uri
     from stateloop.train.tracking import Tracker, flatten
@@ -227,7 +227,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
 
     # The batch stream is a function of (train tokens, seed, step); the checkpoint records which tokens.
     data_identity = {"dir": str(train_shards.dir), "split": train_shards.split, "tokens": len(train_shards),
-                     "fingerprint": train_shards.fingerprint()}
+                     "fingerprint": train_shards.fingerprint(), "stream": STREAM}
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0, "tokens": 0,
              "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
              "data": data_identity}
@@ -414,6 +414,10 @@ def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, dat
     if old_print and old_print != data["fingerprint"]:
         warn(f"the {data['split']!r} tokens in {data['dir']} changed since {Path(path).name} "
              f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
+             f"the resumed batch stream differs from an uninterrupted run's")
+    old_stream = (saved_data or {}).get("stream", "uniform-starts")
+    if old_stream != data["stream"]:
+        warn(f"{Path(path).name} was trained on the {old_stream!r} batch stream, this code draws {data['stream']!r}: "
              f"the resumed batch stream differs from an uninterrupted run's")
     if saved.get("model") != current["model"]:
         keys = sorted(k for k in set(saved.get("model", {})) | set(current["model"])
