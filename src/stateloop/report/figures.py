@@ -3,7 +3,7 @@
 - loop_depth (Figure 2): held-out PPL against K for Vanilla Looped and StateLoop, and StateLoop's
   advantage (vanilla - stateloop); the paper states the advantage at K = 3 and K = 7.
 - state_width (Figure 3): StateLoop's PPL against its parameter overhead over Vanilla Looped,
-  points labelled by d_s, with Vanilla Looped as the reference line; the paper's 410M points
+  points labelled by d_s and PPL (as the paper labels them), with Vanilla Looped as the reference line; the paper's 410M points
   from Table 4 are marked.
 - state_analysis (Figure 4): (a) Shapley shares of the reads R_1..R_K, the paper's feedback /
   terminal split marked; (b) held-out PPL after single replacement and after freezing, per
@@ -79,7 +79,7 @@ def state_width(cfg, results: Path):
     ys = [_ppl(results, run) for _, run in points]
     ax.plot(xs, ys, "s-", label="stateloop")
     for (d_s, _), x, y in zip(points, xs, ys):
-        ax.annotate(f"d_s={d_s}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        ax.annotate(f"d_s={d_s}\nPPL {y:.2f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     t4 = reference("table4_ablations")
     v = float(t4[(t4.variant == "vanilla_looped")].pile_ppl.iloc[0])
     s = float(t4[(t4.variant == "stateloop")].pile_ppl.iloc[0])

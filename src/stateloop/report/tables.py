@@ -58,6 +58,22 @@ def _params(run) -> int:
     return count_params(run.model_config)
 
 
+def heldout_description(cfg, runs) -> str:
+    """Which data the held-out perplexity of these runs is measured on, in words (one scale)."""
+    scales = sorted({run.scale for run in runs})
+    parts = []
+    for scale in scales:
+        sc = cfg.scales[scale]
+        split = sc.eval.heldout_split
+        source = sc.data.source if isinstance(sc.data.source, str) else ", ".join(sc.data.source)
+        if split == "val":
+            where = sc.data.val_description
+        else:
+            where = f"its {split!r} split"
+        parts.append(f"the {split!r} split of {source} ({where})" + (f" at scale {scale}" if len(scales) > 1 else ""))
+    return "; ".join(parts)
+
+
 def _side_by_side(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], quantities: list[str]) -> pd.DataFrame:
     """Join ours and the paper's on ``keys``; add q_paper and q_diff after each quantity q."""
     paper = paper[[c for c in paper.columns if c in keys or c in quantities]]
@@ -80,12 +96,17 @@ def _side_by_side(ours: pd.DataFrame, paper: pd.DataFrame, keys: list[str], quan
 
 def table1(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
     """Perplexities: held-out (the paper's Pile column), LAMBADA-OpenAI (token), WikiText-2 (word)."""
+    from stateloop.models.flops import compute_profile
+
     runs = _runs(cfg, "table1")
-    rows = []
+    rows, exact = [], {}
     for run in runs:
         ev = read_json(results / "runs" / run.id / "eval.json")
-        row = {"model": run.model, "run": run.id, "params_m": round(_params(run) / 1e6, 2),
-               "pile_ppl": ev["heldout"]["ppl"]}
+        exact[run.model] = _params(run)
+        prof = compute_profile(run.model_config, cfg.scales[run.scale].train.seq_len)
+        row = {"model": run.model, "run": run.id, "params_m": round(exact[run.model] / 1e6, 2),
+               "pile_ppl": ev["heldout"]["ppl"], "layer_apps_per_token": round(prof.layer_applications_per_token, 2),
+               "train_flops_per_token": prof.flops_per_token}
         for task, entry in ev.get("tasks", {}).items():
             metric = entry.get("reported", {}).get("perplexity")
             block = entry["shots"].get("0")
@@ -94,11 +115,18 @@ def table1(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
                 row[col] = block["metrics"][metric]
         rows.append(row)
     ours = pd.DataFrame(rows)
-    base = ours.loc[ours.model == "vanilla_looped", "params_m"]
-    ours["params_vs_vanilla_pct"] = 100 * (ours.params_m / base.iloc[0] - 1) if len(base) else math.nan
+    base = exact.get("vanilla_looped")  # exact counts: the rounded ones are off by up to 2 points at small scales
+    ours["params_vs_vanilla_pct"] = [100 * (exact[m] / base - 1) if base else math.nan for m in ours.model]
+    base_flops = ours.loc[ours.model == "vanilla_looped", "train_flops_per_token"]
+    ours["flops_vs_vanilla_pct"] = (100 * (ours.train_flops_per_token / base_flops.iloc[0] - 1)
+                                    if len(base_flops) else math.nan)
+    ours = ours.drop(columns="train_flops_per_token")
     quantities = ["params_m", "params_vs_vanilla_pct", "pile_ppl", "lambada_openai_ppl", "wikitext2_word_ppl"]
     quantities += sorted(c for c in ours.columns if c.endswith("_ppl") and c not in quantities)
-    notes = ["pile_ppl: token perplexity on the held-out split of the run's own training data (the Pile at paper scale).",
+    notes = [f"pile_ppl: token perplexity on {heldout_description(cfg, runs)}.",
+             "layer_apps_per_token: decoder-layer applications per token (loop iterations unrolled); "
+             "flops_vs_vanilla_pct: training matmul FLOPs per token against Vanilla Looped, both counted "
+             "from the real forward and backward pass at the training length (models/flops.py).",
              M.describe("perplexity")]
     return _side_by_side(ours, reference("table1_ppl"), ["model"], quantities), notes
 
@@ -163,7 +191,7 @@ def table4(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
         ev = read_json(results / "runs" / run.id / "eval.json")
         rows.append({"ablation": ablation, "variant": variant, "params_m": round(_params(run) / 1e6, 2),
                      "pile_ppl": ev["heldout"]["ppl"]})
-    notes = ["pile_ppl: token perplexity on the held-out split of the run's own training data."]
+    notes = [f"pile_ppl: token perplexity on {heldout_description(cfg, list(runs.values()))}."]
     return _side_by_side(pd.DataFrame(rows), reference("table4_ablations"), ["ablation", "variant"], ["params_m", "pile_ppl"]), notes
 
 
