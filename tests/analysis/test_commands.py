@@ -14,7 +14,10 @@ def test_analyze_shapley_writes_json_into_the_run(tiny_run, capsys):
     run_dir, model = tiny_run
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--no-progress", "--batch-size", "4"]) == 0
     res = json.loads((run_dir / "shapley.json").read_text())
-    assert res["settings"]["split"] == "test" and res["settings"]["seq_len"] == 16 and res["settings"]["windows"] == 6
+    # No pipeline config: EvalConfig's held-out protocol, the whole "val" split (8 windows of 16).
+    assert res["settings"]["split"] == "val" and res["settings"]["seq_len"] == 16 and res["settings"]["windows"] == 8
+    assert res["heldout"]["split"] == "val" and res["heldout"]["windows"] == 8 and res["heldout"]["tokens"] == 8 * 16
+    assert res["heldout"]["nll"] == res["nll_none_masked"] and res["heldout"]["matches_eval_protocol"]
     assert len(res["masks"]) == 2 ** model.cfg.K
     assert sum(res["shapley"]) == pytest.approx(res["nll_all_masked"] - res["nll_none_masked"], abs=1e-9)
     assert "feedback reads" in capsys.readouterr().out
@@ -39,14 +42,15 @@ def test_analyze_logs_to_mlflow_by_run_name_then_by_training_run_id(tiny_run, tm
     (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": runs[0].info.run_id}))
     assert main(["analyze", "interventions", str(run_dir), "--no-progress", "--calib-windows", "4"]) == 0
     res = json.loads((run_dir / "interventions.json").read_text())
-    assert (res["settings"]["calib_split"], res["settings"]["eval_split"]) == ("val", "test")
+    assert (res["settings"]["calib_split"], res["settings"]["eval_split"]) == ("train", "val")
+    assert res["heldout"]["ppl"] == pytest.approx(shapley["heldout"]["ppl"], rel=1e-9)  # one unmodified baseline
     assert res["settings"]["calib_windows"] == 4 and (run_dir / "interventions_calibration.pt").is_file()
     assert len(res["replacement"]) == len(res["freezing"]) == model.cfg.K - 1
     assert len(client.search_runs([exp.experiment_id])) == 1
     logged = client.get_run(runs[0].info.run_id).data
     assert logged.metrics["interventions/ppl_unmodified"] == pytest.approx(res["unmodified"]["ppl"])
     assert logged.metrics["interventions/ppl_freeze_1"] == pytest.approx(res["freezing"][0]["ppl"])
-    assert logged.tags["interventions.eval_split"] == "test" and "shapley/phi_R1" in logged.metrics
+    assert logged.tags["interventions.eval_split"] == "val" and "shapley/phi_R1" in logged.metrics
     artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id, "analysis")}
     assert artifacts == {"analysis/shapley.json", "analysis/interventions.json"}
     # A train.json naming a run the store does not know is an error naming the file.
@@ -62,7 +66,7 @@ def test_analyze_errors_are_one_line(tmp_path, capsys):
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
     assert "needs state reads" in capsys.readouterr().err
     run_dir, _ = make_run(tmp_path)
-    assert main(["analyze", "interventions", str(run_dir), "--no-mlflow", "--calib-split", "test"]) == 2
+    assert main(["analyze", "interventions", str(run_dir), "--no-mlflow", "--calib-split", "val"]) == 2
     assert "separate from the evaluation data" in capsys.readouterr().err
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--split", "dev"]) == 2
     assert "no split 'dev'" in capsys.readouterr().err

@@ -55,7 +55,8 @@ def test_replacing_a_state_by_itself_leaves_the_nll_unchanged(tiny_run):
     K = model.cfg.K
     identities = {f"self_{i}": (lambda states, i=i: {i + 1: states[i]}) for i in range(K)}  # S^{i+1} <- S^{i+1}
     nll = intervention_nll(model, windows, identities, batch_size=4, progress=False)
-    assert nll["none"] == pytest.approx(mean_nll(model, windows), abs=1e-9)  # the clean pass is the model's own
+    # The clean pass is the model's own (float32 sums per batch vs per window: 1e-6 relative).
+    assert nll["none"] == pytest.approx(mean_nll(model, windows), rel=1e-6)
     for i in range(K):
         assert nll[f"self_{i}"] == nll["none"], i
 

@@ -1,3 +1,6 @@
+# Figure 4's analyses of a trained run. Both evaluate the held-out set of the run's held-out PPL
+# (the scale's eval.heldout_split / eval.heldout_windows in the pipeline config, as the eval
+# rule), so their unmodified NLL is Table 4's; interventions calibrate on a sample of train.
 rule shapley:
     input:
         "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
@@ -11,11 +14,14 @@ rule shapley:
         mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
         cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+    params:
+        config=CONFIGFILE,
+        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
     conda:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze shapley results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
-        " --no-progress > {log} 2>&1"
+        " --config {params.config} --no-progress > {log} 2>&1"
 
 
 rule interventions:
@@ -31,11 +37,14 @@ rule interventions:
         mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
         cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+    params:
+        config=CONFIGFILE,
+        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
     conda:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze interventions results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
-        " --no-progress > {log} 2>&1"
+        " --config {params.config} --no-progress > {log} 2>&1"
 
 
 rule bench_decode:

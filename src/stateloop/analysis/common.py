@@ -1,13 +1,59 @@
-"""What the analyses of a trained run share: the run's model and held-out windows, and logging
-the results to MLflow next to the run's training record."""
+"""What the analyses of a trained run share: the run's model, the held-out set they evaluate on,
+the calibration sample, and logging the results to MLflow next to the run's training record.
+
+The held-out set (one protocol for Table 4 and Figure 4). The paper's analyses run "on the full
+Pile validation set" and "all analyses share an unmodified baseline" with Table 4 (PPL 9.04).
+So both analyses evaluate exactly the windows of ``stateloop eval``'s held-out perplexity
+(evaluate/harness.py): the split ``eval.heldout_split`` (default "val") of the run's token
+shards, at most ``eval.heldout_windows`` windows (null: the whole split) of ``eval.max_length``
+tokens (null: the run's ``train.seq_len``), consecutive from the start of the split, in batches
+of ``eval.batch_size`` at ``eval.precision``. The ``eval`` section is the one ``stateloop eval``
+uses for the run (:func:`heldout_protocol`). With the reads all kept (Shapley) or no
+intervention (interventions) the model is the unmodified one, so that NLL is eval.json's
+``heldout.nll``: each analysis JSON records it as its ``heldout`` block, with the same keys.
+
+The calibration sample (interventions, eq. 15) comes from a disjoint split: by default
+``train``, which every data folder has and which is disjoint from the held-out split by
+construction (hash-assigned documents, or separate hub splits / generator seeds), as a seeded
+uniform sample of non-overlapping window slots over the whole split (:func:`sampled_windows`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+CALIB_SPLIT = "train"  # the split the calibration statistics come from (disjoint from any held-out split)
+CALIB_WINDOWS = 64  # calibration windows, sampled over the whole calibration split
+CALIB_SEED = 0
+
+
+def produced_splits(data_cfg) -> tuple[str, ...]:
+    """The splits the data stage (``stateloop tokenize``) makes for a ``data:`` section
+    (a :class:`stateloop.data.config.DataConfig`), in the order train, val, test.
+
+    train always; the synthetic generator makes each split whose ``synthetic.*_docs`` count is
+    positive; other sources make val when ``val_split`` is set or ``val_fraction`` > 0, and test
+    when ``test_split`` is set or ``test_fraction`` > 0 (data/tokenize.py, ``plan_streams``).
+    A hash-held-out split of a tiny corpus can still come out empty, and is then absent.
+    """
+    if data_cfg.is_synthetic:
+        s = data_cfg.synthetic
+        counts = {"train": s.train_docs, "val": s.val_docs, "test": s.test_docs}
+        return tuple(name for name, n in counts.items() if n > 0)
+    out = ["train"]
+    if data_cfg.val_split or data_cfg.val_fraction > 0:
+        out.append("val")
+    if data_cfg.test_split or data_cfg.test_fraction > 0:
+        out.append("test")
+    return tuple(out)
+
 
 def run_seq_len(config: dict, model) -> int:
     """The training context length of a run: ``train.seq_len`` of its config when present,
@@ -17,14 +63,86 @@ def run_seq_len(config: dict, model) -> int:
     return int(trained_length(config) or model.cfg.max_seq_len)
 
 
-def run_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
-    """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config)."""
-    from stateloop.evaluate.perplexity import split_windows
+@dataclass
+class HeldoutProtocol:
+    """How a run's held-out perplexity is measured (the ``eval`` section of its scale)."""
 
+    split: str  # eval.heldout_split
+    max_windows: int | None  # eval.heldout_windows (None: the whole split)
+    seq_len: int  # eval.max_length, else the run's train.seq_len, else model.max_seq_len
+    batch_size: int  # eval.batch_size
+    precision: str  # eval.precision: "32-true" | "bf16-mixed"
+
+
+def heldout_protocol(run_dir, config: dict, model, config_file: str | None = None) -> HeldoutProtocol:
+    """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: the ``eval`` section
+    of the run's scale in ``config_file`` (default: the pipeline config the run was trained from,
+    when that file exists), else EvalConfig's defaults (split "val", the whole split)."""
+    from stateloop.commands.eval import resolve_eval_config
+
+    ecfg = resolve_eval_config(run_dir, config_file)
+    seq_len = int(ecfg.max_length or run_seq_len(config, model))
+    return HeldoutProtocol(ecfg.heldout_split, ecfg.heldout_windows, seq_len, ecfg.batch_size, ecfg.precision)
+
+
+def _data_dir(config: dict, run_dir) -> str:
     data = config.get("data") or {}
     if not data.get("dir"):
         raise ConfigError(f"{Path(run_dir) / 'model.pt'}: the saved config has no data.dir, so the run's token shards are unknown")
-    return split_windows(data["dir"], split, seq_len, max_windows)[0]
+    return data["dir"]
+
+
+def split_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None):
+    """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config):
+    consecutive from the start of the split, as ``stateloop eval``. Returns (windows, shards)."""
+    from stateloop.evaluate.perplexity import split_windows as _split_windows
+
+    return _split_windows(_data_dir(config, run_dir), split, seq_len, max_windows)
+
+
+def run_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
+    """Held-out windows (N, seq_len + 1) of the run's token shards (see :func:`split_windows`)."""
+    return split_windows(config, run_dir, split, seq_len, max_windows)[0]
+
+
+def sampled_windows(config: dict, run_dir, split: str, seq_len: int, n: int | None, seed: int = CALIB_SEED):
+    """``n`` windows of seq_len + 1 tokens at a seeded uniform sample (without replacement) of the
+    split's non-overlapping window slots ``i * seq_len``, in increasing position: a sample spread
+    over the whole split rather than its first documents. ``n`` None, or at least the number of
+    slots: every slot. Returns (windows, start positions)."""
+    import numpy as np
+    import torch
+
+    from stateloop.data.shards import ShardSet
+
+    data_dir = _data_dir(config, run_dir)
+    try:
+        shards = ShardSet(data_dir, split)
+    except KeyError as err:
+        raise ConfigError(err.args[0]) from None
+    slots = (len(shards) - 1) // seq_len
+    if slots <= 0:
+        raise ConfigError(f"{shards.dir}: split {split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
+    if n is None or n >= slots:
+        picked = np.arange(slots)
+    else:
+        picked = np.sort(np.random.default_rng(seed).choice(slots, size=n, replace=False))
+    starts = [int(i) * seq_len for i in picked]
+    windows = torch.from_numpy(np.stack([shards.window(s, seq_len + 1) for s in starts]))
+    return windows, starts
+
+
+def heldout_block(protocol: HeldoutProtocol, n_windows: int, split_tokens: int, nll: float, tokens: int,
+                  precision: str, matches_eval: bool) -> dict:
+    """The unmodified model's held-out result, with the keys of eval.json's ``heldout`` block
+    (split, windows, seq_len, tokens, split_tokens, nll, ppl), the precision it was computed at,
+    and whether the settings are those of the run's ``stateloop eval`` (``matches_eval_protocol``:
+    split, window cap, window length and precision; false after an overriding flag)."""
+    import math
+
+    return {"split": protocol.split, "windows": int(n_windows), "seq_len": protocol.seq_len, "tokens": int(tokens),
+            "split_tokens": int(split_tokens), "nll": nll, "ppl": math.exp(nll), "precision": precision,
+            "matches_eval_protocol": bool(matches_eval)}
 
 
 def require_reads(model, what: str) -> None:
@@ -51,9 +169,8 @@ def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dic
 
     from mlflow.entities import Metric, RunTag
 
-    from stateloop.tracking import run_of
-
     from stateloop.runs import run_id_of
+    from stateloop.tracking import run_of
 
     client, mlflow_id = run_of(run_dir, run_id_of(run_dir, config), config)
     now = int(datetime.datetime.now().timestamp() * 1000)

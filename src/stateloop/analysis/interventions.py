@@ -19,8 +19,12 @@ identity.
   single replacement at K-1.)
 
 Paper, 410M, K = 7: unmodified PPL 9.04; S^4 replaced by the calibrated S^3: 9.08; frozen at S^3:
-18.41. The calibration sample must not be the evaluation data: by default the statistics come
-from the ``val`` split and the perplexities from the ``test`` split of the run's token shards.
+18.41. The calibration sample must not be the evaluation data. ``stateloop analyze
+interventions`` (commands/analyze.py, analysis/common.py) measures the perplexities on the
+held-out set of the run's held-out PPL (``eval.heldout_split``, default "val", and
+``eval.heldout_windows`` of its scale: Table 4's set, so the unmodified PPL is Table 4's number)
+and takes the statistics from a seeded sample of 64 windows of the ``train`` split, which is
+disjoint from any held-out split by construction.
 
 Both interventions use the ``state_overrides`` hook of looped.py: a clean pass returns
 S^1..S^K (which no later override can change, since S^i depends only on iterations <= i), and

@@ -14,7 +14,10 @@ reads could be masked one by one, computed exactly from the 2^K coalition values
 
 Efficiency: sum_i phi_i = v(N) = NLL(all masked) - NLL(none masked). A read whose mask never
 changes the NLL gets phi_i = 0. Shares are phi_i / sum_j phi_j (paper, K = 7: the six feedback
-reads together 63.70%, the terminal read 36.30%).
+reads together 63.70%, the terminal read 36.30%). The held-out NLL is that of the run's
+held-out perplexity (``eval.heldout_split`` and ``eval.heldout_windows`` of its scale; the paper:
+"the full Pile validation set"; see commands/analyze.py), so NLL(nothing masked), the unmodified
+model, is Table 4's held-out NLL.
 
 Evaluation with shared prefixes: iteration k depends only on the masks of R_1..R_{k-1}, so the
 2^K masked forward passes form a binary tree. Depth-first over it, iteration k is computed once

@@ -7,7 +7,8 @@
   from Table 4 are marked.
 - state_analysis (Figure 4): (a) Shapley shares of the reads R_1..R_K, the paper's feedback /
   terminal split marked; (b) held-out PPL after single replacement and after freezing, per
-  boundary, with the unmodified PPL and the paper's three stated points.
+  boundary, with the unmodified PPL (the run's held-out PPL of Table 4 on the same windows: "all
+  analyses share an unmodified baseline") and the paper's three stated points.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def state_analysis(cfg, results: Path):
     frz = iv["freezing"]
     ax2.plot([e["i"] for e in rep], [e["ppl"] for e in rep], "o-", label=r"replace $S^{i+1}$ by calibrated $S^i$")
     ax2.plot([e["i"] for e in frz], [e["ppl"] for e in frz], "s-", label=r"freeze $S^i$ after boundary $i$")
-    ax2.axhline(iv["unmodified"]["ppl"], color="grey", ls="--", label="unmodified")
+    held = iv["heldout"]  # the same windows and number as the run's held-out PPL (Table 4)
+    ax2.axhline(held["ppl"], color="grey", ls="--",
+                label=f"unmodified {held['ppl']:.2f} (= held-out PPL; {held['split']}, {held['windows']} windows)")
     ax2.scatter([3, 3], [_fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
                          _fact("fig4b_interventions", "freeze_at_S3_ppl")], **PAPER_STYLE)
     ax2.set(xlabel="boundary i", ylabel="held-out PPL", title="(b) replacement and freezing", yscale="log")
