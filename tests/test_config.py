@@ -69,3 +69,20 @@ def test_pipeline_errors_name_the_problem(tmp_path, exp, msg):
     with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")) as err:
         load_pipeline(_write(tmp_path, BASE + f"  e: {exp}\n"))
     assert "\n" not in str(err.value)
+
+
+def test_a_split_no_stage_makes_fails_at_load_naming_the_key():
+    """paper.yaml without the Pile's validation split (no val_split, no hash hold-out) makes no
+    'val': evaluation and the analyses would fail at their first job; the config is refused."""
+    import pytest
+
+    from stateloop.config import ConfigError, load_yaml
+    from stateloop.experiments import pipeline_from_dict
+
+    from pathlib import Path
+
+    raw = load_yaml(Path(__file__).resolve().parents[1] / "configs" / "paper.yaml")
+    raw["scales"]["410m"]["data"].pop("val_split")
+    raw["scales"]["410m"]["data"]["data_files"].pop("validation")
+    with pytest.raises(ConfigError, match=r"scales\.410m\.eval\.heldout_split: 'val' is not a split the data stage makes"):
+        pipeline_from_dict(raw, "paper.yaml")

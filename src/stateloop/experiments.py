@@ -131,6 +131,17 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
         for model in list(exp.models) + list(exp.options) + list(exp.K_by_model):
             if model not in MODELS:
                 raise ConfigError(f"{where}: experiments.{name}.models: unknown model {model!r} (registered: {', '.join(MODELS)})")
+    # Every split a stage reads must be one the data stage makes (evaluation and the analyses
+    # read eval.heldout_split, training's validation train.val_split).
+    for name, scale in cfg.scales.items():
+        splits = scale.data.splits
+        reads = [("eval.heldout_split", scale.eval.heldout_split)]
+        if scale.train.val_tokens:
+            reads.append(("train.val_split", scale.train.val_split))
+        for key, split in reads:
+            if split not in splits:
+                raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
+                                  f"(data: {', '.join(splits)})")
     # Building every run's config checks the variant options and shape constraints early.
     expand_runs(cfg)
 

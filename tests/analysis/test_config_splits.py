@@ -22,7 +22,6 @@ import pytest
 import yaml
 
 from dag_helpers import copy_workflow, snakemake
-from stateloop.analysis.common import produced_splits
 from stateloop.cli import main
 from stateloop.config import to_dict
 from stateloop.data.shards import ShardWriter, sha256_file, token_dtype, write_meta
@@ -99,7 +98,7 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
     expected = {}
     for run in runs:
         scale = pipe.scales[run.scale]
-        splits = produced_splits(scale.data)
+        splits = scale.data.splits
         assert scale.eval.heldout_split in splits, (config_file.name, run.scale, splits)
         seq_len = scale.eval.max_length or SEQ
         data_dir = work / "data" / run.scale
@@ -144,7 +143,7 @@ def test_analyses_share_the_heldout_baseline_of_eval(tmp_path, monkeypatch):
     pipe = load_pipeline(config_file)
     run = expand_runs(pipe, ["state_analysis"])[0]
     data_dir = tmp_path / "data" / run.scale
-    write_data(data_dir, produced_splits(pipe.scales[run.scale].data))
+    write_data(data_dir, pipe.scales[run.scale].data.splits)
     run_dir = tmp_path / run.folder
     save_tiny_run(run_dir, run, data_dir, str(config_file))
 
@@ -199,7 +198,7 @@ def test_produced_splits_are_the_splits_tokenize_writes(tmp_path, data, splits):
     data = {k: str(tmp_path / ("docs.jsonl" if v == "LOCAL" else "held.jsonl")) if v in ("LOCAL", "HELD") else v
             for k, v in data.items()}
     cfg = from_dict(DataConfig, data, "data")
-    assert produced_splits(cfg) == splits
+    assert cfg.splits == splits
     meta = tokenize(cfg, tmp_path / "out", progress=False, log=lambda *a, **k: None)
     assert tuple(s for s in ("train", "val", "test") if s in meta["splits"]) == splits
 
@@ -211,7 +210,7 @@ def test_produced_splits_of_the_shipped_configs():
     for path in CONFIGS:
         pipe = load_pipeline(path)
         for name, scale in pipe.scales.items():
-            found[f"{path.stem}/{name}"] = produced_splits(scale.data)
+            found[f"{path.stem}/{name}"] = scale.data.splits
             assert scale.eval.heldout_split in found[f"{path.stem}/{name}"], (path.name, name)
     if "paper/410m" in found:
         assert found["paper/410m"] == found["paper/1.4b"] == ("train", "val")

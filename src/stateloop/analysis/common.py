@@ -34,27 +34,6 @@ CALIB_WINDOWS = 64  # calibration windows, sampled over the whole calibration sp
 CALIB_SEED = 0
 
 
-def produced_splits(data_cfg) -> tuple[str, ...]:
-    """The splits the data stage (``stateloop tokenize``) makes for a ``data:`` section
-    (a :class:`stateloop.data.config.DataConfig`), in the order train, val, test.
-
-    train always; the synthetic generator makes each split whose ``synthetic.*_docs`` count is
-    positive; other sources make val when ``val_split`` is set or ``val_fraction`` > 0, and test
-    when ``test_split`` is set or ``test_fraction`` > 0 (data/tokenize.py, ``plan_streams``).
-    A hash-held-out split of a tiny corpus can still come out empty, and is then absent.
-    """
-    if data_cfg.is_synthetic:
-        s = data_cfg.synthetic
-        counts = {"train": s.train_docs, "val": s.val_docs, "test": s.test_docs}
-        return tuple(name for name, n in counts.items() if n > 0)
-    out = ["train"]
-    if data_cfg.val_split or data_cfg.val_fraction > 0:
-        out.append("val")
-    if data_cfg.test_split or data_cfg.test_fraction > 0:
-        out.append("test")
-    return tuple(out)
-
-
 def run_seq_len(config: dict, model) -> int:
     """The training context length of a run: ``train.seq_len`` of its config when present,
     else the model's ``max_seq_len``."""

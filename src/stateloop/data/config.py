@@ -201,3 +201,23 @@ class DataConfig:
     @property
     def is_synthetic(self) -> bool:
         return self.source == "synthetic"
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The splits the data stage (``stateloop tokenize``) makes, in the order train, val, test.
+
+        train always; the synthetic generator makes each split whose ``synthetic.*_docs`` count is
+        positive; other sources make val when ``val_split`` is set or ``val_fraction`` > 0, and test
+        when ``test_split`` is set or ``test_fraction`` > 0 (data/tokenize.py). A hash-held-out
+        split of a tiny corpus can still come out empty, and is then absent.
+        """
+        if self.is_synthetic:
+            s = self.synthetic
+            counts = {"train": s.train_docs, "val": s.val_docs, "test": s.test_docs}
+            return tuple(name for name, n in counts.items() if n > 0)
+        out = ["train"]
+        if self.val_split or self.val_fraction > 0:
+            out.append("val")
+        if self.test_split or self.test_fraction > 0:
+            out.append("test")
+        return tuple(out)
