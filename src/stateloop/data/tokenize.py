@@ -6,9 +6,10 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
    (``.json``/``.parquet`` through ``datasets`` streaming; ``.jsonl`` and ``.txt`` read directly,
    a ``.txt`` file as one document, or one per paragraph or line), or a hub dataset through
    ``datasets.load_dataset(name, hub_config, split=..., streaming=True)`` (with
-   ``data_files=...`` when the config names each split's files; one local folder with
-   ``data_files`` is read by the same call, as a local copy of a hub repository). Nothing is held
-   in memory beyond a few batches of documents.
+   ``data_files=...`` when the config names each split's files; one local folder is read by the
+   same call, as a local copy of a hub repository, when the config sets ``data_files`` or
+   ``hub_config`` or the folder's README.md declares ``configs:``). Nothing is held in memory
+   beyond a few batches of documents.
 2. **Held-out documents.** Unless the source names its own val/test split, a document of the
    training stream goes to ``val`` when ``u < val_fraction`` and to ``test`` when
    ``val_fraction <= u < val_fraction + test_fraction``, where ``u`` is a keyed BLAKE2b hash of
@@ -128,6 +129,40 @@ def local_files(items: str | list[str], key: str = "data.source") -> tuple[list[
     return files, fmts.pop()
 
 
+def _declares_configs(folder: str) -> bool:
+    """The folder's README.md has YAML front matter with a ``configs:`` list, as a hub
+    repository's dataset card does (``datasets`` reads a local folder's card the same way)."""
+    readme = Path(folder) / "README.md"
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return False
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+    if end is None:
+        return False
+    import yaml
+
+    try:
+        card = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return False
+    return isinstance(card, dict) and isinstance(card.get("configs"), list)
+
+
+def _reads_as_repository(cfg: DataConfig, sources: list[str]) -> bool:
+    """Local sources read as one hub repository (``load_dataset(folder, hub_config, ...)``, the
+    hub path's call): with ``data_files`` (which then needs one folder: plan_streams says so),
+    or one folder with ``hub_config`` set or a README.md that declares ``configs:``."""
+    if cfg.data_files is not None:
+        return True
+    if len(sources) != 1 or not os.path.isdir(os.path.expanduser(sources[0])):
+        return False
+    return cfg.hub_config is not None or _declares_configs(os.path.expanduser(sources[0]))
+
+
 def plan_streams(cfg: DataConfig) -> list[Stream]:
     """The passes over the source that make the train / val / test splits."""
     if cfg.is_synthetic:
@@ -138,7 +173,7 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
             if n > 0
         ]
     sources = cfg.source if isinstance(cfg.source, list) else [cfg.source]
-    if cfg.data_files is not None and all(_is_local(item) for item in sources):
+    if all(_is_local(item) for item in sources) and _reads_as_repository(cfg, sources):
         folder = os.path.expanduser(sources[0])
         if len(sources) > 1 or not os.path.isdir(folder):
             raise DataError(f"data.data_files: needs a hub name or one local folder as data.source, got {cfg.source!r}")

@@ -384,7 +384,9 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             "final_train_loss": last_loss, "final_val_loss": val_loss,
             "wall_time_s": round(elapsed, 3), "resumed_from_step": start_step if resume else None,
             "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
-            "world_size": world, "precision": precision,
+            "world_size": world, "num_nodes": tcfg.num_nodes, "accumulation": tcfg.accumulation, "precision": precision,
+            "strategy": type(fabric.strategy).__name__,
+            "cluster_environment": _cluster_environment(fabric),
             "params": sum(p.numel() for p in raw_model.parameters()),
             "mlflow_run_id": tracker.run_id if tracker is not None else None,
             "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
@@ -402,6 +404,12 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
             bar.close()
         if tracker is not None:
             tracker.finish(status)
+
+
+def _cluster_environment(fabric) -> str | None:
+    """Which cluster environment started the processes (SLURMEnvironment under srun), if any."""
+    env = getattr(fabric.strategy, "cluster_environment", None)
+    return type(env).__name__ if env is not None else None
 
 
 def _val_metrics(loss: float) -> dict:
