@@ -14,7 +14,15 @@ with every path made absolute. A task's data folder is
   WikiText-2's ``test.txt``, split at its top-level headings (as EleutherAI's document-level copy
   of WikiText is);
 - otherwise (``lambada_openai_local``, or any YAML you add): ``eval.task_data[task]``, the
-  source folder itself.
+  source folder itself; a YAML whose data files are all absolute paths (as
+  :mod:`stateloop.rehearse.tasks` writes them) needs no ``task_data``.
+
+A local YAML may ``include:`` another one (a relative include is made absolute, as its copy is
+written elsewhere), e.g. lm-eval's own YAML of a task with only its data source overridden; its
+``output_type`` is then read through the include. A name in ``eval.task_dir`` is always the
+local task, even where lm-eval has a built-in task of that name: the task manager indexes only
+the local YAMLs when every requested task is local, and otherwise lists them after lm-eval's
+folder, which lets them override the built-ins (checked after indexing).
 
 Tasks not in ``workflow/tasks/`` are lm-eval's own (downloaded from the Hugging Face Hub).
 """
@@ -201,6 +209,48 @@ def _absolute_data_files(spec, folder: Path, where: str):
     raise ConfigError(f"{where}: dataset_kwargs.data_files must be a path, list or mapping")
 
 
+def _relative_data_files(spec) -> bool:
+    """Whether any path of a ``data_files`` spec is relative (to be resolved against a data folder)."""
+    if isinstance(spec, str):
+        return not Path(spec).is_absolute()
+    if isinstance(spec, list):
+        return any(_relative_data_files(s) for s in spec)
+    if isinstance(spec, dict):
+        return any(_relative_data_files(s) for s in spec.values())
+    return False
+
+
+def _absolute_includes(spec, yaml_dir: Path, where: str):
+    """``include:`` (a path or a list) with relative paths made absolute against the YAML's folder."""
+    def one(inc):
+        if not isinstance(inc, str):
+            raise ConfigError(f"{where}: include must name YAML files")
+        path = Path(inc) if Path(inc).is_absolute() else (yaml_dir / inc).resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: included by {where}, not found")
+        return str(path)
+
+    return [one(i) for i in spec] if isinstance(spec, list) else one(spec)
+
+
+def _merged_config(spec: dict, seen: tuple = ()) -> dict:
+    """A task config with its (absolute) includes merged in, local keys winning, as lm-eval merges them."""
+    includes = spec.get("include")
+    merged: dict = {}
+    for inc in (includes if isinstance(includes, list) else [includes] if includes else []):
+        if inc in seen:
+            raise ConfigError(f"{inc}: include cycle")
+        try:
+            data = yaml.load(Path(inc).read_text(), Loader=_Loader)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{inc}: not valid YAML ({str(err).splitlines()[0]})") from None
+        if isinstance(data, dict) and data.get("include"):
+            data["include"] = _absolute_includes(data["include"], Path(inc).parent, inc)
+        merged.update(_merged_config(data if isinstance(data, dict) else {}, (*seen, inc)))
+    merged.update({k: v for k, v in spec.items() if k != "include"})
+    return merged
+
+
 def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_meta: dict | None = None):
     """Write runnable YAMLs (absolute data paths) for the local ones among ``tasks`` into
     ``work_dir`` and return a :class:`PreparedTasks` whose task manager knows every task.
@@ -225,24 +275,39 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_
             builtin.append(name)
             continue
         spec = read_task_yaml(available[name])
+        where = f"task {name} ({available[name]})"
+        if "include" in spec:
+            spec["include"] = _absolute_includes(spec["include"], available[name].parent, where)
+        kwargs = dict(spec.get("dataset_kwargs") or {})
+        # Data files named with absolute paths (here or in an included YAML) need no eval.task_data.
+        effective = dict(_merged_config(spec).get("dataset_kwargs") or {}) if "include" in spec else kwargs
         source = Path(cfg.task_data[name]) if name in cfg.task_data else None
         prep = PREPARERS.get(name)
-        if source is None and (prep is None or prep.needs_source):
+        needs_source = prep.needs_source if prep is not None else (
+            "data_files" not in effective or _relative_data_files(effective["data_files"]))
+        if source is None and needs_source:
             raise ConfigError(f"eval.task_data.{name}: missing (the folder holding the data of local task {name})")
         if source is not None and not source.is_dir():
             raise FileNotFoundError(f"{source}: data folder of {name} not found (eval.task_data.{name})")
         folder = prep.prepare(work_dir / name, cfg, source, data_meta) if prep is not None else source
-        kwargs = dict(spec.get("dataset_kwargs") or {})
         if "data_files" in kwargs:
-            kwargs["data_files"] = _absolute_data_files(kwargs["data_files"], folder, f"task {name} ({available[name]})")
+            kwargs["data_files"] = _absolute_data_files(kwargs["data_files"], folder or available[name].parent, where)
             spec["dataset_kwargs"] = kwargs
         # lm-eval imports `!function` modules relative to the YAML: keep each task's YAML beside them.
         out = (folder if any(isinstance(v, FunctionTag) for v in spec.values()) and prep is not None else yaml_dir) / f"{name}.yaml"
         out.write_text(f"# written by stateloop eval from {available[name]}\n" + yaml.dump(spec, Dumper=_Dumper, sort_keys=False))
         local[name] = out
-        output_types[name] = spec.get("output_type", "")
     paths = sorted({str(p.parent) for p in local.values()})
+    # lm-eval indexes its own folder first and lets later (include) paths override it; without
+    # built-in tasks to run, its folder is not indexed at all.
     tm = TaskManager(include_path=paths or None, include_defaults=bool(builtin))
+    for name, out in local.items():
+        entry = tm.task_index.get(name)
+        if entry is None or entry.yaml_path is None or Path(entry.yaml_path).resolve() != out.resolve():
+            found = "nothing" if entry is None else str(entry.yaml_path)
+            raise ConfigError(f"{available[name]}: lm-eval did not index local task {name!r} from its written copy {out} "
+                              f"(it found {found}); check the YAML's include: and !function references")
+        output_types[name] = (entry.cfg or {}).get("output_type", "")
     for name in builtin:
         entry = tm.task_index.get(name)
         if entry is None:
