@@ -5,7 +5,7 @@ mixers are all included as the model actually runs them (no 6N approximation).
 
 Peak: ``train.peak_tflops`` when set, else the dense (no sparsity) bf16 tensor-core rate of the
 device from its vendor datasheet (table below), else Lightning's table
-(``lightning.fabric.utilities.throughput.get_available_flops``). No MFU on CPU.
+(``lightning_fabric.utilities.throughput.get_available_flops``). No MFU on CPU.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def peak_flops(device: torch.device, precision: str, configured_tflops: float = 
         for key, value in BF16_PEAK:
             if key in name:
                 return value
-    from lightning.fabric.utilities.throughput import get_available_flops
+    from lightning_fabric.utilities.throughput import get_available_flops
 
     dtype = {"bf16-mixed": torch.bfloat16, "bf16-true": torch.bfloat16, "16-mixed": torch.float16}.get(precision, torch.float32)
     flops = get_available_flops(device, dtype)

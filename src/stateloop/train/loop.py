@@ -103,8 +103,8 @@ def _main_thread() -> bool:
 
 def build_fabric(tcfg):
     """Fabric from the ``train`` section (see the module docstring for the cluster environment)."""
-    import lightning as L
-    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+    import lightning_fabric as L
+    from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
     accelerator = resolve_device().type if tcfg.accelerator == "auto" else tcfg.accelerator
     precision = tcfg.precision
@@ -118,11 +118,11 @@ def build_fabric(tcfg):
     if world == 1:
         strategy = "auto"
     elif tcfg.strategy == "ddp":
-        from lightning.fabric.strategies import DDPStrategy
+        from lightning_fabric.strategies import DDPStrategy
 
         strategy = DDPStrategy(cluster_environment=env)
     else:
-        from lightning.fabric.strategies import FSDPStrategy
+        from lightning_fabric.strategies import FSDPStrategy
 
         from stateloop.models.backbone import Layer
 
@@ -148,7 +148,7 @@ def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool) -> torch.opti
 
 def _full_state_dict(fabric, model, raw_model) -> dict:
     """The unsharded model weights (every rank must call this under FSDP)."""
-    from lightning.fabric.strategies import FSDPStrategy
+    from lightning_fabric.strategies import FSDPStrategy
 
     if isinstance(fabric.strategy, FSDPStrategy):
         from torch.distributed.fsdp import FullStateDictConfig, StateDictType
@@ -183,7 +183,7 @@ def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
 
 def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
     """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank."""
-    from lightning.fabric.utilities.seed import _collect_rng_states, _set_rng_states
+    from lightning_fabric.utilities.seed import _collect_rng_states, _set_rng_states
 
     from stateloop.evaluate.perplexity import heldout_windows
     from stateloop.models.registry import build_model
