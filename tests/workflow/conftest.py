@@ -1,11 +1,10 @@
 import pytest
 
-from dag_helpers import copy_workflow, snakemake
+from rehearsal_support import rehearsed
 
 
 @pytest.fixture(scope="session")
 def smoke_dag(tmp_path_factory):
-    """The smoke DAG run once, end to end, in a copy of the workflow."""
-    work = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    snakemake(work, "--cores", "2", "--configfile", "configs/smoke.yaml", timeout=900)
-    return work
+    """The smoke config's DAG run once, end to end, as its rehearsal (the same folder the
+    rehearsal tests check)."""
+    return rehearsed("smoke.yaml", tmp_path_factory)

@@ -1,5 +1,6 @@
-"""The Snakemake DAG: planning at paper scale (dry runs), config errors at DAG build, the smoke
-DAG end to end, reruns, MLflow, and resuming an interrupted DAG."""
+"""The Snakemake DAG: planning at paper scale (dry runs), config errors at DAG build, reruns of
+what a changed output affects and MLflow after the smoke DAG (its rehearsal; the rehearsals of
+every config, and resuming an interrupted one, are in test_rehearse.py)."""
 
 import json
 import os
@@ -15,11 +16,9 @@ import pytest
 import yaml
 
 from dag_helpers import copy_workflow, env, snakemake
+from rehearsal_support import dag
 
 pytestmark = pytest.mark.slow
-
-OUTPUTS = [f"results/table{i}.{ext}" for i in (1, 2, 3, 4) for ext in ("csv", "md")] + [
-    f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis") for ext in ("pdf", "png")]
 
 
 def jobs(dry_run_output: str) -> list[dict]:
@@ -88,27 +87,8 @@ def test_lint_reports_nothing_serious(tmp_path):
 # The smoke DAG, run once for the tests below (tests/workflow/conftest.py)
 
 
-def test_smoke_dag_produces_every_table_and_figure(smoke_dag):
-    for rel in OUTPUTS:
-        path = smoke_dag / rel
-        assert path.is_file() and path.stat().st_size > 0, rel
-    import pandas as pd
-
-    t1 = pd.read_csv(smoke_dag / "results/table1.csv")
-    assert len(t1) == 10 and t1.pile_ppl.notna().all() and (t1.params_m_paper.notna()).all()
-    t2 = pd.read_csv(smoke_dag / "results/table2.csv")
-    assert set(t2.shots) == {0, 5} and t2.synth_mc.between(0, 100).all()
-    t3 = pd.read_csv(smoke_dag / "results/table3.csv")
-    assert len(t3) == 6 and (t3.latency_ms_per_token > 0).all()
-    t4 = pd.read_csv(smoke_dag / "results/table4.csv")
-    assert list(t4.variant) == ["state_only", "stateloop", "reset_state", "stateloop", "vanilla_looped",
-                                "stateloop_gru", "stateloop"]
-    assert "ours (paper, ours - paper)" in (smoke_dag / "results/table1.md").read_text().lower() or \
-        "Cells: ours (paper, ours - paper)." in (smoke_dag / "results/table1.md").read_text()
-
-
 def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
-    assert "Nothing to be done" in snakemake(smoke_dag, "-n", "--configfile", "configs/smoke.yaml").stdout
+    assert "Nothing to be done" in dag(smoke_dag, "-n").stdout
     # Snakemake compares checksums of small files (under --max-checksum-file-size), so a bare
     # touch of the smoke model changes nothing: write the weights file anew, as retraining does.
     import torch
@@ -117,7 +97,7 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     blob = torch.load(model, weights_only=False)
     blob["code_version"] = "retrained"
     torch.save(blob, model)
-    planned = jobs(snakemake(smoke_dag, "-n", "--configfile", "configs/smoke.yaml").stdout)
+    planned = jobs(dag(smoke_dag, "-n").stdout)
     rules = sorted(j["rule"] for j in planned)
     assert rules == ["all", "eval", "render_table"], rules  # Table 4 only: its eval and the table
     assert "stateloop_gru" in next(j for j in planned if j["rule"] == "eval")["output"]
@@ -166,36 +146,3 @@ def test_mlflow_server_lists_every_run(smoke_dag):
         server.wait(timeout=30)
 
 
-def test_interrupted_dag_resumes_without_redoing_finished_runs(tmp_path):
-    """Kill the DAG while a long training job runs; the rerun resumes that run from its checkpoint
-    and does not retrain the run that had finished."""
-    work = copy_workflow(tmp_path)
-    cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
-    cfg["scales"]["smoke"]["train"].update(max_tokens=512 * 150, checkpoint_every=10, val_every=0, val_tokens=0)
-    (work / "long.yaml").write_text(yaml.safe_dump(cfg))
-    short = "results/runs/smoke/vanilla_looped/K2_ds0/model.pt"
-    long_run = work / "results/runs/smoke/stateloop/K2_ds32"
-    target = str(long_run.relative_to(work) / "model.pt")
-    snakemake(work, short, "--cores", "1", "--configfile", "long.yaml")  # a run that finishes
-    finished_mtime = (work / short).stat().st_mtime
-
-    proc = subprocess.Popen([sys.executable, "-m", "snakemake", target, "--cores", "1", "--configfile", "long.yaml"],
-                            cwd=work, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    try:
-        deadline = time.time() + 300
-        while not list(long_run.glob("checkpoints/step_*.ckpt.sha256")):  # a complete checkpoint exists
-            assert proc.poll() is None, "the training job ended before it could be interrupted"
-            assert time.time() < deadline, "no checkpoint within 300 s"
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the whole DAG, training job included, dies at once
-        proc.wait()
-    assert not (long_run / "model.pt").exists()
-
-    snakemake(work, "--unlock", "--configfile", "long.yaml")  # the killed DAG left its lock behind
-    out = snakemake(work, short, target, "--cores", "1", "--configfile", "long.yaml").stdout
-    summary = json.loads((long_run / "train.json").read_text())
-    assert (summary.get("resumed_from_step") or 0) >= 10, summary
-    assert (work / short).stat().st_mtime == finished_mtime  # the finished run was not redone
-    assert "vanilla_looped" not in out

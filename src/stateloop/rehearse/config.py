@@ -30,6 +30,9 @@ SEQ_LEN = 32
 STEPS = 4  # optimiser steps per run
 CADENCE = 2  # validation and checkpoints every CADENCE steps
 EVAL_LIMIT = 8  # documents per lm-eval task
+# The evaluation window: real tasks have continuations of up to ~60 GPT-NeoX tokens (PIQA's
+# solutions), more than the 32-token training windows, and a continuation must fit the window.
+EVAL_WINDOW = 128
 HELDOUT_WINDOWS = 4
 LAYER_OPTIONS = ("n_begin", "n_middle", "n_end", "n_prelude", "n_core", "n_coda")
 
@@ -55,7 +58,7 @@ def shrink_model(model: dict) -> tuple[dict, float]:
     if "d_ff" in m:
         m["d_ff"] = _width(m["d_ff"], factor, 8)
     m["n_layers"] = shrink_layers(int(m.get("n_layers", 2)))
-    m["max_seq_len"] = 2 * SEQ_LEN
+    m["max_seq_len"] = EVAL_WINDOW
     mixer_width = int(m.get("mixer_heads", 8)) * int(m.get("mixer_head_dim", 64))
     m["mixer_head_dim"] = min(int(m.get("mixer_head_dim", 64)), HEAD_DIM)
     m["mixer_heads"] = max(1, _width(mixer_width, factor) // m["mixer_head_dim"])
@@ -111,8 +114,8 @@ def shrink_eval(ev: dict) -> dict:
     e = dict(ev)
     e["limit"] = EVAL_LIMIT
     e["heldout_windows"] = HELDOUT_WINDOWS
-    e["batch_size"] = 8
-    e.pop("max_length", None)
+    e["batch_size"] = 4
+    e["max_length"] = EVAL_WINDOW
     e["bootstrap_iters"] = min(int(e.get("bootstrap_iters", 1000)), 10)
     for key, n in (("synthetic_examples", 20), ("fewshot_pool", 10)):
         e[key] = min(int(e.get(key, n)), n)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import uuid
 from dataclasses import dataclass

@@ -1,0 +1,162 @@
+"""Rehearsals: every config in configs/ runs its own DAG end to end offline on this CPU, with what
+the user's run exercises kept and only sizes shrunk (``stateloop rehearse``, stateloop/rehearse/).
+
+The folder is enumerated, so a config added to configs/ is rehearsed too. Each rehearsal runs
+once per session (a fixture); the tests then read its outputs and records."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pandas as pd
+import pytest
+import yaml
+
+from rehearsal_support import SHARED, dag, rehearsed
+from dag_helpers import ROOT
+
+from stateloop.config import load_yaml
+from stateloop.evaluate.config import PAPER_TASKS
+from stateloop.experiments import expand_runs, pipeline_from_dict
+from stateloop.rehearse.config import kept_settings
+
+pytestmark = pytest.mark.slow
+
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+OUTPUTS = [f"results/table{i}.{ext}" for i in (1, 2, 3, 4) for ext in ("csv", "md")] + [
+    f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis") for ext in ("pdf", "png")]
+
+
+def needs_shared_data(raw: dict) -> bool:
+    """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
+    from stateloop.evaluate.tasks import DEFAULT_TASK_DIR, task_yamls
+
+    local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
+    for scale in raw["scales"].values():
+        data, ev = scale.get("data") or {}, scale.get("eval") or {}
+        if data.get("source", "synthetic") != "synthetic" or data.get("tokenizer", "bpe") != "bpe":
+            return True
+        if any(t not in local_tasks for t in ev.get("tasks", PAPER_TASKS)):
+            return True
+    return False
+
+
+@pytest.fixture(scope="session", params=CONFIGS)
+def rehearsal(request, tmp_path_factory):
+    """(config name, its raw mapping, the rehearsal folder) after the whole DAG ran."""
+    name = request.param
+    raw = load_yaml(ROOT / "configs" / name)
+    if needs_shared_data(raw) and not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not found: rehearsing {name} needs the local data copies beside the checkout")
+    return name, raw, rehearsed(name, tmp_path_factory)
+
+
+def test_rehearsal_produces_every_table_and_figure_with_the_papers_rows_and_columns(rehearsal):
+    name, raw, out = rehearsal
+    for rel in OUTPUTS:
+        assert (out / rel).is_file() and (out / rel).stat().st_size > 0, (name, rel)
+    cfg = pipeline_from_dict(raw, name)
+    t1 = pd.read_csv(out / "results/table1.csv")
+    assert list(t1.model) == [r.model for r in expand_runs(cfg, ["table1"])]
+    assert t1.pile_ppl.notna().all() and t1.layer_apps_per_token.notna().all()
+    t2 = pd.read_csv(out / "results/table2.csv")
+    table1_eval = cfg.scales[cfg.experiments["table1"].scale].eval
+    assert set(t2.shots) == set(table1_eval.shots)
+    accuracy_tasks = [t for t in PAPER_TASKS if t != "wikitext"]
+    if set(PAPER_TASKS) <= set(table1_eval.tasks):  # the paper's tasks: all eight columns and Avg-8
+        assert t2[accuracy_tasks + ["avg8"]].notna().all().all()
+        for col in ("lambada_openai_ppl", "wikitext2_word_ppl"):
+            assert t1[col].notna().all(), col
+    t3 = pd.read_csv(out / "results/table3.csv")
+    shapes = expand_runs(cfg, ["decoding"])
+    assert sorted(zip(t3.model, t3.K)) == sorted((r.model, r.K) for r in shapes)
+    t4 = pd.read_csv(out / "results/table4.csv")
+    assert list(t4.variant) == ["state_only", "stateloop", "reset_state", "stateloop", "vanilla_looped",
+                                "stateloop_gru", "stateloop"]
+
+
+def test_rehearsal_kept_the_configs_training_settings(rehearsal):
+    """Precision, strategy, world shape and accumulation as recorded by every trained run."""
+    name, raw, out = rehearsal
+    kept = kept_settings(raw)
+    runs = sorted((out / "results/runs").glob("*/*/*/train.json"))
+    assert len(runs) == len(expand_runs(pipeline_from_dict(raw, name)))
+    for path in runs:
+        summary = json.loads(path.read_text())
+        want = kept[summary["run"].split("/")[0]]
+        precision = want["precision"]
+        if precision == "auto":  # what auto means on the config's own accelerator
+            gpu = raw["scales"][summary["run"].split("/")[0]]["train"].get("accelerator") in ("cuda", "gpu")
+            precision = "bf16-mixed" if gpu else "32-true"
+        assert summary["precision"] == precision, path
+        assert summary["accumulation"] == want["accumulation"], path
+        assert (summary["num_nodes"] > 1) == want["multi_node"], path
+        assert (summary["world_size"] > 1) == want["multi_device"], path
+        if want["multi_node"]:  # started by (the stand-in) srun: Fabric read SLURM's variables
+            assert summary["cluster_environment"] == "SLURMEnvironment", path
+        if want["multi_device"]:
+            assert summary["strategy"] == {"ddp": "DDPStrategy", "fsdp": "FSDPStrategy"}[want["strategy"]], path
+
+
+def test_rehearsal_evaluated_the_configs_tasks_by_their_names_and_its_table3_dtype(rehearsal):
+    name, raw, out = rehearsal
+    cfg = pipeline_from_dict(raw, name)
+    for run in expand_runs(cfg, ["table1"]):
+        ev = json.loads((out / "results/runs" / run.id / "eval.json").read_text())
+        wanted = cfg.scales[run.scale].eval
+        assert set(ev["tasks"]) == set(wanted.tasks)
+        for task, entry in ev["tasks"].items():
+            shots = {str(s) for s in wanted.shots}
+            if entry["output_type"] == "loglikelihood_rolling":
+                shots = {"0"}
+            assert set(entry["shots"]) == shots, (run.id, task)
+    bench = json.loads((out / "results/bench/decode.json").read_text())
+    decoding_scale = raw["scales"][raw["experiments"]["decoding"]["scale"]]
+    gpu = (decoding_scale.get("train") or {}).get("accelerator") in ("cuda", "gpu")
+    dtype = raw.get("bench", {}).get("dtype", "auto")
+    want = "bfloat16" if dtype == "auto" and gpu else ("float32" if dtype == "auto" else dtype)
+    assert bench["settings"]["dtype"] == want
+
+
+def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
+    """configs/paper.yaml's training as rehearsed (2 "nodes" under srun, DDP over gloo, bf16
+    autocast, accumulation 2): the DAG is killed once a checkpoint exists, and the rerun resumes
+    that run from it without redoing a run that had finished."""
+    if not SHARED.is_dir():
+        pytest.skip(f"{SHARED} not found: rehearsing paper.yaml needs the local data copies")
+    from stateloop.rehearse.run import environment, prepare, snakemake_command
+
+    out = tmp_path / "paper"
+    config = prepare(ROOT / "configs/paper.yaml", out)
+    cfg = yaml.safe_load(config.read_text())
+    train = cfg["scales"]["410m"]["train"]
+    train.update(max_tokens=40 * train["global_batch"] * train["seq_len"])  # 40 steps, a checkpoint every 2
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    short = "results/runs/1.4b/vanilla_looped/K4_ds0/model.pt"
+    long_run = out / "results/runs/410m/stateloop/K7_ds32"
+
+    assert dag(out, short).returncode == 0
+    finished = (out / short).stat().st_mtime
+    proc = subprocess.Popen(snakemake_command(out, 1, [str(long_run.relative_to(out) / "model.pt")]),
+                            env=environment(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not list(long_run.glob("checkpoints/step_*.ckpt.sha256")):  # a complete checkpoint exists
+            assert proc.poll() is None, "the training job ended before it could be interrupted"
+            assert time.time() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.3)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the DAG, srun and both training processes die at once
+        proc.wait()
+    assert not (long_run / "model.pt").exists()
+    assert dag(out, "--unlock").returncode == 0
+    rerun = dag(out, short, str(long_run.relative_to(out) / "model.pt"))
+    assert rerun.returncode == 0, rerun.stderr[-4000:]
+    summary = json.loads((long_run / "train.json").read_text())
+    assert (summary.get("resumed_from_step") or 0) >= 2, summary
+    assert summary["world_size"] == 2 and summary["cluster_environment"] == "SLURMEnvironment"
+    assert summary["precision"] == "bf16-mixed" and summary["steps"] == 40
+    assert (out / short).stat().st_mtime == finished  # the finished run was not redone
