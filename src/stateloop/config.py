@@ -207,7 +207,10 @@ def parse_dotlist(items: list[str]) -> dict:
 
 
 def _yaml_scalar(raw: str):
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)  # the safe loader only
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{raw!r}: not a plain YAML value ({str(err).splitlines()[0]})") from None
     if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string; users mean a number
         try:
             return float(value)
@@ -220,8 +223,11 @@ def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    with path.open() as fh:
-        data = yaml.safe_load(fh)
+    try:
+        with path.open() as fh:
+            data = yaml.safe_load(fh)  # the safe loader only: a `!!python/...` tag is refused, never run
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML or not plain data ({' '.join(str(err).split())[:300]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data

@@ -103,6 +103,66 @@ def save_final(run_dir: str | Path, model: torch.nn.Module | dict, config: dict)
     return path
 
 
+# numpy arrays, which checkpoints written before the safe format held (numpy's RNG state). Rebuilding
+# one calls numpy's own array constructor on an allow-listed class and dtype: no other code runs.
+LEGACY_NUMPY_GLOBALS = ("numpy.ndarray", "numpy._core.multiarray._reconstruct", "numpy.dtype",
+                        "numpy.dtypes.UInt32DType")
+
+
+def _numpy_globals() -> list:
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [np.ndarray, _reconstruct, np.dtype, type(np.dtype(np.uint32))]
+
+
+def unsafe_load_message(path: str | Path, err: BaseException) -> str:
+    """The one-line refusal for a file the safe unpickler will not load."""
+    import re
+
+    text = str(err)
+    found = re.search(r"GLOBAL (\S+)", text)
+    if found:
+        why = found.group(1)
+    else:
+        tail = text.split("WeightsUnpickler error:", 1)[-1]
+        lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+        why = lines[0][:200] if lines else type(err).__name__
+    return f"{path}: not a safe weights file (it needs code to load: {why}); refusing to load it"
+
+
+def is_unsafe_load_error(err: BaseException) -> bool:
+    import pickle
+
+    return isinstance(err, pickle.UnpicklingError) and ("Weights only load failed" in str(err)
+                                                       or "WeightsUnpickler" in str(err))
+
+
+def safe_torch_load(path: str | Path, *, mmap: bool = False, legacy_numpy: bool = False) -> Any:
+    """``torch.load`` with torch's safe unpickler (``weights_only=True``): tensors and plain
+    Python values only, so loading never runs code that a file carries. ``legacy_numpy`` also
+    accepts plain numpy arrays (checkpoints written before RNG states were stored as tensors).
+
+    A file the safe unpickler refuses fails with a one-line ConfigError naming it; so does a
+    truncated or corrupt one."""
+    import contextlib
+
+    import torch
+
+    allow = torch.serialization.safe_globals(_numpy_globals()) if legacy_numpy else contextlib.nullcontext()
+    try:
+        with allow:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except Exception as err:  # noqa: BLE001 - every failure becomes one line naming the file
+        if is_unsafe_load_error(err):
+            raise ConfigError(unsafe_load_message(path, err)) from None
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {first})") from None
+
+
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     """Rebuild a run's model from its folder. Returns (model in eval mode, resolved config dict).
 
@@ -116,10 +176,7 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     path = Path(run_dir) / FINAL_WEIGHTS
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as err:  # truncated or corrupt file
-        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from None
+    blob = safe_torch_load(path)  # never unpickles code: a refused, truncated or corrupt file is one line
     if not isinstance(blob, dict) or "model" not in blob or "config" not in blob:
         raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
     config = blob["config"]

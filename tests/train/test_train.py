@@ -124,7 +124,7 @@ def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, ca
     train(cfg, run_dir, progress=False)
     store = CheckpointStore(run_dir / "checkpoints")
     before = ShardSet(data, "train").fingerprint()
-    assert torch.load(store.path(12), weights_only=False)["data"]["fingerprint"] == before
+    assert torch.load(store.path(12), weights_only=True)["data"]["fingerprint"] == before
     write_shards(data, seed=5)  # same folder, same sizes, other tokens
     after = ShardSet(data, "train").fingerprint()
     assert after != before
@@ -135,7 +135,7 @@ def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, ca
     err = capsys.readouterr().err
     assert result.summary["resumed_from_step"] == 8
     assert "changed since step_00000008.ckpt" in err and f"{before} -> {after}" in err, err
-    assert torch.load(store.path(12), weights_only=False)["data"]["fingerprint"] == after
+    assert torch.load(store.path(12), weights_only=True)["data"]["fingerprint"] == after
 
 
 def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch):

@@ -98,7 +98,7 @@ def resolved(cfg_path: Path, data: Path, run: str = "t/stateloop/K2_ds32", overr
 def weights(run_dir: Path) -> dict:
     import torch
 
-    return torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:

@@ -30,20 +30,15 @@ def run_config_of(run_dir) -> dict:
     """The resolved config saved with a run's weights (read lazily: no weights are loaded)."""
     from pathlib import Path
 
-    import torch
-
     from stateloop.config import ConfigError
-    from stateloop.runs import FINAL_WEIGHTS
+    from stateloop.runs import FINAL_WEIGHTS, safe_torch_load
 
     path = Path(run_dir) / FINAL_WEIGHTS
     if not Path(run_dir).is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-    except Exception as err:
-        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {err})") from None
+    blob = safe_torch_load(path, mmap=True)  # the safe unpickler: a file carrying code is refused
     if not isinstance(blob, dict) or not isinstance(blob.get("config"), dict):
         raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
     return blob["config"]

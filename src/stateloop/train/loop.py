@@ -45,7 +45,7 @@ import yaml
 from stateloop.config import ConfigError
 from stateloop.runs import (MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
                             resolve_device, save_final)
-from stateloop.train.checkpoint import CheckpointStore, warn
+from stateloop.train.checkpoint import CheckpointStore, rng_from_plain, rng_to_plain, warn
 from stateloop.train.resolve import open_data, parse_resolved
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
@@ -232,10 +232,10 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
              "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
              "data": data_identity}
     if resume:
-        fabric.load(resume, state, weights_only=False)
+        store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
         _check_resume(resume, state["config"], config, state["data"], data_identity)
         state["data"] = data_identity
-        _set_rng_states(state["rng"])
+        _set_rng_states(rng_from_plain(state["rng"]))
         state["config"] = config
         if rank0:
             warn(f"resuming from {resume} (step {state['step']} of {total}, {state['tokens']:,} tokens seen)")
@@ -285,7 +285,8 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
                    file=sys.stderr, mininterval=1.0)
 
     def checkpoint(step: int) -> Path:
-        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=_collect_rng_states(include_cuda=True), train_loss=last_loss,
+        rng = rng_to_plain(_collect_rng_states(include_cuda=True))  # tensors and plain values: safe-loadable
+        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=rng, train_loss=last_loss,
                      elapsed=elapsed0 + time.perf_counter() - t_start)
         return store.save(fabric, state, step)
 
