@@ -12,6 +12,7 @@ kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: r
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -37,7 +38,11 @@ def run(args) -> int:
         print(f"stateloop train: error: {err}", file=sys.stderr)
         return NONFINITE_EXIT
     if result.status == "interrupted":
-        return REQUEUE_EXIT
+        # Under Fabric's own launcher the job's status is the launching process's (rank 0), and
+        # Fabric's child-process observer SIGKILLs rank 0 when a child exits non-zero before it:
+        # the children it started exit 0. Under srun every task reports 75 and srun passes it on.
+        started_by_fabric = not result.rank0 and int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1
+        return 0 if started_by_fabric else REQUEUE_EXIT
     s = result.summary
     if result.rank0:
         losses = "".join(f", {name} loss {s[key]:.4f}" for name, key in (("train", "final_train_loss"), ("val", "final_val_loss"))
