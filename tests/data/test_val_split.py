@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from stateloop.config import ConfigError
+from helpers import encoded, split_tokens
 from stateloop.data import load_tokenizer
 from stateloop.data.config import DataConfig, DataError
-from stateloop.data.shards import ShardSet
 from stateloop.data.tokenize import tokenize
 from stateloop.experiments import load_pipeline
 
@@ -77,18 +77,6 @@ def local_copy_config(folder: Path, tokenizer: str = "bpe") -> DataConfig:
     files = cfg.data_files if ZST else {k: v.replace(".jsonl.zst", ".jsonl") for k, v in cfg.data_files.items()}
     return dataclasses.replace(cfg, source=str(folder), data_files=files, tokenizer=tokenizer, vocab_size=300,
                                max_tokens=None, workers=0, shard_tokens=5_000)
-
-
-def encoded(out: Path, texts: list[str]) -> list[int]:
-    """What the shards of ``texts`` must hold: encode(text) + [eos] per document, in order."""
-    tok = load_tokenizer(out)
-    eos = json.loads((out / "meta.json").read_text())["eos_id"]
-    return [i for t in texts for i in tok.encode(t, add_special_tokens=False).ids + [eos]]
-
-
-def split_tokens(out: Path, split: str) -> list[int]:
-    shards = ShardSet(out, split)
-    return shards.window(0, len(shards)).tolist()
 
 
 def test_paper_config_takes_the_piles_own_validation_split():

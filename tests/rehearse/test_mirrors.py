@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from stateloop.data import load_tokenizer
+from helpers import encoded, split_tokens
 from stateloop.data.config import DataConfig, DataError
-from stateloop.data.shards import ShardSet
 from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
 from stateloop.experiments import load_pipeline
 from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
@@ -56,17 +55,6 @@ def parquet_rows(folder: Path) -> list[dict]:
 
 def files_of(folder: Path) -> set[str]:
     return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-
-
-def encoded(out: Path, texts: list[str]) -> list[int]:
-    tok = load_tokenizer(out)
-    eos = json.loads((out / "meta.json").read_text())["eos_id"]
-    return [i for t in texts for i in tok.encode(t, add_special_tokens=False).ids + [eos]]
-
-
-def split_tokens(out: Path, split: str) -> list[int]:
-    shards = ShardSet(out, split)
-    return shards.window(0, len(shards)).tolist()
 
 
 @pytest.fixture
