@@ -3,7 +3,7 @@
 import pytest
 
 from stateloop.config import ConfigError, ModelConfig, from_dict, parse_dotlist
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.experiments import cells, expand_runs, load_pipeline
 
 
 def test_unknown_key_names_the_path():
@@ -53,12 +53,41 @@ def test_runs_are_deduplicated_across_experiments(tmp_path):
     runs = expand_runs(cfg)
     ids = [r.id for r in runs]
     assert len(ids) == len(set(ids)) == 5
-    shared = next(r for r in runs if r.id == "s/stateloop/K3_ds16")
-    assert shared.experiments == ["a", "b"] and shared.folder == "results/runs/s/stateloop/K3_ds16"
-    assert "s/vanilla_looped/K2_ds0" in ids
+    shared = next(r for r in runs if r.id == "s/stateloop/K3_ds16_seed1234")
+    assert shared.experiments == ["a", "b"] and shared.folder == "results/runs/s/stateloop/K3_ds16_seed1234"
+    assert "s/vanilla_looped/K2_ds0_seed1234" in ids
+
+
+def test_seeds_make_one_run_each_with_the_seed_spelled_last(tmp_path):
+    """An experiment's seeds: one run per seed, ids {scale}/{model}/K{K}_ds{ds}_seed{seed}; seeds
+    shared between experiments share runs; without seeds the scale's train.seed is the one."""
+    cfg = load_pipeline(_write(tmp_path, BASE + """
+  a: {scale: s, models: [stateloop, vanilla_looped], K: [3], d_state: [16], seeds: [1, 2, 3]}
+  b: {scale: s, models: [stateloop], K: [3], d_state: [16], seeds: [3, 4]}
+  c: {scale: s, models: [vanilla_looped], K: [2]}
+"""))
+    runs = expand_runs(cfg)
+    ids = [r.id for r in runs]
+    assert len(ids) == len(set(ids)) == 3 + 3 + 1 + 1
+    assert "s/stateloop/K3_ds16_seed4" in ids and "s/vanilla_looped/K2_ds0_seed1234" in ids
+    shared = next(r for r in runs if r.id == "s/stateloop/K3_ds16_seed3")
+    assert shared.experiments == ["a", "b"] and shared.cell == "s/stateloop/K3_ds16" and shared.seed == 3
+    groups = cells(runs)
+    assert [r.seed for r in groups["s/stateloop/K3_ds16"]] == [1, 2, 3, 4]
+
+
+def test_a_run_id_names_one_model(tmp_path):
+    """Two experiments giving one (model, K, d_s, seed) different options would share a folder."""
+    with pytest.raises(ConfigError, match=r"run s/pause_token/K2_ds0_seed1234 is also defined by experiments.a"):
+        load_pipeline(_write(tmp_path, BASE + """
+  a: {scale: s, models: [pause_token], K: [2], options: {pause_token: {pause_id: 5}}}
+  b: {scale: s, models: [pause_token], K: [2], options: {pause_token: {pause_id: 6}}}
+"""))
 
 
 @pytest.mark.parametrize("exp,msg", [
+    ("{scale: s, models: [stateloop], d_state: [16], seeds: [1, 1]}", "lists a seed twice"),
+    ("{scale: s, models: [stateloop], d_state: [16], seeds: [-1]}", "-1 is not a non-negative integer"),
     ("{scale: s, models: [stateloop_xl]}", "unknown model 'stateloop_xl'"),
     ("{scale: big, models: [stateloop]}", "unknown scale 'big'"),
     ("{scale: s, models: [stateloop], d_state: [0]}", "needs a positive state width"),

@@ -44,8 +44,8 @@ def _one_thread():
 def malicious_run(tmp_path: Path, marker: Path) -> Path:
     """A real-looking run folder (tiny model saved with save_final) whose model.pt also holds a payload."""
     cfg = tiny_config("vanilla_looped", vocab_size=97, max_seq_len=64)
-    run_dir = tmp_path / "runs" / "test" / "vanilla_looped" / "K3_ds0"
-    config = {"run": {"id": "test/vanilla_looped/K3_ds0", "scale": "test"}, "model": to_dict(cfg),
+    run_dir = tmp_path / "runs" / "test" / "vanilla_looped" / "K3_ds0_seed1234"
+    config = {"run": {"id": "test/vanilla_looped/K3_ds0_seed1234", "scale": "test"}, "model": to_dict(cfg),
               "data": {"dir": str(tmp_path / "data")}, "train": {"seq_len": 16}}
     save_final(run_dir, build_model(cfg).eval(), config)
     blob = torch.load(run_dir / "model.pt", weights_only=True)  # the file as the code writes it: safe

@@ -8,9 +8,16 @@ A config file (``configs/*.yaml``) has two sections::
       table4: {scale: 410m, models: [stateloop, state_only], K: [7], d_state: [1024]}
       table1: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
 
-A run is (scale, model, K, d_s), with d_s = 0 for models without a persistent state. Runs are
-deduplicated across experiments: one run used by several tables is trained once. Its folder is
-``results/runs/{scale}/{model}/K{K}_ds{ds}/`` (ARCHITECTURE.md, Names).
+A run is (scale, model, K, d_s, seed), with d_s = 0 for models without a persistent state. An
+experiment's ``seeds:`` list makes one run per seed (its own initialisation and data order: the
+seed replaces the scale's ``train.seed``); without it the experiment's one seed is the scale's
+``train.seed``. Runs are deduplicated across experiments: one run used by several tables is
+trained once. Its id and folder spell the seed last, always::
+
+    {scale}/{model}/K{K}_ds{ds}_seed{seed}        results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}/
+
+The runs of one (scale, model, K, d_s) over its seeds form a *cell*; tables and figures report a
+cell's mean and 95% confidence interval over its seeds (``stateloop.report.stats``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ class ScaleConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    # True only for a scale that is the paper's own (its model shape, data and token budget):
+    # then the tables compare absolute numbers (parameters, PPL, latency) with the paper's
+    # (ours - paper). At any other scale only scale-free quantities are set beside the paper's:
+    # each model's change relative to its reference (Vanilla Looped, StateLoop in Table 4).
+    paper: bool = False
 
 
 @dataclass
@@ -67,6 +79,17 @@ class ExperimentConfig:
     # False for shapes that are only measured, never trained (Table 3's decoding rows): such an
     # experiment defines no runs unless it is asked for by name.
     trained: bool = True
+    # One run per seed; empty: the scale's train.seed alone. Seeds shared between experiments
+    # (and between models of one experiment) pair runs: StateLoop and Vanilla Looped with the
+    # same seed see the same data order, so their difference is compared seed by seed.
+    seeds: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for s in self.seeds:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise ConfigError(f"seeds: {s!r} is not a non-negative integer")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(f"seeds: {self.seeds} lists a seed twice")
 
 
 @dataclass
@@ -78,6 +101,14 @@ class BenchConfig:
     repeats: int = 5  # timed runs per model
     warmup: int = 1
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    # token: all models decode in lockstep, one token each in turn, so every model sees the same
+    # machine state (the job also runs alone: workflow/rules/analysis.smk); run: whole runs
+    # round-robin, the paper's literal protocol.
+    interleave: str = "token"
+
+    def __post_init__(self) -> None:
+        if self.interleave not in ("token", "run"):
+            raise ConfigError(f"interleave: {self.interleave!r} is not one of token, run")
 
 
 @dataclass
@@ -94,11 +125,18 @@ class Run:
     K: int
     d_s: int
     model_config: ModelConfig
+    seed: int = 1234
     experiments: list[str] = field(default_factory=list)
 
     @property
-    def id(self) -> str:
+    def cell(self) -> str:
+        """The run without its seed: ``{scale}/{model}/K{K}_ds{ds}`` (the runs of a cell differ
+        only in their seed)."""
         return f"{self.scale}/{self.model}/K{self.K}_ds{self.d_s}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.cell}_seed{self.seed}"
 
     @property
     def folder(self) -> str:
@@ -169,6 +207,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
             raise ConfigError(f"experiments.{name}: not defined (defined: {', '.join(cfg.experiments)})")
         exp = cfg.experiments[name]
         scale = cfg.scales[exp.scale]
+        seeds = exp.seeds or [scale.train.seed]
         for model in exp.models:
             spec = get_spec(model)
             widths = exp.d_state if spec.has_state else [0]
@@ -178,8 +217,21 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
                         mcfg = run_model_config(scale, model, K, d_s, exp.options.get(model))
                     except ConfigError as err:
                         raise ConfigError(f"experiments.{name} ({model}, K={K}, d_s={d_s}): {err}") from None
-                    run = Run(exp.scale, model, K, mcfg.d_state, mcfg)
-                    run = runs.setdefault(run.id, run)
-                    if name not in run.experiments:
-                        run.experiments.append(name)
+                    for seed in seeds:
+                        run = Run(exp.scale, model, K, mcfg.d_state, mcfg, seed)
+                        run = runs.setdefault(run.id, run)
+                        if run.model_config != mcfg:
+                            raise ConfigError(f"experiments.{name} ({model}, K={K}, d_s={d_s}): run {run.id} is also defined "
+                                              f"by experiments.{run.experiments[0]} with other model options; "
+                                              f"a run id names one model (use another scale for a variant)")
+                        if name not in run.experiments:
+                            run.experiments.append(name)
     return list(runs.values())
+
+
+def cells(runs: list[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by cell (everything but the seed), in order; each cell's runs sorted by seed."""
+    out: dict[str, list[Run]] = {}
+    for run in runs:
+        out.setdefault(run.cell, []).append(run)
+    return {cell: sorted(rs, key=lambda r: r.seed) for cell, rs in out.items()}

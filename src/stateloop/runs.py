@@ -1,6 +1,6 @@
 """Run folders: what training leaves behind, and what evaluation and analyses read.
 
-    results/runs/{scale}/{model}/K{K}_ds{ds}/
+    results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}/
         config.yaml        the resolved run config (sections: run, model, data, train, ...)
         model.pt           final weights: {"model": state_dict, "config": resolved config}
         checkpoints/       resumable training state (train stage)
@@ -216,7 +216,7 @@ def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
 
 
 def run_id_of(run_dir: str | Path, config: dict) -> str:
-    """The run id ``{scale}/{model}/K{K}_ds{ds}``: the resolved config's ``run.id`` when it names
+    """The run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``: the resolved config's ``run.id`` when it names
     one, else the folder's last three components (results/runs/<id>)."""
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
     return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])

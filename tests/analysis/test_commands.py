@@ -35,7 +35,7 @@ def test_analyze_logs_to_mlflow_by_run_name_then_by_training_run_id(tiny_run, tm
     assert main(["analyze", "shapley", str(run_dir), "--no-progress"]) == 0
     exp = client.get_experiment_by_name("stateloop")
     runs = client.search_runs([exp.experiment_id])
-    assert [r.info.run_name for r in runs] == ["tiny/stateloop/K3_ds32"]
+    assert [r.info.run_name for r in runs] == ["tiny/stateloop/K3_ds32_seed1234"]
     shapley = json.loads((run_dir / "shapley.json").read_text())
     assert runs[0].data.metrics["shapley/feedback_share_pct"] == pytest.approx(shapley["feedback_share_pct"])
     # train.json names the training run: the next analysis attaches to it.

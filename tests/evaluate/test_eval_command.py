@@ -69,7 +69,7 @@ def test_logs_into_the_runs_mlflow_run(make_run):
 
     client = MlflowClient()
     exp = client.get_experiment_by_name("training") or client.get_experiment(client.create_experiment("training"))
-    train_id = client.create_run(exp.experiment_id, run_name="test/vanilla_looped/K3_ds0").info.run_id
+    train_id = client.create_run(exp.experiment_id, run_name="test/vanilla_looped/K3_ds0_seed1234").info.run_id
     run_dir, _ = make_run()
     (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": train_id}))
     assert eval_cli(run_dir, "--tasks", "--set", "eval.heldout_windows=3") == 0  # perplexity only
@@ -84,7 +84,7 @@ def test_logs_into_the_runs_mlflow_run(make_run):
         ids.append(json.loads((other / "eval.json").read_text())["mlflow_run_id"])
     assert ids[0] == ids[1] != train_id
     found = client.get_run(ids[0])
-    assert found.info.run_name == "test/stateloop_gru/K3_ds32"
+    assert found.info.run_name == "test/stateloop_gru/K3_ds32_seed1234"
     assert found.data.metrics["eval/heldout/ppl"] == pytest.approx(json.loads((other / "eval.json").read_text())["heldout"]["ppl"])
     assert client.get_experiment(found.info.experiment_id).name == "stateloop"
 

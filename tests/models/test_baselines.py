@@ -383,7 +383,7 @@ def test_table1_runs_use_each_models_own_loop_count(tmp_path):
     runs = {r.model: r for r in expand_runs(cfg, ["table1"])}
     assert len(runs) == 10
     assert {m: r.K for m, r in runs.items() if r.K != 4} == {"mesh": 10, "parcae": 10}
-    assert runs["mesh"].id == "1.4b/mesh/K10_ds0" and runs["pause_token"].id == "1.4b/pause_token/K4_ds0"
+    assert runs["mesh"].id == "1.4b/mesh/K10_ds0_seed1234" and runs["pause_token"].id == "1.4b/pause_token/K4_ds0_seed1234"
     bad = tmp_path / "bad.yaml"
     bad.write_text("scales: {s: {}}\nexperiments: {e: {scale: s, models: [mesh], K_by_model: {meshh: [3]}}}\n")
     with pytest.raises(ConfigError, match="unknown model 'meshh'"):

@@ -44,9 +44,9 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     assert result.summary["final_train_loss"] < history[0] - 1.0
     assert result.summary["final_val_loss"] < math.log(64) - 1.0
     # MLflow: run name = run id, flattened resolved config as params, metrics at the logged steps.
-    assert run.info.run_name == "t/stateloop/K2_ds32" and run.info.status == "FINISHED"
+    assert run.info.run_name == "t/stateloop/K2_ds32_seed1234" and run.info.status == "FINISHED"
     assert run.data.params["model.d_model"] == "32" and run.data.params["train.max_steps"] == "60"
-    assert run.data.params["run.id"] == "t/stateloop/K2_ds32" and run.data.params["data.dir"] == str(data.resolve())
+    assert run.data.params["run.id"] == "t/stateloop/K2_ds32_seed1234" and run.data.params["data.dir"] == str(data.resolve())
     assert run.data.tags["model"] == "stateloop" and run.data.tags["K"] == "2"
     assert len(history) == 12 and [m.step for m in val] == [20, 40, 60]
     lrs = client.get_metric_history(run.info.run_id, "train/lr")
@@ -201,7 +201,7 @@ def test_loss_falls_on_the_synthetic_corpus_at_the_tiny_config(synthetic_shards,
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
-    cfg = resolve_run(tiny, "tiny/stateloop/K4_ds64",
+    cfg = resolve_run(tiny, "tiny/stateloop/K4_ds64_seed1234",
                       ["train.max_steps=30", "train.seq_len=64", "train.micro_batch=16", "train.global_batch=16",
                        "train.warmup_steps=5", "train.val_every=0", "train.val_tokens=4096", "train.checkpoint_every=0",
                        "train.log_every=5"], synthetic_shards)
@@ -230,7 +230,7 @@ def test_bf16_mixed_training_runs_on_the_cpu(tiny_setup, tmp_path, model):
     overrides = ["train.precision=bf16-mixed", "train.max_steps=30", "train.val_every=30", "train.checkpoint_every=0"]
     if model == "stateloop_mamba2":
         overrides += ["model.mamba_head_dim=16", "model.mamba_n_groups=2", "model.mamba_d_state=8", "model.mamba_chunk_size=8"]
-    cfg = resolve_run(cfg_path, f"t/{model}/K2_ds32", overrides, data)
+    cfg = resolve_run(cfg_path, f"t/{model}/K2_ds32_seed1234", overrides, data)
     run_dir = tmp_path / "run"
     result = train(cfg, run_dir, progress=False)
     summary = json.loads((run_dir / "train.json").read_text())

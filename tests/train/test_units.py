@@ -80,7 +80,7 @@ def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides,
             "missing": lambda: tmp_path / "nope",
             "empty": lambda: (tmp_path / "empty").mkdir() or tmp_path / "empty",
             "big_vocab": lambda: write_shards(tmp_path / "big", n_train=2_000, n_val=500, vocab=200)}[data_kind]()
-    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32", "--data-dir", str(data),
+    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
                "--out", str(tmp_path / "run"), *overrides])
     err = capsys.readouterr().err.strip()
     assert rc == 2
@@ -94,16 +94,22 @@ def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides,
 
 def test_run_id_errors(tmp_path):
     cfg = write_config(tmp_path / "cfg.yaml")
-    with pytest.raises(ConfigError, match=r"^--run: expected \{scale\}/\{model\}/K\{K\}_ds\{ds\}"):
+    with pytest.raises(ConfigError, match=r"^--run: expected \{scale\}/\{model\}/K\{K\}_ds\{ds\}_seed\{seed\}"):
         resolved(cfg, tmp_path, "t/stateloop/K2")
+    with pytest.raises(ConfigError, match=r"^--run: expected"):
+        resolved(cfg, tmp_path, "t/stateloop/K2_ds32")  # the seed is always spelled
+    with pytest.raises(ConfigError, match=r"^train.seed: set by the run id"):
+        resolved(cfg, tmp_path, "t/stateloop/K2_ds32_seed7", ["train.seed=8"])
+    # the run id's seed is the training seed (init and data order)
+    assert resolved(cfg, tmp_path, "t/stateloop/K2_ds32_seed7")["train"]["seed"] == 7
     with pytest.raises(ConfigError, match=r"^--run: unknown scale 'big'"):
-        resolved(cfg, tmp_path, "big/stateloop/K2_ds32")
-    with pytest.raises(ConfigError, match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0"):
-        resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32")
+        resolved(cfg, tmp_path, "big/stateloop/K2_ds32_seed1234")
+    with pytest.raises(ConfigError, match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
+        resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
-        resolved(cfg, tmp_path, "t/nope/K2_ds0")
+        resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")
     # An ad hoc K the experiments do not list is allowed; the resolved config records it.
-    cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K5_ds0", ["train.lr=1e-3"])
+    cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K5_ds0_seed1234", ["train.lr=1e-3"])
     assert cfg_dict["model"]["K"] == 5 and cfg_dict["train"]["lr"] == 1e-3 and cfg_dict["run"]["experiments"] == []
 
 

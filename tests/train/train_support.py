@@ -89,7 +89,7 @@ def tiny_setup(tmp_path, mlflow_uri, monkeypatch):
     return write_config(tmp_path / "cfg.yaml"), data
 
 
-def resolved(cfg_path: Path, data: Path, run: str = "t/stateloop/K2_ds32", overrides: list[str] | None = None) -> dict:
+def resolved(cfg_path: Path, data: Path, run: str = "t/stateloop/K2_ds32_seed1234", overrides: list[str] | None = None) -> dict:
     from stateloop.train.resolve import resolve_run
 
     return resolve_run(cfg_path, run, overrides or [], data)

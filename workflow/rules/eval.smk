@@ -1,10 +1,10 @@
 rule eval:
     input:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
+        RUN_DIR + "/model.pt",
     output:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/eval.json",
+        RUN_DIR + "/eval.json",
     log:
-        "logs/eval/{scale}/{model}/K{K}_ds{ds}.log",
+        "logs/eval/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "eval").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "eval").runtime,
@@ -15,8 +15,9 @@ rule eval:
         config=CONFIGFILE,
         eval=settings("eval"),
         tasks=eval_tasks,
+        run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop eval results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
+        "stateloop eval {params.run_dir:q}"
         " --config {params.config} {params.tasks} --quiet > {log} 2>&1"

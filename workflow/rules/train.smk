@@ -2,10 +2,10 @@ rule train:
     input:
         "data/{scale}/meta.json",
     output:
-        model="results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
-        summary="results/runs/{scale}/{model}/K{K}_ds{ds}/train.json",
+        model=RUN_DIR + "/model.pt",
+        summary=RUN_DIR + "/train.json",
     log:
-        "logs/train/{scale}/{model}/K{K}_ds{ds}.log",
+        "logs/train/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "train").cpus_per_task
     resources:
         runtime=lambda wc: train_resources(wc)["runtime"],
@@ -24,8 +24,9 @@ rule train:
         train=settings("train"),
         launcher=launcher,
         run=lambda wc: run_of(wc).id,
+        run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "{params.launcher} stateloop train --config {params.config} --run {params.run} --data-dir data/{wildcards.scale}"
-        " --out results/runs/{params.run} --no-progress > {log} 2>&1"
+        "{params.launcher} stateloop train --config {params.config} --run {params.run:q} --data-dir data/{wildcards.scale:q}"
+        " --out {params.run_dir:q} --no-progress > {log} 2>&1"

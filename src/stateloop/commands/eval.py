@@ -14,7 +14,7 @@ import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (results/runs/{scale}/{model}/K{K}_ds{ds})")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed})")
     p.add_argument("--config", help="pipeline config whose scale's `eval:` section to use (configs/*.yaml)")
     p.add_argument("--tasks", nargs="*", help="lm-eval task names (local ones from workflow/tasks/); none: perplexity only")
     p.add_argument("--shots", nargs="+", type=int, help="few-shot counts, e.g. --shots 0 5")

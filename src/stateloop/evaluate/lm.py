@@ -1,6 +1,6 @@
 """The lm-eval model ``stateloop``: any run folder, every registered variant.
 
-    lm_eval --model stateloop --model_args run_dir=results/runs/tiny/stateloop/K4_ds64 ...
+    lm_eval --model stateloop --model_args run_dir=results/runs/tiny/stateloop/K4_ds64_seed1234 ...
     (with ``import stateloop.evaluate.lm`` done first: lm-eval has no plugin hook), or, as
     ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
 

@@ -12,7 +12,7 @@ its hub name from a local hub cache); the evaluation tasks by their lm-eval name
 counts; the analyses' splits; Table 3's dtype (``auto`` is bf16 on the GPUs a CUDA config runs
 on); rendering.
 
-What is **shrunk**: widths (d = 32 with head dim 8; SwiGLU widths, d_s and the mixers' widths
+What is **shrunk**: an experiment's seeds (the first two), widths (d = 32 with head dim 8; SwiGLU widths, d_s and the mixers' widths
 by the same factor), layer counts (/8, at least 1), token budgets (4 optimiser steps of 32-token
 windows), the data read, evaluation examples and windows, benchmark token counts, resources.
 The vocabulary is kept: the tokenizer is the config's own.
@@ -34,6 +34,7 @@ EVAL_LIMIT = 8  # documents per lm-eval task
 # solutions), more than the 32-token training windows, and a continuation must fit the window.
 EVAL_WINDOW = 128
 HELDOUT_WINDOWS = 4
+SEEDS = 2  # an experiment's seeds, at most: two keep the path that aggregates seeds into intervals
 LAYER_OPTIONS = ("n_begin", "n_middle", "n_end", "n_prelude", "n_core", "n_coda")
 
 
@@ -137,6 +138,8 @@ def shrink_experiment(exp: dict, factor: float) -> dict:
                 opts[key] = shrink_layers(int(opts[key]))
         if model == "vanilla_looped_ffn" and opts.get("d_ff") is not None:
             opts["d_ff"] = _width(opts["d_ff"], factor, 8)
+    if len(e.get("seeds") or []) > SEEDS:
+        e["seeds"] = list(e["seeds"][:SEEDS])
     return e
 
 
@@ -156,6 +159,7 @@ def shrink(raw: dict) -> dict:
         scale["resources"] = shrink_resources(scale.get("resources") or {s: {} for s in
                                                                           ("tokenize", "train", "eval", "analyze", "bench")})
         scale["_gpu"] = gpu
+        scale["paper"] = False  # shrunk: never compared with the paper's absolute numbers
     for exp in out.get("experiments", {}).values():
         exp.update(shrink_experiment(exp, factors[exp["scale"]]))
     bench = dict(out.get("bench") or {})

@@ -1,12 +1,13 @@
 """Resolve and check one run's config before anything trains.
 
 Resolution order (ARCHITECTURE.md): the scale's sections -> the experiment's model options (when
-an experiment of the config defines the run) -> the run id's model, K and d_s -> ``key=value``
+an experiment of the config defines the run) -> the run id's model, K, d_s and seed (the seed
+replaces ``train.seed``) -> ``key=value``
 overrides (``train.lr=1e-3``, ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of
 ``train.max_steps`` / ``train.max_tokens`` replaces the scale's budget given by the other). The result is the
 resolved config written to ``RUN_DIR/config.yaml`` and saved inside the final weights::
 
-    run:   {id, scale, model, K, d_s, config, experiments}
+    run:   {id, scale, model, K, d_s, seed, config, experiments}
     model: ModelConfig fields
     train: TrainConfig fields
     data:  {dir: absolute path of the token shards}
@@ -22,16 +23,18 @@ from pathlib import Path
 from stateloop.config import ConfigError, ModelConfig, from_dict, merge, parse_dotlist, to_dict
 from stateloop.train.config import TrainConfig
 
-RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)$")
+RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
+RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 SECTIONS = ("model", "train", "data")
 FIXED_BY_RUN_ID = ("name", "K", "d_state")  # model keys the run id sets
 
 
-def parse_run_id(run_id: str) -> tuple[str, str, int, int]:
+def parse_run_id(run_id: str) -> tuple[str, str, int, int, int]:
+    """(scale, model, K, d_s, seed) of a run id."""
     m = RUN_ID.match(run_id)
     if not m:
-        raise ConfigError(f"--run: expected {{scale}}/{{model}}/K{{K}}_ds{{ds}} (e.g. tiny/stateloop/K3_ds64), got {run_id!r}")
-    return m["scale"], m["model"], int(m["K"]), int(m["ds"])
+        raise ConfigError(f"--run: expected {RUN_ID_FORM} (e.g. tiny/stateloop/K3_ds64_seed1234), got {run_id!r}")
+    return m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])
 
 
 def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
@@ -40,7 +43,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     from stateloop.experiments import expand_runs, load_pipeline, run_model_config
 
     pipeline = load_pipeline(config_path)
-    scale_name, model_name, K, d_s = parse_run_id(run_id)
+    scale_name, model_name, K, d_s, seed = parse_run_id(run_id)
     if scale_name not in pipeline.scales:
         raise ConfigError(f"--run: unknown scale {scale_name!r} in {config_path} (defined: {', '.join(pipeline.scales)})")
     scale = pipeline.scales[scale_name]
@@ -50,7 +53,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
         mcfg, experiments = run.model_config, list(run.experiments)
     else:  # an ad hoc run the experiments do not list: the scale's shape with this model, K and d_s
         mcfg, experiments = run_model_config(scale, model_name, K, d_s), []
-        canonical = f"{scale_name}/{model_name}/K{K}_ds{mcfg.d_state}"
+        canonical = f"{scale_name}/{model_name}/K{K}_ds{mcfg.d_state}_seed{seed}"
         if canonical != run_id:
             raise ConfigError(f"--run: {model_name} has no persistent state, so its run id is {canonical}")
 
@@ -63,6 +66,8 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     for key in FIXED_BY_RUN_ID:
         if key in extra.get("model", {}):
             raise ConfigError(f"model.{key}: set by the run id {run_id}, not by an override")
+    if "seed" in extra.get("train", {}):
+        raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
 
     from stateloop.models.registry import get_spec
 
@@ -74,7 +79,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
         if key in train_extra and other not in train_extra:
             train_extra[other] = 0
-    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), train_extra), "train")
+    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), {**train_extra, "seed": seed}), "train")
     tcfg.check_budget()
     if tcfg.seq_len > mcfg.max_seq_len:
         raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
@@ -87,7 +92,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     if not folder:
         raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or data.dir=DIR)")
     return {
-        "run": {"id": run_id, "scale": scale_name, "model": model_name, "K": K, "d_s": mcfg.d_state,
+        "run": {"id": run_id, "scale": scale_name, "model": model_name, "K": K, "d_s": mcfg.d_state, "seed": seed,
                 "config": str(config_path), "experiments": experiments},
         "model": to_dict(mcfg),
         "train": to_dict(tcfg),
