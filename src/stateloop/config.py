@@ -60,6 +60,11 @@ class ModelConfig:
     # "kernel" requires them and fails loudly.
     attn_impl: str = "auto"
     ssd_impl: str = "auto"
+    # [choice] Init of the state reads W_{s->z}, W_{s->out} (the paper gives only the cell's).
+    # "residual": N(0, init_std / sqrt(2N)) like the backbone's residual-output projections, since
+    # each read is added to the residual stream (Z^k = X^k + R_k, the head's X^K + R_K); "input":
+    # N(0, init_std) like input projections, which at init adds a term as large as the embedding.
+    read_init: str = "residual"
     options: dict = field(default_factory=dict)  # variant-specific options (registry checks them)
 
     def __post_init__(self) -> None:
@@ -68,6 +73,8 @@ class ModelConfig:
                 raise ConfigError(f"model.{key}: must be positive, got {getattr(self, key)}")
         if self.d_state < 0:
             raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
+        if self.read_init not in ("residual", "input"):
+            raise ConfigError(f"model.read_init: must be one of residual, input; got {self.read_init!r}")
         for key in ("attn_impl", "ssd_impl"):
             if getattr(self, key) not in ("auto", "torch", "kernel"):
                 raise ConfigError(f"model.{key}: must be one of auto, torch, kernel; got {getattr(self, key)!r}")

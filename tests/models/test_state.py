@@ -216,3 +216,22 @@ class TestHooks:
     def test_bad_mask_shape_is_an_error(self, model):
         with pytest.raises(ValueError, match="read_mask"):
             model(torch.zeros(1, 4, dtype=torch.long), read_mask=torch.ones(2))
+
+
+@pytest.mark.parametrize("read_init", ["residual", "input"])
+def test_read_projections_init(read_init):
+    """model.read_init: "residual" draws W_{s->z}, W_{s->out} as the residual-output projections
+    (N(0, 0.02 / sqrt(2 K L))), "input" as input projections (N(0, 0.02)); the cell is the paper's
+    either way."""
+    import dataclasses
+
+    cfg = dataclasses.replace(tiny_config("stateloop", K=7, d_state=64, d_model=64, n_heads=4, head_dim=16, d_ff=128),
+                              read_init=read_init)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    n_apps = cfg.K * cfg.n_layers
+    expected = 0.02 / math.sqrt(2 * n_apps) if read_init == "residual" else 0.02
+    for W in (model.W_sz, model.W_sout):
+        assert math.isclose(W.weight.std().item(), expected, rel_tol=0.05)
+    assert torch.all(model.cell.W_delta.weight == 0)
+    assert math.isclose(model.cell.W_u.weight.std().item(), 0.02, rel_tol=0.05)

@@ -128,6 +128,8 @@ class StateLoopLM(LoopedLM):
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
             self.W_sout = nn.Linear(d_s, d, bias=False)  # W_{s->out}: terminal read R_K
+            # model.read_init (config.py): "residual" scales both like residual-output projections.
+            self.W_sz.residual_out = self.W_sout.residual_out = cfg.read_init == "residual"
 
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
         R = W(self.norm_s(S).to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
