@@ -68,6 +68,12 @@ def _task_entry(task: str, shots: int, res: dict) -> dict:
             "metrics": values, "table": table}
 
 
+def chance_level(samples: list[dict]) -> float:
+    """The expected accuracy of a uniform guess over each evaluated example's choices: the mean
+    of 1 / (number of choices); lm-eval scores one request per choice (``arguments``)."""
+    return sum(1.0 / len(s["arguments"]) for s in samples) / len(samples)
+
+
 def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
     from stateloop.runs import atomic_write_bytes
 
@@ -106,6 +112,8 @@ def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, pro
                 "source": "local" if task in prepared.local else "lm-eval", "shots": {},
             })
             entry["shots"][str(shots)] = _task_entry(task, shots, res)
+            if prepared.output_types[task] == "multiple_choice" and res.get("samples") and res["samples"].get(task):
+                entry["shots"][str(shots)]["chance"] = chance_level(res["samples"][task])
             if samples_dir is not None and res.get("samples") and task in res["samples"]:
                 path = _write_samples(samples_dir, task, shots, res["samples"][task])
                 entry["shots"][str(shots)]["samples_file"] = str(path.name)

@@ -32,6 +32,13 @@ ACCURACY_METRIC: dict[str, str] = {
     "synth_cloze": "acc",
 }
 
+# Chance level (a fraction) of the multiple-choice tasks when lm-eval did not log the evaluated
+# examples (with log_samples the harness measures it: the mean of 1 / choices over the examples).
+# RACE, ARC, HellaSwag and SciQ have four options; WinoGrande and PIQA two. Open-ended tasks
+# (LAMBADA, synth_cloze) have none.
+CHANCE: dict[str, float] = {"arc_easy": 0.25, "arc_challenge": 0.25, "hellaswag": 0.25, "sciq": 0.25, "race": 0.25,
+                            "winogrande": 0.5, "piqa": 0.5}
+
 # Table 1 (perplexity, zero-shot): task -> lm-eval metric. The held-out token perplexity of the
 # run's own data (the paper's "Pile" column) is computed outside lm-eval (evaluate/perplexity.py).
 PERPLEXITY_METRIC: dict[str, str] = {

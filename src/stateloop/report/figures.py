@@ -1,7 +1,12 @@
 """Figures 2-4 in the paper's form, with the paper's stated values marked.
 
+Every point of ours is a mean over seeds with its 95% interval as an error bar (band for a
+reference line); the paper's points sit on a twin y-axis of their own (crimson), since its 410M
+models and ours have different perplexity scales.
+
 - loop_depth (Figure 2): held-out PPL against K for Vanilla Looped and StateLoop, and StateLoop's
-  advantage (vanilla - stateloop); the paper states the advantage at K = 3 and K = 7.
+  advantage (PPL(vanilla) / PPL(StateLoop) - 1, paired by seed); the paper states the advantage
+  (in PPL) at K = 3 and K = 7.
 - state_width (Figure 3): StateLoop's PPL against its parameter overhead over Vanilla Looped,
   points labelled by d_s and PPL (as the paper labels them), with Vanilla Looped as the reference line; the paper's 410M points
   from Table 4 are marked.
@@ -14,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import matplotlib
@@ -21,11 +27,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from stateloop.experiments import expand_runs  # noqa: E402
+from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
+from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
 from stateloop.report.tables import _params, _runs, read_json, reference  # noqa: E402
 
-PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5, label="paper")
+PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
+# Our runs and the paper's 410M models live on different PPL scales: the paper's points go on a
+# twin y-axis (crimson, right) of their own, never on our axis.
 
 
 def _fact(figure: str, quantity: str) -> float:
@@ -38,88 +47,130 @@ def _ppl(results: Path, run) -> float:
     return read_json(results / "runs" / run.id / "eval.json")["heldout"]["ppl"]
 
 
+def _by_seed(results: Path, runs) -> dict[int, float]:
+    return {run.seed: _ppl(results, run) for run in runs}
+
+
+def _err(est: Estimate) -> float:
+    """Error-bar half length: the 95% interval's (0 with one seed)."""
+    return 0.0 if math.isnan(est.lo) else est.half_width
+
+
+def _paper_axis(ax, label: str):
+    twin = ax.twinx()
+    twin.set_ylabel(label, color="crimson")
+    twin.tick_params(axis="y", colors="crimson")
+    return twin
+
+
+def _seeds_label(groups) -> str:
+    n = sorted({len(rs) for rs in groups})
+    return f"mean and 95% CI over {'/'.join(map(str, n))} seed(s)"
+
+
 def loop_depth(cfg, results: Path):
     runs = _runs(cfg, "loop_depth")
-    curves: dict[str, dict[int, float]] = {}
-    for run in runs:
-        curves.setdefault(run.model, {})[run.K] = _ppl(results, run)
+    groups = list(cells(runs).values())
+    curves: dict[str, dict[int, dict[int, float]]] = {}  # model -> K -> seed -> PPL
+    for rs in groups:
+        curves.setdefault(rs[0].model, {})[rs[0].K] = _by_seed(results, rs)
     for needed in ("vanilla_looped", "stateloop"):
         if needed not in curves:
             raise KeyError(f"experiments.loop_depth.models: {needed} is missing (Figure 2 compares it)")
     Ks = sorted(set(curves["vanilla_looped"]) & set(curves["stateloop"]))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(9, 3.6))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
     for model, style in (("vanilla_looped", "o-"), ("stateloop", "s-")):
         ks = sorted(curves[model])
-        ax.plot(ks, [curves[model][k] for k in ks], style, label=model)
-    ax.set(xlabel="loop depth K", ylabel="held-out PPL", title="PPL against loop depth")
-    ax.legend()
-    adv = [curves["vanilla_looped"][k] - curves["stateloop"][k] for k in Ks]
-    ax2.plot(Ks, adv, "d-", color="tab:green", label="ours")
-    ax2.scatter([3, 7], [_fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
-                         _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], **PAPER_STYLE)
+        ests = [t_interval(list(curves[model][k].values())) for k in ks]
+        ax.errorbar(ks, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt=style, capsize=3, label=model)
+    ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title=f"PPL against loop depth ({_seeds_label(groups)})")
+    ax.legend(fontsize=8)
+    # StateLoop's advantage in percent of Vanilla's PPL, paired by seed.
+    adv = [paired(curves["vanilla_looped"][k], curves["stateloop"][k], relative_pct) for k in Ks]
+    means = [e.mean for e in adv]
+    ax2.errorbar(Ks, means, yerr=[_err(e) for e in adv], fmt="d-", color="tab:green", capsize=3, label="ours (paired by seed)")
     ax2.axhline(0, color="grey", lw=0.8)
-    ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) - PPL(StateLoop)", title="StateLoop advantage")
-    ax2.legend()
+    ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="StateLoop advantage")
+    twin = _paper_axis(ax2, "paper: PPL(vanilla) - PPL(StateLoop), 410M")
+    twin.scatter([3, 7], [_fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
+                          _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **PAPER_STYLE)
+    twin.set_ylim(bottom=min(0.0, twin.get_ylim()[0]))
+    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
 
 
 def state_width(cfg, results: Path):
     runs = _runs(cfg, "state_width")
-    points = sorted((run.d_s, run) for run in runs if run.model == "stateloop")
-    if not points:
+    groups = sorted((rs for rs in cells(runs).values() if rs[0].model == "stateloop"), key=lambda rs: rs[0].d_s)
+    if not groups:
         raise KeyError("experiments.state_width.models: stateloop is missing (Figure 3 sweeps its d_s)")
-    K, scale = points[0][1].K, points[0][1].scale
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    K, scale = groups[0][0].K, groups[0][0].scale
+    fig, ax = plt.subplots(figsize=(6.5, 4.0))
     # The overhead is over a vanilla model of the same shape; its PPL is drawn when the config trains one.
-    base_params = count_params(dataclasses.replace(points[0][1].model_config, name="vanilla_looped", d_state=0, options={}))
-    vanilla = next((r for r in expand_runs(cfg) if r.model == "vanilla_looped" and r.K == K and r.scale == scale), None)
+    base_params = count_params(dataclasses.replace(groups[0][0].model_config, name="vanilla_looped", d_state=0, options={}))
+    vanilla = next((rs for rs in cells(expand_runs(cfg)).values()
+                    if rs[0].model == "vanilla_looped" and rs[0].K == K and rs[0].scale == scale), None)
     if vanilla is not None:
-        ax.axhline(_ppl(results, vanilla), color="grey", ls="--", label=f"vanilla_looped (K={K})")
-    xs = [100 * (_params(run) / base_params - 1) for _, run in points]
-    ys = [_ppl(results, run) for _, run in points]
-    ax.plot(xs, ys, "s-", label="stateloop")
-    for (d_s, _), x, y in zip(points, xs, ys):
-        ax.annotate(f"d_s={d_s}\nPPL {y:.2f}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        v = t_interval(list(_by_seed(results, vanilla).values()))
+        ax.axhline(v.mean, color="grey", ls="--", label=f"vanilla_looped (K={K})")
+        if _err(v):
+            ax.axhspan(v.lo, v.hi, color="grey", alpha=0.15)
+    xs = [100 * (_params(rs[0]) / base_params - 1) for rs in groups]
+    ests = [t_interval(list(_by_seed(results, rs).values())) for rs in groups]
+    ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="s-", capsize=3, label="stateloop")
+    for rs, x, e in zip(groups, xs, ests):
+        ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean), textcoords="offset points", xytext=(4, 4), fontsize=8)
     t4 = reference("table4_ablations")
-    v = float(t4[(t4.variant == "vanilla_looped")].pile_ppl.iloc[0])
-    s = float(t4[(t4.variant == "stateloop")].pile_ppl.iloc[0])
+    pv = float(t4[(t4.variant == "vanilla_looped")].pile_ppl.iloc[0])
+    ps = float(t4[(t4.variant == "stateloop")].pile_ppl.iloc[0])
     vp = _fact("fig3_state_width", "vanilla_params_m")
     sp = float(t4[(t4.variant == "stateloop")].params_m.iloc[0])
-    ax.scatter([100 * (sp / vp - 1)], [s], **PAPER_STYLE)
-    ax.scatter([0.0], [v], marker="*", s=140, color="grey", zorder=5, label="paper vanilla (410M)")
-    ax.set(xlabel="parameter overhead over vanilla (%)", ylabel="held-out PPL", title=f"State width (K={K})")
-    ax.legend(fontsize=8)
+    twin = _paper_axis(ax, "paper: held-out PPL (410M)")
+    twin.scatter([100 * (sp / vp - 1)], [ps], label="paper StateLoop d_s = d", **PAPER_STYLE)
+    twin.scatter([0.0], [pv], marker="*", s=140, color="grey", zorder=5, label="paper vanilla")
+    ax.set(xlabel="parameter overhead over vanilla (%)", ylabel="held-out PPL (ours)",
+           title=f"State width (K={K}; {_seeds_label(groups)})")
+    ax.legend(handles=ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=7)
     fig.tight_layout()
     return fig
 
 
 def state_analysis(cfg, results: Path):
     runs = _runs(cfg, "state_analysis")
-    run = next((r for r in runs if r.model == "stateloop"), None)
-    if run is None:
+    group = next((rs for rs in cells(runs).values() if rs[0].model == "stateloop"), None)
+    if group is None:
         raise KeyError("experiments.state_analysis.models: stateloop is missing (Figure 4 analyses it)")
-    sh = read_json(results / "runs" / run.id / "shapley.json")
-    iv = read_json(results / "runs" / run.id / "interventions.json")
-    K = len(sh["reads"])
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    shs = [read_json(results / "runs" / r.id / "shapley.json") for r in group]
+    ivs = [read_json(results / "runs" / r.id / "interventions.json") for r in group]
+    reads = shs[0]["reads"]
+    K = len(reads)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.0))
     colors = ["tab:blue"] * (K - 1) + ["tab:orange"]
-    ax.bar(sh["reads"], sh["share_pct"], color=colors)
+    shares = [t_interval([sh["share_pct"][k] for sh in shs]) for k in range(K)]
+    ax.bar(reads, [e.mean for e in shares], yerr=[_err(e) for e in shares], capsize=3, color=colors)
+    fb = t_interval([sh["feedback_share_pct"] for sh in shs])
     ax.set(ylabel="share of total Shapley value (%)",
-           title=f"(a) state reads: feedback {sh['feedback_share_pct']:.1f}%, terminal {sh['terminal_share_pct']:.1f}%")
+           title=f"(a) state reads: feedback {fb.format(1)}%, terminal {100 - fb.mean:.1f}%")
     ax.set_xlabel(f"paper (K=7): feedback {_fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
-                  f"terminal {_fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%", color="crimson")
-    rep = iv["replacement"]
-    frz = iv["freezing"]
-    ax2.plot([e["i"] for e in rep], [e["ppl"] for e in rep], "o-", label=r"replace $S^{i+1}$ by calibrated $S^i$")
-    ax2.plot([e["i"] for e in frz], [e["ppl"] for e in frz], "s-", label=r"freeze $S^i$ after boundary $i$")
-    held = iv["heldout"]  # the same windows and number as the run's held-out PPL (Table 4)
-    ax2.axhline(held["ppl"], color="grey", ls="--",
-                label=f"unmodified {held['ppl']:.2f} (= held-out PPL; {held['split']}, {held['windows']} windows)")
-    ax2.scatter([3, 3], [_fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
-                         _fact("fig4b_interventions", "freeze_at_S3_ppl")], **PAPER_STYLE)
-    ax2.set(xlabel="boundary i", ylabel="held-out PPL", title="(b) replacement and freezing", yscale="log")
-    ax2.legend(fontsize=7)
+                  f"terminal {_fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%; ours: {_seeds_label([group])}",
+                  color="crimson")
+    for kind, style, label in (("replacement", "o-", r"replace $S^{i+1}$ by calibrated $S^i$"),
+                               ("freezing", "s-", r"freeze $S^i$ after boundary $i$")):
+        idx = [e["i"] for e in ivs[0][kind]]
+        ests = [t_interval([{e["i"]: e["ppl"] for e in iv[kind]}[i] for iv in ivs]) for i in idx]
+        ax2.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt=style, capsize=3, label=label)
+    held = t_interval([iv["heldout"]["ppl"] for iv in ivs])  # the run's held-out PPL (Table 4), same windows
+    h0 = ivs[0]["heldout"]
+    ax2.axhline(held.mean, color="grey", ls="--",
+                label=f"unmodified {held.mean:.2f} (= held-out PPL; {h0['split']}, {h0['windows']} windows)")
+    ax2.set(xlabel="boundary i", ylabel="held-out PPL (ours)", title="(b) replacement and freezing", yscale="log")
+    twin = _paper_axis(ax2, "paper: PPL (410M, K=7)")
+    twin.scatter([3, 3], [_fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
+                          _fact("fig4b_interventions", "freeze_at_S3_ppl")], label="paper (i=3)", **PAPER_STYLE)
+    twin.axhline(_fact("fig4b_interventions", "unmodified_ppl"), color="crimson", ls=":", lw=0.8)
+    twin.set_yscale("log")
+    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=7)
     fig.tight_layout()
     return fig
 
