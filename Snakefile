@@ -26,3 +26,4 @@ rule all:
     input:
         TABLES,
         FIGURES,
+        CLAIMS,

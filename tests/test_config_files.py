@@ -22,8 +22,9 @@ def test_committed_schema_is_generated_from_the_dataclasses():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_resolves_and_matches_the_schema(path):
     cfg = load_pipeline(path)
-    assert FIGURE_AND_TABLE_EXPERIMENTS <= set(cfg.experiments)
-    assert not cfg.experiments["decoding"].trained
+    if path.name != "decide.yaml":  # the claims scale runs Tables 1 and 4 and Figure 2 only
+        assert FIGURE_AND_TABLE_EXPERIMENTS <= set(cfg.experiments)
+        assert not cfg.experiments["decoding"].trained
     runs = expand_runs(cfg)
     assert len({r.id for r in runs}) == len(runs) > 0
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())

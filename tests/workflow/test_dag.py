@@ -18,6 +18,8 @@ import yaml
 from dag_helpers import copy_workflow, env, snakemake
 from rehearsal_support import dag
 
+from stateloop.experiments import expand_runs, load_pipeline
+
 pytestmark = pytest.mark.slow
 
 
@@ -29,7 +31,7 @@ def jobs(dry_run_output: str) -> list[dict]:
         if m:
             current = {"rule": m.group(1)}
             out.append(current)
-        elif current is not None and line.strip().startswith(("output:", "resources:", "wildcards:")):
+        elif current is not None and line.strip().startswith(("output:", "resources:", "wildcards:", "threads:")):
             key, _, value = line.strip().partition(": ")
             current[key] = value
     return out
@@ -47,6 +49,32 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
                       "pause_token", "stateloop", "stateloop_attn", "stateloop_mamba2"}
     for j in trains:  # the scale's GPUs and nodes (configs/paper.yaml: 4 nodes x 8 GPUs at 1.4B)
         assert "gres=gpu:8" in j["resources"] and "nodes=4" in j["resources"] and "tasks_per_node=8" in j["resources"]
+
+
+def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
+    """configs/decide.yaml: 15 cells x 4 seeds, one training each, seeds spelled in every path;
+    Tables 1 and 4, Figure 2 and the claims are its outputs (no Table 2: no lm-eval task)."""
+    work = copy_workflow(tmp_path)
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
+    trains = [j["output"] for j in planned if j["rule"] == "train"]
+    assert len(trains) == len(set(trains)) == 60
+    assert all(re.search(r"/K\d+_ds\d+_seed[1-4]/model\.pt", o) for o in trains)
+    assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
+                              "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md"])
+
+
+def test_decoding_benchmark_runs_alone(tmp_path):
+    """Table 3 is timed with no other job beside it: locally it takes every core Snakemake has,
+    under SLURM a whole node."""
+    work = copy_workflow(tmp_path)
+    cores = os.cpu_count()
+    assert cores >= 2, "this test needs a machine with two cores"
+    planned = jobs(snakemake(work, "-n", "--cores", str(cores), "results/bench/decode.json").stdout)
+    bench = next(j for j in planned if j["rule"] == "bench_decode")
+    others = [j for j in planned if j["rule"] != "bench_decode"]
+    assert bench.get("threads") == str(cores) and all(j.get("threads", "1") == "1" for j in others) and "slurm_extra='--exclusive'" in bench["resources"]
 
 
 def test_paper_config_plans_26_training_runs_once_each(tmp_path):
@@ -93,13 +121,13 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     # touch of the smoke model changes nothing: write the weights file anew, as retraining does.
     import torch
 
-    model = smoke_dag / "results/runs/smoke/stateloop_gru/K3_ds32/model.pt"
+    model = smoke_dag / "results/runs/tiny/stateloop_gru/K7_ds32_seed1234/model.pt"
     blob = torch.load(model, weights_only=False)
     blob["code_version"] = "retrained"
     torch.save(blob, model)
     planned = jobs(dag(smoke_dag, "-n").stdout)
     rules = sorted(j["rule"] for j in planned)
-    assert rules == ["all", "eval", "render_table"], rules  # Table 4 only: its eval and the table
+    assert rules == ["all", "eval", "render_claims", "render_table"], rules  # Table 4 only: its eval, the table, the claims
     assert "stateloop_gru" in next(j for j in planned if j["rule"] == "eval")["output"]
     assert "table4" in next(j for j in planned if j["rule"] == "render_table")["output"]
 
@@ -139,7 +167,8 @@ def test_mlflow_server_lists_every_run(smoke_dag):
         runs = json.load(urllib.request.urlopen(req, timeout=10)).get("runs", [])
         names = {r["info"]["run_name"] for r in runs}
         expected = {str(p.relative_to(smoke_dag / "results/runs")) for p in (smoke_dag / "results/runs").glob("*/*/*")}
-        assert len(expected) == 16
+        cfg = load_pipeline(smoke_dag / "config.yaml")
+        assert expected == {r.id for r in expand_runs(cfg)}
         assert expected <= names, sorted(expected - names)
     finally:
         os.killpg(server.pid, signal.SIGTERM)

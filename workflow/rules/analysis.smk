@@ -3,11 +3,11 @@
 # rule), so their unmodified NLL is Table 4's; interventions calibrate on a sample of train.
 rule shapley:
     input:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
+        RUN_DIR + "/model.pt",
     output:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/shapley.json",
+        RUN_DIR + "/shapley.json",
     log:
-        "logs/shapley/{scale}/{model}/K{K}_ds{ds}.log",
+        "logs/shapley/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "analyze").runtime,
@@ -17,20 +17,21 @@ rule shapley:
     params:
         config=CONFIGFILE,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop analyze shapley results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
+        "stateloop analyze shapley {params.run_dir:q}"
         " --config {params.config} --no-progress > {log} 2>&1"
 
 
 rule interventions:
     input:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/model.pt",
+        RUN_DIR + "/model.pt",
     output:
-        "results/runs/{scale}/{model}/K{K}_ds{ds}/interventions.json",
+        RUN_DIR + "/interventions.json",
     log:
-        "logs/interventions/{scale}/{model}/K{K}_ds{ds}.log",
+        "logs/interventions/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "analyze").runtime,
@@ -40,32 +41,37 @@ rule interventions:
     params:
         config=CONFIGFILE,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop analyze interventions results/runs/{wildcards.scale}/{wildcards.model}/K{wildcards.K}_ds{wildcards.ds}"
+        "stateloop analyze interventions {params.run_dir:q}"
         " --config {params.config} --no-progress > {log} 2>&1"
 
 
+# Table 3 is timed alone: the job takes every core Snakemake was given (so no other job of the DAG
+# runs beside it locally) and, under SLURM, a whole node (--exclusive); all models are timed in
+# one process, decoding in lockstep (bench.interleave), with the paper's mean and std over runs.
 rule bench_decode:
     output:
         "results/bench/decode.json",
     log:
         "logs/bench/decode.log",
-    threads: lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").cpus_per_task
+    threads: all_cores
     resources:
-        runtime=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").runtime,
-        mem_mb=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").mem_mb,
-        cpus_per_task=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").cpus_per_task,
-        gpu=lambda wc: stage(PIPE.experiments["decoding"].scale, "bench").gpus,
+        runtime=lambda wc: stage(BENCH_SCALE, "bench").runtime,
+        mem_mb=lambda wc: stage(BENCH_SCALE, "bench").mem_mb,
+        cpus_per_task=lambda wc: stage(BENCH_SCALE, "bench").cpus_per_task,
+        gpu=lambda wc: stage(BENCH_SCALE, "bench").gpus,
+        slurm_extra="'--exclusive'",
     params:
         config=CONFIGFILE,
-        scale=PIPE.experiments["decoding"].scale,
+        scale=BENCH_SCALE,
         models=decode_models(),
         bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
-               f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype}"),
+               f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"),
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop bench decode --config {params.config} --scale {params.scale} --models {params.models}"
-        " {params.bench} --output {output} --no-progress > {log} 2>&1"
+        "stateloop bench decode --config {params.config} --scale {params.scale:q} --models {params.models}"
+        " {params.bench} --threads {threads} --output {output} --no-progress > {log} 2>&1"

@@ -28,29 +28,52 @@ if not os.path.exists(CONFIGFILE) or open(CONFIGFILE, "rb").read() != _text:
     atomic_write_bytes(CONFIGFILE, _text)
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
+# A run's folder (experiments.Run.folder): the seed is always spelled, last.
+RUN_DIR = "results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 STAGE_EXPERIMENTS = {  # output -> the experiment it reads (ARCHITECTURE.md)
     "table1": "table1", "table2": "table1", "table3": "decoding", "table4": "table4",
     "loop_depth": "loop_depth", "state_width": "state_width", "state_analysis": "state_analysis",
 }
-for _needed in sorted(set(STAGE_EXPERIMENTS.values())):
-    if _needed not in PIPE.experiments:
-        raise WorkflowError(f"invalid config: {CONFIG_NAME}: experiments.{_needed}: missing (a table or figure reads it)")
-if PIPE.experiments["decoding"].trained:
+# A config makes the outputs whose experiments it defines (configs/decide.yaml: Tables 1 and 4,
+# Figure 2 and the claims); Table 2 needs the Table 1 scale to evaluate some lm-eval task.
+OUTPUTS = [o for o, e in STAGE_EXPERIMENTS.items() if e in PIPE.experiments]
+if "table2" in OUTPUTS and not PIPE.scales[PIPE.experiments["table1"].scale].eval.tasks:
+    OUTPUTS.remove("table2")
+BENCH_SCALE = PIPE.experiments["decoding"].scale if "decoding" in PIPE.experiments else None
+if BENCH_SCALE is not None and PIPE.experiments["decoding"].trained:
     raise WorkflowError(f"invalid config: {CONFIG_NAME}: experiments.decoding.trained: must be false (Table 3 times untrained shapes)")
 
-TABLES = [f"results/{t}.{ext}" for t in ("table1", "table2", "table3", "table4") for ext in ("csv", "md")]
-FIGURES = [f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis") for ext in ("pdf", "png")]
+TABLES = [f"results/{t}.{ext}" for t in ("table1", "table2", "table3", "table4") if t in OUTPUTS for ext in ("csv", "md")]
+FIGURES = [f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis") if f in OUTPUTS
+           for ext in ("pdf", "png")]
+CLAIMS = ["results/claims.md", "results/claims.csv"]
 
 wildcard_constraints:
     scale="|".join(re.escape(s) for s in PIPE.scales),
     model="|".join(MODELS),
     K=r"\d+",
     ds=r"\d+",
+    seed=r"\d+",
 
 
 def run_of(wc):
-    """The run of a job's {scale}/{model}/K{K}_ds{ds} wildcards."""
-    return RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}"]
+    """The run of a job's {scale}/{model}/K{K}_ds{ds}_seed{seed} wildcards."""
+    return RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}_seed{wc.seed}"]
+
+
+def all_cores(wc):
+    """Threads of a job that must run alone: every core this Snakemake may use (capped at the
+    machine's), so the local scheduler starts nothing beside it."""
+    try:
+        cores = workflow.cores
+    except WorkflowError:  # no --cores (a remote executor): the stage's own CPUs
+        return stage(BENCH_SCALE, "bench").cpus_per_task
+    return max(1, min(cores, os.cpu_count() or 1))
+
+
+def run_dir(wc):
+    """Params value: the job's run folder."""
+    return run_of(wc).folder
 
 
 def runs_of(experiment):
@@ -109,8 +132,21 @@ def eval_tasks(wc):
 
 def decode_models():
     """Table 3's rows: the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
+    if BENCH_SCALE is None:
+        return ""
     shapes = expand_runs(PIPE, ["decoding"])
     return " ".join(f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in shapes)
+
+
+def claims_inputs(wc):
+    """Everything the claims read: every trained run's eval.json, Figure 4's analyses, Table 3's
+    timings (each where the config defines the experiment)."""
+    files = [f"{r.folder}/eval.json" for r in RUNS.values()]
+    if "state_analysis" in PIPE.experiments:
+        files += run_files("state_analysis", "shapley.json") + run_files("state_analysis", "interventions.json")
+    if BENCH_SCALE is not None:
+        files.append("results/bench/decode.json")
+    return files
 
 
 def figure_inputs(wc):

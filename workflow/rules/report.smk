@@ -33,3 +33,20 @@ rule render_figure:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop render {wildcards.figure} --config {params.config} --out {output.pdf} > {log} 2>&1"
+
+
+# The paper's claims, each with our effect, its 95% confidence interval over seeds and a verdict.
+rule render_claims:
+    input:
+        claims_inputs,
+    output:
+        md="results/claims.md",
+        csv="results/claims.csv",
+    log:
+        "logs/render/claims.log",
+    params:
+        config=CONFIGFILE,
+    conda:
+        "../../envs/stateloop.yaml"
+    shell:
+        "stateloop render claims --config {params.config} --out {output.csv} > {log} 2>&1"

@@ -1,18 +1,19 @@
 """``stateloop render TARGET --config CONFIG --out PATH``: one table or figure from the results.
 
-Tables (table1..table4) write PATH (.csv) and its Markdown twin (.md); figures (loop_depth,
-state_width, state_analysis) write PATH (.pdf) and its PNG twin (.png). Both atomically.
+Tables (table1..table4) and the claims (``claims``: the paper's claims judged, report/claims.py)
+write PATH (.csv) and its Markdown twin (.md); figures (loop_depth, state_width, state_analysis)
+write PATH (.pdf) and its PNG twin (.png). Both atomically.
 """
 
 from __future__ import annotations
 
-TARGETS = ["table1", "table2", "table3", "table4", "loop_depth", "state_width", "state_analysis"]
+TARGETS = ["table1", "table2", "table3", "table4", "loop_depth", "state_width", "state_analysis", "claims"]
 
 
 def add_arguments(p) -> None:
     p.add_argument("target", choices=TARGETS, help="what to render")
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--out", required=True, help="output path: results/<table>.csv or figures/<figure>.pdf")
+    p.add_argument("--out", required=True, help="output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
     p.add_argument("--results", default="results", help="results folder holding runs/ and bench/ (default: results)")
     p.add_argument("--bench", help="decode benchmark JSON for table3 (default: RESULTS/bench/decode.json)")
 
@@ -26,7 +27,13 @@ def run(args) -> int:
 
     cfg = load_pipeline(args.config)
     results, out = Path(args.results), Path(args.out)
-    if args.target.startswith("table"):
+    if args.target == "claims":
+        from stateloop.report import claims
+
+        df = claims.judge(cfg, results)
+        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
+        atomic_write_bytes(out.with_suffix(".md"), claims.to_markdown(df, cfg, str(args.config)).encode())
+    elif args.target.startswith("table"):
         from stateloop.report import tables
 
         kwargs = {"bench_json": Path(args.bench)} if args.target == "table3" and args.bench else {}
