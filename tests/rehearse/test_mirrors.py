@@ -273,3 +273,19 @@ def test_errors_are_one_line_and_name_the_dataset(tmp_path, shared_data):
         write_mirror(real_data("paper.yaml", "1.4b"), tmp_path, shared_data, n_train_docs=100_000)
     assert set(MIRRORS) == {PILE, FINEWEB}
     assert not any(tmp_path.iterdir())  # nothing written on an error
+
+
+def test_a_local_source_is_rehearsed_from_where_the_config_is_run(tmp_path, monkeypatch):
+    """configs/decide.yaml reads ../shared/data/tinyshakespeare/input.txt relative to the
+    repository root; its rehearsal folder lies elsewhere, so the path becomes absolute."""
+    import yaml
+
+    from stateloop.rehearse.run import prepare
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)
+    cfg = yaml.safe_load(prepare("configs/decide.yaml", tmp_path / "r", tmp_path).read_text())
+    for scale in cfg["scales"].values():
+        source = Path(scale["data"]["source"])
+        assert source.is_absolute() and source == (root / "../shared/data/tinyshakespeare/input.txt").resolve()
+        assert scale["data"]["max_docs"] == 400 and scale["paper"] is False

@@ -85,8 +85,10 @@ def test_judge_on_constructed_results(tmp_path):
     assert math.isclose(df.loc["state_only_worse"].ours, expected, rel_tol=1e-9)
     assert df.loc["reset_state_worse"].verdict == "contradicted"
     assert df.loc["gru_worse"].verdict == "inconclusive"
+    assert df.loc["stateloop_vs_vanilla_K7"].verdict == "reproduced"  # vanilla +0.2 at every seed
+    assert math.isclose(df.loc["stateloop_vs_vanilla_K7"].paper_effect, 100 * (9.04 / 9.34 - 1))
     for claim in ("feedback_reads_dominate", "freezing_hurts_more", "state_branch_cheaper_than_iteration",
                   "narrowest_state_beats_vanilla"):
         assert df.loc[claim].verdict == "not run"
     md = to_markdown(df.reset_index(), cfg, "c.yaml")
-    assert "1 reproduced, 1 contradicted" in md and "**not run**" in md
+    assert "2 reproduced, 1 contradicted" in md and "**not run**" in md

@@ -20,7 +20,7 @@ from dag_helpers import ROOT
 from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.experiments import expand_runs, pipeline_from_dict
-from stateloop.rehearse.config import kept_settings
+from stateloop.rehearse.config import SEEDS, kept_settings
 
 pytestmark = pytest.mark.slow
 
@@ -83,6 +83,13 @@ def test_rehearsal_produces_every_table_and_figure_with_the_papers_rows_and_colu
     t4 = pd.read_csv(out / "results/table4.csv")
     assert list(t4.variant) == ["state_only", "stateloop", "reset_state", "stateloop", "vanilla_looped",
                                 "stateloop_gru", "stateloop"]
+    # seeds: a rehearsal keeps two of an experiment's seeds; the tables and claims aggregate them
+    seeds = min(len(cfg.experiments["table4"].seeds) or 1, SEEDS)
+    assert (t4.seeds == seeds).all()
+    assert t4.pile_ppl_lo.notna().all() == (seeds > 1)
+    claims = pd.read_csv(out / "results/claims.csv").set_index("id")
+    assert set(claims.verdict) <= {"reproduced", "contradicted", "inconclusive", "not run", "-"}
+    assert (claims.loc["state_only_worse"].n == seeds) and claims.loc["state_branch_cheaper_than_iteration"].n >= 2
 
 
 def test_rehearsal_kept_the_configs_training_settings(rehearsal):

@@ -87,6 +87,11 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
             from stateloop.rehearse import mirrors
 
             data.update(mirrors.write_mirror(from_dict(DataConfig, data, f"scales.{name}.data"), out / "hub-data", shared))
+        elif data.get("source", "synthetic") != "synthetic":  # local files: relative to where the config is run
+            sources = data["source"] if isinstance(data["source"], list) else [data["source"]]
+            absolute = [str(Path(src).resolve()) for src in sources]
+            data["source"] = absolute if isinstance(data["source"], list) else absolute[0]
+            data.setdefault("max_docs", 400)
         tok = data.get("tokenizer", "bpe")
         if tok != "bpe" and not is_local_tokenizer(tok):
             hub_cache(tok, out / "hf-cache", shared)

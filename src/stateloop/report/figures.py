@@ -63,6 +63,17 @@ def _paper_axis(ax, label: str):
     return twin
 
 
+def _align_zero(ax, twin) -> None:
+    """Put the twin axis's 0 at the height of ours, so "above 0" reads the same on both."""
+    lo, hi = ax.get_ylim()
+    tlo, thi = twin.get_ylim()
+    thi = max(thi, 1e-9) * 1.1
+    if lo < 0 < hi:
+        twin.set_ylim(thi * lo / hi, thi)
+    elif lo >= 0:
+        twin.set_ylim(0, thi)
+
+
 def _seeds_label(groups) -> str:
     n = sorted({len(rs) for rs in groups})
     return f"mean and 95% CI over {'/'.join(map(str, n))} seed(s)"
@@ -94,7 +105,9 @@ def loop_depth(cfg, results: Path):
     twin = _paper_axis(ax2, "paper: PPL(vanilla) - PPL(StateLoop), 410M")
     twin.scatter([3, 7], [_fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
                           _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **PAPER_STYLE)
-    twin.set_ylim(bottom=min(0.0, twin.get_ylim()[0]))
+    _align_zero(ax2, twin)
+    for a in (ax, ax2):
+        a.set_xticks(sorted(set(Ks) | set(curves["vanilla_looped"]) | set(curves["stateloop"])))
     ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
