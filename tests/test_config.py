@@ -1,5 +1,7 @@
 """Strict configs: unknown keys and wrong types fail with one line naming the key."""
 
+import json
+
 import pytest
 
 from stateloop.config import ConfigError, ModelConfig, from_dict, parse_dotlist
@@ -74,6 +76,13 @@ def test_seeds_make_one_run_each_with_the_seed_spelled_last(tmp_path):
     assert shared.experiments == ["a", "b"] and shared.cell == "s/stateloop/K3_ds16" and shared.seed == 3
     groups = cells(runs)
     assert [r.seed for r in groups["s/stateloop/K3_ds16"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("name", ["s$(touch X)", "a/b", "..", "two words"])
+def test_scale_names_that_would_be_shell_or_path_syntax_are_refused(tmp_path, name):
+    text = BASE.replace("  s: {", f"  {json.dumps(name)}: {{") + f"  e: {{scale: {json.dumps(name)}, models: [vanilla_looped]}}\n"
+    with pytest.raises(ConfigError, match="a name may hold only letters, digits"):
+        load_pipeline(_write(tmp_path, text))
 
 
 def test_a_run_id_names_one_model(tmp_path):

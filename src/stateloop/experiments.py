@@ -23,6 +23,7 @@ cell's mean and 95% confidence interval over its seeds (``stateloop.report.stats
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,8 +161,16 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
     return cfg
 
 
+NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # scale and experiment names: they become paths and command words
+
+
 def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
     from stateloop.models.registry import MODELS
+
+    for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
+        for name in names:
+            if not NAME.match(str(name)) or str(name) in (".", ".."):
+                raise ConfigError(f"{where}: {kind}.{name!r}: a name may hold only letters, digits, '.', '_' and '-'")
 
     for name, exp in cfg.experiments.items():
         if exp.scale not in cfg.scales:

@@ -24,7 +24,7 @@ import pandas as pd
 
 from stateloop.experiments import cells, expand_runs
 from stateloop.report import stats
-from stateloop.report.stats import Estimate, paired, relative_pct
+from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import read_json, reference
 
 NOT_RUN = "not run"
