@@ -1,6 +1,7 @@
 """Strict configs: unknown keys and wrong types fail with one line naming the key."""
 
 import json
+import re
 
 import pytest
 
@@ -124,3 +125,29 @@ def test_a_split_no_stage_makes_fails_at_load_naming_the_key():
     raw["scales"]["410m"]["data"]["data_files"].pop("validation")
     with pytest.raises(ConfigError, match=r"scales\.410m\.eval\.heldout_split: 'val' is not a split the data stage makes"):
         pipeline_from_dict(raw, "paper.yaml")
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("scales:\n  s: {model: {K: 2}}\n  s: {model: {K: 3}}\n", "duplicate key 's' (first on line 2)"),
+    ("scales:\n  s:\n    train:\n      lr: 1.0e-3\n      lr: 3.0e-3\n", "duplicate key 'lr' (first on line 4)"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, text, msg):
+    from stateloop.config import load_yaml
+
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        load_yaml(_write(tmp_path, text))
+
+
+@pytest.mark.parametrize("key, value, msg", [
+    ("train.lr", ".nan", "scales.s.train.lr: expected a finite number, got nan"),
+    ("train.grad_clip", ".inf", "scales.s.train.grad_clip: expected a finite number, got inf"),
+    ("model.norm_eps", "-.inf", "scales.s.model.norm_eps: expected a finite number"),
+    ("model.K", "99999", "scales.s.model.K: 99999 is above the sane bound 64"),
+    ("model.max_seq_len", "100000000", "scales.s.model.max_seq_len: 100000000 is above the sane bound"),
+])
+def test_nan_infinite_and_absurd_values_are_refused(tmp_path, key, value, msg):
+    section, name = key.split(".")
+    text = BASE.replace("  s: {model: {", f"  s: {{{section}: {{{name}: {value}}}, model: {{") if section != "model" else \
+        BASE.replace("  s: {model: {", f"  s: {{model: {{{name}: {value}, ")
+    with pytest.raises(ConfigError, match=re.escape(msg)):
+        load_pipeline(_write(tmp_path, text + "  e: {scale: s, models: [vanilla_looped]}\n"))

@@ -9,6 +9,7 @@ overrides -> command-line ``key=value`` overrides.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -25,6 +26,11 @@ class ConfigError(ValueError):
 
 # ----------------------------------------------------------------------------------------------
 # Model
+
+
+# Upper bounds of model sizes: a value above one is a typo that would otherwise run out of memory.
+MODEL_CAPS = {"vocab_size": 1 << 20, "n_layers": 1024, "d_model": 1 << 16, "d_ff": 1 << 18, "n_heads": 1024,
+              "head_dim": 1024, "K": 64, "d_state": 1 << 16, "max_seq_len": 1 << 20}
 
 
 @dataclass
@@ -71,6 +77,9 @@ class ModelConfig:
         for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "head_dim", "K", "max_seq_len"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"model.{key}: must be positive, got {getattr(self, key)}")
+        for key, cap in MODEL_CAPS.items():  # far above any model of the field: a typo, not a shape
+            if getattr(self, key) > cap:
+                raise ConfigError(f"model.{key}: {getattr(self, key)} is above the sane bound {cap}")
         if self.d_state < 0:
             raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
         if self.read_init not in ("residual", "input"):
@@ -143,9 +152,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         return value
     if tp is float:
         if isinstance(value, str) and _YAML11_FLOAT.match(value):  # PyYAML reads 3e-4 (no dot) as a string
-            return float(value)
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # .nan / .inf would pass every "<= 0" check
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -226,13 +237,31 @@ def _yaml_scalar(raw: str):
     return value
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """The safe loader (a ``!!python/...`` tag is refused, never run) that also refuses a key
+    given twice in one mapping, which YAML would otherwise resolve silently to the last value.
+    Merge keys (``<<: *anchor``) still override as YAML defines."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
         with path.open() as fh:
-            data = yaml.safe_load(fh)  # the safe loader only: a `!!python/...` tag is refused, never run
+            data = yaml.load(fh, Loader=_StrictLoader)  # safe, and no key twice
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML or not plain data ({' '.join(str(err).split())[:300]})") from None
     if not isinstance(data, dict):

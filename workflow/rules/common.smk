@@ -7,13 +7,15 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from stateloop.config import ConfigError, to_dict
+from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
 from stateloop.runs import atomic_write_bytes
 
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
 try:
+    for _path in workflow.overwrite_configfiles or [CONFIG_NAME]:
+        load_yaml(_path)  # Snakemake's own reading takes a key given twice silently; ours refuses it
     PIPE = pipeline_from_dict(config, CONFIG_NAME)  # strict: unknown keys, wrong types, unknown models
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
