@@ -237,3 +237,30 @@ def test_bf16_mixed_training_runs_on_the_cpu(tiny_setup, tmp_path, model):
     assert result.status == "finished" and summary["precision"] == "bf16-mixed"
     assert math.isfinite(summary["final_val_loss"]) and summary["final_val_loss"] < math.log(96) - 0.5
     assert all(v.dtype == torch.float32 for v in weights(run_dir).values())
+
+
+def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_setup, tmp_path, capsys):
+    """Training another run into a finished run's folder, or resuming with another lr, is refused
+    in one line (exit 2) before anything is written: the folder's config.yaml and weights stay
+    the finished run's, and eval of it still works."""
+    from stateloop.cli import main
+
+    cfg_path, data = tiny_setup
+    run_dir = tmp_path / "run"
+    train(resolved(cfg_path, data, overrides=["train.max_steps=4"]), run_dir, progress=False)
+    before = {p: p.read_bytes() for p in (run_dir / "config.yaml", run_dir / "model.pt")}
+    capsys.readouterr()
+    cases = [
+        (["--run", "t/stateloop/K3_ds32_seed1234"], r"holds run t/stateloop/K2_ds32_seed1234, not t/stateloop/K3_ds32_seed1234"),
+        (["--run", "t/stateloop/K2_ds32_seed1234", "model.norm_eps=1e-6"], r"model.norm_eps = 1e-06 differs from the run's 1e-05"),
+        (["--run", "t/stateloop/K2_ds32_seed1234", "train.max_steps=4", "train.lr=1e-3"],
+         r"train.lr: 0.001 differs from 0.003 in .*config.yaml, and a resumed optimizer and schedule would keep 0.003"),
+    ]
+    for args, pattern in cases:
+        rc = main(["train", "--config", str(cfg_path), "--data-dir", str(data), "--out", str(run_dir), *args])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        import re
+
+        assert re.search(pattern, err), err
+        assert all(p.read_bytes() == blob for p, blob in before.items())

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.runs import (MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
+from stateloop.runs import (FINAL_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
                             resolve_device, save_final)
 from stateloop.train.checkpoint import CheckpointStore, rng_from_plain, rng_to_plain, warn
 from stateloop.train.resolve import open_data, parse_resolved
@@ -196,6 +196,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     mcfg, tcfg = parse_resolved(config)
     train_shards, val_shards = open_data(config, mcfg, tcfg)  # every check before anything trains
     run_dir = Path(run_dir)
+    check_run_folder(run_dir, config)
     total = tcfg.total_steps
     accum = tcfg.accumulation
 
@@ -415,6 +416,36 @@ def _cluster_environment(fabric) -> str | None:
 
 def _val_metrics(loss: float) -> dict:
     return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}  # capped: a diverged run still logs
+
+
+# Settings a resumed optimizer and schedule carry in their state: a change would be silently undone.
+OPTIMIZER_KEYS = ("lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "betas", "eps")
+
+
+def check_run_folder(run_dir: Path, config: dict) -> None:
+    """One folder holds one run. Before anything is written: refuse to train another run (another
+    id or model) into a folder that holds one, and refuse a changed optimiser setting where the
+    run has progress to resume (its checkpoints or final weights would bring the old value back)."""
+    from stateloop.config import load_yaml
+
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        return
+    old = load_yaml(path)
+    old_id, new_id = (old.get("run") or {}).get("id"), config["run"]["id"]
+    if old_id != new_id:
+        raise ConfigError(f"{run_dir}: holds run {old_id}, not {new_id}; train into another --out folder")
+    if old.get("model") != config["model"]:
+        key = next(k for k in sorted(set(old.get("model") or {}) | set(config["model"]))
+                   if (old.get("model") or {}).get(k) != config["model"].get(k))
+        raise ConfigError(f"{run_dir}: model.{key} = {config['model'].get(key)!r} differs from the run's "
+                          f"{(old.get('model') or {}).get(key)!r} in {path}; train into another --out folder")
+    progress = any((run_dir / "checkpoints").glob("*")) or (run_dir / FINAL_WEIGHTS).is_file()
+    for key in OPTIMIZER_KEYS if progress else ():
+        before, now = (old.get("train") or {}).get(key), config["train"].get(key)
+        if before != now:
+            raise ConfigError(f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
+                              f"schedule would keep {before!r}; restore it, or train into another --out folder")
 
 
 def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict) -> None:
