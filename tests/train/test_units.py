@@ -158,3 +158,46 @@ def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
     flagged = [p for p in model.parameters() if getattr(p, "_no_weight_decay", False)]
     assert flagged and not any(id(p) in decayed for p in flagged)
     assert id(model.embed.weight) in decayed and id(model.norm_f.weight) not in decayed
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    ("overwrite", r"train_00000\.bin: contents do not match the sha256 in meta\.json"),
+    ("dtype", r"meta\.json: dtype 'float16' is not the shards' uint16"),
+])
+def test_damaged_shards_are_refused_in_one_line(tmp_path, capsys, damage, pattern):
+    """A shard overwritten in place (same size, one token repeated) or meta.json's dtype edited to
+    float16 used to train to exit 0 on garbage: the checksum is verified on first open (then
+    stamped by size and mtime), the dtype against the vocabulary."""
+    import json
+    import re
+
+    cfg = write_config(tmp_path / "cfg.yaml")
+    data = write_shards(tmp_path / "data", n_train=2_000, n_val=500)
+    if damage == "overwrite":
+        shard = data / "train_00000.bin"
+        shard.write_bytes(np.full(shard.stat().st_size // 2, 7, dtype=np.uint16).tobytes())
+    else:
+        meta = json.loads((data / "meta.json").read_text())
+        meta["dtype"] = "float16"
+        (data / "meta.json").write_text(json.dumps(meta))
+    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+               "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and re.search(pattern, err), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_verified_shard_is_not_hashed_again_until_it_changes(tmp_path, monkeypatch):
+    from stateloop.data import shards as S
+
+    data = write_shards(tmp_path / "data", n_train=2_000, n_val=500)
+    calls = []
+    real = S.sha256_file
+    monkeypatch.setattr(S, "sha256_file", lambda p, *a: calls.append(p) or real(p, *a))
+    S.ShardSet(data, "train")
+    S.ShardSet(data, "train")
+    assert len(calls) == 1  # one shard, hashed once
+    shard = data / "train_00000.bin"
+    shard.write_bytes(shard.read_bytes())  # rewritten: another mtime
+    S.ShardSet(data, "train")
+    assert len(calls) == 2

@@ -111,6 +111,34 @@ def read_meta(data_dir: str | Path) -> dict:
         return json.load(fh)
 
 
+VERIFIED = ".verified"  # per-shard stamps of a checksum already verified (size, mtime, sha256)
+
+
+def verify_once(path: Path, sha256: str | None) -> None:
+    """Check a shard against the sha256 meta.json records, in full, the first time it is opened;
+    a stamp (``.verified/<file>``: size, mtime and the checksum) lets later opens skip the hashing
+    until the file changes. A shard rewritten in place (another size or mtime) is hashed again."""
+    if not sha256:
+        return
+    st = path.stat()
+    stamp = path.parent / VERIFIED / path.name
+    key = f"{st.st_size} {st.st_mtime_ns} {sha256}"
+    try:
+        if stamp.read_text() == key:
+            return
+    except OSError:
+        pass
+    if sha256_file(path) != sha256:
+        raise ValueError(f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; "
+                         f"tokenize again)")
+    try:
+        from stateloop.runs import atomic_write_bytes
+
+        atomic_write_bytes(stamp, key.encode())
+    except OSError:
+        pass  # a read-only data folder: verify again next time
+
+
 class ShardSet:
     """The tokens of one split, memory-mapped, addressable as one flat array."""
 
@@ -121,8 +149,12 @@ class ShardSet:
         if split not in splits:
             raise KeyError(f"{self.dir / META}: no split {split!r} (has: {', '.join(splits)})")
         self.split = split
-        self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
         self.vocab_size = int(self.meta["vocab_size"])
+        expected = token_dtype(self.vocab_size)
+        if str(self.meta["dtype"]) != expected.name:
+            raise ValueError(f"{self.dir / META}: dtype {self.meta['dtype']!r} is not the shards' {expected.name} "
+                             f"(vocab_size {self.vocab_size})")
+        self.dtype = expected.newbyteorder("<")
         self.eos_id = int(self.meta["eos_id"])
         self.maps = []
         for shard in splits[split]["shards"]:
@@ -131,6 +163,7 @@ class ShardSet:
                 raise FileNotFoundError(f"{path}: shard listed in meta.json is missing")
             if path.stat().st_size != shard["tokens"] * self.dtype.itemsize:
                 raise ValueError(f"{path}: size does not match meta.json ({shard['tokens']} tokens)")
+            verify_once(path, shard.get("sha256"))
             self.maps.append(np.memmap(path, dtype=self.dtype, mode="r"))
         self.offsets = np.cumsum([0] + [len(m) for m in self.maps])
 
