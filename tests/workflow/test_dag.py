@@ -52,13 +52,15 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
 
 
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
-    """configs/decide.yaml: 15 cells x 4 seeds, one training each, seeds spelled in every path;
+    """configs/decide.yaml: 15 cells x 4 seeds and 4 more seeds of Table 1's two cells, one training
+    each, seeds spelled in every path;
     Tables 1 and 4, Figure 2 and the claims are its outputs (no Table 2: no lm-eval task)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
-    assert len(trains) == len(set(trains)) == 60
-    assert all(re.search(r"/K\d+_ds\d+_seed[1-4]/model\.pt", o) for o in trains)
+    assert len(trains) == len(set(trains)) == 68
+    assert all(re.search(r"/K\d+_ds\d+_seed[1-8]/model\.pt", o) for o in trains)
+    assert sum("/K4_ds" in o and "/decide/" in o for o in trains) == 16
     assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
     assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
