@@ -160,7 +160,7 @@ def bench_decode(
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, prefill), generator=gen).to(device)
 
-    timings = {r.label: {"prefill": [], "decode": [], "steps": []} for r in rows}
+    timings = {r.label: {"prefill": [], "decode": [], "steps": [], "run_medians": []} for r in rows}
     per_rep = len(rows) if interleave == "run" else 1
     with tqdm(total=(warmup + runs) * per_rep, desc="bench decode", unit="run", disable=not progress,
               dynamic_ncols=True) as bar:
@@ -182,6 +182,7 @@ def bench_decode(
                     timings[row.label]["prefill"].append(pre)
                     if isinstance(dec, list):  # lockstep: the time of every step
                         timings[row.label]["steps"].extend(dec)
+                        timings[row.label]["run_medians"].append(statistics.median(dec))
                         dec = sum(dec)
                     timings[row.label]["decode"].append(dec)
 
@@ -213,6 +214,8 @@ def bench_decode(
             med = statistics.median(timings[r["label"]]["steps"])
             r["step_ms_median"] = 1000.0 * med
             r["latency_change_pct_median_step"] = 100.0 * (med / ref_step - 1.0)
+            # each timed run's median step: the per-run samples the claims pair run by run
+            r["step_ms_median_runs"] = [1000.0 * m for m in timings[r["label"]]["run_medians"]]
     return {
         "benchmark": "decode",
         "settings": {

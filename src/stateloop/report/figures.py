@@ -108,7 +108,7 @@ def loop_depth(cfg, results: Path):
     _align_zero(ax2, twin)
     for a in (ax, ax2):
         a.set_xticks(sorted(set(Ks) | set(curves["vanilla_looped"]) | set(curves["stateloop"])))
-    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=8, loc="upper left")
+    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=8, loc="lower left")
     fig.tight_layout()
     return fig
 
