@@ -264,3 +264,25 @@ def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_s
 
         assert re.search(pattern, err), err
         assert all(p.read_bytes() == blob for p, blob in before.items())
+
+
+def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, capsys):
+    """Two `stateloop train` on one run folder at once: the second refuses in one line naming the
+    holder (pid and host of the lock's owner) and writes nothing; once the lock is free it trains."""
+    import socket
+
+    from stateloop.cli import main
+    from stateloop.train.loop import run_lock
+
+    cfg_path, data = tiny_setup
+    run_dir = tmp_path / "run"
+    args = ["train", "--config", str(cfg_path), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+            "--out", str(run_dir), "train.max_steps=2", "--no-progress"]
+    with run_lock(run_dir):  # held as a training in another process would hold it (a separate flock)
+        capsys.readouterr()
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and f"(pid {os.getpid()} on {socket.gethostname()})" in err, err
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+    assert main(args) == 0 and (run_dir / "model.pt").is_file()
+    assert (run_dir / ".lock").read_text() == ""  # released

@@ -3,9 +3,9 @@
 # rule), so their unmodified NLL is Table 4's; interventions calibrate on a sample of train.
 rule shapley:
     input:
-        RUN_DIR + "/model.pt",
+        run_path("model.pt"),
     output:
-        RUN_DIR + "/shapley.json",
+        run_path("shapley.json"),
     log:
         "logs/shapley/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
@@ -27,9 +27,9 @@ rule shapley:
 
 rule interventions:
     input:
-        RUN_DIR + "/model.pt",
+        run_path("model.pt"),
     output:
-        RUN_DIR + "/interventions.json",
+        run_path("interventions.json"),
     log:
         "logs/interventions/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task

@@ -32,6 +32,11 @@ if not os.path.exists(CONFIGFILE) or open(CONFIGFILE, "rb").read() != _text:
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
 # A run's folder (experiments.Run.folder): the seed is always spelled, last.
 RUN_DIR = "results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}"
+
+
+def run_path(name):
+    """The pattern of file ``name`` in a run's folder (rule inputs and outputs)."""
+    return f"{RUN_DIR}/{name}"
 STAGE_EXPERIMENTS = {  # output -> the experiment it reads (ARCHITECTURE.md)
     "table1": "table1", "table2": "table1", "table3": "decoding", "table4": "table4",
     "loop_depth": "loop_depth", "state_width": "state_width", "state_analysis": "state_analysis",

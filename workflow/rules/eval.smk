@@ -1,8 +1,8 @@
 rule eval:
     input:
-        RUN_DIR + "/model.pt",
+        run_path("model.pt"),
     output:
-        RUN_DIR + "/eval.json",
+        run_path("eval.json"),
     log:
         "logs/eval/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "eval").cpus_per_task

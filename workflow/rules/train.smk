@@ -2,8 +2,8 @@ rule train:
     input:
         "data/{scale}/meta.json",
     output:
-        model=RUN_DIR + "/model.pt",
-        summary=RUN_DIR + "/train.json",
+        model=run_path("model.pt"),
+        summary=run_path("train.json"),
     log:
         "logs/train/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
     threads: lambda wc: stage(wc.scale, "train").cpus_per_task

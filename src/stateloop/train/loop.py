@@ -30,9 +30,12 @@ Exit paths:
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -181,8 +184,56 @@ def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
 # The run
 
 
+LOCK = ".lock"  # in the run folder: held (flock) by the training that writes it
+
+
+def _primary_process() -> bool:
+    """The process that launches a run (Fabric's rank 0 before it starts the others, or the first
+    task under srun): the one that holds the run folder's lock."""
+    return all(os.environ.get(var, "0") == "0" for var in ("LOCAL_RANK", "RANK", "SLURM_PROCID"))
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path):
+    """Hold ``run_dir/.lock`` (an exclusive ``flock``, released when the process ends however it
+    ends) while training; a second training of the same folder is refused in one line naming the
+    holder's pid and host. On NFS, flock is Linux's emulation over the server's locks."""
+    if not _primary_process():
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = path.read_text().strip() or "another process"
+        os.close(fd)
+        raise ConfigError(f"{run_dir}: another training holds this run folder ({holder}); "
+                          f"wait for it, or train into another --out folder") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+        yield
+    finally:
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
-    """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank."""
+    """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank.
+
+    Every check runs before anything is written; then the launching process holds the run
+    folder's lock (:func:`run_lock`) for the whole training."""
+    mcfg, tcfg = parse_resolved(config)
+    open_data(config, mcfg, tcfg)
+    check_run_folder(Path(run_dir), config)
+    with run_lock(Path(run_dir)):
+        return _train(config, run_dir, progress)
+
+
+def _train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
     from lightning_fabric.utilities.seed import _collect_rng_states, _set_rng_states
 
     from stateloop.evaluate.perplexity import heldout_windows
@@ -196,7 +247,6 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     mcfg, tcfg = parse_resolved(config)
     train_shards, val_shards = open_data(config, mcfg, tcfg)  # every check before anything trains
     run_dir = Path(run_dir)
-    check_run_folder(run_dir, config)
     total = tcfg.total_steps
     accum = tcfg.accumulation
 
