@@ -97,9 +97,9 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
         lat = r["latency_ms_per_token"]
         assert len(lat["runs"]) == 2 and lat["mean"] > 0 and math.isfinite(lat["std"])
         assert r["throughput_tok_s"]["mean"] == pytest.approx(sum(1000 / x for x in lat["runs"]) / 2)
-        if interleave == "token":  # each run's median step: at most its mean step (3 steps, one slow one pulls the mean)
+        if interleave == "token":  # each run's median step; the median over all (equal-sized) runs lies between them
             medians = r["step_ms_median_runs"]
-            assert len(medians) == 2 and all(0 < m <= 3 * x for m, x in zip(medians, lat["runs"]))
+            assert len(medians) == 2 and min(medians) <= r["step_ms_median"] <= max(medians)
     assert rows["vanilla_looped:K2"]["latency_change_pct"] == 0.0
     assert rows["stateloop:K2:ds32"]["params"] > rows["vanilla_looped:K2"]["params"]
     assert "stateloop_mamba2:K2:ds32" in capsys.readouterr().out

@@ -92,3 +92,11 @@ def test_judge_on_constructed_results(tmp_path):
         assert df.loc[claim].verdict == "not run"
     md = to_markdown(df.reset_index(), cfg, "c.yaml")
     assert "2 reproduced, 1 contradicted" in md and "**not run**" in md
+
+
+def test_unpaired_relative_change_by_hand():
+    """No shared seed: Welch's interval for mean(a) - mean(b), scaled by 100 / mean(b). a = 11, 13
+    and b = 9, 11: difference 2, each variance of the mean 1, dof 2, half width 4.302653 * sqrt(2)."""
+    est = stats.paired({1: 11.0, 2: 13.0}, {3: 9.0, 4: 11.0}, stats.relative_pct)
+    assert math.isclose(est.mean, 20.0)
+    assert math.isclose(est.half_width, 100 * 4.302653 * math.sqrt(2) / 10, rel_tol=1e-6)

@@ -25,7 +25,7 @@ import pandas as pd
 from stateloop.experiments import cells, expand_runs
 from stateloop.report import stats
 from stateloop.report.stats import paired, relative_pct
-from stateloop.report.tables import read_json, reference
+from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
 
 NOT_RUN = "not run"
 
@@ -41,10 +41,6 @@ class Claim:
     paper_unit: str
     measure: Callable  # (cfg, results) -> (Estimate, note) or None when its experiment is absent
     experiments: list[str] = field(default_factory=list)
-
-
-def _heldout(results: Path, run) -> float:
-    return read_json(results / "runs" / run.id / "eval.json")["heldout"]["ppl"]
 
 
 def _cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int | None = None):
@@ -66,10 +62,6 @@ def _cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int
     return groups[0]
 
 
-def _ppl_by_seed(results: Path, runs) -> dict[int, float]:
-    return {run.seed: _heldout(results, run) for run in runs}
-
-
 def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
     """Our held-out PPL change of ``model`` against ``against`` (percent, paired by seed)."""
 
@@ -80,7 +72,7 @@ def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
         theirs = _cell(cfg, experiment, against, ours[0].K if same_K else None)
         if theirs is None:
             return None
-        est = paired(_ppl_by_seed(results, ours), _ppl_by_seed(results, theirs), relative_pct)
+        est = paired(heldout_by_seed(results, ours), heldout_by_seed(results, theirs), relative_pct)
         return est, f"{ours[0].cell} vs {theirs[0].cell}"
 
     return measure
@@ -110,15 +102,15 @@ def _advantage_growth(cfg, results):
         s, v = _cell(cfg, "loop_depth", "stateloop", K), _cell(cfg, "loop_depth", "vanilla_looped", K)
         if s is None or v is None:
             return None
-        ps, pv = _ppl_by_seed(results, s), _ppl_by_seed(results, v)
+        ps, pv = heldout_by_seed(results, s), heldout_by_seed(results, v)
         adv[K] = {seed: -relative_pct(ps[seed], pv[seed]) for seed in set(ps) & set(pv)}
     if lo == hi or not adv[lo] or not adv[hi]:
         return None
     est = paired(adv[hi], adv[lo])
-    return est, f"advantage {adv_mean(adv[lo]):.2f}% at K={lo}, {adv_mean(adv[hi]):.2f}% at K={hi}"
+    return est, f"advantage {_mean(adv[lo]):.2f}% at K={lo}, {_mean(adv[hi]):.2f}% at K={hi}"
 
 
-def adv_mean(values: dict[int, float]) -> float:
+def _mean(values: dict[int, float]) -> float:
     return sum(values.values()) / len(values)
 
 
@@ -130,7 +122,7 @@ def _narrowest_state(cfg, results):
               if rs[0].model == "vanilla_looped" and rs[0].K == s[0].K and rs[0].scale == s[0].scale), None)
     if v is None:
         return None
-    est = paired(_ppl_by_seed(results, s), _ppl_by_seed(results, v), relative_pct)
+    est = paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct)
     return est, f"{s[0].cell} vs {v[0].cell}"
 
 
@@ -184,7 +176,7 @@ def _state_branch_latency(cfg, results):
     state = dict(enumerate(relative_pct(x, y) for x, y in zip(per_run(sl), b)))
     what = "median step" if base.get("step_ms_median_runs") else "mean latency"
     est = paired(extra_iter, state)
-    return est, (f"vanilla K={K + 1}: {adv_mean(extra_iter):+.1f}%, stateloop K={K}: {adv_mean(state):+.1f}% "
+    return est, (f"vanilla K={K + 1}: {_mean(extra_iter):+.1f}%, stateloop K={K}: {_mean(state):+.1f}% "
                  f"(against vanilla K={K}; each run's {what}, {len(b)} runs, {bench['settings']['device']})")
 
 
@@ -199,11 +191,6 @@ def _t4(variant: str) -> float:
 
 def _paper_t4(variant: str) -> float:
     return relative_pct(_t4(variant), _t4("stateloop"))
-
-
-def _fact(figure: str, quantity: str) -> float:
-    facts = reference("figures_text")
-    return float(facts[(facts.figure == figure) & (facts.quantity == quantity)].value.iloc[0])
 
 
 def _paper_latency() -> float:
@@ -229,7 +216,7 @@ def paper_claims() -> list[Claim]:
               _paper_t1("stateloop", "vanilla_looped_ffn"), PCT, _ffn_measure, ["table1"]),
         Claim("advantage_grows_with_K", "StateLoop's advantage over Vanilla Looped grows from K = 3 to K = 7",
               "Figure 2", "points of % PPL advantage", 1,
-              _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7") - _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
+              fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7") - fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
               "PPL (0.14 at K=3 to 0.30 at K=7)", _advantage_growth, ["loop_depth"]),
         Claim("narrowest_state_beats_vanilla", "The narrowest state (d_s = d/8) still beats Vanilla Looped", "Figure 3",
               PCT, -1, math.nan, "below Vanilla (not printed)", _narrowest_state, ["state_width"]),
@@ -243,12 +230,12 @@ def paper_claims() -> list[Claim]:
         Claim("gru_worse", "A GRU update is worse than StateLoop's selective update", "Table 4", PCT, 1,
               _paper_t4("stateloop_gru"), PCT, _ppl_change("table4", "stateloop_gru", "stateloop"), ["table4"]),
         Claim("feedback_reads_dominate", "The feedback reads R_1..R_{K-1} carry most of the Shapley value",
-              "Figure 4a", "points of share above 50%", 1, _fact("fig4a_shapley", "feedback_reads_share_pct") - 50.0,
+              "Figure 4a", "points of share above 50%", 1, fact("fig4a_shapley", "feedback_reads_share_pct") - 50.0,
               "points above 50% (63.7% feedback)", _feedback_share, ["state_analysis"]),
         Claim("freezing_hurts_more", "Freezing the state hurts far more than a calibrated replacement", "Figure 4b",
               "% PPL, frozen vs replaced", 1,
-              relative_pct(_fact("fig4b_interventions", "freeze_at_S3_ppl"),
-                           _fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl")),
+              relative_pct(fact("fig4b_interventions", "freeze_at_S3_ppl"),
+                           fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl")),
               "% PPL (18.41 vs 9.08 at i=3)", _freeze_vs_replace, ["state_analysis"]),
         Claim("state_branch_cheaper_than_iteration", "The state branch costs far less decode latency than a fifth iteration",
               "Table 3", "points of latency change", 1, _paper_latency(), "points (25.0% vs 1.4%)",
@@ -268,7 +255,7 @@ def choice_rows() -> list[Claim]:
             v = next((rs for rs in cells(expand_runs(cfg)).values() if rs[0].model == "vanilla_looped" and rs[0].K == K), None)
             if v is None:
                 return None
-            return paired(_ppl_by_seed(results, s), _ppl_by_seed(results, v), relative_pct), f"{s[0].cell} vs {v[0].cell}"
+            return paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct), f"{s[0].cell} vs {v[0].cell}"
 
         def vs_default(cfg, results, K=K):
             s = _cell(cfg, "read_init", "stateloop", K)
@@ -279,7 +266,7 @@ def choice_rows() -> list[Claim]:
                       and rs[0].d_s == s[0].d_s), None)
             if d is None:
                 return None
-            return paired(_ppl_by_seed(results, s), _ppl_by_seed(results, d), relative_pct), f"{s[0].cell} vs {d[0].cell}"
+            return paired(heldout_by_seed(results, s), heldout_by_seed(results, d), relative_pct), f"{s[0].cell} vs {d[0].cell}"
 
         rows.append(Claim(f"read_init_input_vs_vanilla_K{K}", f"With input-style read init, StateLoop lowers perplexity "
                           f"against Vanilla Looped (K = {K})", "choice: model.read_init", PCT, -1, _paper_t1("stateloop"),

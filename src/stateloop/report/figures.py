@@ -30,25 +30,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
-from stateloop.report.tables import _params, _runs, read_json, reference  # noqa: E402
+from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
 
 PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
 # Our runs and the paper's 410M models live on different PPL scales: the paper's points go on a
 # twin y-axis (crimson, right) of their own, never on our axis.
-
-
-def _fact(figure: str, quantity: str) -> float:
-    facts = reference("figures_text")
-    row = facts[(facts.figure == figure) & (facts.quantity == quantity)]
-    return float(row.value.iloc[0])
-
-
-def _ppl(results: Path, run) -> float:
-    return read_json(results / "runs" / run.id / "eval.json")["heldout"]["ppl"]
-
-
-def _by_seed(results: Path, runs) -> dict[int, float]:
-    return {run.seed: _ppl(results, run) for run in runs}
 
 
 def _err(est: Estimate) -> float:
@@ -84,7 +70,7 @@ def loop_depth(cfg, results: Path):
     groups = list(cells(runs).values())
     curves: dict[str, dict[int, dict[int, float]]] = {}  # model -> K -> seed -> PPL
     for rs in groups:
-        curves.setdefault(rs[0].model, {})[rs[0].K] = _by_seed(results, rs)
+        curves.setdefault(rs[0].model, {})[rs[0].K] = heldout_by_seed(results, rs)
     for needed in ("vanilla_looped", "stateloop"):
         if needed not in curves:
             raise KeyError(f"experiments.loop_depth.models: {needed} is missing (Figure 2 compares it)")
@@ -103,8 +89,8 @@ def loop_depth(cfg, results: Path):
     ax2.axhline(0, color="grey", lw=0.8)
     ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="StateLoop advantage")
     twin = _paper_axis(ax2, "paper: PPL(vanilla) - PPL(StateLoop), 410M")
-    twin.scatter([3, 7], [_fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
-                          _fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **PAPER_STYLE)
+    twin.scatter([3, 7], [fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
+                          fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **PAPER_STYLE)
     _align_zero(ax2, twin)
     for a in (ax, ax2):
         a.set_xticks(sorted(set(Ks) | set(curves["vanilla_looped"]) | set(curves["stateloop"])))
@@ -125,19 +111,19 @@ def state_width(cfg, results: Path):
     vanilla = next((rs for rs in cells(expand_runs(cfg)).values()
                     if rs[0].model == "vanilla_looped" and rs[0].K == K and rs[0].scale == scale), None)
     if vanilla is not None:
-        v = t_interval(list(_by_seed(results, vanilla).values()))
+        v = t_interval(list(heldout_by_seed(results, vanilla).values()))
         ax.axhline(v.mean, color="grey", ls="--", label=f"vanilla_looped (K={K})")
         if _err(v):
             ax.axhspan(v.lo, v.hi, color="grey", alpha=0.15)
     xs = [100 * (_params(rs[0]) / base_params - 1) for rs in groups]
-    ests = [t_interval(list(_by_seed(results, rs).values())) for rs in groups]
+    ests = [t_interval(list(heldout_by_seed(results, rs).values())) for rs in groups]
     ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="s-", capsize=3, label="stateloop")
     for rs, x, e in zip(groups, xs, ests):
         ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean), textcoords="offset points", xytext=(4, 4), fontsize=8)
     t4 = reference("table4_ablations")
     pv = float(t4[(t4.variant == "vanilla_looped")].pile_ppl.iloc[0])
     ps = float(t4[(t4.variant == "stateloop")].pile_ppl.iloc[0])
-    vp = _fact("fig3_state_width", "vanilla_params_m")
+    vp = fact("fig3_state_width", "vanilla_params_m")
     sp = float(t4[(t4.variant == "stateloop")].params_m.iloc[0])
     twin = _paper_axis(ax, "paper: held-out PPL (410M)")
     twin.scatter([100 * (sp / vp - 1)], [ps], label="paper StateLoop d_s = d", **PAPER_STYLE)
@@ -165,8 +151,8 @@ def state_analysis(cfg, results: Path):
     fb = t_interval([sh["feedback_share_pct"] for sh in shs])
     ax.set(ylabel="share of total Shapley value (%)",
            title=f"(a) state reads: feedback {fb.format(1)}%, terminal {100 - fb.mean:.1f}%")
-    ax.set_xlabel(f"paper (K=7): feedback {_fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
-                  f"terminal {_fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%; ours: {_seeds_label([group])}",
+    ax.set_xlabel(f"paper (K=7): feedback {fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
+                  f"terminal {fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%; ours: {_seeds_label([group])}",
                   color="crimson")
     for kind, style, label in (("replacement", "o-", r"replace $S^{i+1}$ by calibrated $S^i$"),
                                ("freezing", "s-", r"freeze $S^i$ after boundary $i$")):
@@ -179,9 +165,9 @@ def state_analysis(cfg, results: Path):
                 label=f"unmodified {held.mean:.2f} (= held-out PPL; {h0['split']}, {h0['windows']} windows)")
     ax2.set(xlabel="boundary i", ylabel="held-out PPL (ours)", title="(b) replacement and freezing", yscale="log")
     twin = _paper_axis(ax2, "paper: PPL (410M, K=7)")
-    twin.scatter([3, 3], [_fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
-                          _fact("fig4b_interventions", "freeze_at_S3_ppl")], label="paper (i=3)", **PAPER_STYLE)
-    twin.axhline(_fact("fig4b_interventions", "unmodified_ppl"), color="crimson", ls=":", lw=0.8)
+    twin.scatter([3, 3], [fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
+                          fact("fig4b_interventions", "freeze_at_S3_ppl")], label="paper (i=3)", **PAPER_STYLE)
+    twin.axhline(fact("fig4b_interventions", "unmodified_ppl"), color="crimson", ls=":", lw=0.8)
     twin.set_yscale("log")
     ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=7)
     fig.tight_layout()

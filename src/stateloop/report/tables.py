@@ -52,6 +52,22 @@ def read_json(path: Path) -> dict:
         return json.load(fh)
 
 
+def fact(figure: str, quantity: str) -> float:
+    """A number the paper states about a figure (``reference/figures_text.csv``)."""
+    facts = reference("figures_text")
+    return float(facts[(facts.figure == figure) & (facts.quantity == quantity)].value.iloc[0])
+
+
+def heldout_ppl(results: Path, run) -> float:
+    """A run's held-out PPL (its eval.json)."""
+    return read_json(results / "runs" / run.id / "eval.json")["heldout"]["ppl"]
+
+
+def heldout_by_seed(results: Path, runs) -> dict[int, float]:
+    """{seed: held-out PPL} over the runs of a cell."""
+    return {run.seed: heldout_ppl(results, run) for run in runs}
+
+
 def _runs(cfg, experiment: str):
     from stateloop.experiments import expand_runs
 
@@ -311,9 +327,7 @@ def table4(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
     by_model = {rs[0].model: rs for rs in groups.values()}
     ref = reference("table4_ablations").set_index(["ablation", "variant"])
     paper_sl = _paper_value(ref, ("feedback", "stateloop"), "pile_ppl")
-    ppl = {}
-    for model, rs in by_model.items():
-        ppl[model] = {run.seed: read_json(results / "runs" / run.id / "eval.json")["heldout"]["ppl"] for run in rs}
+    ppl = {model: heldout_by_seed(results, rs) for model, rs in by_model.items()}
     rows = []
     for ablation, variant in TABLE4_GROUPS:
         if variant not in by_model:

@@ -227,13 +227,13 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     Every check runs before anything is written; then the launching process holds the run
     folder's lock (:func:`run_lock`) for the whole training."""
     mcfg, tcfg = parse_resolved(config)
-    open_data(config, mcfg, tcfg)
+    shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by _train
     check_run_folder(Path(run_dir), config)
     with run_lock(Path(run_dir)):
-        return _train(config, run_dir, progress)
+        return _train(config, run_dir, progress, shards)
 
 
-def _train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
+def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainResult:
     from lightning_fabric.utilities.seed import _collect_rng_states, _set_rng_states
 
     from stateloop.evaluate.perplexity import heldout_windows
@@ -245,7 +245,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainRes
     from stateloop.train.tracking import Tracker, flatten
 
     mcfg, tcfg = parse_resolved(config)
-    train_shards, val_shards = open_data(config, mcfg, tcfg)  # every check before anything trains
+    train_shards, val_shards = shards
     run_dir = Path(run_dir)
     total = tcfg.total_steps
     accum = tcfg.accumulation
