@@ -113,6 +113,37 @@ def test_lint_reports_nothing_serious(tmp_path):
     assert "Lints for" not in text, text
 
 
+def _files(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and ".snakemake" not in p.parts}
+
+
+def test_a_job_reads_the_config_it_was_scheduled_with_and_dry_runs_write_nothing(tmp_path):
+    """Issue 15: "Every snakemake call rewrites results/config.yaml, dry runs and lock-refused calls
+    included, and running jobs read that file when they start ... A job's config must be fixed
+    when the job is scheduled, and a change of the effective config must rerun what it affects."
+    """
+    work = copy_workflow(tmp_path)
+    (work / "lr.yaml").write_text("scales: {smoke: {train: {lr: 0.01}}}\n")  # merged over smoke.yaml
+    (work / "docs.yaml").write_text("scales: {smoke: {data: {synthetic: {train_docs: 500}}}}\n")
+    before = _files(work)
+    for args in (["-n"], ["-n", "--configfile", "configs/smoke.yaml", "lr.yaml"], ["--lint"]):
+        snakemake(work, *args, *([] if "--configfile" in args else ["--configfile", "configs/smoke.yaml"]), check=False)
+        assert _files(work) == before, args  # no results/, no config file, nothing rewritten
+    snakemake(work, "data/smoke/meta.json", "--cores", "1", "--configfile", "configs/smoke.yaml")
+    (written,) = (work / "results/configs").iterdir()
+    assert yaml.safe_load(written.read_text()) == yaml.safe_load((work / "configs/smoke.yaml").read_text())
+    log = (work / "logs/tokenize/smoke.log").read_text()
+    # a plan with another lr: its jobs would read another file; the written one is untouched and
+    # the tokenize job (which does not read train.*) is not redone, the trainings are
+    text = written.read_bytes()
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/smoke.yaml", "lr.yaml").stdout)
+    assert written.read_bytes() == text and len(list((work / "results/configs").iterdir())) == 1
+    assert "tokenize" not in {j["rule"] for j in planned} and "train" in {j["rule"] for j in planned}
+    assert log == (work / "logs/tokenize/smoke.log").read_text()
+    # a change the tokenizer reads redoes it
+    assert "tokenize" in {j["rule"] for j in jobs(snakemake(work, "-n", "--configfile", "configs/smoke.yaml", "docs.yaml").stdout)}
+
+
 # ----------------------------------------------------------------------------------------------
 # The smoke DAG, run once for the tests below (tests/workflow/conftest.py)
 

@@ -1,5 +1,6 @@
 # Load and check the config, expand the experiments into runs, and define the helpers the rule
 # files share. Any config error stops the DAG build with one line naming the key.
+import hashlib
 import json
 import re
 
@@ -21,13 +22,20 @@ except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
 validate(config, "../schemas/config.schema.yaml")  # the same rules as JSON Schema (documentation, editors)
 
-# The commands read the config Snakemake holds (file + --config overrides) from one stable path.
-# Each rule's params carry the config sections its job depends on, so that Snakemake's params
-# rerun trigger redoes exactly the jobs whose settings changed.
-CONFIGFILE = "results/config.yaml"
+# The commands read the config Snakemake holds (file + --config overrides) from a file named by
+# its content, written when this call starts jobs (onstart: never in a dry run, --lint or a call
+# refused by Snakemake's lock). A job reads the config it was scheduled with, whatever later
+# calls with other configs do. Each rule's params carry the config sections its job depends on,
+# so that Snakemake's params rerun trigger redoes exactly the jobs whose settings changed.
 _text = yaml.safe_dump(config, sort_keys=True).encode()
-if not os.path.exists(CONFIGFILE) or open(CONFIGFILE, "rb").read() != _text:
-    atomic_write_bytes(CONFIGFILE, _text)
+CONFIG_DIGEST = hashlib.sha256(_text).hexdigest()[:16]
+CONFIGFILE = f"results/configs/{CONFIG_DIGEST}.yaml"
+
+
+onstart:
+    if not os.path.exists(CONFIGFILE):
+        atomic_write_bytes(CONFIGFILE, _text)
+
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
 # A run's folder (experiments.Run.folder): the seed is always spelled, last.

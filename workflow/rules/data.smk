@@ -9,10 +9,9 @@ rule tokenize:
         mem_mb=lambda wc: stage(wc.scale, "tokenize").mem_mb,
         cpus_per_task=lambda wc: stage(wc.scale, "tokenize").cpus_per_task,
     params:
-        config=CONFIGFILE,
         data=settings("data"),
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop tokenize --config {params.config} --scale {wildcards.scale} --out data/{wildcards.scale}"
+        "stateloop tokenize --config {CONFIGFILE} --scale {wildcards.scale} --out data/{wildcards.scale}"
         " --no-progress > {log} 2>&1"

@@ -12,7 +12,6 @@ rule eval:
         cpus_per_task=lambda wc: stage(wc.scale, "eval").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "eval").gpus,
     params:
-        config=CONFIGFILE,
         eval=settings("eval"),
         tasks=eval_tasks,
         run_dir=run_dir,
@@ -20,4 +19,4 @@ rule eval:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q}"
-        " --config {params.config} {params.tasks} --quiet > {log} 2>&1"
+        " --config {CONFIGFILE} {params.tasks} --quiet > {log} 2>&1"
