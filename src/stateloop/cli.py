@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as err:
         print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a folder without write permission: one line, no traceback
+        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
+        return 74  # EX_IOERR (sysexits.h)
+    except KeyboardInterrupt:
+        print(f"stateloop {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -26,7 +26,12 @@ uses the full state dict, one file); rank 0 then hashes it, renames it into plac
 sidecar atomically. A process killed at any point leaves either a complete, verifiable pair or a
 leftover that :meth:`CheckpointStore.latest` passes over: a temporary file, a checkpoint without
 its sidecar, or one whose bytes no longer match their hash. Those are reported with a one-line
-message and the previous complete checkpoint is used.
+message and the previous complete checkpoint is used; the next training removes the temporary
+files and sidecar-less checkpoints (:meth:`CheckpointStore.clean_leftovers`), so a kill while
+pruning leaves no orphan behind for good. The file goes straight to the run folder
+(:func:`direct_checkpoint_io`), not through memory and ``$TMPDIR`` as Fabric's default does. A
+failed write (a full disk) removes what it wrote and raises one ``OSError`` naming the file and
+the previous checkpoint, which stays intact.
 """
 
 from __future__ import annotations
@@ -132,17 +137,28 @@ class CheckpointStore:
         """Write the checkpoint of ``step`` atomically, then prune old ones (keeping ``keep``)."""
         final = self.path(step)
         tmp = final.with_name(f".{final.name}.tmp")
+        previous = next((self.path(s) for s in self.steps() if s != step and self.sidecar(self.path(s)).is_file()), None)
         if fabric.is_global_zero:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sidecar(final).unlink(missing_ok=True)  # an older write of this step is no longer valid
         fabric.barrier()
-        fabric.save(tmp, state)
-        fabric.barrier()
+        try:
+            fabric.save(tmp, state)
+            fabric.barrier()
+            if fabric.is_global_zero:
+                _fsync(tmp)
+                digest, size = sha256_file(tmp), tmp.stat().st_size
+                tmp.replace(final)
+                atomic_write_json(self.sidecar(final), {"sha256": digest, "bytes": size, "step": step})
+        except OSError as err:
+            if fabric.is_global_zero:  # nothing half-written stays: no tmp, no checkpoint without its sidecar
+                tmp.unlink(missing_ok=True)
+                if not self.sidecar(final).is_file():
+                    final.unlink(missing_ok=True)
+            raise OSError(err.errno, f"{final}: not written ({err.strerror or err}); the previous checkpoint "
+                                     f"{previous.name if previous else '(none)'} is intact: free space in {self.dir} "
+                                     f"and rerun the command to resume") from None
         if fabric.is_global_zero:
-            _fsync(tmp)
-            digest, size = sha256_file(tmp), tmp.stat().st_size
-            tmp.replace(final)
-            atomic_write_json(self.sidecar(final), {"sha256": digest, "bytes": size, "step": step})
             self.prune()
         fabric.barrier()
         return final
@@ -151,12 +167,43 @@ class CheckpointStore:
         complete = [s for s in self.steps() if self.sidecar(self.path(s)).is_file()]
         for step in complete[self.keep :]:
             self.sidecar(self.path(step)).unlink(missing_ok=True)  # sidecar first: never a valid-looking orphan
-            self.path(step).unlink(missing_ok=True)
+            self.path(step).unlink(missing_ok=True)  # a kill right before this: clean_leftovers removes it
 
-    def clean_temporaries(self) -> None:
-        if self.dir.is_dir():
-            for p in self.dir.glob(".step_*.tmp"):
-                p.unlink(missing_ok=True)
+    def clean_leftovers(self) -> None:
+        """Remove what interrupted writes and prunes left: temporary files and checkpoints without
+        a sidecar (never used: they cannot be verified). Rank 0, before training writes anything."""
+        if not self.dir.is_dir():
+            return
+        leftovers = list(self.dir.glob(".step_*.tmp"))
+        leftovers += [self.path(s) for s in self.steps() if not self.sidecar(self.path(s)).is_file()]
+        for p in leftovers:
+            p.unlink(missing_ok=True)
+        if leftovers:
+            warn(f"removed {len(leftovers)} incomplete file(s) of interrupted writes: {', '.join(p.name for p in leftovers)}")
+
+
+def direct_checkpoint_io():
+    """Fabric's checkpoint writer for one process and DDP, writing straight to the given path.
+
+    Fabric's default (``TorchCheckpointIO`` -> ``_atomic_save``) serialises the whole checkpoint
+    into memory, then into a temporary file in ``$TMPDIR``, then moves it: a second copy in RAM
+    and a full copy on a node-local ``/tmp`` that may be far smaller than the run folder.
+    :meth:`CheckpointStore.save` already writes under a temporary name beside the checkpoint and
+    renames it, so this writer streams to that name and fsyncs. (FSDP's full state dict is
+    written by Fabric with ``torch.save`` straight to the path already.)"""
+    import os
+
+    import torch
+    from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+    class DirectCheckpointIO(TorchCheckpointIO):
+        def save_checkpoint(self, checkpoint, path, storage_options=None):
+            with open(path, "wb") as fh:
+                torch.save(checkpoint, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    return DirectCheckpointIO()
 
 
 def _fsync(path: Path) -> None:

@@ -20,7 +20,7 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and trai
 
 Exit paths:
 - finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
-- SIGTERM / SIGUSR1 (SLURM preemption or time limit; send with ``#SBATCH --signal=B:USR1@120``):
+- SIGTERM / SIGUSR1 / SIGINT (SLURM preemption or time limit; Ctrl-C):
   the handler only sets a flag; at the next step boundary every rank saves a checkpoint and the
   command exits with :data:`REQUEUE_EXIT` = 75 (EX_TEMPFAIL, "try again"): run the same command
   again (or let the scheduler requeue it) and it resumes;
@@ -48,11 +48,15 @@ import yaml
 from stateloop.config import ConfigError
 from stateloop.runs import (FINAL_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
                             resolve_device, save_final)
-from stateloop.train.checkpoint import CheckpointStore, rng_from_plain, rng_to_plain, warn
+from stateloop.train.checkpoint import CheckpointStore, direct_checkpoint_io, rng_from_plain, rng_to_plain, warn
 from stateloop.train.resolve import open_data, parse_resolved
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
+# Without a progress bar (--no-progress: the DAG's logs, SLURM's output files) a line with step,
+# tokens, loss, tok/s and ETA goes to stderr at the first log step, then every this many seconds
+# (at a log step), and at the last step.
+PROGRESS_EVERY_S = 60.0
 
 
 class NonFiniteLoss(RuntimeError):
@@ -73,14 +77,22 @@ class TrainResult:
 
 
 class StopRequest:
-    SIGNALS = ("SIGTERM", "SIGUSR1")
+    """SIGTERM, SIGUSR1 and Ctrl-C (SIGINT) ask for a checkpoint at the next step boundary; a
+    second Ctrl-C stops at once (KeyboardInterrupt), keeping the previous checkpoint."""
+
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
 
     def __init__(self):
         self.signal: str | None = None
         self._previous: dict = {}
 
     def _handle(self, signum, _frame):
-        self.signal = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if name == "SIGINT" and self.signal == "SIGINT":
+            raise KeyboardInterrupt
+        self.signal = name
+        if name == "SIGINT":
+            warn("Ctrl-C: writing a checkpoint at the end of this step (Ctrl-C again to stop without one)")
 
     def install(self) -> None:
         if hasattr(signal, "SIGUSR1") and _main_thread():
@@ -123,7 +135,7 @@ def build_fabric(tcfg):
     elif tcfg.strategy == "ddp":
         from lightning_fabric.strategies import DDPStrategy
 
-        strategy = DDPStrategy(cluster_environment=env)
+        strategy = DDPStrategy(cluster_environment=env, checkpoint_io=direct_checkpoint_io())
     else:
         from lightning_fabric.strategies import FSDPStrategy
 
@@ -132,7 +144,7 @@ def build_fabric(tcfg):
         # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file.
         strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full")
     fabric = L.Fabric(accelerator=accelerator, devices=tcfg.devices, num_nodes=tcfg.num_nodes, strategy=strategy,
-                      precision=precision, plugins=[env] if world == 1 else None)
+                      precision=precision, plugins=[env, direct_checkpoint_io()] if world == 1 else None)
     return fabric, precision
 
 
@@ -259,8 +271,8 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
     store = CheckpointStore(run_dir / "checkpoints", tcfg.keep_checkpoints)
     resume = None
     if rank0:
-        store.clean_temporaries()
-        resume = store.latest()
+        resume = store.latest()  # reports each broken newer checkpoint, then:
+        store.clean_leftovers()
     resume = fabric.broadcast(str(resume) if resume else None, src=0)
 
     # -- model, optimizer, schedule ---------------------------------------------------------------
@@ -346,6 +358,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
     val_loss = None
     saved_at = start_step if resume else None
     t_log, step_log = time.perf_counter(), start_step
+    t_line = -math.inf  # the last progress line (no progress bar): the first log step prints one
     steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
     world = fabric.world_size
     status = "FAILED"
@@ -400,6 +413,11 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
                     tracker.log_metrics(metrics, step)
                 if bar is not None:
                     bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+                elif rank0 and (now - t_line >= PROGRESS_EVERY_S or step == total):
+                    t_line = now
+                    eta = (total - step) * (now - t_start) / max(step - start_step, 1)
+                    warn(f"step {step}/{total} ({step / total:.0%}), {step * tcfg.tokens_per_step:,} tokens, "
+                         f"loss {metrics['train/loss']:.4f}, {tok_s:,.0f} tok/s, ETA {_hms(eta)}")
                 window_losses.clear()
                 t_log, step_log = now, step
                 steady = steady or (now, step)
@@ -456,6 +474,11 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
             bar.close()
         if tracker is not None:
             tracker.finish(status)
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
 def _cluster_environment(fabric) -> str | None:
