@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("stateloop.commands.plan", "training tokens, FLOPs and GPU-hours of every run in a config"),
     "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
     "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
+    "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
     "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
     "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
     "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),

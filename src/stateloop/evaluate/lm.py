@@ -1,8 +1,16 @@
 """The lm-eval model ``stateloop``: any run folder, every registered variant.
 
-    lm_eval --model stateloop --model_args run_dir=results/runs/tiny/stateloop/K4_ds64_seed1234 ...
-    (with ``import stateloop.evaluate.lm`` done first: lm-eval has no plugin hook), or, as
-    ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
+    stateloop lm-eval --model stateloop --model_args pretrained=results/runs/tiny/stateloop/K4_ds64_seed1234 ...
+
+(lm-eval's own command line, arguments unchanged, with this model registered first: lm-eval
+0.4 finds models only in its registry, with no plugin hook; see ``stateloop.commands.lm_eval``),
+or, as ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
+``run_dir=`` is an alias of ``pretrained=``. As lm-eval's HF backend (HFLM) does, a CUDA device
+that is not there (the command line's default is ``cuda:0``) falls back, with a warning, to the
+CPU, and ``batch_size=auto`` (``auto:N``) takes the largest of ``max_batch_size`` (default 64),
+its half, its quarter, ... whose forward pass over the longest requests fits in CUDA memory
+(detected again at N evenly spaced points of the length-sorted requests); on the CPU, with no
+out-of-memory signal to probe, it is ``max_batch_size``.
 
 The variant and its shape come from the run folder (``model.pt`` holds the resolved config), never
 from arguments; the tokenizer is the one that made the run's token shards (``data.dir`` of the
@@ -30,6 +38,7 @@ length, longest first (lm-eval's ``Collator``), right padding, results back in r
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +53,7 @@ from tqdm.auto import tqdm
 from stateloop.config import ConfigError
 from stateloop.runs import resolve_device, run_id_of, trained_length
 
+log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------------------------
 # Loading a run folder
@@ -97,6 +107,48 @@ def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
 # The lm-eval model
 
 
+def eval_device(name: str) -> torch.device:
+    """The device to evaluate on, by HFLM's rule: a CUDA device this machine does not have (lm-eval's
+    command line asks for ``cuda:0`` by default) becomes ``cuda`` when there is one, else the CPU,
+    with a warning."""
+    device = resolve_device(name)
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        fallback = resolve_device("auto")
+        log.warning("device %s: not available on this machine; using %s", name, fallback)
+        return fallback
+    return device
+
+
+def parse_batch_size(value) -> tuple[int | str, int]:
+    """lm-eval's ``batch_size``: an integer, ``auto`` or ``auto:N`` -> (size or "auto", N)."""
+    text = str(value)
+    try:
+        if text.startswith("auto"):
+            schedule = int(text.partition(":")[2] or 1)
+            if schedule > 0:
+                return "auto", schedule
+        elif int(text) > 0:
+            return int(text), 1
+    except ValueError:
+        pass
+    raise ValueError(f"batch_size: expected a positive integer, auto or auto:N; got {value!r}")
+
+
+def largest_batch(forward, start: int) -> int:
+    """The largest of ``start``, ``start // 2``, ``start // 4``, ... for which ``forward(size)`` runs
+    without running out of device memory (1 when none does), as HFLM's automatic batch size."""
+    size = start
+    while size > 1:
+        try:
+            forward(size)
+            return size
+        except torch.cuda.OutOfMemoryError:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            size //= 2
+    return 1
+
+
 def _model_takes_cache(model: torch.nn.Module) -> bool:
     try:
         return "cache" in inspect.signature(model.forward).parameters
@@ -110,8 +162,9 @@ class StateLoopEvalLM(TemplateLM):
 
     def __init__(
         self,
-        run_dir: str | None = None,
+        pretrained: str | None = None,
         *,
+        run_dir: str | None = None,
         model: torch.nn.Module | None = None,
         tokenizer=None,
         eos_id: int | None = None,
@@ -120,28 +173,33 @@ class StateLoopEvalLM(TemplateLM):
         device: str = "auto",
         precision: str = "32-true",
         use_cache: bool | str = True,
-        max_batch_size=None,  # passed by lm-eval's CLI; batches here have a fixed size
+        max_batch_size: int | str | None = 64,  # the first size batch_size=auto tries
         name: str | None = None,
     ) -> None:
         super().__init__()
+        if pretrained is not None and run_dir is not None:
+            raise ValueError(f"pretrained={pretrained} and run_dir={run_dir}: give the run folder once (run_dir is an alias)")
+        run_dir = pretrained if pretrained is not None else run_dir
         if run_dir is not None:
             if model is not None:
                 raise ValueError("give either run_dir or model, not both")
-            run = load_run(run_dir, device)
+            run = load_run(run_dir, str(eval_device(device)))
             model, tokenizer, eos_id = run.model, run.tokenizer, run.eos_id
             name = name or run.run_id
             if max_length in (None, "", "None"):
                 max_length = trained_length(run.config)
         if model is None or tokenizer is None or eos_id is None:
             raise ValueError("StateLoopEvalLM needs run_dir, or model, tokenizer and eos_id")
-        self._device = resolve_device(device) if run_dir is None else next(model.parameters()).device
+        self._device = eval_device(device) if run_dir is None else next(model.parameters()).device
         self.model = model.to(self._device).eval()
         self.tokenizer = tokenizer
         self._eos_id = int(eos_id)
-        self.batch_size = int(batch_size)
+        self.batch_size, self.batch_schedule = parse_batch_size(batch_size)
+        self.max_batch_size = int(max_batch_size) if max_batch_size not in (None, "", "None") else 64
+        self.batch_sizes: dict[int, int] = {}  # auto: slot of the sorted requests -> detected size (lm-eval reports them)
         self.max_length = int(max_length) if max_length not in (None, "", "None") else model.cfg.max_seq_len
-        if self.batch_size <= 0 or self.max_length <= 1:
-            raise ValueError(f"batch_size and max_length must be positive (got {self.batch_size}, {self.max_length})")
+        if self.max_batch_size <= 0 or self.max_length <= 1:
+            raise ValueError(f"max_batch_size and max_length must be positive (got {self.max_batch_size}, {self.max_length})")
         if precision not in ("32-true", "bf16-mixed"):
             raise ValueError(f"precision must be 32-true or bf16-mixed, got {precision!r}")
         self.precision = precision
@@ -152,6 +210,37 @@ class StateLoopEvalLM(TemplateLM):
     @classmethod
     def from_run(cls, run_dir: str | Path, **kwargs) -> "StateLoopEvalLM":
         return cls(str(run_dir), **kwargs)
+
+    # -- batch size -----------------------------------------------------------------------------
+    def _batch_size_at(self, pos: int, n: int, length: int) -> int:
+        """Batch size for the batch starting at position ``pos`` of ``n`` requests sorted longest
+        first (``length`` tokens: the longest of the batch): the fixed size, or with ``auto:N``
+        the size detected for the first batch of each of N equal slots of the requests."""
+        if self.batch_size != "auto":
+            return self.batch_size
+        slot = pos * self.batch_schedule // n
+        if slot not in self.batch_sizes:
+            self.batch_sizes[slot] = self._detect_batch_size(length)
+            log.info("batch_size auto: %d sequences of %d tokens per batch", self.batch_sizes[slot], length)
+        return self.batch_sizes[slot]
+
+    def _detect_batch_size(self, length: int) -> int:
+        """The largest batch of ``length``-token inputs that fits (module docstring)."""
+        if self._device.type != "cuda":
+            return self.max_batch_size
+        return largest_batch(lambda size: self._logits(
+            torch.full((size, length), self._eos_id, dtype=torch.long, device=self._device)), self.max_batch_size)
+
+    def _batches(self, ordered: list) -> list[list]:
+        """Consecutive batches of the longest-first ``ordered`` requests ((pair, ctx ids, cont ids))."""
+        self.batch_sizes.clear()
+        batches, pos = [], 0
+        while pos < len(ordered):
+            _, ctx, cont = ordered[pos]
+            size = self._batch_size_at(pos, len(ordered), min(len(ctx) + len(cont) - 1, self.max_length))
+            batches.append(ordered[pos : pos + size])
+            pos += size
+        return batches
 
     # -- tokenizer ------------------------------------------------------------------------------
     @property
@@ -198,7 +287,7 @@ class StateLoopEvalLM(TemplateLM):
         ordered = Collator(requests, sort_fn=longest_first)
         results = []
         bar = tqdm(total=len(requests), desc="loglikelihood", disable=disable_tqdm, leave=False)
-        for chunk in ordered.get_batched(n=self.batch_size):
+        for chunk in self._batches([req for (req,) in ordered.get_batched(n=1)]):
             inputs, conts = [], []
             for _, ctx, cont in chunk:
                 if not ctx or not cont:
@@ -271,10 +360,12 @@ class StateLoopEvalLM(TemplateLM):
         items.sort(key=lambda it: (-len(it[1]), it[3], it[0]))
         out: list[str | None] = [None] * len(requests)
         bar = tqdm(total=len(items), desc="generate_until", disable=disable_tqdm, leave=False)
+        self.batch_sizes.clear()
         start = 0
         while start < len(items):
             end = start + 1
-            while (end < len(items) and end - start < self.batch_size
+            size = self._batch_size_at(start, len(items), len(items[start][1]) + items[start][3])
+            while (end < len(items) and end - start < size
                    and len(items[end][1]) == len(items[start][1]) and items[end][3] == items[start][3]):
                 end += 1
             group = items[start:end]

@@ -25,6 +25,19 @@ the local YAMLs when every requested task is local, and otherwise lists them aft
 folder, which lets them override the built-ins (checked after indexing).
 
 Tasks not in ``workflow/tasks/`` are lm-eval's own (downloaded from the Hugging Face Hub).
+
+lm-eval's command line runs the same YAMLs directly, from any folder::
+
+    stateloop lm-eval --model stateloop --model_args pretrained=RUN_DIR --tasks piqa_local \
+        --include_path workflow/tasks
+
+Each YAML names a ``custom_dataset`` hook of this module (:func:`local_dataset`), which lm-eval
+calls instead of loading the relative ``data_files``: it prepares the task's data exactly as
+above into a temporary folder, with ``$STATELOOP_SHARED/data/...`` (default: ``../shared``
+beside the checkout) as the source folder, EvalConfig's defaults (``seed``, ``fewshot_pool`` and
+``synthetic_examples`` can be set through lm-eval's ``--metadata``) and, for the synthetic
+tasks, the generator settings of the evaluated run's data (lm-eval passes ``--model_args``, so
+``pretrained=RUN_DIR``, along). :func:`prepare_tasks` drops the hook from its written copies.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -163,10 +177,6 @@ def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dic
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (eval.task_data.wikitext_local must hold WikiText-2's test.txt)")
     _write_jsonl(folder / "test.jsonl", [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))])
-    # The YAML uses lm-eval's own detokenizer and word counting, next to the written YAML.
-    import lm_eval
-
-    shutil.copy(Path(lm_eval.__file__).parent / "tasks" / "wikitext" / "preprocess_wikitext.py", folder / "preprocess_wikitext.py")
     return folder
 
 
@@ -182,6 +192,68 @@ PREPARERS: dict[str, Preparer] = {
     "piqa_local": Preparer(_piqa, True),
     "wikitext_local": Preparer(_wikitext, True),
 }
+
+
+# ----------------------------------------------------------------------------------------------
+# lm-eval's `custom_dataset` hook: the YAMLs run directly by lm-eval's command line
+
+# local task -> its source folder under $STATELOOP_SHARED/data
+SHARED_SOURCES = {"lambada_openai_local": "lambada-openai", "piqa_local": "piqa", "wikitext_local": "wikitext-2"}
+METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig keys read from --metadata
+
+
+def _run_data_meta(metadata: dict) -> dict | None:
+    """meta.json of the data of the run named by ``pretrained=`` (or ``run_dir=``), if it is one."""
+    from stateloop.data.shards import read_meta
+    from stateloop.runs import FINAL_WEIGHTS
+
+    run_dir = metadata.get("pretrained") or metadata.get("run_dir")
+    if not isinstance(run_dir, str) or not (Path(run_dir) / FINAL_WEIGHTS).is_file():
+        return None
+    from stateloop.commands.eval import run_config_of
+
+    data = run_config_of(run_dir).get("data") or {}
+    return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def local_dataset(task: str) -> Callable:
+    """lm-eval's ``custom_dataset`` for local ``task`` (module docstring): called with the task's
+    metadata (``--model_args`` and ``--metadata`` merged in) and its ``dataset_kwargs``."""
+    def load(data_files=None, **metadata):
+        import datasets
+
+        from stateloop.rehearse.run import default_shared_data
+
+        where = f"local task {task}"
+        if not isinstance(data_files, dict):
+            raise ConfigError(f"{where}: dataset_kwargs.data_files must map splits to files")
+        cfg = EvalConfig(**{k: int(metadata[k]) for k in METADATA_SETTINGS if k in metadata})
+        source = default_shared_data() / SHARED_SOURCES[task] if task in SHARED_SOURCES else None
+        if source is not None and not source.is_dir():
+            raise FileNotFoundError(f"{source}: data folder of {task} not found (set STATELOOP_SHARED to the folder holding data/)")
+        prep = PREPARERS.get(task)
+        with tempfile.TemporaryDirectory(prefix=f"stateloop-{task}-") as tmp:
+            folder = prep.prepare(Path(tmp), cfg, source, _run_data_meta(metadata)) if prep is not None else source
+            files = _absolute_data_files(data_files, folder, where)
+            return datasets.DatasetDict({split: datasets.Dataset.from_list(
+                [row for path in (paths if isinstance(paths, list) else [paths]) for row in _read_jsonl(path)])
+                for split, paths in files.items()})
+
+    load.__name__ = load.__qualname__ = f"{task}_dataset"
+    return load
+
+
+# The hooks the YAMLs of workflow/tasks/ name (`custom_dataset: !function stateloop.evaluate.tasks.<name>`).
+synth_mc_dataset = local_dataset("synth_mc")
+synth_cloze_dataset = local_dataset("synth_cloze")
+lambada_openai_local_dataset = local_dataset("lambada_openai_local")
+piqa_local_dataset = local_dataset("piqa_local")
+wikitext_local_dataset = local_dataset("wikitext_local")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -275,6 +347,7 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_
             builtin.append(name)
             continue
         spec = read_task_yaml(available[name])
+        spec.pop("custom_dataset", None)  # lm-eval's own command line reads the data through it; here: data_files
         where = f"task {name} ({available[name]})"
         if "include" in spec:
             spec["include"] = _absolute_includes(spec["include"], available[name].parent, where)

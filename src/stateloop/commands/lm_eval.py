@@ -1,0 +1,36 @@
+"""``stateloop lm-eval ARGS...``: lm-eval's own command line with the ``stateloop`` model registered.
+
+    stateloop lm-eval --model stateloop --model_args pretrained=RUN_DIR --tasks piqa_local \\
+        --include_path workflow/tasks --output_path out/
+
+ARGS are lm-eval's, unchanged (``stateloop lm-eval ls tasks``, ``stateloop lm-eval run -h``):
+they go to lm-eval's console entry (the ``lm_eval`` command) after ``stateloop.evaluate.lm`` has
+registered the model. lm-eval 0.4 looks models up only in its own registry, which nothing
+outside lm-eval can join before its command line runs (no entry points, no plugin hook), so
+``lm_eval --model stateloop`` itself cannot find the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p) -> None:
+    # Everything after the command is lm-eval's, options and -h included: with no prefix
+    # characters this parser reads them all as the one positional list.
+    p.prefix_chars = ""
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER, metavar="ARGS", help="lm-eval's arguments, unchanged")
+
+
+def run(args) -> int:
+    import stateloop.evaluate.lm  # noqa: F401  (registers the `stateloop` model)
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args.lm_eval_args]  # lm-eval's parser reads sys.argv
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0
