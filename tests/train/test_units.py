@@ -108,9 +108,14 @@ def test_run_id_errors(tmp_path):
         resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
         resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")
-    # An ad hoc K the experiments do not list is allowed; the resolved config records it.
-    cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K5_ds0_seed1234", ["train.lr=1e-3"])
-    assert cfg_dict["model"]["K"] == 5 and cfg_dict["train"]["lr"] == 1e-3 and cfg_dict["run"]["experiments"] == []
+    # Issue 15: "Today a run id that is not in the config (tiny/stateloop/K9_ds64) silently starts
+    # a training run." A K, seed or model the experiments do not list is refused, naming its neighbours.
+    for run in ("t/vanilla_looped/K5_ds0_seed1234", "t/stateloop/K2_ds32_seed8", "t/stateloop/K2_ds64_seed7"):
+        with pytest.raises(ConfigError, match=rf"^--run: {run} is not a run of .*cfg.yaml; add it to an experiment "
+                                              rf"there \(its runs like it: t/{run.split('/')[1]}/K2_"):
+            resolved(cfg, tmp_path, run)
+    cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds0_seed1234", ["train.lr=1e-3"])
+    assert cfg_dict["model"]["K"] == 3 and cfg_dict["train"]["lr"] == 1e-3 and cfg_dict["run"]["experiments"] == ["e"]
 
 
 @pytest.mark.parametrize("name", ["smoke", "tiny"])

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from stateloop.config import ConfigError
+
 META = "meta.json"
 FORMAT_VERSION = 1
 
@@ -107,8 +109,13 @@ def read_meta(data_dir: str | Path) -> dict:
     path = Path(data_dir) / META
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no token shards here (run `stateloop tokenize` first)")
-    with open(path) as fh:
-        return json.load(fh)
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{path}: not valid JSON ({err}); rerun `stateloop tokenize` to write it anew") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(meta).__name__}; rerun `stateloop tokenize`")
+    return meta
 
 
 VERIFIED = ".verified"  # per-shard stamps of a checksum already verified (size, mtime, sha256)

@@ -252,8 +252,13 @@ def _raw_batches(stream: Stream, cfg: DataConfig) -> Iterator[list]:
         for path in stream.files:
             if path.endswith(".jsonl") or stream.fmt == "text":
                 rows = _read_jsonl(path, cfg.text_field) if stream.fmt == "json" else _read_txt(path, cfg.text_unit)
-                while batch := list(islice(rows, BATCH_DOCS)):
-                    yield batch
+                try:
+                    while batch := list(islice(rows, BATCH_DOCS)):
+                        yield batch
+                except UnicodeDecodeError as err:
+                    bad = err.object[err.start : err.start + 1].hex()
+                    raise DataError(f"data.source: {path}: not UTF-8 text ({err.reason}: byte 0x{bad}); "
+                                    f"convert it, e.g. iconv -f latin1 -t utf-8") from None
                 continue
             from datasets import load_dataset
 

@@ -1,7 +1,7 @@
 """Resolve and check one run's config before anything trains.
 
-Resolution order (ARCHITECTURE.md): the scale's sections -> the experiment's model options (when
-an experiment of the config defines the run) -> the run id's model, K, d_s and seed (the seed
+Resolution order (ARCHITECTURE.md): the scale's sections -> the experiment's model options (an
+experiment of the config must define the run: an unknown id is refused) -> the run id's model, K, d_s and seed (the seed
 replaces ``train.seed``) -> ``key=value``
 overrides (``train.lr=1e-3``, ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of
 ``train.max_steps`` / ``train.max_tokens`` replaces the scale's budget given by the other). The result is the
@@ -48,14 +48,17 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
         raise ConfigError(f"--run: unknown scale {scale_name!r} in {config_path} (defined: {', '.join(pipeline.scales)})")
     scale = pipeline.scales[scale_name]
     known = {r.id: r for r in expand_runs(pipeline)}
-    if run_id in known:
-        run = known[run_id]
-        mcfg, experiments = run.model_config, list(run.experiments)
-    else:  # an ad hoc run the experiments do not list: the scale's shape with this model, K and d_s
-        mcfg, experiments = run_model_config(scale, model_name, K, d_s), []
-        canonical = f"{scale_name}/{model_name}/K{K}_ds{mcfg.d_state}_seed{seed}"
-        if canonical != run_id:
-            raise ConfigError(f"--run: {model_name} has no persistent state, so its run id is {canonical}")
+    if run_id not in known:  # a typo must not start a training nobody planned
+        d_state = run_model_config(scale, model_name, K, d_s).d_state  # an unknown model: one line
+        if d_state != d_s:
+            raise ConfigError(f"--run: {model_name} has no persistent state, so its run id is "
+                              f"{scale_name}/{model_name}/K{K}_ds{d_state}_seed{seed}")
+        near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
+        listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
+        raise ConfigError(f"--run: {run_id} is not a run of {config_path}; add it to an experiment there "
+                          f"(its runs like it: {listed or 'none'})")
+    run = known[run_id]
+    mcfg, experiments = run.model_config, list(run.experiments)
 
     extra = parse_dotlist(overrides or [])
     for section in extra:

@@ -1,0 +1,77 @@
+"""Bad input gets one clear line, before any work (issue 15): each case through the command a
+user types, exit status 2, one line naming the key, value or file, and no output folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from train_support import write_config, write_shards
+
+from stateloop.cli import main
+
+RUN = "t/stateloop/K2_ds32_seed1234"
+
+
+def _train(cfg, data, out, run=RUN, *overrides):
+    return ["train", "--config", str(cfg), "--run", run, "--data-dir", str(data), "--out", str(out), *overrides]
+
+
+def _tokenize_config(tmp_path, text_file):
+    path = tmp_path / "text.yaml"
+    path.write_text(f"""
+scales:
+  s:
+    data: {{source: {text_file}, tokenizer: bpe, vocab_size: 300, val_split: {text_file}, test_split: {text_file}}}
+    model: {{vocab_size: 512, n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, head_dim: 16, max_seq_len: 64}}
+experiments:
+  table1: {{scale: s, models: [stateloop], K: [2], d_state: [32]}}
+""")
+    return path
+
+
+def _case(name, tmp_path):
+    """(argv, text the one line must hold) of each case; the output folder is tmp_path/out."""
+    cfg, data, out = write_config(tmp_path / "cfg.yaml"), tmp_path / "data", tmp_path / "out"
+    if name == "yaml":
+        (tmp_path / "broken.yaml").write_text("scales: {t: [1, 2\n")
+        return _train(tmp_path / "broken.yaml", data, out), "broken.yaml: not valid YAML"
+    if name in ("meta-not-json", "meta-not-object"):
+        data.mkdir()
+        (data / "meta.json").write_text('{"dtype": ' if name == "meta-not-json" else json.dumps([1, 2]))
+        needle = "meta.json: not valid JSON" if name == "meta-not-json" else "meta.json: expected a JSON object, got list"
+        return _train(cfg, data, out), needle
+    if name in ("not-utf8", "empty-text"):
+        text = tmp_path / "text.txt"
+        text.write_bytes(b"caf\xe9 au lait\n" if name == "not-utf8" else b"")
+        needle = "text.txt: not UTF-8 text (invalid continuation byte: byte 0xe9)" if name == "not-utf8" else "text.txt: file is empty"
+        return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
+                "--no-progress"], needle
+    write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
+    return {
+        "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
+                              "--run: t/stateloop/K9_ds64_seed1234 is not a run of"),
+        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"), "--run: unknown scale '..'"),
+        "run-absolute": (_train(cfg, data, out, "/etc/stateloop/K2_ds32_seed1234"), "--run: expected {scale}/{model}"),
+        "seq-longer-than-context": (_train(cfg, data, out, RUN, "train.seq_len=128"),
+                                    "train.seq_len: 128 exceeds model.max_seq_len = 64"),
+        "seq-longer-than-data": (_train(cfg, data, out), "split 'train' has 20 tokens, fewer than one window of train.seq_len + 1 = 33"),
+        "zero-steps": (_train(cfg, data, out, RUN, "train.max_steps=0"), "train.max_tokens: set a token budget (or train.max_steps)"),
+        "negative-lr": (_train(cfg, data, out, RUN, "train.lr=-1"), "train.lr: must be positive, got -1.0"),
+        "nan-lr": (_train(cfg, data, out, RUN, "train.lr=.nan"), "train.lr: expected a finite number, got nan"),
+    }[name]
+
+
+CASES = ["yaml", "meta-not-json", "meta-not-object", "not-utf8", "empty-text", "run-not-in-config", "run-escapes-up",
+         "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr"]
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys):
+    argv, needle = _case(name, tmp_path)
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith(f"stateloop {argv[0]}: error: ") and needle in err[0], err[0]
+    assert not (tmp_path / "out").exists()
