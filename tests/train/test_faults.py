@@ -63,8 +63,12 @@ KILLER = textwrap.dedent('''
             return save(obj, f, *a, **k)
         torch.save = half_save
     elif point == "before-rename":  # complete temporary file, not yet renamed
-        sha = C.sha256_file
-        C.sha256_file = lambda p: die() if is_at(p) else sha(p)
+        replace = pathlib.Path.replace
+        def replace_or_die(self, target):
+            if is_at(target) and self.name.endswith(".tmp"):
+                die()
+            return replace(self, target)
+        pathlib.Path.replace = replace_or_die
     elif point == "before-sidecar":  # renamed into place, its sidecar not yet written
         write = C.atomic_write_json
         C.atomic_write_json = lambda p, obj: die() if is_at(p) else write(p, obj)
@@ -247,6 +251,14 @@ def test_checkpoints_are_not_staged_in_tmpdir(setup, tmp_path, monkeypatch):
         return mkstemp(*a, **k)
 
     monkeypatch.setattr(tempfile, "mkstemp", recording)
+    from stateloop.train import checkpoint
+
+    rehashed = []
+    monkeypatch.setattr(checkpoint, "sha256_file", lambda p: rehashed.append(p))
     train(resolved(cfg, data, RUN), tmp_path / "run", progress=False)
     assert in_tmpdir == []
+    assert rehashed == []  # each checkpoint was hashed while written, not read back
+    store = CheckpointStore(tmp_path / "run" / "checkpoints")
+    monkeypatch.undo()
+    assert [store.verify(s) for s in store.steps()] == [None, None]  # and the sidecars match the files
     assert_bitwise_equal(weights(tmp_path / "run"), weights(reference))

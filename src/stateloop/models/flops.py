@@ -1,7 +1,7 @@
 """Compute of a model counted from its config: FLOPs and layer applications per token.
 
 The count comes from running the real forward and backward pass on the meta device under
-``torch.utils.flop_counter.FlopCounterMode``: every matmul, attention and scan the model really
+``torch.utils.flop_counter.FlopCounterMode`` (through Lightning's ``measure_flops``): every matmul, attention and scan the model really
 performs is counted, loop iterations included (a K-times looped model counts K backbone
 applications, Pause Token its 4 positions per real token), and nothing is allocated.
 Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU.
@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from lightning_fabric.utilities.throughput import measure_flops
 
 
 @dataclass
@@ -35,15 +35,9 @@ def compute_profile(cfg, seq_len: int) -> ComputeProfile:
 
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, Layer)]
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-    counter = FlopCounterMode(display=False)
-    try:
-        with counter:
-            logits = model(idx).logits
+    try:  # Lightning's counter: FlopCounterMode over the forward and the loss's backward
+        flops = measure_flops(model, lambda: model(idx).logits, lambda logits: logits.float().sum())
     finally:
         for h in hooks:
             h.remove()
-    forward = counter.get_total_flops()
-    with counter:
-        logits.float().sum().backward()
-    backward = counter.get_total_flops()
-    return ComputeProfile((forward + backward) / seq_len, positions[0] / seq_len)
+    return ComputeProfile(flops / seq_len, positions[0] / seq_len)

@@ -48,7 +48,7 @@ import yaml
 from stateloop.config import ConfigError
 from stateloop.runs import (FINAL_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
                             resolve_device, save_final)
-from stateloop.train.checkpoint import CheckpointStore, direct_checkpoint_io, rng_from_plain, rng_to_plain, warn
+from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.resolve import open_data, parse_resolved
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
@@ -246,8 +246,6 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
 
 
 def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainResult:
-    from lightning_fabric.utilities.seed import _collect_rng_states, _set_rng_states
-
     from stateloop.evaluate.perplexity import heldout_windows
     from stateloop.models.registry import build_model
     from stateloop.train.flops import flops_per_sequence, peak_flops
@@ -298,7 +296,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
         store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
         _check_resume(resume, state["config"], config, state["data"], data_identity)
         state["data"] = data_identity
-        _set_rng_states(rng_from_plain(state["rng"]))
+        restore_rng(state["rng"])
         state["config"] = config
         if rank0:
             warn(f"resuming from {resume} (step {state['step']} of {total}, {state['tokens']:,} tokens seen)")
@@ -348,8 +346,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
                    file=sys.stderr, mininterval=1.0)
 
     def checkpoint(step: int) -> Path:
-        rng = rng_to_plain(_collect_rng_states(include_cuda=True))  # tensors and plain values: safe-loadable
-        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=rng, train_loss=last_loss,
+        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=collect_rng(), train_loss=last_loss,
                      elapsed=elapsed0 + time.perf_counter() - t_start)
         return store.save(fabric, state, step)
 
