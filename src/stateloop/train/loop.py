@@ -354,7 +354,14 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
     last_loss = state["train_loss"]
     val_loss = None
     saved_at = start_step if resume else None
-    t_log, step_log = time.perf_counter(), start_step
+    step_log = start_step
+    # Tokens/s and MFU of each log window: Lightning's Throughput over the last two log steps
+    # (per device: seqs_dev sequences of seq_len tokens a step, flops_seq FLOPs each; peak: flops.py).
+    from lightning_fabric.utilities.throughput import Throughput
+
+    seqs_dev = tcfg.global_batch // fabric.world_size
+    meter = Throughput(available_flops=peak if flops_seq else None, world_size=fabric.world_size, window_size=2)
+    meter.update(time=0.0, batches=0, samples=0, lengths=0, flops=0 if flops_seq else None)
     t_line = -math.inf  # the last progress line (no progress bar): the first log step prints one
     steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
     world = fabric.world_size
@@ -397,14 +404,18 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
 
             if step % tcfg.log_every == 0 or step == total:
                 now = time.perf_counter()
-                tok_s = (step - step_log) * tcfg.tokens_per_step / max(now - t_log, 1e-9)
+                done = step - start_step  # steps of this process; per device: seqs_dev sequences each
+                meter.update(time=max(now - t_start, 1e-9 * done), batches=done, samples=done * seqs_dev,
+                             lengths=done * seqs_dev * tcfg.seq_len,
+                             flops=flops_seq * (step - step_log) * seqs_dev if flops_seq else None)
+                rates = meter.compute()  # over this log window (window_size 2)
+                tok_s = rates["device/items_per_sec"] * world
                 metrics = {"train/loss": sum(window_losses) / len(window_losses),
                            "train/lr": lr_used,
                            "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
                            "train/tokens": step * tcfg.tokens_per_step}
-                if flops_seq and peak:
-                    seq_per_s_device = tok_s / tcfg.seq_len / world
-                    metrics["train/mfu"] = flops_seq * seq_per_s_device / peak
+                if "device/mfu" in rates:
+                    metrics["train/mfu"] = rates["device/mfu"]
                 last_loss = metrics["train/loss"]  # mean over the log window
                 if tracker is not None:
                     tracker.log_metrics(metrics, step)
@@ -416,7 +427,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
                     warn(f"step {step}/{total} ({step / total:.0%}), {step * tcfg.tokens_per_step:,} tokens, "
                          f"loss {metrics['train/loss']:.4f}, {tok_s:,.0f} tok/s, ETA {_hms(eta)}")
                 window_losses.clear()
-                t_log, step_log = now, step
+                step_log = step
                 steady = steady or (now, step)
             if tcfg.val_every and step % tcfg.val_every == 0 and step < total and val_windows is not None:
                 val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
