@@ -41,6 +41,10 @@ def _case(name, tmp_path):
         (data / "meta.json").write_text('{"dtype": ' if name == "meta-not-json" else json.dumps([1, 2]))
         needle = "meta.json: not valid JSON" if name == "meta-not-json" else "meta.json: expected a JSON object, got list"
         return _train(cfg, data, out), needle
+    if name == "missing-shared-data":  # a user's clone without ../shared: the offline text is not there
+        missing = tmp_path / "shared" / "data" / "tiny-shakespeare" / "input.txt"
+        return ["tokenize", "--config", str(_tokenize_config(tmp_path, missing)), "--scale", "s", "--out", str(out),
+                "--no-progress"], f"data.source: {missing}: file not found"
     if name in ("not-utf8", "empty-text"):
         text = tmp_path / "text.txt"
         text.write_bytes(b"caf\xe9 au lait\n" if name == "not-utf8" else b"")
@@ -62,7 +66,7 @@ def _case(name, tmp_path):
     }[name]
 
 
-CASES = ["yaml", "meta-not-json", "meta-not-object", "not-utf8", "empty-text", "run-not-in-config", "run-escapes-up",
+CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not-utf8", "empty-text", "run-not-in-config", "run-escapes-up",
          "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr"]
 
 
@@ -75,3 +79,15 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys)
     assert rc == 2 and len(err) == 1, err
     assert err[0].startswith(f"stateloop {argv[0]}: error: ") and needle in err[0], err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_an_offline_lm_eval_task_without_the_shared_data_names_the_folder(tmp_path, monkeypatch):
+    """The `*_local` task YAMLs read $STATELOOP_SHARED/data; where it is absent, one line names
+    the folder and the variable (lm-eval's CLI prints it as the error)."""
+    from stateloop.evaluate.tasks import local_dataset
+
+    monkeypatch.setenv("STATELOOP_SHARED", str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError) as err:
+        local_dataset("piqa_local")(data_files={"validation": "piqa/validation.jsonl"})
+    assert str(err.value) == (f"{tmp_path / 'nowhere' / 'data' / 'piqa'}: data folder of piqa_local not found "
+                              f"(set STATELOOP_SHARED to the folder holding data/)")
