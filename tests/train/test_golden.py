@@ -1,0 +1,94 @@
+"""Golden loss curves: every registered model (2 layers, K = 3; configs/tiny.yaml's baseline options) trains 6 steps of a tiny run through `train()`, and
+each step's loss must equal, bit for bit, the curve recorded in golden_losses.json before the
+design pass (issue 16: "a tiny run's loss curve bitwise identical before and after (record one as
+a golden file first, as torchtitan keeps golden losses)").
+
+Floats are compared exactly, so the file belongs to one torch build and CPU kind (recorded in
+it; the test skips elsewhere, saying why). Re-record only for an intended change of the numbers:
+
+    python tests/train/test_golden.py --record
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden_losses.json"
+STEPS = 6
+
+
+def _machine() -> dict:
+    return {"torch": torch.__version__, "machine": platform.machine(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _curves(tmp: Path) -> dict[str, list[float]]:
+    """run id -> per-step training loss of each registered model (K = 3, d_s = 32)."""
+    import yaml
+    from train_support import TINY_MODEL, TINY_TRAIN, write_shards
+
+    from stateloop.experiments import expand_runs, load_pipeline
+    from stateloop.models.registry import MODELS
+    from stateloop.train import tracking
+    from stateloop.train.loop import train
+    from stateloop.train.resolve import resolve_run
+
+    data = write_shards(tmp / "data")
+    cfg = tmp / "golden.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "scales": {"t": {"model": {**TINY_MODEL, "n_layers": 2, "mamba_head_dim": 16, "mamba_n_groups": 2, "mamba_d_state": 8,
+                                   "mamba_chunk_size": 8},
+                         "train": {**TINY_TRAIN, "max_steps": STEPS, "log_every": 1, "val_tokens": 0, "checkpoint_every": 0}}},
+        "experiments": {"golden": {"scale": "t", "models": list(MODELS), "K": [3], "d_state": [32], "seeds": [1234], "options": {
+            "hyperloop": {"n_begin": 1, "n_middle": 1, "n_end": 1, "n_streams": 4},
+            "mesh": {"n_prelude": 1, "n_core": 1, "n_coda": 1}, "parcae": {"n_prelude": 1, "n_core": 1, "n_coda": 1},
+            "pause_token": {"pause_id": 95}}}}}))
+    losses: dict[int, float] = {}
+    log = tracking.Tracker.log_metrics
+
+    def recording(self, metrics, step):
+        if "train/loss" in metrics:
+            losses[step] = metrics["train/loss"]
+        return log(self, metrics, step)
+
+    tracking.Tracker.log_metrics = recording
+    try:
+        out = {}
+        for run in expand_runs(load_pipeline(cfg)):
+            losses.clear()
+            train(resolve_run(cfg, run.id, [], data), tmp / run.id, progress=False)
+            out[run.id] = [losses[s] for s in range(1, STEPS + 1)]
+        return out
+    finally:
+        tracking.Tracker.log_metrics = log
+
+
+def test_loss_curves_equal_the_golden_file(tmp_path, monkeypatch):
+    golden = json.loads(GOLDEN.read_text())
+    if golden["recorded_on"] != _machine():
+        pytest.skip(f"golden losses were recorded on {golden['recorded_on']}, this is {_machine()}: exact floats differ across builds")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    torch.set_num_threads(1)
+    curves = _curves(tmp_path)
+    assert curves.keys() == golden["curves"].keys()
+    for run, curve in curves.items():
+        assert curve == golden["curves"][run], f"{run}: {curve} != golden {golden['curves'][run]}"
+
+
+if __name__ == "__main__" and "--record" in sys.argv:
+    import os
+    import tempfile
+
+    sys.path.insert(0, str(HERE))
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+        torch.set_num_threads(1)
+        curves = _curves(Path(tmp))
+    GOLDEN.write_text(json.dumps({"recorded_on": _machine(), "steps": STEPS, "curves": curves}, indent=1) + "\n")
+    print(f"{GOLDEN}: {len(curves)} curves of {STEPS} steps")
