@@ -98,6 +98,10 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
         return
     runs = expand_runs(pipe, ["state_analysis"])
     assert sorted(c.split()[2] for c in planned) == sorted(["shapley", "interventions"] * len(runs)), planned
+    # the job's config, as a real (not dry) run writes it when it starts jobs: results/configs/<sha256>.yaml
+    (job_config,) = {re.search(r"--config (\S+)", c).group(1) for c in planned}
+    (work / job_config).parent.mkdir(parents=True, exist_ok=True)
+    (work / job_config).write_text(yaml.safe_dump(yaml.safe_load(config_file.read_text()), sort_keys=True))
     expected = {}
     for run in runs:
         scale = pipe.scales[run.scale]
@@ -107,7 +111,7 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
         data_dir = work / "data" / run.scale
         if not (data_dir / "meta.json").exists():
             write_data(data_dir, splits, seq_len)
-        save_tiny_run(work / run.folder, run, data_dir, "results/config.yaml", max_seq_len=max(64, seq_len))
+        save_tiny_run(work / run.folder, run, data_dir, job_config, max_seq_len=max(64, seq_len))
         windows = min(HELDOUT_WINDOWS, scale.eval.heldout_windows or HELDOUT_WINDOWS)
         expected[run.folder] = (scale.eval.heldout_split, windows, seq_len, splits)
 
