@@ -62,7 +62,20 @@ class ModelOutput:
 
 
 class LoopedLM(nn.Module):
-    """Vanilla Looped: eqs. (1)-(2). Subclasses override :meth:`loop`."""
+    """Vanilla Looped, eqs. (1)-(2), and the contract every registered model follows.
+
+    :meth:`forward` is written once, here, and does the decoding bookkeeping for every model:
+
+        h, rope = self.inputs(idx, cache)              the loop's input sequence, its RoPE positions
+        out = self.loop(h, rope, cache, **hooks)       ModelOutput: logits at the T real tokens
+        cache.advance(T)                               when decoding; T = idx.shape[1] real tokens
+
+    Subclasses override :meth:`loop` (the model itself: StateLoop's state, the baselines' unique
+    stacks, streams and buffers) and, where their input sequence is not the scaled embedding at
+    positions ``cache.seq_len ...``, :meth:`inputs` (PonderLM's z^0, Pause Token's pause-expanded
+    sequence). A loop whose input has more positions than real tokens returns the logits of the
+    real tokens only (Pause Token reads each group's last pause).
+    """
 
     def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
         super().__init__()
@@ -96,18 +109,27 @@ class LoopedLM(nn.Module):
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm_f(h))
 
-    # -- forward --------------------------------------------------------------------------------
+    # -- forward: the same for every model ------------------------------------------------------
     def forward(self, idx: torch.Tensor, cache: ModelCache | None = None, **hooks) -> ModelOutput:
         """idx (B, T) token ids -> next-token logits (B, T, V). With ``cache``, idx continues the
-        sequence already in the cache (prefill, then one token or a chunk at a time)."""
-        h = self.embed_tokens(idx)
-        rope = self.rotary(idx.shape[1], cache, idx.device, h.dtype)
+        sequence already in the cache (prefill, then one token or a chunk at a time). ``hooks``
+        are the keyword arguments of the model's :meth:`loop` (the analyses' hooks)."""
+        h, rope = self.inputs(idx, cache)
         out = self.loop(h, rope, cache, **hooks)
         if cache is not None:
-            cache.advance(idx.shape[1])
+            cache.advance(idx.shape[1])  # the cache counts real tokens
         return out
 
+    # -- the extension points -------------------------------------------------------------------
+    def inputs(self, idx: torch.Tensor, cache: ModelCache | None) -> tuple[torch.Tensor, Rotary]:
+        """idx (B, T) -> the loop's input H^0 = sqrt(d) E[x] (1) and its RoPE positions, which
+        continue the ``cache.seq_len`` tokens already decoded."""
+        h = self.embed_tokens(idx)
+        return h, self.rotary(idx.shape[1], cache, idx.device, h.dtype)
+
     def loop(self, h: torch.Tensor, rope: Rotary, cache: ModelCache | None) -> ModelOutput:
+        """The model: its input h (B, T', d) -> logits (B, T, V) at the real tokens. Application k
+        of the looped stack runs through ``apply_backbone(h, rope, cache, k)``."""
         for k in range(self.cfg.K):
             h = self.apply_backbone(h, rope, cache, k)  # (2)
         return ModelOutput(self.lm_head(h))

@@ -6,6 +6,8 @@ are checked against the variant's options dataclass, so a bad key fails before a
 
 Every model maps token ids (B, T) to next-token logits (B, T, V) through
 ``model(idx, cache=None) -> ModelOutput`` and can be built on the meta device for counting.
+Every model is a :class:`~stateloop.models.looped.LoopedLM`: its one ``forward`` calls the
+model's ``inputs`` and ``loop`` hooks (see that class's docstring).
 """
 
 from __future__ import annotations

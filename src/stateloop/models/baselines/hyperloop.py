@@ -129,9 +129,7 @@ class HyperloopLM(StackedLM):
     def n_layer_applications(self) -> int:
         return self.n_begin + self.cfg.K * self.n_middle + self.n_end
 
-    def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
-        h = self.embed_tokens(idx)
-        rope = self.rotary(idx.shape[1], cache, idx.device, h.dtype)
+    def loop(self, h, rope, cache) -> ModelOutput:
         x_b = self.apply_stack(self.begin, h, rope, cache, ("begin",))
         Y = x_b[..., None, :].expand(*x_b.shape[:-1], self.opts.n_streams, x_b.shape[-1])  # n copies
         for l, hc in enumerate(self.hyper):
@@ -139,6 +137,4 @@ class HyperloopLM(StackedLM):
             o = self.apply_backbone(hc.read(Y, h_pre), rope, cache, l) + hc.loop_embed
             Y = hc.write(Y, o, h_post, h_res)
         out = self.apply_stack(self.end, Y.mean(dim=-2), rope, cache, ("end",))
-        if cache is not None:
-            cache.advance(idx.shape[1])
         return ModelOutput(self.lm_head(out))

@@ -112,11 +112,9 @@ class MeshLM(PreludeCoreCodaLM):
         m[..., 0, :] = h_emb
         return m
 
-    def forward(self, idx: torch.Tensor, cache=None, return_buffers: bool = False) -> ModelOutput:
+    def loop(self, h_emb, rope, cache, return_buffers: bool = False) -> ModelOutput:
         """With ``return_buffers``, ``output.states`` lists the buffer after every write
         (transitional cycle, then core steps 1..K), for the analyses and tests."""
-        h_emb = self.embed_tokens(idx)
-        rope = self.rotary(idx.shape[1], cache, idx.device, h_emb.dtype)
         m = self.init_buffer(h_emb)
         buffers = []
         # Transitional cycle: the prelude output is written, then the core's first input is read.
@@ -129,6 +127,4 @@ class MeshLM(PreludeCoreCodaLM):
             m, h = write_then_read(m, h_m, w_write, w_read)
             buffers.append(m)
         out = self.apply_stack(self.coda, h, rope, cache, ("coda",))
-        if cache is not None:
-            cache.advance(idx.shape[1])
         return ModelOutput(self.lm_head(out), buffers if return_buffers else None)

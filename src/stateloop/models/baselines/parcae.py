@@ -177,16 +177,12 @@ class ParcaeLM(PreludeCoreCodaLM):
         start = lo - (lo // self._BLOCK) * self._BLOCK
         return table[start : start + hi - lo]  # (T, d)
 
-    # -- forward ---------------------------------------------------------------------------------
-    def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
-        x = self.embed_tokens(idx)
-        rope = self.rotary(idx.shape[1], cache, idx.device, x.dtype)
+    # -- loop ------------------------------------------------------------------------------------
+    def loop(self, x, rope, cache) -> ModelOutput:
         e = self.norm_pre(self.apply_stack(self.prelude, x, rope, cache, ("prelude",)))
         drive, a = self.injection.drive(e), self.injection.decay()  # the same at every repetition
         h = self.initial_state(e, rope.positions)
         for r in range(self.cfg.K):
             h = self.apply_backbone(self.injection(h, drive, a), rope, cache, r)  # h_r = R(a h + Delta B e)
         out = self.apply_stack(self.coda, self.injection.C(h), rope, cache, ("coda",))
-        if cache is not None:
-            cache.advance(idx.shape[1])
         return ModelOutput(self.lm_head(out))

@@ -107,21 +107,20 @@ class PauseTokenLM(LoopedLM):
     def group(self) -> int:
         return self.n_pause + 1  # positions per real token
 
-    def hidden(self, idx: torch.Tensor, cache=None) -> torch.Tensor:
-        """Final hidden states H at every expanded position: (B, (P+1) T, d)."""
+    def inputs(self, idx: torch.Tensor, cache):
+        """sqrt(d) E[x_1 p..p x_2 p..p ...] (B, (P+1) T, d) at RoPE positions from (P+1) seq_len on
+        (``seq_len`` counts real tokens)."""
         ids = pause_ids(idx, self.n_pause, self.pause_id)
         h = self.embed_tokens(ids)
         offset = 0 if cache is None else cache.seq_len * self.group
-        rope = Rotary(ids.shape[1], offset, self.cfg.head_dim, self.cfg.rope_theta, idx.device, h.dtype)
-        h = self.apply_backbone(h, rope, cache, 0)
-        if cache is not None:
-            cache.advance(idx.shape[1])  # real tokens
-        return h
+        return h, Rotary(ids.shape[1], offset, self.cfg.head_dim, self.cfg.rope_theta, idx.device, h.dtype)
 
-    def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
-        h = self.hidden(idx, cache)
-        return ModelOutput(self.lm_head(h[:, self.group - 1 :: self.group]))  # the last pause of each group
+    def loop(self, h, rope, cache) -> ModelOutput:
+        """One pass of T over the expanded sequence; the logits of the last pause of each group."""
+        H = self.apply_backbone(h, rope, cache, 0)  # (B, (P+1) T, d)
+        return ModelOutput(self.lm_head(H[:, self.group - 1 :: self.group]))
 
     def expanded_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits at every expanded position (B, (P+1) T, V), for analyses and tests."""
-        return self.lm_head(self.hidden(idx))
+        h, rope = self.inputs(idx, None)
+        return self.lm_head(self.apply_backbone(h, rope, None, 0))

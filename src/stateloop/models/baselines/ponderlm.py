@@ -67,16 +67,17 @@ class PonderLM(LoopedLM):
         p = torch.softmax(upcast(logits), dim=-1).to(self.embed.weight.dtype)  # (B, T, V)
         return self.embed_scale * (p @ self.embed.weight)  # (B, T, d)
 
-    def forward(self, idx: torch.Tensor, cache=None) -> ModelOutput:
+    def inputs(self, idx: torch.Tensor, cache):
+        """z^0 = s c E[x] (or c E[x]) at the token positions."""
         s, c = self.pondering_steps, self.embed_scale
         z = c * self.embed(idx)  # c E[x]
         if self.opts.multiply_pondering_steps and s > 0:
             z = s * z  # z^0 = s c E[x]
-        rope = self.rotary(idx.shape[1], cache, idx.device, z.dtype)
+        return z, self.rotary(idx.shape[1], cache, idx.device, z.dtype)
+
+    def loop(self, z, rope, cache) -> ModelOutput:
+        s = self.pondering_steps
         for j in range(s):
             logits = self.lm_head(self.apply_backbone(z, rope, cache, j))  # pass j, its own caches
             z = z + self.pondering_embedding(logits)  # z^{j+1}
-        logits = self.lm_head(self.apply_backbone(z, rope, cache, s))  # final pass
-        if cache is not None:
-            cache.advance(idx.shape[1])
-        return ModelOutput(logits)
+        return ModelOutput(self.lm_head(self.apply_backbone(z, rope, cache, s)))  # final pass
