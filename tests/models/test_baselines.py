@@ -1,4 +1,4 @@
-"""The paper's baselines: the equations of baselines.md checked by hand on tiny tensors.
+"""The paper's baselines: the equations of docs/baselines.md checked by hand on tiny tensors.
 
 The generic checks (forward/backward with a gradient for every parameter, causality, cached
 decoding == full forward) run for these models in test_models.py; the 1.4B counts in

@@ -95,7 +95,7 @@ _SPECS = [
               description="the state is reset before every update (eq. 14)"),
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
               description="a GRU cell replaces the selective-SSM update"),
-    # The paper's baselines (models/baselines/, ../shared/design/baselines.md).
+    # The paper's baselines (models/baselines/, docs/baselines.md).
     ModelSpec("hyperloop", lambda cfg, o: hyperloop.HyperloopLM(cfg, o), "Hyperloop", False,
               hyperloop.HyperloopOptions, validate=hyperloop.check_options,
               description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections"),

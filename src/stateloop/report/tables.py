@@ -11,7 +11,7 @@ changes are paired by seed (the same seed means the same data order). The Markdo
 ``mean [lo, hi] (paper P, +diff)`` per cell and the notes underneath. A run that a table needs but
 that has no result yet is an error naming the missing file, never a blank cell.
 
-Which experiment of the config feeds which table (ARCHITECTURE.md):
+Which experiment of the config feeds which table (docs/architecture.md#which-experiment-feeds-which-output):
 table1/table2 <- ``table1``; table3 <- ``decoding`` (the decode benchmark's JSON);
 table4 <- ``table4``.
 """

@@ -1,6 +1,6 @@
 """Resolve and check one run's config before anything trains.
 
-Resolution order (ARCHITECTURE.md): the scale's sections -> the experiment's model options (an
+Resolution order (docs/architecture.md#how-a-runs-config-resolves): the scale's sections -> the experiment's model options (an
 experiment of the config must define the run: an unknown id is refused) -> the run id's model, K, d_s and seed (the seed
 replaces ``train.seed``) -> ``key=value``
 overrides (``train.lr=1e-3``, ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of

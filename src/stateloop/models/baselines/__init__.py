@@ -1,6 +1,6 @@
 """The paper's baselines on the shared backbone: Hyperloop, MeSH, PonderLM, Parcae, Pause Token.
 
-Each file implements one model as ../../shared/design/baselines.md specifies (equations, shared
+Each file implements one model as docs/baselines.md describes it (equations, shared
 vs loop-specific parameters, init, decoding) and says in its docstring what the paper leaves
 open and which choice is made. The registry (models/registry.py) maps the names ``hyperloop``,
 ``mesh``, ``ponderlm``, ``parcae`` and ``pause_token`` to these classes and their options.

@@ -24,11 +24,11 @@ caches of every layer application: prelude ("prelude"), core step t ("T", t), co
 
 What the paper leaves open, and the choices made here:
 - [spec] Writes go to every slot, slot 0 included: the update is "m_b += w_w[b] h_p for all b"
-  (the MeSH update as specified for this reproduction), so the raw embedding in slot 0 is
-  the start of a slot like the others, not a protected copy. [option] ``protect_embedding_slot:
-  true`` masks slot 0's write logit instead, so the raw embedding stays readable in slot 0 at
-  every step (an "embedding highway"); the slot-0 row of every write router is then unused, and
-  the parameter count is the same either way.
+  (the MeSH update as specified for this reproduction, docs/baselines.md#mesh), so the raw
+  embedding in slot 0 is the start of a slot like the others, not a protected copy. [option]
+  ``protect_embedding_slot: true`` masks slot 0's write logit instead, so the raw embedding
+  stays readable in slot 0 at every step (an "embedding highway"); the slot-0 row of every write
+  router is then unused, and the parameter count is the same either way.
 - [assume] The transitional cycle above (the paper's Algorithm 2 is a figure, not text).
 - [assume] Routers read h directly (no normalisation); router weights N(0, init_std), bias 0
   (uniform weights 1/S at init up to the small weight noise).

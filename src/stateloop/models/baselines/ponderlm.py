@@ -21,8 +21,8 @@ cache 0, feeds its distribution into pass 1 with cache 1, and so on (K x L layer
 official code has no incremental decoding (it recomputes every pass over the whole sequence).
 
 What the paper leaves open, and the choices made here:
-- [assume] "K iterations" = s + 1 backbone passes with s = K - 1 pondering steps (the design's
-  reading of K = 4: three pondering steps, then the final pass).
+- [assume] "K iterations" = s + 1 backbone passes with s = K - 1 pondering steps (our reading
+  of K = 4: three pondering steps, then the final pass; docs/baselines.md#ponderlm).
 - [code] sqrt(d) embedding scale and the x s multiplier of z^0 follow the official 1.4B Pile
   recipe (``scale_embeds``, ``mutiply_pondering_steps``); both are options. With s = 0 (K = 1)
   there is nothing to multiply and z^0 = c E[x].
