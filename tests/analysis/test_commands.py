@@ -49,8 +49,12 @@ def test_analyze_logs_to_mlflow_by_run_name_then_by_training_run_id(tiny_run, tm
     assert len(client.search_runs([exp.experiment_id])) == 1
     logged = client.get_run(runs[0].info.run_id).data
     assert logged.metrics["interventions/ppl_unmodified"] == pytest.approx(res["unmodified"]["ppl"])
-    assert logged.metrics["interventions/ppl_freeze_1"] == pytest.approx(res["freezing"][0]["ppl"])
-    assert logged.tags["interventions.eval_split"] == "val" and "shapley/phi_R1" in logged.metrics
+    freeze = client.get_metric_history(runs[0].info.run_id, "interventions/ppl_freeze")  # one curve, step i
+    assert [m.step for m in freeze] == [e["i"] for e in res["freezing"]] == list(range(1, model.cfg.K))
+    assert [m.value for m in freeze] == pytest.approx([e["ppl"] for e in res["freezing"]])
+    phi = client.get_metric_history(runs[0].info.run_id, "shapley/phi")  # one curve, step k
+    assert [(m.step, m.value) for m in phi] == list(enumerate(shapley["shapley"], 1))
+    assert logged.tags["interventions.eval_split"] == "val" and not any("phi_R" in k for k in logged.metrics)
     artifacts = {a.path for a in client.list_artifacts(runs[0].info.run_id, "analysis")}
     assert artifacts == {"analysis/shapley.json", "analysis/interventions.json"}
     # A train.json naming a run the store does not know is an error naming the file.

@@ -25,7 +25,9 @@ Each JSON has a ``heldout`` block with the keys of eval.json's (split, windows, 
 split_tokens, nll, ppl): the unmodified model's held-out result (all reads kept; no
 intervention), equal to eval.json's ``heldout`` for the same run. Results are logged to MLflow:
 into the training run that RUN_DIR/train.json names, else into the run named by the run id in
-the training experiment (as ``stateloop eval`` does).
+the training experiment (as ``stateloop eval`` does). Per-read and per-boundary values are one
+metric each over steps (``shapley/phi`` and ``shapley/share_pct`` at step k for R_k,
+``interventions/ppl_replace`` and ``interventions/ppl_freeze`` at step i for S_i).
 """
 
 from __future__ import annotations
@@ -133,9 +135,8 @@ def run(args) -> int:
         settings.update(split=proto.split, windows=len(windows))
         metrics = {"nll_none_masked": result["nll_none_masked"], "ppl_none_masked": result["ppl_none_masked"],
                    "nll_all_masked": result["nll_all_masked"],
-                   "feedback_share_pct": result["feedback_share_pct"], "terminal_share_pct": result["terminal_share_pct"],
-                   **{f"phi_R{k + 1}": v for k, v in enumerate(result["shapley"])},
-                   **{f"share_pct_R{k + 1}": v for k, v in enumerate(result["share_pct"])}}
+                   "feedback_share_pct": result["feedback_share_pct"], "terminal_share_pct": result["terminal_share_pct"]}
+        curves = {"phi": list(enumerate(result["shapley"], 1)), "share_pct": list(enumerate(result["share_pct"], 1))}
         summary = (f"held-out PPL, all reads kept {heldout['ppl']:.3f} ({proto.split}, {len(windows)} windows); "
                    f"feedback reads {result['feedback_share_pct']:.2f}%, terminal read {result['terminal_share_pct']:.2f}% "
                    f"(paper, K=7: 63.70% / 36.30%)")
@@ -164,9 +165,9 @@ def run(args) -> int:
                                        len(windows) * proto.seq_len, precision, matches_eval)
         settings.update(calib_split=args.calib_split, calib_windows=len(calib), calib_seed=args.calib_seed,
                         eval_split=proto.split, windows=len(windows), calibration_file=stats_path.name)
-        metrics = {"ppl_unmodified": result["unmodified"]["ppl"],
-                   **{f"ppl_replace_{e['i']}": e["ppl"] for e in result["replacement"]},
-                   **{f"ppl_freeze_{e['i']}": e["ppl"] for e in result["freezing"]}}
+        metrics = {"ppl_unmodified": result["unmodified"]["ppl"]}
+        curves = {"ppl_replace": [(e["i"], e["ppl"]) for e in result["replacement"]],
+                  "ppl_freeze": [(e["i"], e["ppl"]) for e in result["freezing"]]}
         summary = "PPL unmodified {:.3f} ({}, {} windows); replace {}; freeze {}".format(
             result["unmodified"]["ppl"], proto.split, len(windows),
             ", ".join(f"S{e['replaced']}<-S{e['i']}: {e['ppl']:.3f}" for e in result["replacement"]),
@@ -179,6 +180,6 @@ def run(args) -> int:
     print(summary)
     print(f"wrote {out}", file=sys.stderr)
     if not args.no_mlflow:
-        mlflow_id = common.log_to_mlflow(run_dir, config, args.analysis, metrics, settings, out)
+        mlflow_id = common.log_to_mlflow(run_dir, config, args.analysis, metrics, settings, out, curves, args.config)
         print(f"logged to MLflow run {mlflow_id}", file=sys.stderr)
     return 0

@@ -85,7 +85,7 @@ def run(args) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     cfg = resolve_eval_config(args.run_dir, args.config, overrides)
-    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.quiet)
+    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.quiet, config_file=args.config)
     if not args.quiet:
         held = results["heldout"]
         print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")

@@ -134,8 +134,10 @@ def summary(results: dict) -> dict[str, float]:
     return out
 
 
-def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True) -> dict:
-    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow. Returns the results."""
+def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True,
+                 config_file: str | None = None) -> dict:
+    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow (the store of
+    ``config_file``'s settings, see tracking.stage_uri). Returns the results."""
     from stateloop.evaluate.lm import StateLoopEvalLM, load_run
     from stateloop.runs import atomic_write_json, code_version, trained_length
 
@@ -169,7 +171,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     results["seconds"] = round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2)
     results["summary"] = summary(results)
     if mlflow:
-        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config)
+        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config, config_file)
     atomic_write_json(run_dir / RESULTS_FILE, results)
     return results
 
@@ -178,16 +180,20 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
 # MLflow
 
 
-def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None) -> str:
-    """Log the summary metrics (as ``eval/<name>``) and eval.json (as an artifact) into the run's
-    MLflow run: the one named by train.json's ``mlflow_run_id`` when training recorded it, else a
-    run named by the run id in the training config's experiment (``train.mlflow_experiment``,
-    default "stateloop"), created when absent and found again on the next evaluation."""
+def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None, config_file=None) -> str:
+    """Log the summary metrics (as ``eval/<name>``), the eval settings (as ``eval.<key>`` params;
+    a re-evaluation with other settings keeps them as ``changed_on_reeval.eval.<key>`` tags) and
+    eval.json (as an artifact) into the run's MLflow run: the one named by train.json's
+    ``mlflow_run_id`` when training recorded it, else a run named by the run id in the training
+    config's experiment (``train.mlflow_experiment``, default "stateloop"), created when absent and
+    found again on the next evaluation. The store: tracking.stage_uri, never train.json's."""
     from mlflow.entities import Metric, RunTag
 
-    from stateloop.tracking import run_of
+    from stateloop.tracking import log_params, run_of
+    from stateloop.train.tracking import flatten
 
-    client, mlflow_id = run_of(run_dir, run_id, config)
+    client, mlflow_id = run_of(run_dir, run_id, config, config_file, command="eval")
+    log_params(client, mlflow_id, flatten(results.get("eval_config") or {}, "eval."), "changed_on_reeval.")
     now = int(datetime.datetime.now().timestamp() * 1000)
     metrics = [Metric(f"eval/{k}", float(v), now, 0) for k, v in results["summary"].items()]
     tags = [RunTag("eval.lm_eval_version", str(results.get("lm_eval_version", ""))),

@@ -320,7 +320,7 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
         tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
                 "code_version": code_version(), "config_file": run["config"]}
         tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
-                          run_id=state["mlflow_run_id"], tags=tags)
+                          run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE)
         tracker.log_params(flatten(config))
         state["mlflow_run_id"] = tracker.run_id
         atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,

@@ -5,10 +5,17 @@
 - Experiment: ``train.mlflow_experiment``; run name: the run id ``{scale}/{model}/K{K}_ds{ds}``,
   so every attempt of a run carries one stable name.
 - Params: the resolved config flattened to dotted keys (``model.d_model``, ``train.lr``, ...);
-  tags: scale, model, K, d_s, code version.
+  tags: scale, model, K, d_s, code version, and MLflow's own (user, source, git commit).
 - Metrics: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``,
   ``train/tokens``, ``train/mfu`` (GPU), ``val/loss``, ``val/ppl``, indexed by optimiser step.
-- A resumed run continues the MLflow run whose id its checkpoint (and RUN_DIR/mlflow.json) holds.
+- A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
+  its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
+  the run already holds (resuming is exact, so the value there is the one it would log), so every
+  step appears once.
+- An attempt that starts from scratch (no checkpoint) opens a new MLflow run; the previous
+  attempt's run (RUN_DIR/mlflow.json), still RUNNING because its process was killed (SIGKILL, a
+  lost node: nothing could close it), is marked KILLED. Its process is gone for certain: the
+  training holds the run folder's lock.
 
 The client API (``MlflowClient``) is used instead of the fluent ``mlflow.start_run`` so that no
 global "active run" leaks between runs trained in one process (tests, notebooks).
@@ -16,7 +23,9 @@ global "active run" leaks between runs trained in one process (tests, notebooks)
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, str]:
@@ -31,11 +40,20 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
-class Tracker:
-    """One MLflow run. ``run_id`` given: continue it (a resumed training run)."""
+def _run_id_in(path: Path | None) -> str | None:
+    try:
+        return json.loads(Path(path).read_text()).get("run_id") if path else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
-    def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None):
-        from stateloop.tracking import client, experiment_id
+
+class Tracker:
+    """One MLflow run. ``run_id`` given: continue it (a resumed training run). ``previous``: the
+    mlflow.json of an earlier attempt of this run folder."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None,
+                 previous: Path | None = None):
+        from stateloop.tracking import client, experiment_id, standard_tags
 
         self.uri = uri
         self.client = client(uri)
@@ -48,31 +66,48 @@ class Tracker:
                     self.client.update_run(run_id, status="RUNNING")
             except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
                 self.run_id = None
+        self._close_dead_attempt(_run_id_in(previous), run_name)
+        self._logged = self._logged_steps() if self.run_id else {}
         if self.run_id is None:
             exp_id = experiment_id(self.client, experiment)
-            self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags or {}).info.run_id
+            self.run_id = self.client.create_run(exp_id, run_name=run_name,
+                                                 tags={**standard_tags("train"), **(tags or {})}).info.run_id
         self._pending: list = []
 
-    def log_params(self, params: dict[str, str]) -> None:
-        """Log params once; on a resumed run, only keys not logged before (MLflow params are immutable)."""
-        from mlflow.entities import Param
+    def _close_dead_attempt(self, old: str | None, run_name: str) -> None:
+        if not old or old == self.run_id:
+            return
+        try:
+            run = self.client.get_run(old)
+        except Exception:  # noqa: BLE001 - another store: nothing to close here
+            return
+        if run.info.status == "RUNNING" and run.info.run_name == run_name:
+            self.client.set_tag(old, "stateloop.killed", "its process ended without closing the run; "
+                                                         "the next attempt of the run folder found it")
+            self.client.set_terminated(old, status="KILLED")
 
-        existing = self.client.get_run(self.run_id).data.params
-        new = [Param(k, v[:6000]) for k, v in params.items() if k not in existing]
-        changed = {k: v for k, v in params.items() if k in existing and existing[k] != v[:6000]}
-        for i in range(0, len(new), 100):
-            self.client.log_batch(self.run_id, params=new[i : i + 100])
-        for key, value in changed.items():  # a resume with a changed (non-model) setting: keep a trace
-            self.client.set_tag(self.run_id, f"changed_on_resume.{key}", value[:5000])
+    def _logged_steps(self) -> dict[str, set[int]]:
+        """The steps logged of each metric of the continued run (a killed attempt's background
+        logger may have left gaps, so a set rather than the last step)."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
+
+    def log_params(self, params: dict[str, str]) -> None:
+        """Log params once; on a resumed run, only keys not logged before (MLflow params are
+        immutable); a resume with a changed (non-model) setting keeps it as a ``changed_on_resume.*`` tag."""
+        from stateloop.tracking import log_params
+
+        log_params(self.client, self.run_id, params, "changed_on_resume.")
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Queued to MLflow's background logger: a sqlite commit (~tens of ms) never stalls a step."""
+        """Queued to MLflow's background logger: a sqlite commit (~tens of ms) never stalls a step.
+        Steps a killed attempt already logged are skipped."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        op = self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()],
-                                   synchronous=False)
-        self._pending.append(op)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if step not in self._logged.get(k, ())]
+        if batch:
+            self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
 
     def flush(self) -> None:
         for op in self._pending:
