@@ -2,7 +2,7 @@
 
 ``train(config, run_dir)`` trains one run from its resolved config (train/resolve.py) and
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and train.json
-(runs.py describes the folder). The parts, in litgpt's order (setup -> fit -> validate):
+(runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
 - setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. One node:
   LightningEnvironment (Fabric spawns ``devices`` processes itself, even inside a one-task SLURM
@@ -15,8 +15,9 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and trai
   rank (one small all-reduce that also carries the stop request of a signal), steps AdamW and
   the schedule. The loss of a micro-batch is the mean next-token cross-entropy divided by the
   accumulation count, so the summed gradient is that of the mean over the global batch.
-- validate: mean next-token NLL over the first ``val_tokens`` of the held-out split
-  (evaluate/perplexity.py), windows split over ranks and summed.
+- finish: validate (mean next-token NLL over the first ``val_tokens`` of the held-out split,
+  evaluate/perplexity.py, windows split over ranks and summed), the final checkpoint, model.pt
+  and train.json. :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
 
 Exit paths:
 - finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
@@ -237,38 +238,88 @@ def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResu
     """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
-    folder's lock (:func:`run_lock`) for the whole training."""
+    folder's lock (:func:`run_lock`) for the whole training: :func:`setup`, :func:`fit`,
+    :func:`finish`."""
     mcfg, tcfg = parse_resolved(config)
-    shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by _train
+    shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by setup
     check_run_folder(Path(run_dir), config)
     with run_lock(Path(run_dir)):
-        return _train(config, run_dir, progress, shards)
+        run = setup(config, Path(run_dir), shards)
+        stop, meter = StopRequest(), Progress(run, progress)
+        stop.install()
+        status = "FAILED"
+        try:
+            result = fit(run, stop, meter) or finish(run, meter)
+            status = "FINISHED" if result.status == "finished" else "KILLED"
+            return result
+        finally:
+            stop.restore()
+            meter.close()
+            if run.tracker is not None:
+                run.tracker.finish(status)
 
 
-def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainResult:
+# ----------------------------------------------------------------------------------------------
+# Setup: Fabric, model, optimizer and schedule, resume, data, tracking
+
+
+@dataclass
+class Run:
+    """Everything :func:`setup` builds for the step loop and the finish."""
+
+    config: dict
+    tcfg: object
+    run_dir: Path
+    fabric: object
+    precision: str
+    raw_model: torch.nn.Module
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    store: CheckpointStore
+    state: dict  # what a checkpoint holds (the objects above, step, tokens, RNG, ...)
+    resume: str | None  # the checkpoint resumed from
+    sampler: object
+    val_windows: torch.Tensor | None
+    tracker: object | None  # MLflow (rank 0)
+    flops_seq: int | None  # FLOPs of one sequence's forward + backward (MFU), where a peak is known
+    peak: float | None
+    elapsed_before: float = 0.0  # training seconds of the earlier attempts (from the checkpoint)
+    saved_at: int | None = None  # the step of the last good checkpoint: written or resumed from
+    val_loss: float | None = None  # the last validation
+    t_start: float = field(default_factory=time.perf_counter)
+
+    @property
+    def rank0(self) -> bool:
+        return self.fabric.is_global_zero
+
+    def checkpoint(self, step: int, train_loss: float | None) -> Path:
+        self.state.update(step=step, tokens=step * self.tcfg.tokens_per_step, rng=collect_rng(), train_loss=train_loss,
+                          elapsed=self.elapsed())
+        return self.store.save(self.fabric, self.state, step)
+
+    def elapsed(self) -> float:
+        """Training seconds over every attempt of the run."""
+        return self.elapsed_before + time.perf_counter() - self.t_start
+
+
+def setup(config: dict, run_dir: Path, shards) -> Run:
     from stateloop.evaluate.perplexity import heldout_windows
     from stateloop.models.registry import build_model
     from stateloop.train.flops import flops_per_sequence, peak_flops
     from stateloop.train.sampler import STREAM, TokenSampler
     from stateloop.train.schedule import lr_lambda
-    from stateloop.tracking import tracking_uri
-    from stateloop.train.tracking import Tracker, flatten
 
     mcfg, tcfg = parse_resolved(config)
     train_shards, val_shards = shards
-    run_dir = Path(run_dir)
-    total = tcfg.total_steps
-    accum = tcfg.accumulation
-
     fabric, precision = build_fabric(tcfg)
     fabric.launch()
-    rank0 = fabric.is_global_zero
-    if rank0:
+    if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(run_dir / RUN_CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
     store = CheckpointStore(run_dir / "checkpoints", tcfg.keep_checkpoints)
     resume = None
-    if rank0:
+    if fabric.is_global_zero:
         resume = store.latest()  # reports each broken newer checkpoint, then:
         store.clean_leftovers()
     resume = fabric.broadcast(str(resume) if resume else None, src=0)
@@ -283,10 +334,10 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
     model = torch.compile(raw_model) if tcfg.compile else raw_model
     model = fabric.setup_module(model)
     optimizer = configure_optimizer(model, tcfg, fused=fabric.device.type == "cuda")
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, total))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, tcfg.total_steps))
     optimizer = fabric.setup_optimizers(optimizer)
 
-    # The batch stream is a function of (train tokens, seed, step); the checkpoint records which tokens.
+    # -- resume: the batch stream is a function of (train tokens, seed, step); the checkpoint records which tokens
     data_identity = {"dir": str(train_shards.dir), "split": train_shards.split, "tokens": len(train_shards),
                      "fingerprint": train_shards.fingerprint(), "stream": STREAM}
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0, "tokens": 0,
@@ -298,190 +349,215 @@ def _train(config: dict, run_dir: str | Path, progress: bool, shards) -> TrainRe
         state["data"] = data_identity
         restore_rng(state["rng"])
         state["config"] = config
-        if rank0:
-            warn(f"resuming from {resume} (step {state['step']} of {total}, {state['tokens']:,} tokens seen)")
-    start_step = state["step"]
+        if fabric.is_global_zero:
+            warn(f"resuming from {resume} (step {state['step']} of {tcfg.total_steps}, {state['tokens']:,} tokens seen)")
 
     # -- data ---------------------------------------------------------------------------------------
-    sampler = TokenSampler(train_shards, tcfg.seq_len, tcfg.global_batch, tcfg.micro_batch, fabric.world_size, tcfg.seed)
+    world = fabric.world_size
+    sampler = TokenSampler(train_shards, tcfg.seq_len, tcfg.global_batch, tcfg.micro_batch, world, tcfg.seed)
     val_windows = None
     if val_shards is not None:
-        n = (tcfg.val_tokens // tcfg.seq_len) // fabric.world_size * fabric.world_size  # equal forwards on every rank
-        val_windows = heldout_windows(val_shards, tcfg.seq_len, max_windows=max(n, fabric.world_size))
-        val_windows = val_windows[: len(val_windows) // fabric.world_size * fabric.world_size]
+        n = (tcfg.val_tokens // tcfg.seq_len) // world * world  # equal forwards on every rank
+        val_windows = heldout_windows(val_shards, tcfg.seq_len, max_windows=max(n, world))
+        val_windows = val_windows[: len(val_windows) // world * world]
         if len(val_windows) == 0:
             raise ConfigError(f"{val_shards.dir}/meta.json: split {tcfg.val_split!r} has fewer than one window of "
-                              f"{tcfg.seq_len + 1} tokens per process ({fabric.world_size} processes)")
+                              f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
 
-    # -- tracking (rank 0) ----------------------------------------------------------------------------
-    tracker = None
-    if rank0:
-        run = config["run"]
-        tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
-                "code_version": code_version(), "config_file": run["config"]}
-        tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
-                          run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE)
-        tracker.log_params(flatten(config))
-        state["mlflow_run_id"] = tracker.run_id
-        atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
-                                                  "run_id": tracker.run_id, "run_name": run["id"]})
+    tracker = _tracker(config, tcfg, run_dir, state) if fabric.is_global_zero else None
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
     flops_seq = None
     if peak:
         try:
             flops_seq = flops_per_sequence(mcfg, tcfg.seq_len)
         except Exception as err:  # noqa: BLE001 - a model the meta-device FLOP counter cannot trace: no MFU
-            if rank0:
+            if fabric.is_global_zero:
                 warn(f"no MFU: FLOPs of {mcfg.name} could not be counted on the meta device ({type(err).__name__}: {err})")
+    return Run(config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
+               sampler, val_windows, tracker, flops_seq, peak, elapsed_before=state["elapsed"],
+               saved_at=state["step"] if resume else None)
 
-    stop = StopRequest()
-    stop.install()
-    t_start = time.perf_counter()
-    elapsed0 = state["elapsed"]
-    bar = None
-    if rank0 and progress:
-        from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, initial=start_step, unit="step", desc=config["run"]["id"], dynamic_ncols=True,
-                   file=sys.stderr, mininterval=1.0)
+def _tracker(config: dict, tcfg, run_dir: Path, state: dict):
+    """The run's MLflow run (a resumed run continues the one its checkpoint names)."""
+    from stateloop.tracking import tracking_uri
+    from stateloop.train.tracking import Tracker, flatten
 
-    def checkpoint(step: int) -> Path:
-        state.update(step=step, tokens=step * tcfg.tokens_per_step, rng=collect_rng(), train_loss=last_loss,
-                     elapsed=elapsed0 + time.perf_counter() - t_start)
-        return store.save(fabric, state, step)
+    run = config["run"]
+    tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
+            "code_version": code_version(), "config_file": run["config"]}
+    tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
+                      run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE)
+    tracker.log_params(flatten(config))
+    state["mlflow_run_id"] = tracker.run_id
+    atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
+                                              "run_id": tracker.run_id, "run_name": run["id"]})
+    return tracker
 
-    window_losses: list[float] = []
-    last_loss = state["train_loss"]
-    val_loss = None
-    saved_at = start_step if resume else None
-    step_log = start_step
-    # Tokens/s and MFU of each log window: Lightning's Throughput over the last two log steps
-    # (per device: seqs_dev sequences of seq_len tokens a step, flops_seq FLOPs each; peak: flops.py).
-    from lightning_fabric.utilities.throughput import Throughput
 
-    seqs_dev = tcfg.global_batch // fabric.world_size
-    meter = Throughput(available_flops=peak if flops_seq else None, world_size=fabric.world_size, window_size=2)
-    meter.update(time=0.0, batches=0, samples=0, lengths=0, flops=0 if flops_seq else None)
-    t_line = -math.inf  # the last progress line (no progress bar): the first log step prints one
-    steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
-    world = fabric.world_size
-    status = "FAILED"
-    try:
-        # ================================ fit ==================================================
-        model.train()
-        for s in range(start_step, total):
-            loss_sum = torch.zeros((), device=fabric.device)
-            for micro in range(accum):
-                x, y = sampler.micro_batch_at(s, micro, fabric.global_rank)
-                x = x.to(fabric.device, non_blocking=True)
-                y = y.to(fabric.device, non_blocking=True)
-                with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
-                    logits = model(x).logits  # (B, T, V)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum
-                    fabric.backward(loss)
-                loss_sum += loss.detach()
-            grad_norm = fabric.clip_gradients(model, optimizer, max_norm=tcfg.grad_clip or float("inf"),
-                                              error_if_nonfinite=False)
-            local_bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm.to(loss_sum)))
-            flags = torch.stack([loss_sum, local_bad.float(), torch.tensor(float(stop.signal is not None), device=loss_sum.device)])
-            if world > 1:
-                flags = fabric.all_reduce(flags, reduce_op="sum")
-            loss_total, bad, stop_now = flags.tolist()
-            if bad > 0:
-                last_good = store.path(saved_at) if saved_at is not None else None  # written or resumed from
-                raise NonFiniteLoss(
-                    f"step {s + 1}: non-finite loss or gradient norm (loss {loss_total / world:.4g}, grad norm "
-                    f"{float(grad_norm):.4g}); training stopped before the optimizer step; the last good checkpoint "
-                    f"is {last_good or 'none (no checkpoint was written yet)'}")
-            lr_used = optimizer.param_groups[0]["lr"]  # eta(s), set by the schedule after step s - 1
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            step = s + 1
-            window_losses.append(loss_total / world)
-            if bar is not None:
-                bar.update(1)
+# ----------------------------------------------------------------------------------------------
+# Progress: the bar or periodic lines, tokens/s and MFU, MLflow metrics of each log window
 
-            if step % tcfg.log_every == 0 or step == total:
-                now = time.perf_counter()
-                done = step - start_step  # steps of this process; per device: seqs_dev sequences each
-                meter.update(time=max(now - t_start, 1e-9 * done), batches=done, samples=done * seqs_dev,
-                             lengths=done * seqs_dev * tcfg.seq_len,
-                             flops=flops_seq * (step - step_log) * seqs_dev if flops_seq else None)
-                rates = meter.compute()  # over this log window (window_size 2)
-                tok_s = rates["device/items_per_sec"] * world
-                metrics = {"train/loss": sum(window_losses) / len(window_losses),
-                           "train/lr": lr_used,
-                           "train/grad_norm": float(grad_norm), "train/tokens_per_s": tok_s,
-                           "train/tokens": step * tcfg.tokens_per_step}
-                if "device/mfu" in rates:
-                    metrics["train/mfu"] = rates["device/mfu"]
-                last_loss = metrics["train/loss"]  # mean over the log window
-                if tracker is not None:
-                    tracker.log_metrics(metrics, step)
-                if bar is not None:
-                    bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
-                elif rank0 and (now - t_line >= PROGRESS_EVERY_S or step == total):
-                    t_line = now
-                    eta = (total - step) * (now - t_start) / max(step - start_step, 1)
-                    warn(f"step {step}/{total} ({step / total:.0%}), {step * tcfg.tokens_per_step:,} tokens, "
-                         f"loss {metrics['train/loss']:.4f}, {tok_s:,.0f} tok/s, ETA {_hms(eta)}")
-                window_losses.clear()
-                step_log = step
-                steady = steady or (now, step)
-            if tcfg.val_every and step % tcfg.val_every == 0 and step < total and val_windows is not None:
-                val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
-                if tracker is not None:
-                    tracker.log_metrics(_val_metrics(val_loss), step)
-            if stop_now > 0:
-                path = checkpoint(step)
-                if rank0:
-                    warn(f"{stop.signal or 'stop signal (received by another rank)'}: checkpoint {path} written at step {step}; "
-                         f"exiting with status {REQUEUE_EXIT} (rerun the command to resume)")
-                status = "KILLED"
-                return TrainResult("interrupted", step, checkpoint=path, rank0=rank0)
-            if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and step < total:
-                checkpoint(step)
-                saved_at = step
 
-        # ================================ finish ===============================================
-        loop_end = time.perf_counter()
-        steady_tok_s = None
-        if steady is not None and total > steady[1]:
-            steady_tok_s = (total - steady[1]) * tcfg.tokens_per_step / (loop_end - steady[0])
-        if val_windows is not None:
-            val_loss = validate(fabric, model, val_windows, tcfg.micro_batch)
-            if tracker is not None:
-                tracker.log_metrics(_val_metrics(val_loss), total)
-        if saved_at != total:
-            checkpoint(total)
-        weights = _full_state_dict(fabric, model, raw_model)
-        elapsed = elapsed0 + time.perf_counter() - t_start
-        summary = {
-            "run": config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
-            "final_train_loss": last_loss, "final_val_loss": val_loss,
-            "wall_time_s": round(elapsed, 3), "resumed_from_step": start_step if resume else None,
-            "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
-            "world_size": world, "num_nodes": tcfg.num_nodes, "accumulation": tcfg.accumulation, "precision": precision,
-            "strategy": type(fabric.strategy).__name__,
-            "cluster_environment": _cluster_environment(fabric),
-            "params": sum(p.numel() for p in raw_model.parameters()),
-            "mlflow_run_id": tracker.run_id if tracker is not None else None,
-            "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
-            "code_version": code_version(),
-        }
-        if rank0:
-            save_final(run_dir, weights, config)
-            atomic_write_json(run_dir / TRAIN_SUMMARY, summary)
-        fabric.barrier()
-        status = "FINISHED"
-        return TrainResult("finished", total, summary, store.path(total), rank0=rank0)
-    finally:
-        stop.restore()
-        if bar is not None:
-            bar.close()
-        if tracker is not None:
-            tracker.finish(status)
+class Progress:
+    """Rank 0 reports; every rank measures. Tokens/s and MFU of each log window come from
+    Lightning's ``Throughput`` over the last two log steps (per device: ``seqs_dev`` sequences of
+    ``seq_len`` tokens a step, ``flops_seq`` FLOPs each; the peak: train/flops.py)."""
+
+    def __init__(self, run: Run, progress: bool):
+        from lightning_fabric.utilities.throughput import Throughput
+
+        self.run, tcfg = run, run.tcfg
+        self.start = self.step_log = run.state["step"]
+        self.total = tcfg.total_steps
+        self.seqs_dev = tcfg.global_batch // run.fabric.world_size
+        self.meter = Throughput(available_flops=run.peak if run.flops_seq else None, world_size=run.fabric.world_size,
+                                window_size=2)
+        self.meter.update(time=0.0, batches=0, samples=0, lengths=0, flops=0 if run.flops_seq else None)
+        self.losses: list[float] = []  # of the steps since the last log
+        self.last_loss = run.state["train_loss"]  # mean over the last log window
+        self.t_line = -math.inf  # the last progress line (no bar): the first log step prints one
+        self.steady = None  # (time, step) at the first log: throughput after warm-up is measured from here
+        self.bar = None
+        if run.rank0 and progress:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.start, unit="step", desc=run.config["run"]["id"],
+                            dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
+
+    def step(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
+        self.losses.append(loss)
+        if self.bar is not None:
+            self.bar.update(1)
+        if step % self.run.tcfg.log_every == 0 or step == self.total:
+            self.log(step, lr, grad_norm)
+
+    def log(self, step: int, lr: float, grad_norm: float) -> None:
+        run, tcfg, now = self.run, self.run.tcfg, time.perf_counter()
+        done = step - self.start  # steps of this process
+        self.meter.update(time=max(now - run.t_start, 1e-9 * done), batches=done, samples=done * self.seqs_dev,
+                          lengths=done * self.seqs_dev * tcfg.seq_len,
+                          flops=run.flops_seq * (step - self.step_log) * self.seqs_dev if run.flops_seq else None)
+        rates = self.meter.compute()  # over this log window (window_size 2)
+        tok_s = rates["device/items_per_sec"] * run.fabric.world_size
+        metrics = {"train/loss": sum(self.losses) / len(self.losses), "train/lr": lr, "train/grad_norm": grad_norm,
+                   "train/tokens_per_s": tok_s, "train/tokens": step * tcfg.tokens_per_step}
+        if "device/mfu" in rates:
+            metrics["train/mfu"] = rates["device/mfu"]
+        self.last_loss = metrics["train/loss"]
+        if run.tracker is not None:
+            run.tracker.log_metrics(metrics, step)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{self.last_loss:.3f}", tok_s=f"{tok_s:,.0f}", refresh=False)
+        elif run.rank0 and (now - self.t_line >= PROGRESS_EVERY_S or step == self.total):
+            self.t_line = now
+            eta = (self.total - step) * (now - run.t_start) / max(done, 1)
+            warn(f"step {step}/{self.total} ({step / self.total:.0%}), {step * tcfg.tokens_per_step:,} tokens, "
+                 f"loss {self.last_loss:.4f}, {tok_s:,.0f} tok/s, ETA {_hms(eta)}")
+        self.losses.clear()
+        self.step_log = step
+        self.steady = self.steady or (now, step)
+
+    def steady_tokens_per_s(self) -> float | None:
+        """Tokens/s after the first log window, validation and checkpoints included."""
+        if self.steady is None or self.total <= self.steady[1]:
+            return None
+        return (self.total - self.steady[1]) * self.run.tcfg.tokens_per_step / (time.perf_counter() - self.steady[0])
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Fit: the step loop (nanoGPT's order: batch, forward + backward, clip, step, log, evaluate, save)
+
+
+def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
+    """Optimiser steps from the resumed one to the last; a TrainResult only when a signal stopped it."""
+    fabric, model, tcfg = run.fabric, run.model, run.tcfg
+    world, accum, total = fabric.world_size, tcfg.accumulation, tcfg.total_steps
+    model.train()
+    for s in range(run.state["step"], total):
+        loss_sum = torch.zeros((), device=fabric.device)
+        for micro in range(accum):
+            x, y = run.sampler.micro_batch_at(s, micro, fabric.global_rank)
+            x, y = x.to(fabric.device, non_blocking=True), y.to(fabric.device, non_blocking=True)
+            with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
+                logits = model(x).logits  # (B, T, V)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum
+                fabric.backward(loss)
+            loss_sum += loss.detach()
+        grad_norm = fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),
+                                          error_if_nonfinite=False)
+        # One all-reduce carries the loss, a non-finite flag and a stop request to every rank.
+        local_bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm.to(loss_sum)))
+        flags = torch.stack([loss_sum, local_bad.float(), torch.tensor(float(stop.signal is not None), device=loss_sum.device)])
+        if world > 1:
+            flags = fabric.all_reduce(flags, reduce_op="sum")
+        loss_total, bad, stop_now = flags.tolist()
+        if bad > 0:
+            last_good = run.store.path(run.saved_at) if run.saved_at is not None else None
+            raise NonFiniteLoss(
+                f"step {s + 1}: non-finite loss or gradient norm (loss {loss_total / world:.4g}, grad norm "
+                f"{float(grad_norm):.4g}); training stopped before the optimizer step; the last good checkpoint "
+                f"is {last_good or 'none (no checkpoint was written yet)'}")
+        lr_used = run.optimizer.param_groups[0]["lr"]  # eta(s), set by the schedule after step s - 1
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+        run.scheduler.step()
+        step = s + 1
+        progress.step(step, loss_total / world, lr_used, float(grad_norm))
+
+        if tcfg.val_every and step % tcfg.val_every == 0 and step < total and run.val_windows is not None:
+            run.val_loss = validate(fabric, model, run.val_windows, tcfg.micro_batch)
+            if run.tracker is not None:
+                run.tracker.log_metrics(_val_metrics(run.val_loss), step)
+        if stop_now > 0:
+            path = run.checkpoint(step, progress.last_loss)
+            if run.rank0:
+                warn(f"{stop.signal or 'stop signal (received by another rank)'}: checkpoint {path} written at step {step}; "
+                     f"exiting with status {REQUEUE_EXIT} (rerun the command to resume)")
+            return TrainResult("interrupted", step, checkpoint=path, rank0=run.rank0)
+        if tcfg.checkpoint_every and step % tcfg.checkpoint_every == 0 and step < total:
+            run.checkpoint(step, progress.last_loss)
+            run.saved_at = step
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Finish: validate, the final checkpoint, model.pt and train.json
+
+
+def finish(run: Run, progress: Progress) -> TrainResult:
+    fabric, tcfg, total = run.fabric, run.tcfg, run.tcfg.total_steps
+    steady_tok_s = progress.steady_tokens_per_s()
+    if run.val_windows is not None:
+        run.val_loss = validate(fabric, run.model, run.val_windows, tcfg.micro_batch)
+        if run.tracker is not None:
+            run.tracker.log_metrics(_val_metrics(run.val_loss), total)
+    if run.saved_at != total:
+        run.checkpoint(total, progress.last_loss)
+    weights = _full_state_dict(fabric, run.model, run.raw_model)
+    tracker = run.tracker
+    summary = {
+        "run": run.config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
+        "final_train_loss": progress.last_loss, "final_val_loss": run.val_loss,
+        "wall_time_s": round(run.elapsed(), 3), "resumed_from_step": progress.start if run.resume else None,
+        "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
+        "world_size": fabric.world_size, "num_nodes": tcfg.num_nodes, "accumulation": tcfg.accumulation,
+        "precision": run.precision, "strategy": type(fabric.strategy).__name__,
+        "cluster_environment": _cluster_environment(fabric),
+        "params": sum(p.numel() for p in run.raw_model.parameters()),
+        "mlflow_run_id": tracker.run_id if tracker is not None else None,
+        "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
+        "code_version": code_version(),
+    }
+    if run.rank0:
+        save_final(run.run_dir, weights, run.config)
+        atomic_write_json(run.run_dir / TRAIN_SUMMARY, summary)
+    fabric.barrier()
+    return TrainResult("finished", total, summary, run.store.path(total), rank0=run.rank0)
 
 
 def _hms(seconds: float) -> str:
