@@ -15,13 +15,14 @@ rule shapley:
         cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "analyze").gpus,
     params:
+        config=job_config,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze shapley {params.run_dir:q}"
-        " --config {CONFIGFILE} --no-progress > {log} 2>&1"
+        " --config {params.config} --no-progress > {log} 2>&1"
 
 
 rule interventions:
@@ -38,13 +39,14 @@ rule interventions:
         cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "analyze").gpus,
     params:
+        config=job_config,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze interventions {params.run_dir:q}"
-        " --config {CONFIGFILE} --no-progress > {log} 2>&1"
+        " --config {params.config} --no-progress > {log} 2>&1"
 
 
 # Table 3 is timed alone: the job takes every core Snakemake was given (so no other job of the DAG
@@ -63,6 +65,7 @@ rule bench_decode:
         gpu=lambda wc: stage(BENCH_SCALE, "bench").gpus,
         slurm_extra="'--exclusive'",
     params:
+        config=job_config,
         scale=BENCH_SCALE,
         models=decode_models(),
         bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
@@ -70,5 +73,5 @@ rule bench_decode:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop bench decode --config {CONFIGFILE} --scale {params.scale:q} --models {params.models}"
+        "stateloop bench decode --config {params.config} --scale {params.scale:q} --models {params.models}"
         " {params.bench} --threads {threads} --output {output} --no-progress > {log} 2>&1"

@@ -37,6 +37,13 @@ onstart:
         atomic_write_bytes(CONFIGFILE, _text)
 
 
+def job_config(wc, output):
+    """Params value: the job's config file. A params function of ``output`` is one Snakemake's params
+    rerun trigger leaves out (a derived value), so a new digest alone reruns nothing: the config
+    sections each rule carries in its params decide what reruns."""
+    return CONFIGFILE
+
+
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
 # A run's folder (experiments.Run.folder): the seed is always spelled, last.
 RUN_DIR = "results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}"

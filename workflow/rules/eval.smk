@@ -12,6 +12,7 @@ rule eval:
         cpus_per_task=lambda wc: stage(wc.scale, "eval").cpus_per_task,
         gpu=lambda wc: stage(wc.scale, "eval").gpus,
     params:
+        config=job_config,
         eval=settings("eval"),
         tasks=eval_tasks,
         run_dir=run_dir,
@@ -19,4 +20,4 @@ rule eval:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q}"
-        " --config {CONFIGFILE} {params.tasks} --quiet > {log} 2>&1"
+        " --config {params.config} {params.tasks} --quiet > {log} 2>&1"

@@ -19,6 +19,7 @@ rule train:
         # "srun" (several nodes) makes the launcher start one task per device.
         mpi=lambda wc: train_resources(wc).get("mpi", ""),
     params:
+        config=job_config,
         model=run_settings,
         train=settings("train"),
         launcher=launcher,
@@ -27,5 +28,5 @@ rule train:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "{params.launcher} stateloop train --config {CONFIGFILE} --run {params.run:q} --data-dir data/{wildcards.scale:q}"
+        "{params.launcher} stateloop train --config {params.config} --run {params.run:q} --data-dir data/{wildcards.scale:q}"
         " --out {params.run_dir:q} --no-progress > {log} 2>&1"
