@@ -1,38 +1,54 @@
+# Rendering: the tables, figures and claims from the runs' JSON results. Each output is marked for
+# `snakemake --report report.html` (one self-contained file: every table, figure and the claims,
+# each with a caption from workflow/report/ naming its scale, its seeds and what it compares).
+# The render jobs take seconds: `localrule: True` runs them on the host of the main Snakemake
+# process (no SLURM job is queued for them under --profile slurm).
+
+
+include: "../report/captions.smk"
+
+
 rule render_table:
     input:
         lambda wc: (["results/bench/decode.json"] if wc.table == "table3"
                     else run_files(STAGE_EXPERIMENTS[wc.table], "eval.json")),
     output:
-        csv="results/{table}.csv",
-        md="results/{table}.md",
+        csv=_table("results/{table}.csv", "CSV"),
+        md=_table("results/{table}.md", "Markdown"),
     log:
         "logs/render/{table}.log",
     wildcard_constraints:
         table="table1|table2|table3|table4",
+    localrule: True
     params:
-        config=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        config=job_config,
+        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.table} --config {CONFIGFILE} --out {output.csv} > {log} 2>&1"
+        "stateloop render {wildcards.table} --config {params.config} --out {output.csv} > {log} 2>&1"
 
 
 rule render_figure:
     input:
         figure_inputs,
     output:
-        pdf="figures/{figure}.pdf",
-        png="figures/{figure}.png",
+        pdf=_figure("figures/{figure}.pdf", "PDF"),
+        png=_figure("figures/{figure}.png", "PNG"),
     log:
         "logs/render/{figure}.log",
     wildcard_constraints:
         figure="loop_depth|state_width|state_analysis",
+    localrule: True
     params:
-        config=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        config=job_config,
+        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.figure} --config {CONFIGFILE} --out {output.pdf} > {log} 2>&1"
+        "stateloop render {wildcards.figure} --config {params.config} --out {output.pdf} > {log} 2>&1"
 
 
 # The paper's claims, each with our effect, its 95% confidence interval over seeds and a verdict.
@@ -40,13 +56,16 @@ rule render_claims:
     input:
         claims_inputs,
     output:
-        md="results/claims.md",
-        csv="results/claims.csv",
+        md=_claims("results/claims.md", "Markdown"),
+        csv=_claims("results/claims.csv", "CSV"),
     log:
         "logs/render/claims.log",
+    localrule: True
     params:
-        config=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        config=job_config,
+        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render claims --config {CONFIGFILE} --out {output.csv} > {log} 2>&1"
+        "stateloop render claims --config {params.config} --out {output.csv} > {log} 2>&1"
