@@ -90,7 +90,7 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
               "stateloop_mamba2:2"]
     assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", *models, "--prefill", "5", "--tokens", "3",
                  "--repeats", "2", "--warmup", "1", "--no-progress", "--interleave", interleave, "--dtype", dtype,
-                 "--output", str(out)]) == 0
+                 "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["prefill_tokens"] == 5 and res["settings"]["new_tokens"] == 3
     assert res["settings"]["reference"] == "vanilla_looped:K2" and res["settings"]["dtype"] == dtype
@@ -113,10 +113,10 @@ def test_bench_decode_run_folders_and_errors(tiny_run, tmp_path, capsys):
     run_dir, _ = tiny_run
     out = tmp_path / "b.json"
     assert main(["bench", "decode", "--run-dirs", str(run_dir), "--prefill", "4", "--tokens", "2", "--repeats", "1",
-                 "--warmup", "0", "--no-progress", "--output", str(out)]) == 0
+                 "--warmup", "0", "--no-progress", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["source"] == str(run_dir) and row["label"] == "stateloop:K3:ds32"
-    assert main(["bench", "decode", "--set", "model.d_modle=3", "--models", "stateloop", "--output", str(out)]) == 2
+    assert main(["bench", "decode", "--set", "model.d_modle=3", "--models", "stateloop", "--out", str(out)]) == 2
     assert "model.d_modle: unknown key" in capsys.readouterr().err
-    assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", "stateloop:x", "--output", str(out)]) == 2
+    assert main(["bench", "decode", "--set", *TINY_SHAPE, "--models", "stateloop:x", "--out", str(out)]) == 2
     assert "name:K:d_s" in capsys.readouterr().err

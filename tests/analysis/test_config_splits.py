@@ -154,7 +154,7 @@ def test_analyses_share_the_heldout_baseline_of_eval(tmp_path, monkeypatch):
     run_dir = tmp_path / run.folder
     save_tiny_run(run_dir, run, data_dir, str(config_file))
 
-    assert main(["eval", str(run_dir), "--tasks", "--no-mlflow", "--quiet"]) == 0
+    assert main(["eval", str(run_dir), "--tasks", "--no-mlflow", "--no-progress"]) == 0
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--no-progress"]) == 0
     assert main(["analyze", "interventions", str(run_dir), "--no-mlflow", "--no-progress"]) == 0
     ev = json.loads((run_dir / "eval.json").read_text())["heldout"]

@@ -15,7 +15,7 @@ from stateloop.cli import main
 
 
 def eval_cli(run_dir, *args):
-    return main(["eval", str(run_dir), "--quiet", *args])
+    return main(["eval", str(run_dir), "--no-progress", *args])
 
 
 def test_lambada_piqa_wikitext_from_shared_data(make_run, shared_data, tmp_path):
@@ -119,7 +119,7 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
     assert "model.K" in one_line_error(capsys, ok, str(ok / "config.yaml"))
     # ... and the analyses and the latency benchmark, which load runs the same way, refuse it too
     for argv in (["analyze", "shapley", str(ok), "--no-mlflow"], ["bench", "decode", "--run-dirs", str(ok), "--device", "cpu",
-                                                                 "--output", str(tmp_path / "d.json")]):
+                                                                 "--out", str(tmp_path / "d.json")]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "model.K" in err and str(ok / "config.yaml") in err, err

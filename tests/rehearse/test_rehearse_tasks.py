@@ -228,7 +228,7 @@ def test_paper_tasks_evaluate_offline_by_their_real_names(written, shared_data, 
 
     out, overrides, manifest = written
     run_dir = _run_dir(tmp_path / "run", _data_dir(tmp_path / "data", shared_data))
-    rc = main(["eval", str(run_dir), "--quiet", "--no-mlflow", "--tasks", *PAPER_TASKS, "--shots", "0", "5",
+    rc = main(["eval", str(run_dir), "--no-progress", "--no-mlflow", "--tasks", *PAPER_TASKS, "--shots", "0", "5",
                "--limit", str(LIMIT), "--batch-size", "32", "--device", "cpu",
                "--set", f"eval.task_dir={overrides['task_dir']}", "eval.heldout_windows=2", "eval.bootstrap_iters=0"])
     assert rc == 0

@@ -74,4 +74,4 @@ rule bench_decode:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop bench decode --config {params.config} --scale {params.scale:q} --models {params.models}"
-        " {params.bench} --threads {threads} --output {output} --no-progress > {log} 2>&1"
+        " {params.bench} --threads {threads} --out {output} --no-progress > {log} 2>&1"

@@ -48,7 +48,7 @@ def _common(p) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="auto (default): eval.precision, as the held-out PPL (32-true: float32; bf16-mixed: "
                         "float32 weights under bfloat16 autocast); bfloat16/float16: cast the weights")
-    p.add_argument("--output", help="result JSON (default: in RUN_DIR)")
+    p.add_argument("--out", help="result JSON (default: in RUN_DIR)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -173,7 +173,7 @@ def run(args) -> int:
             ", ".join(f"S{e['replaced']}<-S{e['i']}: {e['ppl']:.3f}" for e in result["replacement"]),
             ", ".join(f"at S{e['i']}: {e['ppl']:.3f}" for e in result["freezing"]))
 
-    out = Path(args.output) if args.output else run_dir / f"{args.analysis}.json"
+    out = Path(args.out) if args.out else run_dir / f"{args.analysis}.json"
     result = {"analysis": args.analysis, "run_dir": str(run_dir), "model": model.cfg.name, "settings": settings,
               "code_version": code_version(), "heldout": heldout, **result}
     atomic_write_json(out, result)

@@ -6,7 +6,7 @@ overrides); with neither, Table 3's rows at the chosen shape. Examples::
 
     stateloop bench decode --config configs/paper.yaml --scale 1.4b            # Table 3, GPU, bf16
     stateloop bench decode --set model.d_model=128 model.d_ff=344 model.n_heads=2 \\
-        --models vanilla_looped:4 stateloop:4:128 --prefill 64 --tokens 64 --output bench.json
+        --models vanilla_looped:4 stateloop:4:128 --prefill 64 --tokens 64 --out bench.json
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
                         "lockstep, one token each in turn, synced per step (robust ratios on a busy CPU)")
     d.add_argument("--reference", help="row label the relative latency is taken against (default: the first row)")
     d.add_argument("--seed", type=int, default=0, help="seed of the prompt and of untrained weights")
-    d.add_argument("--output", default="results/bench/decode.json", help="JSON result (written atomically)")
+    d.add_argument("--out", default="results/bench/decode.json", help="JSON result (written atomically)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -87,7 +87,7 @@ def run(args) -> int:
     result = latency.bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
                                   args.reference, args.seed, progress=not args.no_progress,
                                   interleave=args.interleave)
-    atomic_write_json(args.output, result)
+    atomic_write_json(args.out, result)
     print(latency.format_table(result))
-    print(f"wrote {args.output}", file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0

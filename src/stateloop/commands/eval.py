@@ -23,7 +23,7 @@ def add_arguments(p) -> None:
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--set", nargs="*", default=[], metavar="eval.KEY=VALUE", help="other eval settings, e.g. eval.heldout_windows=50")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
 def run_config_of(run_dir) -> dict:
@@ -85,8 +85,8 @@ def run(args) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     cfg = resolve_eval_config(args.run_dir, args.config, overrides)
-    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.quiet, config_file=args.config)
-    if not args.quiet:
+    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
+    if not args.no_progress:
         held = results["heldout"]
         print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
         for task, entry in results["tasks"].items():

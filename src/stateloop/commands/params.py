@@ -11,7 +11,7 @@ import sys
 def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
     p.add_argument("--experiments", nargs="*", help="only these experiments (default: all)")
-    p.add_argument("--output", help="write the CSV here instead of stdout")
+    p.add_argument("--out", help="write the CSV here instead of stdout")
 
 
 def run(args) -> int:
@@ -24,10 +24,10 @@ def run(args) -> int:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
     writer.writerows(rows)
-    if args.output:
+    if args.out:
         from stateloop.runs import atomic_write_bytes
 
-        atomic_write_bytes(args.output, buf.getvalue().encode())
+        atomic_write_bytes(args.out, buf.getvalue().encode())
     else:
         sys.stdout.write(buf.getvalue())
     return 0

@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
     p.add_argument("--mfu", type=float, default=0.40, help="model FLOPs utilisation assumed (default 0.40)")
     p.add_argument("--peak-tflops", type=float, default=989.0,
                    help="per-GPU peak, TFLOP/s (default 989: H100 SXM dense bf16)")
-    p.add_argument("--output", help="also write the per-run rows as CSV here")
+    p.add_argument("--out", help="also write the per-run rows as CSV here")
 
 
 def plan_rows(cfg, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.0) -> list[dict]:
@@ -61,7 +61,7 @@ def run(args) -> int:
               f"{sum(r['gpu_hours'] for r in sel):>11.1f} GPU-h")
     print(f"  {'all (each once)':<16}{len(rows):>4} runs {sum(r['train_flops'] for r in rows):>12.3e} FLOPs "
           f"{sum(r['gpu_hours'] for r in rows):>11.1f} GPU-h")
-    if args.output:
+    if args.out:
         from stateloop.runs import atomic_write_bytes
 
         import io
@@ -70,5 +70,5 @@ def run(args) -> int:
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-        atomic_write_bytes(args.output, buf.getvalue().encode())
+        atomic_write_bytes(args.out, buf.getvalue().encode())
     return 0

@@ -78,8 +78,10 @@ def resolve(args):
         raw = getattr(args, key)
         if raw is None:
             continue
-        if key in NUMBERS or raw.startswith("[") or raw.lower() in ("null", "none"):
-            over[key] = yaml.safe_load(raw)  # numbers, lists of files, null
+        if raw.lower() in ("null", "none"):
+            over[key] = None  # unset (YAML's null; Python's None)
+        elif key in NUMBERS or raw.startswith("["):
+            over[key] = yaml.safe_load(raw)  # numbers, lists of files
         else:
             over[key] = raw  # names and paths stay strings ("1.4b", "yes.txt")
     if args.synthetic_docs:

@@ -144,7 +144,10 @@ class StateLoopLM(LoopedLM):
         if d_s <= 0:
             raise ValueError(f"{cfg.name}: d_state must be positive")
         self.reset, self.has_reads = reset, reads
-        self.cell = SelectiveStateCell(d, d_s, cfg.norm_eps) if update == "ssm" else GRUStateCell(d, d_s, cfg.norm_eps)
+        cells = {"ssm": SelectiveStateCell, "gru": GRUStateCell}
+        if update not in cells:
+            raise ValueError(f"{cfg.name}: unknown state update {update!r} (known: {', '.join(cells)})")
+        self.cell = cells[update](d, d_s, cfg.norm_eps)
         self.mixer = build_mixer(mixer, cfg)
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
