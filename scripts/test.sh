@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${STATELOOP_VENV:-.venv}
 [ -x "$VENV/bin/stateloop" ] || bash scripts/setup.sh
-exec "$VENV/bin/python" -m pytest "$@"
+# Two workers (the machines here have two cores); the tests that share a rehearsal run on one of
+# them (tests/conftest.py). Pass -n 0 to run in one process.
+exec "$VENV/bin/python" -m pytest -n 2 --dist loadgroup "$@"

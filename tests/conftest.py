@@ -24,3 +24,16 @@ def shared_data():
     if not path.is_dir():
         pytest.skip(f"{path} not found: shared data sits beside the checkout only in the project's workspace")
     return path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs two workers with --dist loadgroup): the tests that
+    read a session rehearsal (the smoke DAG, ~7 minutes) share one worker, so it is built once;
+    the tests on the one local SLURM cluster share another."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        path = str(item.fspath)
+        if "smoke_dag" in fixtures or path.endswith(("test_rehearse.py", "test_report.py", "test_mlflow_ui.py")):
+            item.add_marker(pytest.mark.xdist_group("rehearsal"))
+        elif path.endswith("test_slurm_cluster.py"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
