@@ -5,6 +5,9 @@
         model.pt           final weights: {"model": state_dict, "config": resolved config}
         checkpoints/       resumable training state (train stage)
         train.json         training summary (steps, tokens, losses, MLflow run id, code version)
+        train.log          what every attempt of the DAG's train job printed (the rule appends)
+        mlflow.json        the MLflow store, experiment and run the training logged to
+        .lock              held by the training that writes the folder (flock)
         eval.json, shapley.json, interventions.json, ...   results of later stages
 
 A run folder alone rebuilds its model: the variant and its shape come from the saved config,

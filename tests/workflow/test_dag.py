@@ -49,6 +49,90 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
                       "pause_token", "stateloop", "stateloop_attn", "stateloop_mamba2"}
     for j in trains:  # the scale's GPUs and nodes (configs/paper.yaml: 4 nodes x 8 GPUs at 1.4B)
         assert "gres=gpu:8" in j["resources"] and "nodes=4" in j["resources"] and "tasks_per_node=8" in j["resources"]
+    sbatch = _sbatch(_resources(trains[0]["resources"]))
+    assert all(f in sbatch for f in ("--nodes=4", "--ntasks-per-node=8", "--gres=gpu:8", "--signal=USR1@300")), sbatch
+
+
+def _resources(text: str) -> dict:
+    """A dry run's `resources:` line as a dict (numbers as ints)."""
+    out = {}
+    for key, value in re.findall(r"(\w+)=(.*?)(?=, \w+=|$)", text):
+        value = value.strip("'")
+        out[key] = int(value) if value.isdigit() else value
+    return out
+
+
+class _Job:
+    """What the SLURM executor plugin reads of a job to build its sbatch command."""
+
+    class Resources(dict):
+        __getattr__ = dict.__getitem__
+
+    def __init__(self, resources: dict):
+        self.resources = self.Resources(resources)
+        self.threads = resources.get("cpus_per_task", 1)
+
+
+def _sbatch(resources: dict) -> str:
+    """The plugin's own sbatch command line for a planned job (it raises what it refuses)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    job = _Job(resources)
+    params = {"run_uuid": "u", "slurm_logfile": "log", "comment_str": "c", "account": "", "partition": "", "workdir": "."}
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def _plan_train(work, train: dict, *args) -> dict:
+    """The planned training job of one smoke run whose `train:` section is updated with ``train``."""
+    cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
+    cfg["scales"]["smoke"]["train"].update(train)
+    (work / "geometry.yaml").write_text(yaml.safe_dump(cfg))
+    target = "results/runs/smoke/vanilla_looped/K2_ds0_seed1234/model.pt"
+    out = snakemake(work, *args, "-n", "-p", target, "--configfile", "geometry.yaml").stdout
+    (job,) = [j for j in jobs(out) if j["rule"] == "train"]
+    job["shell"] = next(line for line in out.splitlines() if "stateloop train" in line)
+    return job
+
+
+@pytest.mark.parametrize("train,expect,refuse", [
+    # one device per node on several nodes: the plugin refuses tasks_per_node = 1 for "mpi" jobs
+    ({"accelerator": "cuda", "devices": 1, "num_nodes": 2}, ["--nodes=2", "--ntasks=2", "--gres=gpu:1"], ["--ntasks-per-node"]),
+    # accelerator auto asks for the GPUs (a SLURM job sees only those it asked for); one node, two tasks
+    ({"accelerator": "auto", "devices": 2, "num_nodes": 1}, ["--nodes=1", "--ntasks-per-node=2", "--gres=gpu:2"], ["--ntasks="]),
+    # the smoke scale: one task on the CPU
+    ({"accelerator": "cpu", "devices": 1, "num_nodes": 1}, ["--nodes=1", "--ntasks=1"], ["--gres", "--ntasks-per-node"]),
+])
+def test_slurm_training_job_asks_for_one_task_per_device_and_the_time_limit_warning(tmp_path, train, expect, refuse):
+    """Issue: "a config with num_nodes > 1 and devices: 1 cannot be submitted (the plugin refuses
+    tasks_per_node 1 with mpi); accelerator: auto requests no GPU from SLURM". Every geometry gives
+    an sbatch command the plugin builds, with SIGUSR1 to the job steps before the time limit, and an
+    `mpi` resource, so that the job step runs the rule in the batch script (no `srun -n1` around it),
+    where the launcher starts training as a job step of its own."""
+    work = copy_workflow(tmp_path)
+    job = _plan_train(work, train, "--profile", "slurm")
+    resources = _resources(job["resources"])
+    sbatch = _sbatch(resources)
+    for flag in expect + ["--signal=USR1@300", "--open-mode=append"]:
+        assert flag in sbatch, (flag, sbatch)
+    for flag in refuse:
+        assert flag not in sbatch, (flag, sbatch)
+    assert "mpi" in resources
+
+
+def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monkeypatch):
+    """SLURM's `--signal=USR1@N` reaches job steps only: inside the SLURM job (the rule runs in
+    remote mode with SLURM_JOB_ID set) one-node training runs under srun, one task per device;
+    a local run, and the main Snakemake process's plan, start it without srun."""
+    work = copy_workflow(tmp_path)
+    one_node = {"accelerator": "cpu", "devices": 2, "num_nodes": 1}
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    in_job = _plan_train(work, one_node, "--mode", "remote")["shell"]
+    assert "srun --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 stateloop train" in in_job, in_job
+    local = _plan_train(work, one_node)["shell"]  # e.g. a local Snakemake inside an salloc allocation
+    assert "srun" not in local and " stateloop train" in local, local
+    # the rule's log starts with the run folder's train.log, which every attempt appends to
+    assert re.search(r"cat (\S+)/train\.log > logs/train/\S+\.log", in_job) and "tee -a" in in_job, in_job
 
 
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):

@@ -129,21 +129,46 @@ def uses_gpu(wc):
 
 
 def launcher(wc, resources):
-    """Several nodes: srun starts one task per device and Fabric reads SLURM's variables.
-    One node: Fabric starts its own processes, so no launcher."""
-    if not resources.get("mpi"):
+    """The command that starts training: srun, one task per device, wherever SLURM runs it.
+
+    SLURM delivers its warning before the time limit (``--signal=USR1@N``, train_resources) and
+    ``scancel --signal`` to the processes of job steps only, never to the batch script in which
+    the SLURM executor plugin runs a rule; so in a SLURM job training is a job step in every
+    geometry, and Fabric reads the ranks from SLURM's variables. Several nodes: always srun
+    (locally, the rehearsals' stand-in). One node outside a SLURM job (a local run, or a local
+    Snakemake inside an allocation): no launcher, Fabric starts its own processes.
+
+    The rule job of a SLURM submission runs in remote mode with SLURM_JOB_ID set; the main
+    Snakemake process plans (and prints) the one-node command without srun."""
+    t = train_res(wc)
+    in_slurm_job = workflow.remote_exec and bool(os.environ.get("SLURM_JOB_ID"))
+    if t.num_nodes == 1 and not in_slurm_job:
         return ""
-    return (f"{resources.mpi} --nodes={resources.nodes} --ntasks-per-node={resources.tasks_per_node}"
-            f" --cpus-per-task={resources.cpus_per_task}")
+    return f"srun --nodes={t.num_nodes} --ntasks-per-node={t.devices} --cpus-per-task={resources.cpus_per_task}"
 
 
 def train_resources(wc):
+    """What a training job asks SLURM for: the scale's runtime, memory and CPUs (per task), its
+    GPUs per node (``accelerator: auto`` asks for them too: a SLURM job sees only the GPUs it
+    requested, and would otherwise train on the CPU), one task per device, and
+    ``slurm_extra``: SIGUSR1 to the job steps 300 s before the time limit (a quarter of a time
+    limit under 20 minutes; train/slurm.py: the trainer checkpoints and requeues the job) and the
+    job's SLURM log appended to, not truncated, when SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")
-    out = {"runtime": res.runtime, "mem_mb": res.mem_mb, "cpus_per_task": res.cpus_per_task}
-    if uses_gpu(wc):
+    # 300 s: a full checkpoint of the paper's 1.4B runs, plus the up to 60 s SLURM may send it early
+    warning_s = min(300, res.runtime * 15)
+    out = {"runtime": res.runtime, "mem_mb": res.mem_mb, "cpus_per_task": res.cpus_per_task,
+           "slurm_extra": f"--signal=USR1@{warning_s} --open-mode=append"}
+    if uses_gpu(wc) or t.accelerator == "auto":
         out.update(gres=f"gpu:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
-    if t.num_nodes > 1:
-        out.update(nodes=t.num_nodes, mpi="srun", tasks_per_node=t.devices)
+    if t.num_nodes * t.devices > 1:
+        # The plugin asks for the tasks of an "mpi" job, and refuses tasks_per_node = 1: one
+        # device per node is `tasks` = nodes (SLURM puts at least one task on each node).
+        out.update(nodes=t.num_nodes, mpi="srun")
+        if t.devices > 1:
+            out["tasks_per_node"] = t.devices
+        else:
+            out["tasks"] = t.num_nodes
     return out
 
 

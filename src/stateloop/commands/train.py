@@ -8,6 +8,8 @@ mistyped keys, a missing or empty data folder, a tokenizer vocabulary larger tha
 
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
+Inside a SLURM job, SIGUSR1 (SLURM's warning before the time limit, ``--signal=USR1@N``) also
+requeues the job, which then resumes by itself with a fresh time limit (train/slurm.py).
 """
 
 from __future__ import annotations
@@ -27,21 +29,29 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
-    from stateloop.train.resolve import resolve_run
+    from stateloop.train import slurm
 
-    config = resolve_run(args.config, args.run, args.overrides, args.data_dir)
-    out = args.out or f"results/runs/{config['run']['id']}"
-    try:
-        result = train(config, out, progress=not args.no_progress)
-    except NonFiniteLoss as err:
-        print(f"stateloop train: error: {err}", file=sys.stderr)
-        return NONFINITE_EXIT
+    # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
+    # training loop instead of ending the process, and the signals that stop training are known.
+    with slurm.SignalLog() as signals:
+        from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
+        from stateloop.train.resolve import resolve_run
+
+        config = resolve_run(args.config, args.run, args.overrides, args.data_dir)
+        slurm.warn_cpu_fallback(config)
+        out = args.out or f"results/runs/{config['run']['id']}"
+        try:
+            result = train(config, out, progress=not args.no_progress)
+        except NonFiniteLoss as err:
+            print(f"stateloop train: error: {err}", file=sys.stderr)
+            return NONFINITE_EXIT
     if result.status == "interrupted":
         # Under Fabric's own launcher the job's status is the launching process's (rank 0), and
         # Fabric's child-process observer SIGKILLs rank 0 when a child exits non-zero before it:
         # the children it started exit 0. Under srun every task reports 75 and srun passes it on.
         started_by_fabric = not result.rank0 and int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1
+        if result.rank0:
+            slurm.requeue_after_warning(signals, result.step)
         return 0 if started_by_fabric else REQUEUE_EXIT
     s = result.summary
     if result.rank0:

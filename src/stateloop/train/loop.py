@@ -4,11 +4,12 @@
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
-- setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. One node:
-  LightningEnvironment (Fabric spawns ``devices`` processes itself, even inside a one-task SLURM
-  job); several SLURM tasks (``srun --ntasks-per-node=devices``): SLURMEnvironment, ranks from
-  SLURM. The model is built from the seed, the optimizer and LambdaLR schedule beside it; the
-  newest complete checkpoint (checkpoint.py), when there is one, overwrites all of it.
+- setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. Outside
+  SLURM on one node: LightningEnvironment (Fabric spawns ``devices`` processes). In a SLURM job
+  every geometry runs under srun, one task per device (workflow/rules/common.smk, ``launcher``):
+  one task uses LightningEnvironment, several SLURMEnvironment, ranks from SLURM. The model is
+  built from the seed, the optimizer and LambdaLR schedule beside it; the newest complete
+  checkpoint (checkpoint.py), when there is one, overwrites all of it.
 - fit: optimiser step s (0-based) reads ``accumulation`` micro-batches per device from
   ``TokenSampler`` (batch = f(seed, s, rank, micro)), backward without gradient sync except on the
   last micro-batch, clips the global gradient norm, checks that loss and norm are finite on every
@@ -21,7 +22,9 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and trai
 
 Exit paths:
 - finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
-- SIGTERM / SIGUSR1 / SIGINT (SLURM preemption or time limit; Ctrl-C):
+- SIGTERM / SIGUSR1 / SIGINT (SLURM preemption or time limit; Ctrl-C; SLURM sends SIGUSR1 to the
+  job steps N s before the time limit, ``--signal=USR1@N``, and ``stateloop train`` then also
+  requeues the job, train/slurm.py):
   the handler only sets a flag; at the next step boundary every rank saves a checkpoint and the
   command exits with :data:`REQUEUE_EXIT` = 75 (EX_TEMPFAIL, "try again"): run the same command
   again (or let the scheduler requeue it) and it resumes;
