@@ -52,11 +52,11 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=64)
     args = ap.parse_args()
 
+    from helpers import tiny_config, to_transformers_llama
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     from transformers import PreTrainedTokenizerFast
 
-    from helpers import tiny_config, to_transformers_llama
     from stateloop.evaluate.lm import StateLoopEvalLM
     from stateloop.models.registry import build_model
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-
 from stateloop.config import ModelConfig
 from stateloop.models.registry import MODELS
 

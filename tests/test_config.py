@@ -113,12 +113,12 @@ def test_pipeline_errors_name_the_problem(tmp_path, exp, msg):
 def test_a_split_no_stage_makes_fails_at_load_naming_the_key():
     """paper.yaml without the Pile's validation split (no val_split, no hash hold-out) makes no
     'val': evaluation and the analyses would fail at their first job; the config is refused."""
+    from pathlib import Path
+
     import pytest
 
     from stateloop.config import ConfigError, load_yaml
     from stateloop.experiments import pipeline_from_dict
-
-    from pathlib import Path
 
     raw = load_yaml(Path(__file__).resolve().parents[1] / "configs" / "paper.yaml")
     raw["scales"]["410m"]["data"].pop("val_split")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import tiny_config
+
 from stateloop.cli import main
 from stateloop.config import ConfigError, to_dict
 from stateloop.models.registry import build_model

@@ -172,7 +172,6 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     Fails with a one-line error naming the file when the folder has no final weights, the file is
     unreadable, or the weights do not fit the saved config.
     """
-    import torch
 
     from stateloop.models.registry import build_model
 

@@ -4,8 +4,8 @@ shards (train/val/test) written with ShardWriter, as `stateloop train` and `toke
 import dataclasses
 
 import numpy as np
-
 from helpers import tiny_config
+
 from stateloop.data.shards import ShardWriter, token_dtype, write_meta
 from stateloop.evaluate.perplexity import split_windows
 from stateloop.models.registry import build_model

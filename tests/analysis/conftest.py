@@ -1,5 +1,4 @@
 import pytest
-
 from analysis_helpers import make_run
 
 

@@ -5,8 +5,8 @@ import json
 import math
 
 import pytest
-
 from analysis_helpers import make_run
+
 from stateloop.cli import main
 
 

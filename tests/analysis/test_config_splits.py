@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
 from dag_helpers import copy_workflow, snakemake
+
 from stateloop.cli import main
 from stateloop.config import to_dict
 from stateloop.data.shards import ShardWriter, sha256_file, token_dtype, write_meta

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from analysis_helpers import run_windows
+
 from stateloop.analysis.interventions import (
     StateStats,
     calibrate,

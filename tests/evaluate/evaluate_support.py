@@ -7,7 +7,6 @@ import random
 from pathlib import Path
 
 import pytest
-
 from helpers import tiny_config
 
 WORDS = ("the a one cat dog bird fox sat ran saw jumped over under on in near mat house tree hill "

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from evaluate_support import save_run
+
 from stateloop.cli import main
 
 
@@ -99,6 +99,7 @@ def one_line_error(capsys, run_dir, path_part):
 
 def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, capsys):
     from helpers import tiny_config
+
     from stateloop.config import to_dict
 
     one_line_error(capsys, tmp_path / "nowhere", "nowhere")

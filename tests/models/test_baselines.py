@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import tiny_config
+
 from stateloop.config import ConfigError
 from stateloop.models.baselines.mesh import write_then_read
 from stateloop.models.baselines.parcae import StableInjection
@@ -340,8 +340,9 @@ def test_extra_parameters_follow_the_spec_formulas_at_tiny_shape():
     ("hyperloop", 4, 407.10), ("mesh", 10, 407.19), ("parcae", 10, 409.00), ("ponderlm", 4, 406.90), ("pause_token", 4, 406.90),
 ])
 def test_410m_counts_from_the_spec(name, K, paper):
-    from stateloop.experiments import load_pipeline, run_model_config
     from pathlib import Path
+
+    from stateloop.experiments import load_pipeline, run_model_config
 
     cfg = load_pipeline(Path(__file__).resolve().parents[2] / "configs/paper.yaml")
     assert round(count_params(run_model_config(cfg.scales["410m"], name, K, 0)) / 1e6, 2) == paper

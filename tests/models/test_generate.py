@@ -3,8 +3,8 @@ for every registered model (baselines included once registered)."""
 
 import pytest
 import torch
-
 from helpers import tiny_config
+
 from stateloop.models.generate import greedy_generate
 from stateloop.models.registry import MODELS, build_model
 

@@ -42,6 +42,7 @@ def test_mamba_ssd_kernel_matches_torch(dtype, tol):
 @pytest.mark.parametrize("name", ["stateloop_attn", "stateloop_mamba2"])
 def test_model_kernel_and_torch_paths_agree(name):
     from helpers import tiny_config
+
     from stateloop.models.registry import build_model
 
     cfg = tiny_config(name, d_model=128, n_heads=2, head_dim=64, d_state=128, mixer_heads=2, mixer_head_dim=64,
@@ -93,6 +94,7 @@ def test_cached_decoding_kernel_and_torch_paths_agree(name):
     """Prefill + single-token decoding through flash-attn / the Mamba-2 decode kernels equals the
     pure-PyTorch path (fp32 weights, bf16 autocast as in the benchmark's GPU setting)."""
     from helpers import tiny_config
+
     from stateloop.models.cache import ModelCache
     from stateloop.models.registry import build_model
 

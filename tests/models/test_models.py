@@ -3,8 +3,8 @@ against transformers' Llama."""
 
 import pytest
 import torch
-
 from helpers import tiny_config, to_transformers_llama
+
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
 

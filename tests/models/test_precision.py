@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from helpers import tiny_config
 from stateloop.models import kernels
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model

@@ -5,8 +5,8 @@ import math
 
 import pytest
 import torch
-
 from helpers import tiny_config
+
 from stateloop.models.registry import build_model
 from stateloop.models.state import GRUStateCell, SelectiveStateCell
 

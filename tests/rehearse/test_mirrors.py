@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from helpers import encoded, split_tokens
+
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
 from stateloop.experiments import load_pipeline
@@ -269,7 +269,8 @@ def test_errors_are_one_line_and_name_the_dataset(tmp_path, shared_data):
         write_mirror(dataclasses.replace(gpu, hub_config="nope"), tmp_path, shared_data)
     with pytest.raises(DataError, match=r"tinyshakespeare/input\.txt: missing"):
         write_mirror(gpu, tmp_path, tmp_path / "nowhere")
-    with pytest.raises(DataError, match=r"^monology/pile-uncopyrighted mirror: the source text gives only \d+ of the 100048 train/val/test documents"):
+    with pytest.raises(DataError, match=r"^monology/pile-uncopyrighted mirror: the source text gives only \d+ "
+                                        r"of the 100048 train/val/test documents"):
         write_mirror(real_data("paper.yaml", "1.4b"), tmp_path, shared_data, n_train_docs=100_000)
     assert set(MIRRORS) == {PILE, FINEWEB}
     assert not any(tmp_path.iterdir())  # nothing written on an error

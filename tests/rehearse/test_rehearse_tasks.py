@@ -205,6 +205,7 @@ def _data_dir(folder: Path, shared_data: Path) -> Path:
 
 def _run_dir(folder: Path, data_dir: Path) -> Path:
     from helpers import tiny_config
+
     from stateloop.config import to_dict
     from stateloop.models.registry import build_model
     from stateloop.runs import save_final

@@ -1,4 +1,5 @@
-"""Golden loss curves: every registered model (2 layers, K = 3; configs/tiny.yaml's baseline options) trains 6 steps of a tiny run through `train()`, and
+"""Golden loss curves: every registered model (2 layers, K = 3; configs/tiny.yaml's baseline
+options) trains 6 steps of a tiny run through `train()`, and
 each step's loss must equal, bit for bit, the curve recorded in golden_losses.json before the
 design pass (issue 16: "a tiny run's loss curve bitwise identical before and after (record one as
 a golden file first, as torchtitan keeps golden losses)").

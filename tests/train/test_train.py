@@ -153,7 +153,8 @@ def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch)
 
     monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
     run_dir = tmp_path / "run"
-    with pytest.raises(NonFiniteLoss, match=r"^step 6: non-finite loss or gradient norm .*the last good checkpoint is .*step_00000004\.ckpt"):
+    with pytest.raises(NonFiniteLoss,
+                       match=r"^step 6: non-finite loss or gradient norm .*the last good checkpoint is .*step_00000004\.ckpt"):
         train(cfg, run_dir, progress=False)
     store = CheckpointStore(run_dir / "checkpoints")
     assert store.steps() == [4, 2] and store.verify(4) is None

@@ -104,7 +104,8 @@ def test_run_id_errors(tmp_path):
     assert resolved(cfg, tmp_path, "t/stateloop/K2_ds32_seed7")["train"]["seed"] == 7
     with pytest.raises(ConfigError, match=r"^--run: unknown scale 'big'"):
         resolved(cfg, tmp_path, "big/stateloop/K2_ds32_seed1234")
-    with pytest.raises(ConfigError, match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
+    with pytest.raises(ConfigError,
+                       match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
         resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
         resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")
@@ -153,6 +154,7 @@ def test_flops_per_sequence_by_hand(K):
 
 def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
     from helpers import tiny_config
+
     from stateloop.models.registry import build_model
     from stateloop.train.config import TrainConfig
     from stateloop.train.loop import configure_optimizer

@@ -1,5 +1,4 @@
 import pytest
-
 from rehearsal_support import rehearsed
 
 

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from dag_helpers import ROOT, copy_workflow, env
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 import yaml
-
 from dag_helpers import copy_workflow, env, snakemake
 from rehearsal_support import dag
 
@@ -160,7 +159,8 @@ def test_decoding_benchmark_runs_alone(tmp_path):
     planned = jobs(snakemake(work, "-n", "--cores", str(cores), "results/bench/decode.json").stdout)
     bench = next(j for j in planned if j["rule"] == "bench_decode")
     others = [j for j in planned if j["rule"] != "bench_decode"]
-    assert bench.get("threads") == str(cores) and all(j.get("threads", "1") == "1" for j in others) and "slurm_extra='--exclusive'" in bench["resources"]
+    assert bench.get("threads") == str(cores) and all(j.get("threads", "1") == "1" for j in others)
+    assert "slurm_extra='--exclusive'" in bench["resources"]
 
 
 def test_paper_config_plans_26_training_runs_once_each(tmp_path):

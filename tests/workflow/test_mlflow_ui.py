@@ -21,7 +21,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from dag_helpers import ROOT, env
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -124,7 +123,7 @@ def test_runs_list_shows_every_run(ui):
         # a page tall enough for every row: the table renders only the rows in view
         ui.open(f"experiments/{exp}/runs?workflowType=machine_learning", height=600 + 60 * len(want))
 
-        def listed(d):
+        def listed(d, want=want):
             links = d.execute_script("return Array.from(document.querySelectorAll('a[href*=\"/runs/\"]'))"
                                      ".map(a => [a.getAttribute('href'), a.textContent.trim()])")
             shown = {href.rstrip("/").split("/runs/")[-1].split("/")[0].split("?")[0]: text for href, text in links}

@@ -13,9 +13,8 @@ import time
 import pandas as pd
 import pytest
 import yaml
-
-from rehearsal_support import SHARED, dag, rehearsed
 from dag_helpers import ROOT
+from rehearsal_support import SHARED, dag, rehearsed
 
 from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS

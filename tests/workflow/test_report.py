@@ -8,10 +8,8 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 
 import pytest
-
 from dag_helpers import ROOT
 from rehearsal_support import dag
 

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from dag_helpers import ROOT, copy_workflow, env
 
 from stateloop.train import slurm

@@ -24,8 +24,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import stateloop.evaluate.lm  # noqa: F401  (registers the `stateloop` model)
     from lm_eval.__main__ import cli_evaluate
+
+    import stateloop.evaluate.lm  # noqa: F401  (registers the `stateloop` model)
 
     saved = sys.argv
     sys.argv = ["lm-eval", *args.lm_eval_args]  # lm-eval's parser reads sys.argv

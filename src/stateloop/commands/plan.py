@@ -62,9 +62,9 @@ def run(args) -> int:
     print(f"  {'all (each once)':<16}{len(rows):>4} runs {sum(r['train_flops'] for r in rows):>12.3e} FLOPs "
           f"{sum(r['gpu_hours'] for r in rows):>11.1f} GPU-h")
     if args.out:
-        from stateloop.runs import atomic_write_bytes
-
         import io
+
+        from stateloop.runs import atomic_write_bytes
 
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")

@@ -20,7 +20,8 @@ import sys
 
 def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--run", required=True, help="run id {scale}/{model}/K{K}_ds{ds}_seed{seed}, e.g. tiny/stateloop/K3_ds64_seed1234; the seed replaces train.seed")
+    p.add_argument("--run", required=True, help="run id {scale}/{model}/K{K}_ds{ds}_seed{seed}, "
+                   "e.g. tiny/stateloop/K3_ds64_seed1234; the seed replaces train.seed")
     p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
     p.add_argument("--out", help="run folder (default: results/runs/{run id})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -208,7 +208,7 @@ class StateLoopEvalLM(TemplateLM):
         self._n_token_ids = tokenizer.get_vocab_size()
 
     @classmethod
-    def from_run(cls, run_dir: str | Path, **kwargs) -> "StateLoopEvalLM":
+    def from_run(cls, run_dir: str | Path, **kwargs) -> StateLoopEvalLM:
         return cls(str(run_dir), **kwargs)
 
     # -- batch size -----------------------------------------------------------------------------

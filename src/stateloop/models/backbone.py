@@ -59,7 +59,7 @@ class Rotary:
         self.head_dim = head_dim
         self.theta = theta
 
-    def for_head_dim(self, head_dim: int) -> "Rotary":
+    def for_head_dim(self, head_dim: int) -> Rotary:
         if head_dim == self.head_dim:
             return self
         r = Rotary.__new__(Rotary)
@@ -133,7 +133,7 @@ class Backbone(nn.Module):
         return x
 
     @classmethod
-    def from_config(cls, cfg, n_layers: int | None = None, d_ff: int | None = None) -> "Backbone":
+    def from_config(cls, cfg, n_layers: int | None = None, d_ff: int | None = None) -> Backbone:
         return cls(
             cfg.n_layers if n_layers is None else n_layers,
             cfg.d_model,

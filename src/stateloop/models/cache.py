@@ -9,7 +9,7 @@ tokens already processed, which is the RoPE offset of the next chunk.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

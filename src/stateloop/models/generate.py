@@ -11,7 +11,7 @@ the same tokens, which is the end-to-end check of incremental decoding
 
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 

@@ -43,9 +43,9 @@ import io
 import json
 import re
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 from stateloop.data.config import DataConfig, DataError
 

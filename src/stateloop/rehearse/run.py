@@ -65,12 +65,12 @@ def hub_cache(tokenizer: str, out: Path, shared_data: Path) -> Path:
 
 def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None = None) -> Path:
     """Write the rehearsal folder of ``config`` (see the module docstring); returns its config."""
+    from stateloop.config import from_dict
     from stateloop.data.config import DataConfig
     from stateloop.data.tokenizer import is_local_tokenizer
     from stateloop.evaluate.config import EvalConfig
     from stateloop.evaluate.tasks import DEFAULT_TASK_DIR, task_yamls
     from stateloop.experiments import pipeline_from_dict
-    from stateloop.config import from_dict
     from stateloop.rehearse.config import shrink
     from stateloop.runs import atomic_write_bytes
 

@@ -16,9 +16,9 @@ resolve: an effect smaller than it could not have been told from 0.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 

@@ -20,8 +20,8 @@ interval excludes 0; *contradicted* when it has the opposite sign and the interv
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from scipy import stats as _st
 

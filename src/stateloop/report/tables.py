@@ -168,7 +168,8 @@ def table1(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
                 metric = entry.get("reported", {}).get("perplexity")
                 block = entry["shots"].get("0")
                 if metric and block and metric in block["metrics"]:
-                    col = {"lambada_openai": "lambada_openai_ppl", "wikitext": "wikitext2_word_ppl"}.get(entry["column"], f"{entry['column']}_ppl")
+                    names = {"lambada_openai": "lambada_openai_ppl", "wikitext": "wikitext2_word_ppl"}
+                    col = names.get(entry["column"], f"{entry['column']}_ppl")
                     cols[col] = block["metrics"][metric]
             values[cell][run.seed] = cols
     base = _reference_cell(groups, "vanilla_looped")

@@ -50,8 +50,17 @@ import torch.nn.functional as F
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.runs import (FINAL_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY, atomic_write_bytes, atomic_write_json, code_version,
-                            resolve_device, save_final)
+from stateloop.runs import (
+    FINAL_WEIGHTS,
+    MLFLOW_FILE,
+    RUN_CONFIG,
+    TRAIN_SUMMARY,
+    atomic_write_bytes,
+    atomic_write_json,
+    code_version,
+    resolve_device,
+    save_final,
+)
 from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.resolve import open_data, parse_resolved
 

@@ -57,7 +57,6 @@ import torch
 
 from stateloop.data.shards import ShardSet
 
-
 # Names the stream's construction; checkpoints record it, so a resume on another stream warns.
 STREAM = "permuted-windows-v1"  # before: "uniform-starts" (window starts drawn with replacement)
 

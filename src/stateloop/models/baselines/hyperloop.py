@@ -45,8 +45,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.config import ConfigError
-from stateloop.models.kernels import upcast
 from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
+from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
 
 _SPLIT = ("n_begin", "n_middle", "n_end")

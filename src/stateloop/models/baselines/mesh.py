@@ -45,9 +45,10 @@ import torch
 import torch.nn as nn
 
 from stateloop.config import ConfigError
-from stateloop.models.kernels import upcast
 from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
+from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
+
 
 @dataclass
 class MeshOptions:

@@ -55,9 +55,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.config import ConfigError
-from stateloop.models.kernels import upcast
 from stateloop.models.backbone import RMSNorm
 from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
+from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
 
 DECAY_INIT = math.sqrt(1.0 / 5.0)  # a at init [code: ssm_decay]

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import torch
 
 from stateloop.config import ConfigError
-from stateloop.models.looped import LoopedLM, ModelOutput
 from stateloop.models.backbone import Rotary
+from stateloop.models.looped import LoopedLM, ModelOutput
 
 IGNORE_INDEX = -100
 
