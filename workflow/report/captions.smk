@@ -3,15 +3,6 @@
 # (scale, seeds, models), taken from the runs the output reads.
 from stateloop.experiments import cells as _cells
 
-REPORT_TITLES = {
-    "table1": "Table 1: parameters and held-out perplexity",
-    "table2": "Table 2: accuracy at 0 and 5 shots",
-    "table3": "Table 3: decoding latency per token",
-    "table4": "Table 4: the ablations",
-    "loop_depth": "Figure 2: perplexity against loop depth K",
-    "state_width": "Figure 3: perplexity against the state's parameter overhead",
-    "state_analysis": "Figure 4: Shapley values of the state reads; replacement and freezing",
-}
 _RUNS_BY_FOLDER = {r.folder: r for r in RUNS.values()}
 
 
@@ -79,19 +70,19 @@ def report_facts(wildcards, input):
 
 
 def _label(kind, fmt):
-    return lambda wc: {kind: REPORT_TITLES[wc.get(kind)].split(":")[0], "file": fmt}
+    return lambda wc: {kind: OUTPUTS[wc.get(kind)].label, "file": fmt}
 
 
 def _table(path, fmt):
     return report(path, caption="../report/table.rst", category="Tables",
-                  subcategory=lambda wc: REPORT_TITLES[wc.table], labels=_label("table", fmt))
+                  subcategory=lambda wc: OUTPUTS[wc.table].title, labels=_label("table", fmt))
 
 
 def _figure(path, fmt):
     return report(path, caption="../report/figure.rst", category="Figures",
-                  subcategory=lambda wc: REPORT_TITLES[wc.figure], labels=_label("figure", fmt))
+                  subcategory=lambda wc: OUTPUTS[wc.figure].title, labels=_label("figure", fmt))
 
 
 def _claims(path, fmt):
-    return report(path, caption="../report/claims.rst", category="Claims", subcategory="The paper's claims, judged",
+    return report(path, caption="../report/claims.rst", category="Claims", subcategory=OUTPUTS["claims"].title,
                   labels={"file": fmt})

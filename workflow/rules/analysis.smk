@@ -7,7 +7,7 @@ rule shapley:
     output:
         run_path("shapley.json"),
     log:
-        "logs/shapley/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
+        run_log("shapley"),
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "analyze").runtime,
@@ -31,7 +31,7 @@ rule interventions:
     output:
         run_path("interventions.json"),
     log:
-        "logs/interventions/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
+        run_log("interventions"),
     threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "analyze").runtime,

@@ -11,6 +11,8 @@ from snakemake.utils import validate
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
+from stateloop.report.outputs import OUTPUTS, of_kind
+from stateloop.train.resolve import RUN_ID_FORM
 from stateloop.runs import atomic_write_bytes
 
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
@@ -45,30 +47,32 @@ def job_config(wc, output):
 
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
-# A run's folder (experiments.Run.folder): the seed is always spelled, last.
-RUN_DIR = "results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}"
+# A run's id and folder (experiments.Run.folder) as wildcards, spelled once: the seed always, last.
+RUN_DIR = f"results/runs/{RUN_ID_FORM}"
 
 
 def run_path(name):
     """The pattern of file ``name`` in a run's folder (rule inputs and outputs)."""
     return f"{RUN_DIR}/{name}"
-STAGE_EXPERIMENTS = {  # output -> the experiment it reads (ARCHITECTURE.md)
-    "table1": "table1", "table2": "table1", "table3": "decoding", "table4": "table4",
-    "loop_depth": "loop_depth", "state_width": "state_width", "state_analysis": "state_analysis",
-}
-# A config makes the outputs whose experiments it defines (configs/decide.yaml: Tables 1 and 4,
-# Figure 2 and the claims); Table 2 needs the Table 1 scale to evaluate some lm-eval task.
-OUTPUTS = [o for o, e in STAGE_EXPERIMENTS.items() if e in PIPE.experiments]
-if "table2" in OUTPUTS and not PIPE.scales[PIPE.experiments["table1"].scale].eval.tasks:
-    OUTPUTS.remove("table2")
+
+
+def run_log(stage):
+    """The pattern of a run's log of ``stage``: logs/STAGE/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log."""
+    return f"logs/{stage}/{RUN_ID_FORM}.log"
+
+# A config makes the outputs (stateloop/report/outputs.py) whose experiments it defines
+# (configs/decide.yaml: Tables 1 and 4, Figure 2 and the claims); Table 2 needs the Table 1 scale
+# to evaluate some lm-eval task.
+MADE = [o.name for o in OUTPUTS.values() if o.experiment in PIPE.experiments]
+if "table2" in MADE and not PIPE.scales[PIPE.experiments["table1"].scale].eval.tasks:
+    MADE.remove("table2")
 BENCH_SCALE = PIPE.experiments["decoding"].scale if "decoding" in PIPE.experiments else None
 if BENCH_SCALE is not None and PIPE.experiments["decoding"].trained:
     raise WorkflowError(f"invalid config: {CONFIG_NAME}: experiments.decoding.trained: must be false (Table 3 times untrained shapes)")
 
-TABLES = [f"results/{t}.{ext}" for t in ("table1", "table2", "table3", "table4") if t in OUTPUTS for ext in ("csv", "md")]
-FIGURES = [f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis") if f in OUTPUTS
-           for ext in ("pdf", "png")]
-CLAIMS = ["results/claims.md", "results/claims.csv"]
+TABLES = [f for t in of_kind("table") if t in MADE for f in OUTPUTS[t].files]
+FIGURES = [f for t in of_kind("figure") if t in MADE for f in OUTPUTS[t].files]
+CLAIMS = list(OUTPUTS["claims"].files)
 
 wildcard_constraints:
     scale="|".join(re.escape(s) for s in PIPE.scales),
@@ -79,8 +83,8 @@ wildcard_constraints:
 
 
 def run_of(wc):
-    """The run of a job's {scale}/{model}/K{K}_ds{ds}_seed{seed} wildcards."""
-    return RUNS[f"{wc.scale}/{wc.model}/K{wc.K}_ds{wc.ds}_seed{wc.seed}"]
+    """The run of a job's run-id wildcards (RUN_ID_FORM)."""
+    return RUNS[RUN_ID_FORM.format(**wc)]
 
 
 def all_cores(wc):
@@ -197,7 +201,7 @@ def claims_inputs(wc):
 
 
 def figure_inputs(wc):
-    exp = STAGE_EXPERIMENTS[wc.figure]
+    exp = OUTPUTS[wc.figure].experiment
     files = run_files(exp, "eval.json")
     if wc.figure == "state_analysis":
         files = run_files(exp, "shapley.json") + run_files(exp, "interventions.json")

@@ -4,7 +4,7 @@ rule eval:
     output:
         run_path("eval.json"),
     log:
-        "logs/eval/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
+        run_log("eval"),
     threads: lambda wc: stage(wc.scale, "eval").cpus_per_task
     resources:
         runtime=lambda wc: stage(wc.scale, "eval").runtime,

@@ -11,14 +11,14 @@ include: "../report/captions.smk"
 rule render_table:
     input:
         lambda wc: (["results/bench/decode.json"] if wc.table == "table3"
-                    else run_files(STAGE_EXPERIMENTS[wc.table], "eval.json")),
+                    else run_files(OUTPUTS[wc.table].experiment, "eval.json")),
     output:
-        csv=_table("results/{table}.csv", "CSV"),
+        csv=_table("results/{table}.csv", "CSV"),  # OUTPUTS[table].files
         md=_table("results/{table}.md", "Markdown"),
     log:
         "logs/render/{table}.log",
     wildcard_constraints:
-        table="table1|table2|table3|table4",
+        table="|".join(of_kind("table")),
     localrule: True
     params:
         config=job_config,
@@ -39,7 +39,7 @@ rule render_figure:
     log:
         "logs/render/{figure}.log",
     wildcard_constraints:
-        figure="loop_depth|state_width|state_analysis",
+        figure="|".join(of_kind("figure")),
     localrule: True
     params:
         config=job_config,

@@ -5,7 +5,7 @@ rule train:
         model=run_path("model.pt"),
         summary=run_path("train.json"),
     log:
-        "logs/train/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log",
+        run_log("train"),
     threads: lambda wc: stage(wc.scale, "train").cpus_per_task
     resources:
         runtime=lambda wc: train_resources(wc)["runtime"],

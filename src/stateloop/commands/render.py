@@ -13,11 +13,11 @@ of one config adds to the same run; ``--no-mlflow`` skips it.
 
 from __future__ import annotations
 
-TARGETS = ["table1", "table2", "table3", "table4", "loop_depth", "state_width", "state_analysis", "claims"]
+from stateloop.report.outputs import OUTPUTS
 
 
 def add_arguments(p) -> None:
-    p.add_argument("target", choices=TARGETS, help="what to render")
+    p.add_argument("target", choices=list(OUTPUTS), help="what to render (stateloop.report.outputs)")
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
     p.add_argument("--out", required=True, help="output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
     p.add_argument("--results", default="results", help="results folder holding runs/ and bench/ (default: results)")
@@ -34,22 +34,21 @@ def run(args) -> int:
 
     cfg = load_pipeline(args.config)
     results, out = Path(args.results), Path(args.out)
-    if args.target == "claims":
+    kind = OUTPUTS[args.target].kind
+    if kind == "claims":
         from stateloop.report import claims
 
         df = claims.judge(cfg, results)
         atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
         atomic_write_bytes(out.with_suffix(".md"), claims.to_markdown(df, cfg, str(args.config)).encode())
         written = [out, out.with_suffix(".md")]
-    elif args.target.startswith("table"):
+    elif kind == "table":
         from stateloop.report import tables
 
         kwargs = {"bench_json": Path(args.bench)} if args.target == "table3" and args.bench else {}
         df, notes = tables.TABLES[args.target](cfg, results, **kwargs)
         atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
-        title = {"table1": "Table 1: perplexity", "table2": "Table 2: accuracy (%)",
-                 "table3": "Table 3: decoding latency", "table4": "Table 4: ablations"}[args.target]
-        atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, title).encode())
+        atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, OUTPUTS[args.target].title).encode())
         written = [out, out.with_suffix(".md")]
     else:
         import matplotlib.pyplot as plt

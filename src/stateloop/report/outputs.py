@@ -1,0 +1,51 @@
+"""Every output of the DAG, once: its name, kind, the experiment it reads, its title and files.
+
+The CLI (``stateloop render``), the renderers and the Snakemake rules (workflow/rules/common.smk,
+report.smk, workflow/report/captions.smk) all read this table; an output's name is spelled here.
+
+    name            kind     reads experiment   files
+    table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
+    loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
+    claims          claims   (every experiment)  results/claims.csv + .md
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    kind: str  # "table" | "figure" | "claims"
+    experiment: str | None  # the experiment whose runs it reads (None: every experiment)
+    title: str  # the paper's numbering first: "Table 1: ..."
+
+    @property
+    def files(self) -> tuple[str, str]:
+        """(the file `stateloop render --out` names, its twin written beside it)."""
+        if self.kind == "figure":
+            return f"figures/{self.name}.pdf", f"figures/{self.name}.png"
+        return f"results/{self.name}.csv", f"results/{self.name}.md"
+
+    @property
+    def label(self) -> str:
+        """"Table 1", "Figure 2", ... (the title's part before the colon)."""
+        return self.title.split(":")[0]
+
+
+OUTPUTS: dict[str, Output] = {o.name: o for o in (
+    Output("table1", "table", "table1", "Table 1: parameters and held-out perplexity"),
+    Output("table2", "table", "table1", "Table 2: accuracy at 0 and 5 shots"),
+    Output("table3", "table", "decoding", "Table 3: decoding latency per token"),
+    Output("table4", "table", "table4", "Table 4: the ablations"),
+    Output("loop_depth", "figure", "loop_depth", "Figure 2: perplexity against loop depth K"),
+    Output("state_width", "figure", "state_width", "Figure 3: perplexity against the state's parameter overhead"),
+    Output("state_analysis", "figure", "state_analysis",
+           "Figure 4: Shapley values of the state reads; replacement and freezing"),
+    Output("claims", "claims", None, "The paper's claims, judged"),
+)}
+
+
+def of_kind(kind: str) -> list[str]:
+    return [name for name, o in OUTPUTS.items() if o.kind == kind]
