@@ -148,7 +148,7 @@ WORKER = """
 import sys, time
 from pathlib import Path
 from stateloop.tracking import client, named_run
-from stateloop.train.tracking import Tracker
+from stateloop.tracking import Tracker
 
 uri, worker, ready = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 

@@ -21,8 +21,10 @@ sqlite store is serialised with a lock file beside it, as is finding-or-creating
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -242,3 +244,156 @@ if __name__ == "__main__":  # python -m stateloop.tracking [URI]: open (and re-p
     import sys
 
     print(client(sys.argv[1] if len(sys.argv) > 1 else tracking_uri()).tracking_uri)
+
+
+# ----------------------------------------------------------------------------------------------
+# Training runs (rank 0 only)
+#
+# MLflow tracking of a training run (rank 0 only).
+#
+# - Tracking URI: ``$MLFLOW_TRACKING_URI``, else ``train.mlflow_tracking_uri``, else
+#   ``sqlite:///<absolute cwd>/results/mlflow.db`` (MLflow 3.17 refuses the ``./mlruns`` file store).
+# - Experiment: ``train.mlflow_experiment``; run name: the run id ``{scale}/{model}/K{K}_ds{ds}``,
+#   so every attempt of a run carries one stable name.
+# - Params: the resolved config flattened to dotted keys (``model.d_model``, ``train.lr``, ...);
+#   tags: scale, model, K, d_s, code version, and MLflow's own (user, source, git commit).
+# - Metrics: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``,
+#   ``train/tokens``, ``train/mfu`` (GPU), ``val/loss``, ``val/ppl``, indexed by optimiser step.
+# - A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
+#   its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
+#   the run already holds (resuming is exact, so the value there is the one it would log), so every
+#   step appears once.
+# - An attempt that starts from scratch (no checkpoint) opens a new MLflow run; the previous
+#   attempt's run (RUN_DIR/mlflow.json), still RUNNING because its process was killed (SIGKILL, a
+#   lost node: nothing could close it), is marked KILLED. Its process is gone for certain: the
+#   training holds the run folder's lock.
+#
+# The client API (``MlflowClient``) is used instead of the fluent ``mlflow.start_run`` so that no
+# global "active run" leaks between runs trained in one process (tests, notebooks).
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """{"model": {"K": 3}} -> {"model.K": "3"}; lists and scalars become strings."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = str(value)
+    return out
+
+
+def _run_id_in(path: Path | None) -> str | None:
+    try:
+        return json.loads(Path(path).read_text()).get("run_id") if path else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+class Tracker:
+    """One MLflow run. ``run_id`` given: continue it (a resumed training run). ``previous``: the
+    mlflow.json of an earlier attempt of this run folder."""
+
+    def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None,
+                 previous: Path | None = None):
+
+        self.uri = uri
+        self.client = client(uri)
+        self.run_id = None
+        if run_id:
+            try:
+                run = self.client.get_run(run_id)
+                if run.info.run_name == run_name:
+                    self.run_id = run_id
+                    self.client.update_run(run_id, status="RUNNING")
+            except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
+                self.run_id = None
+        self._close_dead_attempt(_run_id_in(previous), run_name)
+        self._logged = self._logged_steps() if self.run_id else {}
+        if self.run_id is None:
+            exp_id = experiment_id(self.client, experiment)
+            self.run_id = self.client.create_run(exp_id, run_name=run_name,
+                                                 tags={**standard_tags("train"), **(tags or {})}).info.run_id
+        self._pending: list = []
+
+    def _close_dead_attempt(self, old: str | None, run_name: str) -> None:
+        if not old or old == self.run_id:
+            return
+        try:
+            run = self.client.get_run(old)
+        except Exception:  # noqa: BLE001 - another store: nothing to close here
+            return
+        if run.info.status == "RUNNING" and run.info.run_name == run_name:
+            self.client.set_tag(old, "stateloop.killed", "its process ended without closing the run; "
+                                                         "the next attempt of the run folder found it")
+            self.client.set_terminated(old, status="KILLED")
+
+    def _logged_steps(self) -> dict[str, set[int]]:
+        """The steps logged of each metric of the continued run (a killed attempt's background
+        logger may have left gaps, so a set rather than the last step)."""
+        keys = self.client.get_run(self.run_id).data.metrics
+        return {k: {m.step for m in self.client.get_metric_history(self.run_id, k)} for k in keys}
+
+    def log_params(self, params: dict[str, str]) -> None:
+        """Log params once; on a resumed run, only keys not logged before (MLflow params are
+        immutable); a resume with a changed (non-model) setting keeps it as a ``changed_on_resume.*`` tag."""
+
+        log_params(self.client, self.run_id, params, "changed_on_resume.")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Queued to MLflow's background logger: a sqlite commit (~tens of ms) never stalls a step.
+        Steps a killed attempt already logged are skipped."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if step not in self._logged.get(k, ())]
+        if batch:
+            self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
+
+    def flush(self) -> None:
+        for op in self._pending:
+            op.wait()
+        self._pending.clear()
+
+    def finish(self, status: str = "FINISHED") -> None:
+        """status: FINISHED, FAILED or KILLED (stopped by a signal, to be continued)."""
+        self.flush()
+        self.client.set_terminated(self.run_id, status=status)
+
+
+# ----------------------------------------------------------------------------------------------
+# The stages after training: eval and the analyses log into the run's MLflow run
+
+
+def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: str, prefix: str, metrics: dict,
+              curves: dict | None = None, params: dict | None = None, tags: dict | None = None,
+              artifact: tuple | None = None) -> str:
+    """Log one stage's results into the run's MLflow run (:func:`run_of`: the one train.json names,
+    else the run named by the run id) and return its id.
+
+    ``metrics`` as ``{prefix}/<name>`` at step 0; each curve ``{name: [(index, value), ...]}`` as one
+    metric ``{prefix}/<name>`` with the index as its step (one chart per curve); ``params`` as
+    params (a later call with other values keeps them as ``changed_on_re{command}.<key>`` tags:
+    MLflow params cannot change); ``tags`` as tags; ``artifact`` = (a file path or a dict, the
+    artifact path: a folder for a file, a file name for a dict)."""
+    import datetime
+
+    from mlflow.entities import Metric, RunTag
+
+    c, mlflow_id = run_of(run_dir, run_id, config, config_file, command=command)
+    if params:
+        log_params(c, mlflow_id, params, f"changed_on_re{command}.")
+    now = int(datetime.datetime.now().timestamp() * 1000)
+    points = [Metric(f"{prefix}/{k}", float(v), now, 0) for k, v in metrics.items()]
+    points += [Metric(f"{prefix}/{k}", float(v), now, int(i)) for k, curve in (curves or {}).items() for i, v in curve]
+    run_tags = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+    for start in range(0, max(len(points), 1), 500):
+        c.log_batch(mlflow_id, metrics=points[start : start + 500], tags=run_tags if start == 0 else [])
+    if artifact is not None:
+        content, where = artifact
+        if isinstance(content, dict):
+            c.log_dict(mlflow_id, content, where)
+        else:
+            c.log_artifact(mlflow_id, str(content), artifact_path=where)
+    return mlflow_id

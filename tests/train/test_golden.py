@@ -34,9 +34,9 @@ def _curves(tmp: Path) -> dict[str, list[float]]:
     import yaml
     from train_support import TINY_MODEL, TINY_TRAIN, write_shards
 
+    from stateloop import tracking
     from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import MODELS
-    from stateloop.train import tracking
     from stateloop.train.loop import train
     from stateloop.train.resolve import resolve_run
 

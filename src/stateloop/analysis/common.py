@@ -136,31 +136,12 @@ def require_reads(model, what: str) -> None:
 
 def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path,
                   curves: dict | None = None, config_file=None) -> str:
-    """Log an analysis into the run's MLflow run: metrics as ``{analysis}/<name>``, each curve
-    ``{name: [(index, value), ...]}`` as one metric ``{analysis}/<name>`` with the index as its step
-    (one chart per curve, not one per point), settings as ``{analysis}.<name>`` tags (tags, unlike
-    params, may change when an analysis is re-run with other settings), and the JSON as an artifact
-    under ``analysis/``. Returns the MLflow run id.
-
-    The MLflow run is the one RUN_DIR/train.json names (``mlflow_run_id``), which must exist in the
-    store; without it, the run named by the run id in the config's ``train.mlflow_experiment``
-    (default "stateloop"), created when absent and found again next time. The store:
-    tracking.stage_uri (``config_file``'s setting), never train.json's. The client API is used
-    so that no global active run leaks between calls.
-    """
-    import datetime
-
-    from mlflow.entities import Metric, RunTag
-
+    """Log an analysis into the run's MLflow run (tracking.log_stage): metrics as
+    ``{analysis}/<name>``, each curve ``{name: [(index, value), ...]}`` as one metric with the index
+    as its step, settings as ``{analysis}.<name>`` tags (tags, unlike params, may change when an
+    analysis is re-run with other settings), the JSON as an artifact under ``analysis/``."""
     from stateloop.runs import run_id_of
-    from stateloop.tracking import run_of
+    from stateloop.tracking import log_stage
 
-    client, mlflow_id = run_of(run_dir, run_id_of(run_dir, config), config, config_file, command="analyze")
-    now = int(datetime.datetime.now().timestamp() * 1000)
-    points = [Metric(f"{analysis}/{k}", float(v), now, 0) for k, v in metrics.items()]
-    points += [Metric(f"{analysis}/{k}", float(v), now, int(i)) for k, curve in (curves or {}).items() for i, v in curve]
-    for start in range(0, max(len(points), 1), 500):
-        client.log_batch(mlflow_id, metrics=points[start : start + 500],
-                         tags=[RunTag(f"{analysis}.{k}", str(v)) for k, v in tags.items()] if start == 0 else [])
-    client.log_artifact(mlflow_id, str(json_path), artifact_path="analysis")
-    return mlflow_id
+    return log_stage(run_dir, run_id_of(run_dir, config), config, config_file, "analyze", analysis, metrics,
+                     curves=curves, tags={f"{analysis}.{k}": v for k, v in tags.items()}, artifact=(json_path, "analysis"))

@@ -183,22 +183,10 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
 def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None, config_file=None) -> str:
     """Log the summary metrics (as ``eval/<name>``), the eval settings (as ``eval.<key>`` params;
     a re-evaluation with other settings keeps them as ``changed_on_reeval.eval.<key>`` tags) and
-    eval.json (as an artifact) into the run's MLflow run: the one named by train.json's
-    ``mlflow_run_id`` when training recorded it, else a run named by the run id in the training
-    config's experiment (``train.mlflow_experiment``, default "stateloop"), created when absent and
-    found again on the next evaluation. The store: tracking.stage_uri, never train.json's."""
-    from mlflow.entities import Metric, RunTag
+    eval.json (as an artifact) into the run's MLflow run (tracking.log_stage)."""
+    from stateloop.tracking import flatten, log_stage
 
-    from stateloop.tracking import log_params, run_of
-    from stateloop.train.tracking import flatten
-
-    client, mlflow_id = run_of(run_dir, run_id, config, config_file, command="eval")
-    log_params(client, mlflow_id, flatten(results.get("eval_config") or {}, "eval."), "changed_on_reeval.")
-    now = int(datetime.datetime.now().timestamp() * 1000)
-    metrics = [Metric(f"eval/{k}", float(v), now, 0) for k, v in results["summary"].items()]
-    tags = [RunTag("eval.lm_eval_version", str(results.get("lm_eval_version", ""))),
-            RunTag("eval.code_version", str(results.get("code_version", "")))]
-    for start in range(0, max(len(metrics), 1), 500):
-        client.log_batch(mlflow_id, metrics=metrics[start : start + 500], tags=tags if start == 0 else [])
-    client.log_dict(mlflow_id, results, "eval/eval.json")
-    return mlflow_id
+    tags = {"eval.lm_eval_version": results.get("lm_eval_version", ""), "eval.code_version": results.get("code_version", "")}
+    return log_stage(run_dir, run_id, config, config_file, "eval", "eval", results["summary"],
+                     params=flatten(results.get("eval_config") or {}, "eval."), tags=tags,
+                     artifact=(results, "eval/eval.json"))

@@ -392,8 +392,7 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
 
 def _tracker(config: dict, tcfg, run_dir: Path, state: dict):
     """The run's MLflow run (a resumed run continues the one its checkpoint names)."""
-    from stateloop.tracking import tracking_uri
-    from stateloop.train.tracking import Tracker, flatten
+    from stateloop.tracking import Tracker, flatten, tracking_uri
 
     run = config["run"]
     tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
