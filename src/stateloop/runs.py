@@ -166,6 +166,26 @@ def safe_torch_load(path: str | Path, *, mmap: bool = False, legacy_numpy: bool 
         raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {first})") from None
 
 
+def read_weights(run_dir: str | Path, mmap: bool = False) -> tuple[Path, dict]:
+    """(path, {"model": state_dict, "config": resolved config}) of a run's final weights, read with
+    the safe unpickler (a file carrying code, truncated or corrupt is one line naming it);
+    ``mmap``: tensors stay on disk until touched (reading only the config costs nothing)."""
+    path = Path(run_dir) / FINAL_WEIGHTS
+    if not Path(run_dir).is_dir():
+        raise FileNotFoundError(f"{run_dir}: no such run folder")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
+    blob = safe_torch_load(path, mmap=mmap)
+    if not isinstance(blob, dict) or "model" not in blob or not isinstance(blob.get("config"), dict):
+        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
+    return path, blob
+
+
+def saved_config(run_dir: str | Path) -> dict:
+    """The resolved config saved with a run's weights (no weights are read)."""
+    return read_weights(run_dir, mmap=True)[1]["config"]
+
+
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     """Rebuild a run's model from its folder. Returns (model in eval mode, resolved config dict).
 
@@ -175,12 +195,7 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
 
     from stateloop.models.registry import build_model
 
-    path = Path(run_dir) / FINAL_WEIGHTS
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
-    blob = safe_torch_load(path)  # never unpickles code: a refused, truncated or corrupt file is one line
-    if not isinstance(blob, dict) or "model" not in blob or "config" not in blob:
-        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
+    path, blob = read_weights(run_dir)
     config = blob["config"]
     mcfg = from_dict(ModelConfig, config.get("model"), "model")
     model = build_model(mcfg, init=False)

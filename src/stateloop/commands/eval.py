@@ -26,24 +26,6 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
-def run_config_of(run_dir) -> dict:
-    """The resolved config saved with a run's weights (read lazily: no weights are loaded)."""
-    from pathlib import Path
-
-    from stateloop.config import ConfigError
-    from stateloop.runs import FINAL_WEIGHTS, safe_torch_load
-
-    path = Path(run_dir) / FINAL_WEIGHTS
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run folder")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
-    blob = safe_torch_load(path, mmap=True)  # the safe unpickler: a file carrying code is refused
-    if not isinstance(blob, dict) or not isinstance(blob.get("config"), dict):
-        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
-    return blob["config"]
-
-
 def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict | None = None):
     """EvalConfig for a run: the `eval` section of the run's scale in ``config_file`` (default:
     the pipeline config the run was trained from, ``run.config`` of its resolved config, when that
@@ -53,9 +35,9 @@ def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict
 
     from stateloop.config import ConfigError, from_dict, merge, to_dict
     from stateloop.evaluate.config import EvalConfig
-    from stateloop.runs import run_id_of
+    from stateloop.runs import run_id_of, saved_config
 
-    run_config = run_config_of(run_dir)
+    run_config = saved_config(run_dir)
     data = dict(run_config.get("eval") or {})
     run_section = run_config.get("run") if isinstance(run_config.get("run"), dict) else {}
     if not config_file and run_section.get("config") and Path(run_section["config"]).is_file():

@@ -210,9 +210,9 @@ def _run_data_meta(metadata: dict) -> dict | None:
     run_dir = metadata.get("pretrained") or metadata.get("run_dir")
     if not isinstance(run_dir, str) or not (Path(run_dir) / FINAL_WEIGHTS).is_file():
         return None
-    from stateloop.commands.eval import run_config_of
+    from stateloop.runs import saved_config
 
-    data = run_config_of(run_dir).get("data") or {}
+    data = saved_config(run_dir).get("data") or {}
     return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None
 
 
