@@ -4,6 +4,30 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${STATELOOP_VENV:-.venv}
 [ -x "$VENV/bin/stateloop" ] || bash scripts/setup.sh
-# Two workers (the machines here have two cores); the tests that share a rehearsal run on one of
-# them (tests/conftest.py). Pass -n 0 to run in one process.
-exec "$VENV/bin/python" -m pytest -n 2 --dist loadgroup "$@"
+PY="$VENV/bin/python"
+# With no test paths given: two pytest processes side by side (the machines here have two cores),
+# one for the tests that share the tiny rehearsal and the SLURM cluster (marker shared_dag, set in
+# tests/conftest.py), one for all the others; the first one's output follows the second's.
+# Each has its own --basetemp (pytest prunes all but the newest three numbered temp folders).
+# STATELOOP_TEST_SPLIT=0, naming tests/..., or a -m / --basetemp of your own runs one process.
+if [ "${STATELOOP_TEST_SPLIT:-1}" = 1 ] && ! printf '%s\n' "$@" | grep -qE '^(tests|-m$|--basetemp)'; then
+  tmp=$(mktemp -d)
+  shared_log="$tmp/shared.log"
+  "$PY" -m pytest -m shared_dag --basetemp "$tmp/shared" "$@" >"$shared_log" 2>&1 &
+  shared_pid=$!
+  set +e
+  "$PY" -m pytest -m "not shared_dag" --basetemp "$tmp/rest" "$@"
+  rest=$?
+  wait $shared_pid
+  shared=$?
+  set -e
+  echo "---------------- tests sharing the tiny rehearsal and the SLURM cluster ----------------"
+  cat "$shared_log"
+  rm -rf "$tmp"
+  # 5: a half collected no test (a -k or -m that selects only the other half)
+  [ $rest = 5 ] && [ $shared != 5 ] && rest=0
+  [ $shared = 5 ] && [ $rest = 0 ] && shared=0
+  [ $rest != 0 ] && exit $rest
+  exit $shared
+fi
+exec "$PY" -m pytest "$@"

@@ -26,14 +26,13 @@ def shared_data():
     return path
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's -m selection reads the markers
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs two workers with --dist loadgroup): the tests that
-    read a session rehearsal (the smoke DAG, ~7 minutes) share one worker, so it is built once;
-    the tests on the one local SLURM cluster share another."""
+    """Mark the tests that read the tiny rehearsal (the smoke DAG, built once per process, ~7
+    minutes) and the tests on the local SLURM cluster: `shared_dag`. scripts/test.sh runs them in
+    one pytest process and every other test in a second one, side by side on the two cores."""
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        path = str(item.fspath)
-        if "smoke_dag" in fixtures or path.endswith(("test_rehearse.py", "test_report.py", "test_mlflow_ui.py")):
-            item.add_marker(pytest.mark.xdist_group("rehearsal"))
-        elif path.endswith("test_slurm_cluster.py"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if ("smoke_dag" in getattr(item, "fixturenames", ()) or params.get("rehearsal") == "tiny.yaml"
+                or str(item.fspath).endswith("test_slurm_cluster.py")):
+            item.add_marker(pytest.mark.shared_dag)
