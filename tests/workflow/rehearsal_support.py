@@ -1,9 +1,13 @@
 """Rehearsals from tests: run one config's rehearsal once per session, and Snakemake in its folder."""
 
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 from dag_helpers import ROOT, env
@@ -39,3 +43,36 @@ def dag(out: Path, *args, timeout: int = 600) -> subprocess.CompletedProcess:
 
     return subprocess.run(snakemake_command(out, 1, list(args)), env=environment(out), capture_output=True,
                           text=True, timeout=timeout)
+
+
+@contextmanager
+def mlflow_server(folder: Path):
+    """`mlflow server` on a free loopback port over a rehearsal's results/mlflow.db (artifacts in its
+    mlartifacts/); yields the base URL once /health answers, stops the server after."""
+    db = folder / "results" / "mlflow.db"
+    assert db.is_file(), db
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1", "--default-artifact-root", str(folder / "mlartifacts")],
+        cwd=folder, env={**env(), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                    if r.read().decode().strip() == "OK":
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None, f"MLflow server exited with {server.returncode}"
+            assert time.time() < deadline, "MLflow server did not come up in 120 s"
+            time.sleep(0.5)
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -5,17 +5,12 @@ every config, and resuming an interrupted one, are in test_rehearse.py)."""
 import json
 import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 
 import pytest
 import yaml
-from dag_helpers import copy_workflow, env, snakemake
-from rehearsal_support import dag
+from dag_helpers import copy_workflow, snakemake
+from rehearsal_support import dag, mlflow_server
 
 from stateloop.experiments import expand_runs, load_pipeline
 
@@ -249,32 +244,8 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     assert "table4" in next(j for j in planned if j["rule"] == "render_table")["output"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_server_lists_every_run(smoke_dag):
-    port = _free_port()
-    db = smoke_dag / "results" / "mlflow.db"
-    assert db.is_file()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--default-artifact-root", str(smoke_dag / "mlartifacts")],
-        cwd=smoke_dag, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.read().decode().strip() == "OK":
-                        break
-            except OSError:
-                pass
-            assert time.time() < deadline, "MLflow server did not come up in 120 s"
-            time.sleep(1)
+    with mlflow_server(smoke_dag) as base:
         req = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search", data=b'{"max_results": 100}',
                                      headers={"Content-Type": "application/json"})
         exps = json.load(urllib.request.urlopen(req, timeout=10))["experiments"]
@@ -287,8 +258,5 @@ def test_mlflow_server_lists_every_run(smoke_dag):
         cfg = load_pipeline(smoke_dag / "config.yaml")
         assert expected == {r.id for r in expand_runs(cfg)}
         assert expected <= names, sorted(expected - names)
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
 
 

@@ -11,17 +11,13 @@ the page's screenshot is saved and its path is in the message.
 
 import importlib.util
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
-from dag_helpers import ROOT, env
+from dag_helpers import ROOT
+from rehearsal_support import mlflow_server
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 _INSTALL = "run `bash scripts/install-browser.sh`"
@@ -69,36 +65,13 @@ class UI:
 
 @pytest.fixture(scope="module")
 def ui(smoke_dag, tmp_path_factory):
-    db = smoke_dag / "results" / "mlflow.db"
-    assert db.is_file()
-    port = shot.free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
-         "--port", str(port), "--workers", "1", "--default-artifact-root", str(smoke_dag / "mlartifacts")],
-        cwd=smoke_dag, env={**env(), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    driver = None
+    driver = shot.browser(1600, 1000)  # starts before the server: it needs none yet
     try:
-        driver = shot.browser(1600, 1000)  # starts while the server comes up
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.read().decode().strip() == "OK":
-                        break
-            except OSError:
-                pass
-            assert server.poll() is None, f"MLflow server exited with {server.returncode}"
-            assert time.time() < deadline, "MLflow server did not come up in 120 s"
-            time.sleep(0.5)
-        shot.quiet_ui(driver, base)
-        yield UI(base, driver, smoke_dag, tmp_path_factory.mktemp("mlflow-ui-screenshots"))
+        with mlflow_server(smoke_dag) as base:
+            shot.quiet_ui(driver, base)
+            yield UI(base, driver, smoke_dag, tmp_path_factory.mktemp("mlflow-ui-screenshots"))
     finally:
-        if driver is not None:
-            driver.quit()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        driver.quit()
 
 
 @pytest.fixture(scope="module")
