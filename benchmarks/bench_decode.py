@@ -34,8 +34,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.analysis.latency import BenchModel, bench_decode
-from stateloop.config import ModelConfig
 from stateloop.models.cache import ModelCache
+from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
 
 SHAPE = dict(

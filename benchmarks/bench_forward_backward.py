@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from stateloop.config import ModelConfig
+from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model, count_params
 
 MODELS = ["vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"]

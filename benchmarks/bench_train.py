@@ -52,7 +52,8 @@ def make_shards(folder: Path, vocab: int, n_tokens: int) -> Path:
 
 def bare_loop(config: dict, steps: int, warmup: int) -> float:
     """tokens/s of forward/backward/step on pre-made batches (after ``warmup`` steps)."""
-    from stateloop.config import ModelConfig, from_dict
+    from stateloop.config import from_dict
+    from stateloop.models.config import ModelConfig
     from stateloop.models.registry import build_model
     from stateloop.train.config import TrainConfig
 

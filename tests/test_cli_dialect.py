@@ -36,7 +36,7 @@ def test_every_command_spells_output_and_progress_one_way():
 
 
 def test_an_unknown_state_update_is_refused():
-    from stateloop.config import ModelConfig
+    from stateloop.models.config import ModelConfig
     from stateloop.models.looped import StateLoopLM
 
     cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, d_ff=32, n_heads=2, head_dim=8, max_seq_len=16, K=2, d_state=8)

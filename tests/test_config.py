@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from stateloop.config import ConfigError, ModelConfig, from_dict, parse_dotlist
+from stateloop.config import ConfigError, from_dict, parse_dotlist
 from stateloop.experiments import cells, expand_runs, load_pipeline
+from stateloop.models.config import ModelConfig
 
 
 def test_unknown_key_names_the_path():

@@ -27,9 +27,10 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.config import ConfigError, ModelConfig, from_dict, load_yaml, merge, to_dict
+from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
+from stateloop.models.config import ModelConfig
 from stateloop.train.config import TrainConfig
 
 

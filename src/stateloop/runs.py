@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stateloop.config import ConfigError, ModelConfig, from_dict
+from stateloop.config import ConfigError, from_dict
+from stateloop.models.config import ModelConfig
 
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch

@@ -349,7 +349,7 @@ def test_410m_counts_from_the_spec(name, K, paper):
 
 
 def test_layer_applications_per_token_at_1_4b():
-    from stateloop.config import ModelConfig
+    from stateloop.models.config import ModelConfig
 
     expected = {"hyperloop": (4, 60), "mesh": (10, 96), "parcae": (10, 96), "ponderlm": (4, 96), "pause_token": (4, 24)}
     for name, (K, n) in expected.items():

@@ -54,7 +54,7 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     assert set(run.data.metrics) >= {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/tokens",
                                      "val/loss", "val/ppl"}
     # MFU = FLOPs per sequence x sequences/s / peak (a peak is configured here; CPUs have none by default).
-    from stateloop.config import ModelConfig
+    from stateloop.models.config import ModelConfig
     from stateloop.train.flops import flops_per_sequence
 
     fl = flops_per_sequence(ModelConfig(**cfg["model"]), 32)

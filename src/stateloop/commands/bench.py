@@ -43,7 +43,8 @@ def add_arguments(p) -> None:
 def _scale_model(args):
     """The ModelConfig untrained rows are built from: the scale's model section (or the
     defaults, which are the paper's 1.4B shape) with --set overrides."""
-    from stateloop.config import ConfigError, ModelConfig, from_dict, merge, parse_dotlist, to_dict
+    from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+    from stateloop.models.config import ModelConfig
 
     base = ModelConfig()
     if args.config:

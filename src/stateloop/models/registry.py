@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from stateloop.config import ConfigError, ModelConfig, from_dict
+from stateloop.config import ConfigError, from_dict
 from stateloop.models.baselines import hyperloop, mesh, parcae, pause_token, ponderlm
+from stateloop.models.config import ModelConfig
 from stateloop.models.looped import LoopedLM, StateLoopLM, StateOnlyLM
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stateloop.config import ConfigError, ModelConfig, from_dict, merge, parse_dotlist, to_dict
+from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.models.config import ModelConfig
 from stateloop.train.config import TrainConfig
 
 RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")

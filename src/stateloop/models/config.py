@@ -1,0 +1,70 @@
+"""The ``model:`` section of a config: the shape of one model (every variant reads it; variant
+options are checked by the registry, models/registry.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stateloop.config import ConfigError
+
+# Upper bounds of model sizes: a value above one is a typo that would otherwise run out of memory.
+MODEL_CAPS = {"vocab_size": 1 << 20, "n_layers": 1024, "d_model": 1 << 16, "d_ff": 1 << 18, "n_heads": 1024,
+              "head_dim": 1024, "K": 64, "d_state": 1 << 16, "max_seq_len": 1 << 20}
+
+
+@dataclass
+class ModelConfig:
+    """Shape of one model. Fields shared by every variant; variant-specific knobs go in
+    ``options`` and are checked against the variant's own options dataclass (see registry)."""
+
+    name: str = "vanilla_looped"  # registry name (one spelling everywhere)
+    vocab_size: int = 50432  # GPT-NeoX-20B's 50,277 ids padded to a multiple of 128
+    n_layers: int = 24  # layers in the shared backbone T
+    d_model: int = 2048  # d
+    d_ff: int = 5504  # SwiGLU width f
+    n_heads: int = 32
+    head_dim: int = 64
+    K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
+    d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
+    max_seq_len: int = 2048
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    # Causal attention mixer over the state (eq. 8).
+    mixer_heads: int = 32
+    mixer_head_dim: int = 64
+    # Mamba-2 mixer over the state (eq. 9).
+    mamba_expand: int = 2
+    mamba_d_state: int = 128
+    mamba_d_conv: int = 4
+    mamba_head_dim: int = 64
+    mamba_n_groups: int = 8
+    mamba_chunk_size: int = 64
+    mamba_prenorm: bool = True  # [choice] pre-RMSNorm before the Mamba-2 block; the paper's count rounds the same either way
+    # Kernel selection: "auto" uses flash-attn / mamba_ssm on CUDA when importable, "torch" never does,
+    # "kernel" requires them and fails loudly.
+    attn_impl: str = "auto"
+    ssd_impl: str = "auto"
+    # [choice] Init of the state reads W_{s->z}, W_{s->out} (the paper gives only the cell's).
+    # "residual": N(0, init_std / sqrt(2N)) like the backbone's residual-output projections, since
+    # each read is added to the residual stream (Z^k = X^k + R_k, the head's X^K + R_K); "input":
+    # N(0, init_std) like input projections, which at init adds a term as large as the embedding.
+    read_init: str = "residual"
+    options: dict = field(default_factory=dict)  # variant-specific options (registry checks them)
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "head_dim", "K", "max_seq_len"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"model.{key}: must be positive, got {getattr(self, key)}")
+        for key, cap in MODEL_CAPS.items():  # far above any model of the field: a typo, not a shape
+            if getattr(self, key) > cap:
+                raise ConfigError(f"model.{key}: {getattr(self, key)} is above the sane bound {cap}")
+        if self.d_state < 0:
+            raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
+        if self.read_init not in ("residual", "input"):
+            raise ConfigError(f"model.read_init: must be one of residual, input; got {self.read_init!r}")
+        for key in ("attn_impl", "ssd_impl"):
+            if getattr(self, key) not in ("auto", "torch", "kernel"):
+                raise ConfigError(f"model.{key}: must be one of auto, torch, kernel; got {getattr(self, key)!r}")
+        if self.head_dim % 2:
+            raise ConfigError(f"model.head_dim: RoPE needs an even head size, got {self.head_dim}")
