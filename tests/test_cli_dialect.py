@@ -54,3 +54,15 @@ def test_none_on_the_command_line_unsets_a_number(spelling):
     assert data.max_docs is None
     args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", "12"])
     assert resolve(args)[0].max_docs == 12
+
+
+def test_building_the_parser_imports_no_heavy_library():
+    """`stateloop --help` and every command's parser start without torch, lightning or mlflow
+    (stateloop/cli.py: command modules import them inside run)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, stateloop.cli; stateloop.cli.build_parser(); "
+            "print(sorted(m for m in ('torch', 'lightning_fabric', 'mlflow', 'lm_eval') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

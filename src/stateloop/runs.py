@@ -172,10 +172,9 @@ def read_weights(run_dir: str | Path, mmap: bool = False) -> tuple[Path, dict]:
     the safe unpickler (a file carrying code, truncated or corrupt is one line naming it);
     ``mmap``: tensors stay on disk until touched (reading only the config costs nothing)."""
     path = Path(run_dir) / FINAL_WEIGHTS
-    if not Path(run_dir).is_dir():
-        raise FileNotFoundError(f"{run_dir}: no such run folder")
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no final weights (has the run finished training?)")
+        where = "has the run finished training?" if Path(run_dir).is_dir() else "no such run folder"
+        raise FileNotFoundError(f"{path}: no final weights ({where})")
     blob = safe_torch_load(path, mmap=mmap)
     if not isinstance(blob, dict) or "model" not in blob or not isinstance(blob.get("config"), dict):
         raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")

@@ -28,7 +28,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from stateloop.runs import TRAIN_SUMMARY
+from stateloop.config import ConfigError
+from stateloop.experiments import load_pipeline
+from stateloop.runs import TRAIN_SUMMARY, code_version
 
 DEFAULT_DB = Path("results") / "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside a sqlite store
@@ -133,7 +135,6 @@ def standard_tags(command: str) -> dict[str, str]:
     """MLflow's own tags (the UI's "User", "Source", "Git commit") for a run made by ``stateloop COMMAND``."""
     import getpass
 
-    from stateloop.runs import code_version
 
     try:
         user = getpass.getuser()
@@ -173,7 +174,6 @@ def train_summary(run_dir) -> dict:
     """RUN_DIR/train.json (written when training finishes), or {} when absent."""
     import json
 
-    from stateloop.config import ConfigError
 
     path = Path(run_dir) / TRAIN_SUMMARY
     if not path.is_file():
@@ -196,7 +196,6 @@ def _local_train_setting(config: dict | None, config_file=None):
         config_file = run["config"]
     if not config_file:
         return None
-    from stateloop.experiments import load_pipeline
 
     scale = load_pipeline(config_file).scales.get(run.get("scale"))
     return scale.train if scale is not None else None
@@ -221,7 +220,6 @@ def run_of(run_dir, run_id: str, config: dict | None, config_file=None, command:
     ``train.mlflow_experiment`` (default "stateloop"), created when absent and found again next time."""
     from mlflow.exceptions import MlflowException
 
-    from stateloop.config import ConfigError
 
     summary = train_summary(run_dir)
     uri = stage_uri(config, config_file)

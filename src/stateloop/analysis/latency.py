@@ -32,7 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from stateloop.config import ConfigError
+from stateloop.experiments import ScaleConfig, run_model_config
 from stateloop.models.generate import greedy_steps, model_logits
+from stateloop.models.registry import build_model, get_spec
+from stateloop.runs import code_version, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -235,7 +238,6 @@ def device_name(device: torch.device) -> str:
 
 
 def environment() -> dict:
-    from stateloop.runs import code_version
 
     return {"torch": torch.__version__, "python": platform.python_version(), "code_version": code_version()}
 
@@ -255,8 +257,6 @@ def parse_model_spec(spec: str) -> tuple[str, int | None, int | None]:
 def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
     """A randomly initialised model of the scale's shape with the spec's name, K and d_s
     (d_s defaults to d for models with a state)."""
-    from stateloop.experiments import ScaleConfig, run_model_config
-    from stateloop.models.registry import build_model, get_spec
 
     name, K, d_s = parse_model_spec(spec)
     model_spec = get_spec(name)
@@ -270,7 +270,6 @@ def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
 
 def run_row(run_dir, device, dtype) -> BenchModel:
     """A trained run's model, from its folder."""
-    from stateloop.runs import load_model
 
     model, _ = load_model(run_dir, device=device)
     model = model.to(dtype=dtype).eval()

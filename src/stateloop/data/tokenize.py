@@ -56,6 +56,12 @@ import numpy as np
 from stateloop.config import to_dict
 from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError
 from stateloop.data.shards import META, ShardWriter, read_meta, sha256_file, token_dtype, write_meta
+from stateloop.data import synthetic
+from stateloop.data.config import SyntheticConfig
+from stateloop.data.synthetic import document
+from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, vocab_size_of
+from stateloop.data.tokenizer import find_eos, sha256_text, train_bpe, vocab_size_of
+from stateloop.runs import code_version
 
 PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
 PARTIAL = ".partial"
@@ -318,7 +324,6 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
     """What was read, for meta.json; for local files also their sizes and modification times
     (these enter the fingerprint, so an edited file triggers a rewrite)."""
     if cfg.is_synthetic:
-        from stateloop.data import synthetic
 
         return {"kind": "synthetic", "generator": synthetic.VERSION, "seed": cfg.seed, **to_dict(cfg.synthetic)}
     out: dict = {"kind": streams[0].kind, "text_field": cfg.text_field, "max_docs": cfg.max_docs}
@@ -412,8 +417,6 @@ def _encode(texts: list[str]) -> np.ndarray:
 
 
 def _synthetic_docs(split: str, start: int, stop: int) -> list[str]:
-    from stateloop.data.config import SyntheticConfig
-    from stateloop.data.synthetic import document
 
     cfg = SyntheticConfig(**_W["synthetic"])
     return [document(split, i, _W["seed"], cfg) for i in range(start, stop)]
@@ -583,7 +586,6 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         tok, tok_json, tok_desc = None, None, {"kind": "bpe", "requested_vocab_size": cfg.vocab_size}
         tok_id = dict(tok_desc)
     else:
-        from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, vocab_size_of
 
         tok, tok_json, tok_desc = load_tokenizer_spec(cfg.tokenizer)
         _check_fit(vocab_size_of(tok), model_vocab_size, cfg.tokenizer)
@@ -612,7 +614,6 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     stage = out / PARTIAL
     stage.mkdir()
 
-    from stateloop.data.tokenizer import find_eos, sha256_text, train_bpe, vocab_size_of
 
     if tok is None:
         log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
@@ -671,7 +672,6 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
             os.replace(stage / shard["file"], out / shard["file"])
     os.replace(stage / "tokenizer.json", out / "tokenizer.json")
     shutil.rmtree(stage, ignore_errors=True)
-    from stateloop.runs import code_version
 
     meta = {
         "dtype": dtype.name,

@@ -25,15 +25,20 @@ import torch
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
+from stateloop.data.shards import read_meta
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.config import EvalConfig
+from stateloop.evaluate.lm import StateLoopEvalLM, load_run
+from stateloop.evaluate.perplexity import split_windows, token_nll
+from stateloop.evaluate.tasks import prepare_tasks
+from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, trained_length
+from stateloop.tracking import flatten, log_stage
 
 RESULTS_FILE = "eval.json"
 SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
     """Token perplexity of the model on the held-out split of its data."""
-    from stateloop.evaluate.perplexity import split_windows, token_nll
 
     try:
         windows, shards = split_windows(data_dir, cfg.heldout_split, lm.max_length, cfg.heldout_windows)
@@ -75,7 +80,6 @@ def chance_level(samples: list[dict]) -> float:
 
 
 def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
-    from stateloop.runs import atomic_write_bytes
 
     lines = [json.dumps(s, default=str, ensure_ascii=False) for s in samples]
     path = folder / f"{task}_{shots}shot.jsonl"
@@ -89,7 +93,6 @@ def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, pro
     import lm_eval
     from lm_eval import simple_evaluate
 
-    from stateloop.evaluate.tasks import prepare_tasks
 
     prepared = prepare_tasks(cfg.tasks, work_dir, cfg, data_meta)
     tasks: dict[str, dict] = {}
@@ -138,8 +141,6 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
                  config_file: str | None = None) -> dict:
     """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow (the store of
     ``config_file``'s settings, see tracking.stage_uri). Returns the results."""
-    from stateloop.evaluate.lm import StateLoopEvalLM, load_run
-    from stateloop.runs import atomic_write_json, code_version, trained_length
 
     run_dir = Path(run_dir)
     run = load_run(run_dir, cfg.device)
@@ -161,7 +162,6 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
               file=sys.stderr, flush=True)
     samples_dir = run_dir / SAMPLES_DIR if cfg.log_samples else None
     if cfg.tasks:
-        from stateloop.data.shards import read_meta
 
         results.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
     else:
@@ -184,7 +184,6 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
     """Log the summary metrics (as ``eval/<name>``), the eval settings (as ``eval.<key>`` params;
     a re-evaluation with other settings keeps them as ``changed_on_reeval.eval.<key>`` tags) and
     eval.json (as an artifact) into the run's MLflow run (tracking.log_stage)."""
-    from stateloop.tracking import flatten, log_stage
 
     tags = {"eval.lm_eval_version": results.get("lm_eval_version", ""), "eval.code_version": results.get("code_version", "")}
     return log_stage(run_dir, run_id, config, config_file, "eval", "eval", results["summary"],

@@ -51,7 +51,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError
-from stateloop.runs import resolve_device, run_id_of, trained_length
+from stateloop.data import load_tokenizer as data_load_tokenizer
+from stateloop.data.shards import read_meta
+from stateloop.models.generate import greedy_steps
+from stateloop.runs import load_model, resolve_device, run_id_of, trained_length
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +75,6 @@ class LoadedRun:
 def load_tokenizer(data_dir: Path):
     """The tokenizer that made a data folder's shards (checked against meta.json by the data
     stage's loader), and its end-of-document id."""
-    from stateloop.data import load_tokenizer as data_load_tokenizer
-    from stateloop.data.shards import read_meta
 
     meta_path = Path(data_dir) / "meta.json"
     meta = read_meta(data_dir)  # FileNotFoundError naming meta.json
@@ -86,7 +87,6 @@ def load_tokenizer(data_dir: Path):
 
 def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
     """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder."""
-    from stateloop.runs import load_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -378,7 +378,6 @@ class StateLoopEvalLM(TemplateLM):
         return out
 
     def _greedy(self, group) -> list[str]:
-        from stateloop.models.generate import greedy_steps
 
         max_gen = group[0][3]
         seqs = torch.tensor([ids for _, ids, _, _ in group], dtype=torch.long, device=self._device)

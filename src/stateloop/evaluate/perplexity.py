@@ -7,6 +7,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from stateloop.config import ConfigError
+from stateloop.data.shards import ShardSet
+
 
 def heldout_windows(shards, seq_len: int, max_windows: int | None = None) -> torch.Tensor:
     """Consecutive non-overlapping windows of seq_len + 1 tokens from the start of a split
@@ -23,8 +26,6 @@ def heldout_windows(shards, seq_len: int, max_windows: int | None = None) -> tor
 def split_windows(data_dir, split: str, seq_len: int, max_windows: int | None = None):
     """Held-out windows of a data folder's split, with one-line errors for a missing split or one
     shorter than a window. Returns (windows, shards)."""
-    from stateloop.config import ConfigError
-    from stateloop.data.shards import ShardSet
 
     try:
         shards = ShardSet(data_dir, split)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 import torch
 from lightning_fabric.utilities.throughput import measure_flops
 
+from stateloop.models.backbone import Layer
+from stateloop.models.registry import build_model
+
 
 @dataclass
 class ComputeProfile:
@@ -23,8 +26,6 @@ class ComputeProfile:
 
 
 def compute_profile(cfg, seq_len: int) -> ComputeProfile:
-    from stateloop.models.backbone import Layer
-    from stateloop.models.registry import build_model
 
     cfg = dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch")
     model = build_model(cfg, device="meta")

@@ -47,7 +47,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.data.config import DataConfig, DataError
+from stateloop.data import synthetic
+from stateloop.data.config import DataConfig, DataError, SyntheticConfig
+from stateloop.data.synthetic import document
+from stateloop.data.tokenize import holdout_key, holdout_split
+from stateloop.runs import atomic_write_bytes
 
 MIRROR_VERSION = 1  # in every README: bump when the same arguments would give other files
 PILE = "monology/pile-uncopyrighted"
@@ -129,8 +133,6 @@ def _wikipedia(text: str) -> _Source:
 
 
 def _synthetic() -> _Source:
-    from stateloop.data.config import SyntheticConfig
-    from stateloop.data.synthetic import document
 
     cfg = SyntheticConfig()
     units = [p.strip("\n") for i in range(SYNTHETIC_DOCS) for p in document("train", i, 0, cfg).split("\n\n") if p.strip()]
@@ -145,7 +147,6 @@ def _sources(shared_data: Path | None) -> list[_Source]:
 
 def _provenance(shared_data: Path | None) -> list[str]:
     if shared_data is None:
-        from stateloop.data import synthetic
 
         return [f"  - the synthetic generator ({synthetic.VERSION}, seed 0), {SYNTHETIC_DOCS} documents cut into paragraphs"]
     lines = []
@@ -330,7 +331,6 @@ def fineweb_edu_files(data_cfg: DataConfig, shared_data: Path | None, n_train: i
     documents are chosen so that, under the config's content hash (data.seed, val_fraction,
     test_fraction), n_train fall in train, n_val in val and n_test in test (none where the
     fraction is 0)."""
-    from stateloop.data.tokenize import holdout_key, holdout_split
 
     config, pattern, folder, dump = _fineweb_config(data_cfg.hub_config)
     fractions, key = data_cfg.holdout_fractions, holdout_key(data_cfg.seed)
@@ -425,7 +425,6 @@ def mirror_folder(out_dir: Path, name: str, files: dict[str, bytes]) -> Path:
 def _sync(folder: Path, files: dict[str, bytes]) -> None:
     """Make ``folder`` hold exactly ``files`` (hidden files aside): each file written atomically,
     and only when its bytes differ; files not listed are removed."""
-    from stateloop.runs import atomic_write_bytes
 
     folder.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():

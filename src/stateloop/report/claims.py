@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from stateloop.experiments import cells, expand_runs
+from stateloop.models.registry import count_params
 from stateloop.report import stats
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -79,7 +80,6 @@ def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
 
 
 def _ffn_measure(cfg, results):
-    from stateloop.models.registry import count_params
 
     out = _ppl_change("table1", "stateloop", "vanilla_looped_ffn", same_K=False)(cfg, results)
     if out is None:

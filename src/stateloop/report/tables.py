@@ -27,7 +27,9 @@ import pandas as pd
 
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.config import PAPER_TASKS as EVAL_TASKS
-from stateloop.experiments import cells
+from stateloop.experiments import cells, expand_runs
+from stateloop.models.flops import compute_profile
+from stateloop.models.registry import count_params
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
 
 TABLE4_GROUPS = [  # (ablation, variant) rows as the paper prints them
@@ -69,7 +71,6 @@ def heldout_by_seed(results: Path, runs) -> dict[int, float]:
 
 
 def _runs(cfg, experiment: str):
-    from stateloop.experiments import expand_runs
 
     if experiment not in cfg.experiments:
         raise KeyError(f"experiments.{experiment}: the config defines no such experiment (needed by this table)")
@@ -77,7 +78,6 @@ def _runs(cfg, experiment: str):
 
 
 def _params(run) -> int:
-    from stateloop.models.registry import count_params
 
     return count_params(run.model_config)
 
@@ -152,7 +152,6 @@ def _reference_cell(groups: dict, model: str, K: int | None = None) -> list | No
 def table1(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
     """Perplexities: held-out (the paper's Pile column), LAMBADA-OpenAI (token), WikiText-2 (word),
     each model's held-out PPL change against Vanilla Looped, parameters and compute."""
-    from stateloop.models.flops import compute_profile
 
     runs = _runs(cfg, "table1")
     groups = cells(runs)

@@ -43,7 +43,7 @@ from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
-from stateloop.runs import atomic_write_json, safe_torch_load
+from stateloop.runs import _numpy_globals, atomic_write_json, is_unsafe_load_error, safe_torch_load, unsafe_load_message
 
 NAME = re.compile(r"^step_(\d{8})\.ckpt$")
 
@@ -106,7 +106,6 @@ class CheckpointStore:
         unpickler (memory-mapped, cheap) and loads it only when that succeeds."""
         import torch
 
-        from stateloop.runs import _numpy_globals, is_unsafe_load_error, unsafe_load_message
 
         problem = CheckpointStore.check_safe(Path(path))
         if problem is not None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from stateloop.models.flops import compute_profile
+
 # Dense bf16 tensor-core peak, FLOP/s (NVIDIA datasheets; matched by substring of the device name,
 # most specific first). fp32 training on these would use the TF32 rate, which MFU does not report.
 BF16_PEAK: list[tuple[str, float]] = [
@@ -29,7 +31,6 @@ BF16_PEAK: list[tuple[str, float]] = [
 def flops_per_sequence(model_cfg, seq_len: int) -> int:
     """FLOPs of one forward + backward pass over one sequence of ``seq_len`` tokens
     (the count of :mod:`stateloop.models.flops`, which ``stateloop plan`` uses too)."""
-    from stateloop.models.flops import compute_profile
 
     return round(compute_profile(model_cfg, seq_len).flops_per_token * seq_len)
 

@@ -49,7 +49,10 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from stateloop.config import ConfigError
+from stateloop.config import ConfigError, load_yaml
+from stateloop.evaluate.perplexity import heldout_windows, token_nll
+from stateloop.models.backbone import Layer
+from stateloop.models.registry import build_model
 from stateloop.runs import (
     FINAL_WEIGHTS,
     MLFLOW_FILE,
@@ -61,8 +64,12 @@ from stateloop.runs import (
     resolve_device,
     save_final,
 )
+from stateloop.tracking import Tracker, flatten, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
+from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.resolve import open_data, parse_resolved
+from stateloop.train.sampler import STREAM, TokenSampler
+from stateloop.train.schedule import lr_lambda
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
@@ -152,7 +159,6 @@ def build_fabric(tcfg):
     else:
         from lightning_fabric.strategies import FSDPStrategy
 
-        from stateloop.models.backbone import Layer
 
         # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file.
         strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full")
@@ -195,7 +201,6 @@ def _full_state_dict(fabric, model, raw_model) -> dict:
 @torch.no_grad()
 def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
     """Mean next-token NLL over the validation windows of every rank."""
-    from stateloop.evaluate.perplexity import token_nll
 
     model.eval()
     local = windows[fabric.global_rank :: fabric.world_size]
@@ -316,11 +321,6 @@ class Run:
 
 
 def setup(config: dict, run_dir: Path, shards) -> Run:
-    from stateloop.evaluate.perplexity import heldout_windows
-    from stateloop.models.registry import build_model
-    from stateloop.train.flops import flops_per_sequence, peak_flops
-    from stateloop.train.sampler import STREAM, TokenSampler
-    from stateloop.train.schedule import lr_lambda
 
     mcfg, tcfg = parse_resolved(config)
     train_shards, val_shards = shards
@@ -392,7 +392,6 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
 
 def _tracker(config: dict, tcfg, run_dir: Path, state: dict):
     """The run's MLflow run (a resumed run continues the one its checkpoint names)."""
-    from stateloop.tracking import Tracker, flatten, tracking_uri
 
     run = config["run"]
     tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
@@ -594,7 +593,6 @@ def check_run_folder(run_dir: Path, config: dict) -> None:
     """One folder holds one run. Before anything is written: refuse to train another run (another
     id or model) into a folder that holds one, and refuse a changed optimiser setting where the
     run has progress to resume (its checkpoints or final weights would bring the old value back)."""
-    from stateloop.config import load_yaml
 
     path = run_dir / RUN_CONFIG
     if not path.is_file():
