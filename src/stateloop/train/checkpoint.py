@@ -136,7 +136,6 @@ class CheckpointStore:
         """Write the checkpoint of ``step`` atomically, then prune old ones (keeping ``keep``)."""
         final = self.path(step)
         tmp = final.with_name(f".{final.name}.tmp")
-        previous = next((self.path(s) for s in self.steps() if s != step and self.sidecar(self.path(s)).is_file()), None)
         if fabric.is_global_zero:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sidecar(final).unlink(missing_ok=True)  # an older write of this step is no longer valid
@@ -157,6 +156,7 @@ class CheckpointStore:
                 tmp.unlink(missing_ok=True)
                 if not self.sidecar(final).is_file():
                     final.unlink(missing_ok=True)
+            previous = next((self.path(s) for s in self.steps() if s != step and self.sidecar(self.path(s)).is_file()), None)
             raise OSError(err.errno, f"{final}: not written ({err.strerror or err}); the previous checkpoint "
                                      f"{previous.name if previous else '(none)'} is intact: free space in {self.dir} "
                                      f"and rerun the command to resume") from None
