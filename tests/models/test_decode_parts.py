@@ -11,14 +11,14 @@ def test_state_cell_is_eq6_by_hand():
     cell = SelectiveStateCell(12, 6)
     cell.reset_parameters(0.3)
     torch.nn.init.normal_(cell.W_delta.weight, std=0.3)  # input-dependent step sizes
-    X, S = torch.randn(2, 5, 12), torch.randn(2, 5, 6)
-    U = X * torch.rsqrt(X.pow(2).mean(-1, keepdim=True) + 1e-5)  # RMSNorm_h with unit gain (3)
-    P = U @ cell.W_u.weight.T  # (4)
-    delta = torch.log1p(torch.exp(U @ cell.W_delta.weight.T + cell.b_delta))  # softplus (5)
+    H, S = torch.randn(2, 5, 12), torch.randn(2, 5, 6)  # H^k, S^k
+    U = H * torch.rsqrt(H.pow(2).mean(-1, keepdim=True) + 1e-5)  # RMSNorm_h with unit gain (2)
+    P = U @ cell.W_u.weight.T  # (5)
+    delta = torch.log1p(torch.exp(U @ cell.W_delta.weight.T + cell.b_delta))  # softplus
     a = torch.exp(-delta * torch.exp(cell.A_log))
     with torch.no_grad():
-        assert torch.allclose(cell(S, X), a * S + (1 - a) * P, atol=1e-6)  # (6)
-        assert torch.allclose(cell(None, X), (1 - a) * P, atol=1e-6)  # S^0 = 0
+        assert torch.allclose(cell(S, H), a * S + (1 - a) * P, atol=1e-6)  # S^{k+1}, (6)
+        assert torch.allclose(cell(None, H), (1 - a) * P, atol=1e-6)  # S^0 = 0
 
 
 def test_mamba2_decode_steps_equal_full_forward():

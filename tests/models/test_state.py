@@ -1,5 +1,7 @@
-"""The state update (eqs. 3-6), its initialisation, the GRU and reset variants, the wiring of
-reads (eqs. 10-13) and the analysis hooks."""
+"""The state update (eqs. 2, 5, 6), its initialisation, the GRU and reset variants, the wiring of
+the reads, state only (eq. 13) and the analysis hooks. The paper's notation (models/looped.py):
+iterations k = 0..K-1, H^k = T(Z^k) the backbone output, S^{k+1} the state it leaves, R_{k+1}
+the read of it."""
 
 import math
 
@@ -25,8 +27,8 @@ def test_eq6_against_hand_computation():
         cell.W_delta.weight.copy_(f64([[0.1, 0.2], [-0.3, 0.0], [0.0, 0.5]]))
         cell.b_delta.copy_(f64([0.0, 1.0, -1.0]))
         cell.A_log.copy_(torch.log(f64([0.5, 1.0, 2.0])))
-    X = torch.tensor([[[3.0, -4.0]]], dtype=torch.float64)
-    S_prev = torch.tensor([[[1.0, -2.0, 0.5]]], dtype=torch.float64)
+    H = torch.tensor([[[3.0, -4.0]]], dtype=torch.float64)  # H^k
+    S = torch.tensor([[[1.0, -2.0, 0.5]]], dtype=torch.float64)  # S^k
     # by hand: RMS of (3, -4) is sqrt(12.5); U = (3, -4) / sqrt(12.5) * (1, 2)
     r = math.sqrt((9 + 16) / 2 + cell.norm_h.eps)
     U = [3 / r * 1.0, -4 / r * 2.0]
@@ -39,10 +41,10 @@ def test_eq6_against_hand_computation():
         delta = _softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c])
         a = math.exp(-delta * lam[c])
         expected.append(a * s0[c] + (1 - a) * P)
-    got = cell(S_prev, X)[0, 0].tolist()
+    got = cell(S, H)[0, 0].tolist()  # S^{k+1}
     assert got == pytest.approx(expected, abs=1e-12)
     # S^0 = 0: the first update writes (1 - a) P only
-    assert cell(None, X)[0, 0].tolist() == pytest.approx(
+    assert cell(None, H)[0, 0].tolist() == pytest.approx(
         [e - math.exp(-_softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c]) * lam[c]) * s0[c] for c, e in enumerate(expected)],
         abs=1e-12,
     )
@@ -55,8 +57,8 @@ def test_initial_write_rate_is_one_minus_exp_minus_03_lambda():
     assert torch.exp(model.cell.A_log.double()).tolist() == pytest.approx(lam.tolist(), rel=1e-6)
     assert torch.count_nonzero(model.cell.W_delta.weight) == 0
     assert _softplus(model.cell.b_delta[0].item()) == pytest.approx(0.3, abs=1e-6)
-    X = torch.randn(2, 5, model.cfg.d_model)  # any input: W_Delta = 0 makes the rate input-free
-    rate = model.cell.write_rate(X)
+    H = torch.randn(2, 5, model.cfg.d_model)  # any input: W_Delta = 0 makes the rate input-free
+    rate = model.cell.write_rate(H)
     expected = (1 - torch.exp(-0.3 * lam)).float()
     assert torch.allclose(rate, expected.expand_as(rate), atol=1e-6)
 
@@ -68,9 +70,9 @@ def test_gru_cell_against_hand_computation():
     with torch.no_grad():
         for p in cell.parameters():
             p.copy_(torch.randn_like(p) * 0.5)
-    X = torch.randn(1, 1, d, dtype=torch.float64)
+    H = torch.randn(1, 1, d, dtype=torch.float64)
     S_prev = torch.randn(1, 1, d_s, dtype=torch.float64)
-    U = X[0, 0] / torch.sqrt(X[0, 0].pow(2).mean() + cell.norm_h.eps) * cell.norm_h.weight
+    U = H[0, 0] / torch.sqrt(H[0, 0].pow(2).mean() + cell.norm_h.eps) * cell.norm_h.weight
     P = cell.W_u.weight @ U
     g = cell.gru
     Wir, Wiz, Win = g.weight_ih.chunk(3)
@@ -82,25 +84,27 @@ def test_gru_cell_against_hand_computation():
     z = torch.sigmoid(Wiz @ P + biz + Whz @ s + bhz)
     n = torch.tanh(Win @ P + bin_ + r * (Whn @ s + bhn))
     expected = (1 - z) * n + z * s
-    assert torch.allclose(cell(S_prev, X)[0, 0], expected, atol=1e-12)
+    assert torch.allclose(cell(S_prev, H)[0, 0], expected, atol=1e-12)
 
 
 def _manual_forward(model, idx):
-    """Eqs. (1), (3)-(13) composed by hand from the model's modules."""
+    """StateLoop composed by hand from the model's modules, in the paper's letters: Z^0 = E,
+    S^0 = 0; for k = 0..K-1: H^k = T(Z^k), S^{k+1} = Mixer(Update(S^k, H^k)),
+    Z^{k+1} = H^k + W_{s->z} RMSNorm_s(S^{k+1}); logits = W_o RMSNorm_f(H^{K-1} + W_{s->out} RMSNorm_s(S^K))."""
     cfg = model.cfg
     rope = model.rotary(idx.shape[1], None, idx.device, torch.float32)
-    z = model.embed.weight[idx] * math.sqrt(cfg.d_model)
-    S, states = None, []
-    for k in range(1, cfg.K + 1):
-        X = z
+    Z = model.embed.weight[idx] * math.sqrt(cfg.d_model)  # Z^0 = E
+    S, states = None, []  # S^0 = 0
+    for k in range(cfg.K):
+        H = Z
         for layer in model.backbone.layers:
-            X = layer(X, rope)
-        S = model.cell(None if model.reset else S, X)
-        S = model.mixer(S, rope)
+            H = layer(H, rope)  # H^k = T(Z^k)
+        S = model.cell(None if model.reset else S, H)  # S^{k+1}: (2), (5), (6); (14) forgets S^k
+        S = model.mixer(S, rope)  # (7)-(9)
         states.append(S)
-        if k < cfg.K:
-            z = X + model.W_sz(model.norm_s(S))
-    out = X + model.W_sout(model.norm_s(S))
+        if k < cfg.K - 1:
+            Z = H + model.W_sz(model.norm_s(S))  # Z^{k+1} = H^k + R_{k+1}
+    out = H + model.W_sout(model.norm_s(S))  # H^{K-1} + R_K
     return model.head(model.norm_f(out)), states
 
 
@@ -119,7 +123,7 @@ def test_forward_composes_the_equations(name):
 
 
 def test_reset_state_forgets_previous_iterations():
-    """With the reset (eq. 14), S^k is (1 - a^k) P^k of iteration k alone."""
+    """With the reset (eq. 14), S^{k+1} is (1 - a^k) P^k of iteration k alone."""
     model = build_model(tiny_config("reset_state")).eval()
     idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
     captured = []
@@ -127,8 +131,8 @@ def test_reset_state_forgets_previous_iterations():
     with torch.no_grad():
         out = model(idx, return_states=True)
     handle.remove()
-    for X, S in zip(captured, out.states):
-        P, a = model.cell.gates(X)
+    for H, S in zip(captured, out.states):  # H^k, S^{k+1}
+        P, a = model.cell.gates(H)
         assert torch.allclose(S, (1 - a) * P, atol=1e-6)
 
 
@@ -212,6 +216,26 @@ class TestHooks:
             frozen = model(idx, return_states=True, state_overrides={2: out.states[0], 3: out.states[0]})
             assert torch.equal(frozen.states[1], out.states[0]) and torch.equal(frozen.states[2], out.states[0])
             assert (frozen.logits - out.logits).abs().max() > 1e-4
+
+    def test_read_i_and_state_i_name_the_same_boundary(self):
+        """Figure 4 numbers reads and states alike ("R1..R6" feedback, "R7" terminal at K = 7;
+        "replace S4 with calibrated S3"): R_i is the read of S^i. With the reset ablation the
+        next update ignores S^i, so once R_i is masked (read_mask entry i-1) nothing sees S^i
+        and overriding it (state_overrides key i) changes no logit; masking the read of a
+        neighbouring boundary instead leaves the override visible. An off-by-one between the two
+        hooks' indices fails here."""
+        K = 4
+        model = build_model(tiny_config("reset_state", K=K)).eval()
+        idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
+        with torch.no_grad():
+            for i in range(1, K + 1):
+                noise = {i: torch.randn(model.cfg.d_state)}
+                for j in range(1, K + 1):
+                    mask = torch.ones(K)
+                    mask[j - 1] = 0.0  # R_j masked
+                    plain = model(idx, read_mask=mask).logits
+                    changed = (model(idx, read_mask=mask, state_overrides=noise).logits - plain).abs().max()
+                    assert (changed == 0) == (i == j), (i, j, changed)
 
     def test_bad_mask_shape_is_an_error(self, model):
         with pytest.raises(ValueError, match="read_mask"):

@@ -1,7 +1,9 @@
 """Calibrated state replacement and freezing (paper, Sec. 5, eq. 15, Figure 4b).
 
 Does the state carry iteration-specific information, or would any state of the right scale do?
-Two interventions at the iteration boundaries of a trained StateLoop model answer it.
+Two interventions at the iteration boundaries of a trained StateLoop model answer it. In the
+paper's notation (models/looped.py) boundary i = 1..K is where iteration i-1 leaves its state
+S^i, which the read R_i sees and iteration i updates.
 
 Calibration (eq. 15). Per channel c, the mean mu_i[c] and standard deviation sigma_i[c] of S^i
 over every token of a calibration sample. A state taken at boundary i is moved to the statistics
@@ -27,7 +29,7 @@ and takes the statistics from a seeded sample of 64 windows of the ``train`` spl
 disjoint from any held-out split by construction.
 
 Both interventions use the ``state_overrides`` hook of looped.py: a clean pass returns
-S^1..S^K (which no later override can change, since S^i depends only on iterations <= i), and
+S^1..S^K (which no later override can change, since S^i depends only on iterations 0..i-1), and
 each intervention is one more pass with the overrides built from them.
 """
 

@@ -1,7 +1,8 @@
 """Exact Shapley values of the state reads R_1..R_K (paper, Sec. 5, Figure 4a).
 
-The players are the K reads of a StateLoop model: the feedback reads R_1..R_{K-1}
-(Z^k = X^k + R_k, eq. 11) and the terminal read R_K (eq. 12). A coalition M ⊆ {1..K} is a set
+The players are the K reads of a StateLoop model (the paper's notation, models/looped.py): the
+feedback reads R_1..R_{K-1} (Z^{k+1} = H^k + R_{k+1}) and the terminal read R_K (the head reads
+H^{K-1} + R_K). A coalition M ⊆ {1..K} is a set
 of *masked* reads (R_k zeroed, the ``read_mask`` hook of looped.py), and its value is the
 held-out NLL increase it causes,
 
@@ -19,9 +20,9 @@ held-out perplexity (``eval.heldout_split`` and ``eval.heldout_windows`` of its 
 "the full Pile validation set"; see commands/analyze.py), so NLL(nothing masked), the unmodified
 model, is Table 4's held-out NLL.
 
-Evaluation with shared prefixes: iteration k depends only on the masks of R_1..R_{k-1}, so the
-2^K masked forward passes form a binary tree. Depth-first over it, iteration k is computed once
-per setting of the earlier masks: 2^K - 1 applications of the backbone per batch of windows
+Evaluation with shared prefixes: iteration k (k = 0..K-1) depends only on the masks of
+R_1..R_k, so the 2^K masked forward passes form a binary tree. Depth-first over it, iteration k is
+computed once per setting of the earlier masks: 2^K - 1 applications of the backbone per batch of windows
 instead of K 2^K for 2^K separate passes (127 instead of 896 at K = 7), and only the 2^K leaves
 pay for the LM head.
 """
@@ -59,20 +60,21 @@ def masked_nll_sums(model, windows: torch.Tensor, batch_size: int = 8, device="c
         idx, targets = batch[:, :-1], batch[:, 1:]
         h = model.embed_tokens(idx)
         rope = model.rotary(idx.shape[1], None, idx.device, h.dtype)
-        _descend(model, 1, h, None, 0, rope, targets, totals)
+        _descend(model, 0, h, None, 0, rope, targets, totals)  # Z^0 = E, S^0 = 0, nothing masked
     return totals
 
 
-def _descend(model, k: int, z, S_prev, m: int, rope, targets, totals) -> None:
-    """Iteration k given the masks of R_1..R_{k-1} (bits of m); then both settings of R_k."""
+def _descend(model, k: int, Z, S, m: int, rope, targets, totals) -> None:
+    """Iteration k (0-based) given the masks of R_1..R_k (bits of m); then both settings of
+    R_{k+1}, the read of the state S^{k+1} it makes."""
     K = model.cfg.K
-    X, S = model.step(k, z, S_prev, rope, None)
-    bit = 1 << (k - 1)
-    if k < K:
-        _descend(model, k + 1, model.feedback(X, S), S, m, rope, targets, totals)  # R_k kept (10)-(11)
-        _descend(model, k + 1, X, S, m | bit, rope, targets, totals)  # R_k masked: Z^k = X^k
+    H, S = model.step(k, Z, S, rope, None)  # H^k, S^{k+1}
+    bit = 1 << k  # R_{k+1}
+    if k < K - 1:
+        _descend(model, k + 1, model.feedback(H, S), S, m, rope, targets, totals)  # R_{k+1} kept: Z^{k+1} = H^k + R_{k+1}
+        _descend(model, k + 1, H, S, m | bit, rope, targets, totals)  # R_{k+1} masked: Z^{k+1} = H^k
         return
-    for out, leaf in ((model.terminal(X, S), m), (X, m | bit)):  # R_K kept (12) / masked
+    for out, leaf in ((model.terminal(H, S), m), (H, m | bit)):  # R_K kept (H^{K-1} + R_K) / masked
         logits = model.lm_head(out).float()
         nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
         totals[leaf, 0] += nll.double().item()

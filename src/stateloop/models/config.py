@@ -47,7 +47,7 @@ class ModelConfig:
     ssd_impl: str = "auto"
     # [choice] Init of the state reads W_{s->z}, W_{s->out} (the paper gives only the cell's).
     # "residual": N(0, init_std / sqrt(2N)) like the backbone's residual-output projections, since
-    # each read is added to the residual stream (Z^k = X^k + R_k, the head's X^K + R_K); "input":
+    # each read is added to the residual stream (Z^{k+1} = H^k + R_{k+1}, the head's H^{K-1} + R_K); "input":
     # N(0, init_std) like input projections, which at init adds a term as large as the embedding.
     read_init: str = "residual"
     options: dict = field(default_factory=dict)  # variant-specific options (registry checks them)

@@ -1,20 +1,26 @@
 """Looped language models: one shared backbone T applied K times, with or without a state.
 
+Notation: the paper's (Sec. 3). Iterations are counted from 0, H^k is the output of backbone
+application k, Z^k its input, and E = sqrt(d) W_E[x] the scaled input embeddings. The state
+after iteration k is S^{k+1} and the read taken from it R_{k+1}, so states and reads are
+numbered 1..K, as in Figure 4 ("R1..R7", "S3", "S4" at K = 7). Equation numbers are the paper's
+where this project knows them: (2), (5), (6) (the update), (7)-(9) (the mixers), (13) (state
+only), (14) (reset), (15) (calibration, analysis/interventions.py); the other lines are named,
+not numbered.
+
 Vanilla Looped (Universal-Transformer style):
 
-    H^0 = sqrt(d) E[x]                      (1)  embedding scaled by sqrt(d)
-    H^k = T(H^{k-1}),  k = 1..K             (2)  one weight set, K applications
-    logits = W_o RMSNorm_f(H^K)                  untied LM head
+    H^0 = T(E),  H^k = T(H^{k-1}),  k = 1..K-1        one weight set, K applications
+    logits = W_o RMSNorm_f(H^{K-1})                   untied LM head
 
-StateLoop (paper, Sec. 3) adds one persistent state S^k in R^{d_s} per token. With Z^0 = H^0,
-S^0 = 0, for k = 1..K:
+StateLoop adds one persistent state S in R^{d_s} per token. With Z^0 = E and S^0 = 0, for
+k = 0..K-1:
 
-    X^k = T(Z^{k-1})                              backbone application k
-    S^k = Update(S^{k-1}, X^k)                    eqs. (3)-(6), models/state.py
-    S^k = Mixer(S^k)                              eqs. (7)-(9), models/mixers.py
-    R_k = W_{s->z} RMSNorm_s(S^k)   (k < K)       feedback read                       (10)
-    Z^k = X^k + R_k                 (k < K)       input of the next iteration         (11)
-    logits = W_o RMSNorm_f(X^K + R_K),  R_K = W_{s->out} RMSNorm_s(S^K)   terminal read (12)
+    H^k     = T(Z^k)                                    backbone application k
+    S^{k+1} = Update(S^k, H^k)                          eqs. (2), (5), (6): models/state.py
+    S^{k+1} = Mixer(S^{k+1})                            eqs. (7)-(9): models/mixers.py
+    R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1}),  Z^{k+1} = H^k + R_{k+1}     (k < K-1) feedback read
+    logits  = W_o RMSNorm_f(H^{K-1} + R_K),  R_K = W_{s->out} RMSNorm_s(S^K)    terminal read
 
 Extra parameters: W_u, W_Delta (d_s x d), b_Delta, A_log (d_s), W_{s->z}, W_{s->out} (d x d_s),
 RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
@@ -22,23 +28,23 @@ RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
 Ablations (Table 4):
 - ``state_only`` (paper, eq. 13): "The state-only alternative uses a gated state itself as the
   next backbone input Z^{k+1}. From X^0 = 0 and H^0 = T(E), its recurrence for k = 0..K-2 is
-  X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}, H^{k+1} = T(Z^{k+1})". In the paper's letters H^k
-  is a backbone output (this module's X^k) and X^k the gated state, of the backbone width, Cell
-  being eq. (6) at d_s = d with H^k as input and X^k as previous state. So the gated state
-  *replaces* the next backbone input (no residual from the previous iteration), there are K
-  backbone applications and K-1 cell updates, and the prediction reads the last backbone output
-  H^{K-1} through the final norm and head: no reads, no W_{s->z} / W_{s->out}. Parameters:
-  W_u, W_Delta, b_Delta, A_log, RMSNorm_h (409.00M at 410M, the paper's count).
-- ``reset_state`` (eq. 14, left): S^{k-1} is replaced by 0 before every update, so nothing persists
-  across iterations: S^k = (1 - a^k) P^k.
+  X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}, H^{k+1} = T(Z^{k+1})". X^k is the gated state, of
+  the backbone width, and Cell eq. (6) at d_s = d with H^k as input and X^k as previous state. So
+  the gated state *replaces* the next backbone input (no residual from the previous iteration),
+  there are K backbone applications and K-1 cell updates, and the prediction reads the last
+  backbone output H^{K-1} through the final norm and head: no reads, no W_{s->z} / W_{s->out}.
+  Parameters: W_u, W_Delta, b_Delta, A_log, RMSNorm_h (409.00M at 410M, the paper's count).
+- ``reset_state`` (eq. 14, left): S^k is replaced by 0 before every update, so nothing persists
+  across iterations: S^{k+1} = (1 - a^k) P^k.
 - ``stateloop_gru``: a GRU cell replaces eq. (6); P^k, feedback and readout unchanged.
 
 Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
 - ``return_states=True``: ``output.states`` = [S^1, ..., S^K] (after the mixer);
-- ``read_mask`` (K,) or (B, K), 1 keeps a read, 0 zeroes its projected output R_k;
-- ``state_overrides`` {k: tensor}: S^k is replaced after its update (and mixer) at boundary k;
-  the following iterations update from the replacement. Freezing S^i at every boundary after i
-  is ``{j: frozen_j for j in range(i + 1, K + 1)}``.
+- ``read_mask`` (K,) or (B, K): entry i-1 is read R_i's multiplier, 1 keeps it, 0 zeroes it;
+- ``state_overrides`` {i: tensor}: S^i (i = 1..K) is replaced after its update (and mixer), at
+  boundary i; the following iterations update from the replacement. Freezing S^i at every
+  boundary after i is ``{j: frozen_j for j in range(i + 1, K + 1)}``. For ``state_only`` the
+  keys and ``states`` are those of its gated state X^1..X^{K-1}.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class ModelOutput:
 
 
 class LoopedLM(nn.Module):
-    """Vanilla Looped, eqs. (1)-(2), and the contract every registered model follows.
+    """Vanilla Looped (module docstring) and the contract every registered model follows.
 
     :meth:`forward` is written once, here, and does the decoding bookkeeping for every model:
 
@@ -95,14 +101,14 @@ class LoopedLM(nn.Module):
         return self.cfg.K * self.cfg.n_layers
 
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.embed(idx) * math.sqrt(self.cfg.d_model)  # (1)
+        return self.embed(idx) * math.sqrt(self.cfg.d_model)  # E = sqrt(d) W_E[x]
 
     def rotary(self, T: int, cache: ModelCache | None, device, dtype) -> Rotary:
         offset = 0 if cache is None else cache.seq_len
         return Rotary(T, offset, self.cfg.head_dim, self.cfg.rope_theta, device, dtype)
 
     def apply_backbone(self, h: torch.Tensor, rope: Rotary, cache: ModelCache | None, k: int) -> torch.Tensor:
-        """Application k of T, with the KV caches of that application when decoding."""
+        """Application k = 0..K-1 of T, with the KV caches of that application when decoding."""
         caches = None if cache is None else cache.kv_list(("T", k), len(self.backbone.layers))
         return self.backbone(h, rope, caches)
 
@@ -122,7 +128,7 @@ class LoopedLM(nn.Module):
 
     # -- the extension points -------------------------------------------------------------------
     def inputs(self, idx: torch.Tensor, cache: ModelCache | None) -> tuple[torch.Tensor, Rotary]:
-        """idx (B, T) -> the loop's input H^0 = sqrt(d) E[x] (1) and its RoPE positions, which
+        """idx (B, T) -> the loop's input Z^0 = E = sqrt(d) W_E[x] and its RoPE positions, which
         continue the ``cache.seq_len`` tokens already decoded."""
         h = self.embed_tokens(idx)
         return h, self.rotary(idx.shape[1], cache, idx.device, h.dtype)
@@ -131,12 +137,12 @@ class LoopedLM(nn.Module):
         """The model: its input h (B, T', d) -> logits (B, T, V) at the real tokens. Application k
         of the looped stack runs through ``apply_backbone(h, rope, cache, k)``."""
         for k in range(self.cfg.K):
-            h = self.apply_backbone(h, rope, cache, k)  # (2)
-        return ModelOutput(self.lm_head(h))
+            h = self.apply_backbone(h, rope, cache, k)  # H^k = T(H^{k-1}), H^{-1} = E
+        return ModelOutput(self.lm_head(h))  # W_o RMSNorm_f(H^{K-1})
 
 
 class StateLoopLM(LoopedLM):
-    """StateLoop and its ablations: eqs. (3)-(14). See the module docstring."""
+    """StateLoop and its ablations: eqs. (2), (5)-(9), (14). See the module docstring."""
 
     def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
         super().__init__(cfg)
@@ -162,36 +168,38 @@ class StateLoopLM(LoopedLM):
             R = R * keep
         return R
 
-    def step(self, k: int, z: torch.Tensor, S_prev: torch.Tensor | None, rope: Rotary, cache: ModelCache | None):
-        """Iteration k (1-based) without its read: X^k = T(Z^{k-1}), S^k = Mixer(Update(S^{k-1}, X^k)).
-        Returns (X^k, S^k). The loop below and the analyses (prefix-shared Shapley masks) share it."""
-        X = self.apply_backbone(z, rope, cache, k - 1)
-        S = self.cell(None if self.reset else S_prev, X)  # (3)-(6); (14) resets S^{k-1} to 0
+    def step(self, k: int, Z: torch.Tensor, S: torch.Tensor | None, rope: Rotary, cache: ModelCache | None):
+        """Iteration k = 0..K-1 without its read: H^k = T(Z^k), S^{k+1} = Mixer(Update(S^k, H^k)),
+        S^0 = None (zero). Returns (H^k, S^{k+1}). The loop below and the analyses (prefix-shared
+        Shapley masks) share it."""
+        H = self.apply_backbone(Z, rope, cache, k)
+        S = self.cell(None if self.reset else S, H)  # (2), (5), (6); (14) resets S^k to 0
         mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
-        return X, self.mixer(S, rope, mix_cache)  # (7)-(9)
+        return H, self.mixer(S, rope, mix_cache)  # (7)-(9)
 
-    def feedback(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """Z^k = X^k + R_k, R_k = W_{s->z} RMSNorm_s(S^k) (eqs. 10-11)."""
-        return X + self.read(self.W_sz, S, keep)
+    def feedback(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
+        """The feedback read: Z^{k+1} = H^k + R_{k+1}, R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1})."""
+        return H + self.read(self.W_sz, S, keep)
 
-    def terminal(self, X: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The input of the final norm and head: X^K + R_K (eq. 12)."""
-        return X + self.read(self.W_sout, S, keep)
+    def terminal(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
+        """The terminal read, the input of the final norm and head: H^{K-1} + R_K,
+        R_K = W_{s->out} RMSNorm_s(S^K)."""
+        return H + self.read(self.W_sout, S, keep)
 
     def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
         K = self.cfg.K
-        keeps = self._read_keeps(read_mask, h)  # list of K broadcastable multipliers or None
+        keeps = self._read_keeps(read_mask, h)  # keeps[i-1] multiplies R_i (None: kept)
         states = []
-        z, S = h, None
-        for k in range(1, K + 1):
-            X, S = self.step(k, z, S, rope, cache)
-            if state_overrides and k in state_overrides:
-                S = state_overrides[k].to(S.dtype).expand_as(S)
+        Z, S = h, None  # Z^0 = E, S^0 = 0
+        for k in range(K):
+            H, S = self.step(k, Z, S, rope, cache)  # H^k, S^{k+1}
+            if state_overrides and k + 1 in state_overrides:
+                S = state_overrides[k + 1].to(S.dtype).expand_as(S)
             if return_states:
                 states.append(S)
-            if k < K:
-                z = self.feedback(X, S, keeps[k - 1])  # (10)-(11)
-        return ModelOutput(self.lm_head(self.terminal(X, S, keeps[K - 1])), states if return_states else None)
+            if k < K - 1:
+                Z = self.feedback(H, S, keeps[k])  # Z^{k+1} = H^k + R_{k+1}
+        return ModelOutput(self.lm_head(self.terminal(H, S, keeps[K - 1])), states if return_states else None)
 
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K
@@ -208,8 +216,9 @@ class StateLoopLM(LoopedLM):
 
 
 class StateOnlyLM(StateLoopLM):
-    """Table 4's state-only feedback, eq. (13) (module docstring): Z^{k+1} = Cell(H^k, Z^k), the
-    gated state alone is the next backbone input; the head reads the last backbone output."""
+    """Table 4's state-only feedback, eq. (13) (module docstring): X^{k+1} = Cell(H^k, X^k) and
+    Z^{k+1} = X^{k+1}, the gated state alone is the next backbone input; the head reads the last
+    backbone output H^{K-1}."""
 
     def __init__(self, cfg):
         super().__init__(cfg, reads=False)
@@ -220,13 +229,13 @@ class StateOnlyLM(StateLoopLM):
         K = self.cfg.K
         self._read_keeps(read_mask, h)  # refuses a mask: there are no reads
         states = []
-        z, S = h, None  # Z^0 = E (scaled embedding), X^0 = 0
-        for k in range(1, K):  # paper k = 0..K-2: H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k), Z^{k+1} = X^{k+1}
-            _, S = self.step(k, z, S, rope, cache)
-            if state_overrides and k in state_overrides:
-                S = state_overrides[k].to(S.dtype).expand_as(S)
+        Z, X = h, None  # Z^0 = E, X^0 = 0
+        for k in range(K - 1):
+            _, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
+            if state_overrides and k + 1 in state_overrides:
+                X = state_overrides[k + 1].to(X.dtype).expand_as(X)
             if return_states:
-                states.append(S)
-            z = S.to(h.dtype)  # the backbone runs in the activations' dtype; the state stays float32
-        H = self.apply_backbone(z, rope, cache, K - 1)  # H^{K-1}
+                states.append(X)
+            Z = X.to(h.dtype)  # Z^{k+1} = X^{k+1}; the backbone runs in the activations' dtype, the state stays float32
+        H = self.apply_backbone(Z, rope, cache, K - 1)  # H^{K-1} = T(Z^{K-1})
         return ModelOutput(self.lm_head(H), states if return_states else None)

@@ -1,8 +1,9 @@
-"""Token-axis mixers acting on the updated state S^k (one weight set shared by all iterations).
+"""Token-axis mixers acting on the updated state S^{k+1} of iteration k (one weight set shared by
+all iterations; the paper's notation, models/looped.py):
 
-    identity (eq. 7):   S^k <- S^k
-    attention (eq. 8):  S^k <- S^k + Attn(RMSNorm(S^k))      causal, RoPE, no FFN
-    Mamba-2 (eq. 9):    S^k <- S^k + Mamba2(RMSNorm(S^k))    SSD block along the tokens
+    identity (eq. 7):   S^{k+1} <- S^{k+1}
+    attention (eq. 8):  S^{k+1} <- S^{k+1} + Attn(RMSNorm(S^{k+1}))      causal, RoPE, no FFN
+    Mamba-2 (eq. 9):    S^{k+1} <- S^{k+1} + Mamba2(RMSNorm(S^{k+1}))    SSD block along the tokens
 
 The mixed state is the persistent state: it is what the reads see and what the next
 iteration's update (eq. 6) starts from. It stays in float32 (models/state.py: the residual sum

@@ -1,13 +1,14 @@
-"""State update cells: how the persistent state S absorbs one iteration's output X^k.
+"""State update cells: how the persistent state S absorbs the output H^k of iteration k.
 
-All cells map (S^{k-1}, X^k) -> S^k with S in R^{B x T x d_s} (one state per token) and
-X in R^{B x T x d}. Notation of the paper, Sec. 3:
+All cells map (S^k, H^k) -> S^{k+1}, k = 0..K-1 (iterations counted from 0, S^0 = 0), with S in
+R^{B x T x d_s} (one state per token) and H in R^{B x T x d}. The paper's notation and equation
+numbers (Sec. 3; models/looped.py says which numbers this project knows):
 
-    U^k   = RMSNorm_h(X^k)                                   (3)
-    P^k   = U^k W_u^T                  proposal, d_s wide     (4)
-    Delta^k = softplus(U^k W_Delta^T + b_Delta)  step sizes   (5)
-    S^k   = exp(-Delta^k * lambda) * S^{k-1}
-            + (1 - exp(-Delta^k * lambda)) * P^k,  lambda = exp(A_log)   (6)
+    U^k     = RMSNorm_h(H^k)                                          (2)
+    P^k     = U^k W_u^T                  proposal, d_s wide            (5)
+    Delta^k = softplus(U^k W_Delta^T + b_Delta)  step sizes
+    S^{k+1} = exp(-Delta^k * lambda) * S^k
+              + (1 - exp(-Delta^k * lambda)) * P^k,  lambda = exp(A_log)    (6)
 
 Eq. (6) is a gated, input-selective diagonal SSM along the *iteration* axis: each channel c
 keeps a fraction exp(-Delta lambda_c) of its old value and writes the rest from the proposal.
@@ -15,7 +16,7 @@ At initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of chann
 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
 
 The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
-P^k, with S^{k-1} as its hidden state.
+P^k, with S^k as its hidden state.
 
 Precision [choice; the paper is silent]: the state S^k is kept in float32 (float64 in a float64
 run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also under bf16 autocast
@@ -23,7 +24,7 @@ and in a model cast to bf16 for inference, and eq. (6) is evaluated in that dtyp
 recurrence over the K iterations whose slow channels move by tiny steps: at init the slowest
 channel writes 1 - exp(-0.3 * 0.01) = 0.003 of its value per iteration, less than bf16's spacing
 just below 1 (2^-8 = 0.0039), so in bf16 the retention a^k would round to 1 or to 0.996 and
-S^{k-1} - P^k would cancel to bf16 noise (tests/models/test_precision.py measures both). This is
+S^k - P^k would cancel to bf16 noise (tests/models/test_precision.py measures both). This is
 the same contract as Mamba's SSM state. Matmuls that read the state (reads, mixers) run in the
 dtype of their weights or autocast's, as every other matmul does.
 """
@@ -39,7 +40,7 @@ import torch.nn.functional as F
 from stateloop.models.backbone import RMSNorm
 from stateloop.models.kernels import upcast
 
-# Paper initialisation of eq. (5)-(6).
+# Paper initialisation of eq. (6).
 DELTA_INIT = 0.3  # softplus(b_Delta) at init
 LAMBDA_RANGE = (0.01, 4.0)  # lambda = exp(A_log), log-spaced over the d_s channels
 
@@ -50,7 +51,7 @@ def inverse_softplus(y: float) -> float:
 
 
 class SelectiveStateCell(nn.Module):
-    """Eqs. (3)-(6). Parameters: RMSNorm_h (d), W_u, W_Delta (d_s x d), b_Delta, A_log (d_s)."""
+    """Eqs. (2), (5), (6). Parameters: RMSNorm_h (d), W_u, W_Delta (d_s x d), b_Delta, A_log (d_s)."""
 
     def __init__(self, d: int, d_s: int, eps: float = 1e-5):
         super().__init__()
@@ -70,33 +71,34 @@ class SelectiveStateCell(nn.Module):
             lam = torch.logspace(math.log10(lo), math.log10(hi), self.A_log.numel(), dtype=torch.float64)
             self.A_log.copy_(lam.log())
 
-    def gates(self, X: torch.Tensor):
-        """Proposal P^k and retention a^k = exp(-Delta^k lambda) for iteration output X^k."""
-        U = self.norm_h(X)  # (3)
-        P = self.W_u(U)  # (4)
-        delta = F.softplus(upcast(F.linear(U, self.W_delta.weight, self.b_delta)))  # (5), bias fused into the matmul
+    def gates(self, H: torch.Tensor):
+        """Proposal P^k and retention a^k = exp(-Delta^k lambda) for the output H^k of iteration k."""
+        U = self.norm_h(H)  # (2)
+        P = self.W_u(U)  # (5)
+        delta = F.softplus(upcast(F.linear(U, self.W_delta.weight, self.b_delta)))  # Delta^k (6), bias fused into the matmul
         a = torch.exp(delta * -torch.exp(upcast(self.A_log)))  # -lambda is computed on the d_s vector, not per token
         return P, a
 
-    def write_rate(self, X: torch.Tensor) -> torch.Tensor:
+    def write_rate(self, H: torch.Tensor) -> torch.Tensor:
         """1 - a^k: the fraction of each channel overwritten by the proposal."""
-        return 1.0 - self.gates(X)[1]
+        return 1.0 - self.gates(H)[1]
 
-    def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
-        P, a = self.gates(X)
+    def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
+        """(S^k, H^k) -> S^{k+1}; S = None is S^0 = 0."""
+        P, a = self.gates(H)
         P, a = upcast(P), upcast(a)  # the state's dtype (module docstring)
         # One fused op each (this runs K times per decoded token):
-        if S_prev is None:  # S^0 = 0:  S^1 = (1 - a) P = P - a P
+        if S is None:  # S^0 = 0:  S^1 = (1 - a) P = P - a P
             return torch.addcmul(P, a, P, value=-1.0)
-        return torch.lerp(P, S_prev.to(P.dtype), a)  # (6): P + a (S^{k-1} - P) = a S^{k-1} + (1 - a) P
+        return torch.lerp(P, S.to(P.dtype), a)  # (6): P + a (S^k - P) = a S^k + (1 - a) P
 
 
 class GRUStateCell(nn.Module):
-    """GRU update (Table 4): S^k = GRU(P^k, S^{k-1}) with P^k = W_u RMSNorm_h(X^k).
+    """GRU update (Table 4): S^{k+1} = GRU(P^k, S^k) with P^k = W_u RMSNorm_h(H^k).
 
     torch.nn.GRUCell(d_s, d_s) with gates r, z and candidate n:
         r = sigma(W_ir P + b_ir + W_hr S + b_hr),  z = sigma(W_iz P + b_iz + W_hz S + b_hz)
-        n = tanh(W_in P + b_in + r * (W_hn S + b_hn)),  S^k = (1 - z) * n + z * S^{k-1}
+        n = tanh(W_in P + b_in + r * (W_hn S + b_hn)),  S^{k+1} = (1 - z) * n + z * S^k
     Parameters: RMSNorm_h (d), W_u (d_s x d), 6 d_s^2 weights and 6 d_s biases.
     """
 
@@ -110,10 +112,10 @@ class GRUStateCell(nn.Module):
         nn.init.normal_(self.W_u.weight, std=std)
         self.gru.reset_parameters()  # PyTorch default: U(-1/sqrt(d_s), 1/sqrt(d_s))
 
-    def forward(self, S_prev: torch.Tensor | None, X: torch.Tensor) -> torch.Tensor:
-        """The GRU's arithmetic runs in its weights' dtype (or autocast's, as torch's GRU cell
-        does); the state it returns is kept in the wide dtype like eq. (6)'s."""
-        P = self.W_u(self.norm_h(X))
+    def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
+        """(S^k, H^k) -> S^{k+1}. The GRU's arithmetic runs in its weights' dtype (or autocast's,
+        as torch's GRU cell does); the state it returns is kept in the wide dtype like eq. (6)'s."""
+        P = self.W_u(self.norm_h(H))
         shape = P.shape
-        h = None if S_prev is None else S_prev.reshape(-1, shape[-1]).to(P.dtype)
+        h = None if S is None else S.reshape(-1, shape[-1]).to(P.dtype)
         return upcast(self.gru(P.reshape(-1, shape[-1]), h).view(shape))
