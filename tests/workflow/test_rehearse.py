@@ -42,7 +42,7 @@ OUTPUTS = [f"results/table{i}.{ext}" for i in (1, 2, 3, 4) for ext in ("csv", "m
 
 def needs_shared_data(raw: dict) -> bool:
     """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
-    from stateloop.evaluate.tasks import DEFAULT_TASK_DIR, task_yamls
+    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, task_yamls
 
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
     for scale in raw["scales"].values():

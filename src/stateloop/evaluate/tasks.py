@@ -17,6 +17,9 @@ with every path made absolute. A task's data folder is
   source folder itself; a YAML whose data files are all absolute paths (as
   :mod:`stateloop.rehearse.tasks` writes them) needs no ``task_data``.
 
+The task folder and its YAMLs, the shared data folder and the readers of its files that a
+rehearsal uses too live in :mod:`stateloop.evaluate.task_files`.
+
 A local YAML may ``include:`` another one (a relative include is made absolute, as its copy is
 written elsewhere), e.g. lm-eval's own YAML of a task with only its data source overridden; its
 ``output_type`` is then read through the include. A name in ``eval.task_dir`` is always the
@@ -43,19 +46,30 @@ tasks, the generator settings of the evaluated run's data (lm-eval passes ``--mo
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from stateloop.config import ConfigError
+from stateloop.data.config import SyntheticConfig
+from stateloop.data.shards import read_meta
+from stateloop.data.synthetic import task_examples
 from stateloop.evaluate.config import EvalConfig
-
-DEFAULT_TASK_DIR = Path(__file__).resolve().parents[3] / "workflow" / "tasks"
+from stateloop.evaluate.task_files import (
+    DEFAULT_TASK_DIR,
+    FunctionTag,
+    default_shared_data,
+    dump_task_yaml,
+    load_task_yaml,
+    piqa_dev,
+    read_task_yaml,
+    task_yamls,
+    wikitext_pages,
+    write_jsonl,
+)
+from stateloop.runs import FINAL_WEIGHTS, saved_config
 
 # The synthetic generator's splits: the few-shot pool and the held-out examples.
 SYNTH_FEWSHOT_SPLIT = "train"
@@ -63,65 +77,13 @@ SYNTH_HELDOUT_SPLIT = "test"
 
 
 # ----------------------------------------------------------------------------------------------
-# YAML with lm-eval's `!function module.name` tags kept as they are
-
-
-class FunctionTag(str):
-    """The text of a ``!function`` tag (resolved by lm-eval relative to the YAML's folder)."""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-class _Dumper(yaml.SafeDumper):
-    pass
-
-
-_Loader.add_constructor("!function", lambda loader, node: FunctionTag(loader.construct_scalar(node)))
-_Dumper.add_representer(FunctionTag, lambda dumper, data: dumper.represent_scalar("!function", str(data)))
-
-
-def read_task_yaml(path: Path) -> dict:
-    try:
-        data = yaml.load(path.read_text(), Loader=_Loader)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
-    if not isinstance(data, dict) or "task" not in data:
-        raise ConfigError(f"{path}: not an lm-eval task (no `task:` key)")
-    return data
-
-
-def task_yamls(task_dir: Path) -> dict[str, Path]:
-    """Task name -> YAML file, for every task in ``task_dir``."""
-    out = {}
-    for path in sorted(task_dir.glob("*.yaml")):
-        name = read_task_yaml(path)["task"]
-        if name in out:
-            raise ConfigError(f"{path}: task {name!r} is also defined in {out[name]}")
-        out[name] = path
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
 # Preparing the data of the local tasks
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
 
 
 def synthetic_config(data_meta: dict | None):
     """The generator settings the run's corpus was made with (meta.json's ``source``), so the
     evaluation items are drawn from the distribution the model was trained on; the generator's
     defaults when the run's data is not synthetic."""
-    from stateloop.data.config import SyntheticConfig
-
     source = (data_meta or {}).get("source") or {}
     if source.get("kind") != "synthetic":
         return SyntheticConfig()
@@ -131,11 +93,9 @@ def synthetic_config(data_meta: dict | None):
 
 def _synthetic(task: str) -> Callable:
     def prepare(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
-        from stateloop.data.synthetic import task_examples
-
         gen = synthetic_config(data_meta)
-        _write_jsonl(folder / "train.jsonl", task_examples(task, SYNTH_FEWSHOT_SPLIT, cfg.fewshot_pool, cfg.seed, gen))
-        _write_jsonl(folder / "test.jsonl", task_examples(task, SYNTH_HELDOUT_SPLIT, cfg.synthetic_examples, cfg.seed, gen))
+        write_jsonl(folder / "train.jsonl", task_examples(task, SYNTH_FEWSHOT_SPLIT, cfg.fewshot_pool, cfg.seed, gen))
+        write_jsonl(folder / "test.jsonl", task_examples(task, SYNTH_HELDOUT_SPLIT, cfg.synthetic_examples, cfg.seed, gen))
         return folder
 
     return prepare
@@ -143,40 +103,16 @@ def _synthetic(task: str) -> Callable:
 
 def _piqa(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
     """valid.jsonl (goal, sol1, sol2) + valid-labels.lst (one 0/1 per line) -> valid.jsonl with `label`."""
-    docs_path, labels_path = source / "valid.jsonl", source / "valid-labels.lst"
-    for p in (docs_path, labels_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"{p}: missing (eval.task_data.piqa_local must hold PIQA's valid.jsonl and valid-labels.lst)")
-    docs = [json.loads(line) for line in docs_path.read_text().splitlines() if line.strip()]
-    labels = [int(x) for x in labels_path.read_text().split()]
-    if len(docs) != len(labels):
-        raise ConfigError(f"{labels_path}: {len(labels)} labels for {len(docs)} questions in {docs_path}")
-    _write_jsonl(folder / "valid.jsonl", [{**d, "label": y} for d, y in zip(docs, labels)])
+    hint = "eval.task_data.piqa_local must hold PIQA's valid.jsonl and valid-labels.lst"
+    write_jsonl(folder / "valid.jsonl", piqa_dev(source, hint))
     return folder
-
-
-_HEADING = re.compile(r"^ = [^=].* = $")
-
-
-def wikitext_pages(text: str) -> list[str]:
-    """Articles of a WikiText token file: a new one starts at every top-level heading line
-    (`` = Title = ``); each keeps its lines (with their newlines) as in the file."""
-    pages, current = [], []
-    for line in text.splitlines(keepends=True):
-        if _HEADING.match(line.rstrip("\n")) and any(l.strip() for l in current):
-            pages.append("".join(current))
-            current = []
-        current.append(line)
-    if any(l.strip() for l in current):
-        pages.append("".join(current))
-    return pages
 
 
 def _wikitext(folder: Path, cfg: EvalConfig, source: Path | None, data_meta: dict | None) -> Path:
     path = source / "test.txt"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (eval.task_data.wikitext_local must hold WikiText-2's test.txt)")
-    _write_jsonl(folder / "test.jsonl", [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))])
+    write_jsonl(folder / "test.jsonl", [{"page": p} for p in wikitext_pages(path.read_text(encoding="utf-8"))])
     return folder
 
 
@@ -204,14 +140,9 @@ METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig
 
 def _run_data_meta(metadata: dict) -> dict | None:
     """meta.json of the data of the run named by ``pretrained=`` (or ``run_dir=``), if it is one."""
-    from stateloop.data.shards import read_meta
-    from stateloop.runs import FINAL_WEIGHTS
-
     run_dir = metadata.get("pretrained") or metadata.get("run_dir")
     if not isinstance(run_dir, str) or not (Path(run_dir) / FINAL_WEIGHTS).is_file():
         return None
-    from stateloop.runs import saved_config
-
     data = saved_config(run_dir).get("data") or {}
     return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None
 
@@ -226,8 +157,6 @@ def local_dataset(task: str) -> Callable:
     metadata (``--model_args`` and ``--metadata`` merged in) and its ``dataset_kwargs``."""
     def load(data_files=None, **metadata):
         import datasets
-
-        from stateloop.rehearse.run import default_shared_data
 
         where = f"local task {task}"
         if not isinstance(data_files, dict):
@@ -312,10 +241,7 @@ def _merged_config(spec: dict, seen: tuple = ()) -> dict:
     for inc in (includes if isinstance(includes, list) else [includes] if includes else []):
         if inc in seen:
             raise ConfigError(f"{inc}: include cycle")
-        try:
-            data = yaml.load(Path(inc).read_text(), Loader=_Loader)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{inc}: not valid YAML ({str(err).splitlines()[0]})") from None
+        data = load_task_yaml(inc)
         if isinstance(data, dict) and data.get("include"):
             data["include"] = _absolute_includes(data["include"], Path(inc).parent, inc)
         merged.update(_merged_config(data if isinstance(data, dict) else {}, (*seen, inc)))
@@ -368,7 +294,7 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_
             spec["dataset_kwargs"] = kwargs
         # lm-eval imports `!function` modules relative to the YAML: keep each task's YAML beside them.
         out = (folder if any(isinstance(v, FunctionTag) for v in spec.values()) and prep is not None else yaml_dir) / f"{name}.yaml"
-        out.write_text(f"# written by stateloop eval from {available[name]}\n" + yaml.dump(spec, Dumper=_Dumper, sort_keys=False))
+        out.write_text(f"# written by stateloop eval from {available[name]}\n" + dump_task_yaml(spec))
         local[name] = out
     paths = sorted({str(p.parent) for p in local.values()})
     # lm-eval indexes its own folder first and lets later (include) paths override it; without

@@ -133,7 +133,6 @@ def _wikipedia(text: str) -> _Source:
 
 
 def _synthetic() -> _Source:
-
     cfg = SyntheticConfig()
     units = [p.strip("\n") for i in range(SYNTHETIC_DOCS) for p in document("train", i, 0, cfg).split("\n\n") if p.strip()]
     return _Source("synthetic", "Pile-CC", units, [0] * len(units), None, (1, 3))
@@ -147,7 +146,6 @@ def _sources(shared_data: Path | None) -> list[_Source]:
 
 def _provenance(shared_data: Path | None) -> list[str]:
     if shared_data is None:
-
         return [f"  - the synthetic generator ({synthetic.VERSION}, seed 0), {SYNTHETIC_DOCS} documents cut into paragraphs"]
     lines = []
     for rel in (SHAKESPEARE, WIKITEXT):
@@ -331,7 +329,6 @@ def fineweb_edu_files(data_cfg: DataConfig, shared_data: Path | None, n_train: i
     documents are chosen so that, under the config's content hash (data.seed, val_fraction,
     test_fraction), n_train fall in train, n_val in val and n_test in test (none where the
     fraction is 0)."""
-
     config, pattern, folder, dump = _fineweb_config(data_cfg.hub_config)
     fractions, key = data_cfg.holdout_fractions, holdout_key(data_cfg.seed)
     want = {"train": n_train, "val": n_val if fractions[0] else 0, "test": n_test if fractions[1] else 0}
@@ -425,7 +422,6 @@ def mirror_folder(out_dir: Path, name: str, files: dict[str, bytes]) -> Path:
 def _sync(folder: Path, files: dict[str, bytes]) -> None:
     """Make ``folder`` hold exactly ``files`` (hidden files aside): each file written atomically,
     and only when its bytes differ; files not listed are removed."""
-
     folder.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
         path = folder / rel

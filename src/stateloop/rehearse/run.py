@@ -24,23 +24,26 @@ from pathlib import Path
 
 import yaml
 
-from stateloop.config import ConfigError, load_yaml
+from stateloop.config import ConfigError, from_dict, load_yaml
+from stateloop.data.config import DataConfig
+from stateloop.data.tokenize import _is_local
+from stateloop.data.tokenizer import is_local_tokenizer
+from stateloop.evaluate.config import EvalConfig
+from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
+from stateloop.experiments import pipeline_from_dict
+from stateloop.rehearse.config import shrink
+from stateloop.rehearse.mirrors import write_mirror
+from stateloop.rehearse.tasks import write_tasks
+from stateloop.runs import atomic_write_bytes
 
-REPO = Path(__file__).resolve().parents[3]
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder
 TOKENIZERS = {"EleutherAI/gpt-neox-20b": "gpt-neox-20b/tokenizer.json"}
 CACHE_REVISION = "0" * 40  # the snapshot name of the local hub cache (any 40-hex string)
 
 
-def default_shared_data() -> Path:
-    return Path(os.environ.get("STATELOOP_SHARED", REPO.parent / "shared")) / "data"
-
-
 def _is_hub_source(value) -> bool:
     """A data source the tokenize stage reads from the hub (not synthetic, not local files)."""
-    from stateloop.data.tokenize import _is_local
-
     return isinstance(value, str) and value != "synthetic" and not _is_local(value)
 
 
@@ -65,15 +68,6 @@ def hub_cache(tokenizer: str, out: Path, shared_data: Path) -> Path:
 
 def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None = None) -> Path:
     """Write the rehearsal folder of ``config`` (see the module docstring); returns its config."""
-    from stateloop.config import from_dict
-    from stateloop.data.config import DataConfig
-    from stateloop.data.tokenizer import is_local_tokenizer
-    from stateloop.evaluate.config import EvalConfig
-    from stateloop.evaluate.tasks import DEFAULT_TASK_DIR, task_yamls
-    from stateloop.experiments import pipeline_from_dict
-    from stateloop.rehearse.config import shrink
-    from stateloop.runs import atomic_write_bytes
-
     out = Path(out).resolve()
     shared = Path(shared_data) if shared_data else default_shared_data()
     raw = load_yaml(config)
@@ -84,9 +78,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     for name, scale in cfg["scales"].items():
         data = scale["data"]
         if _is_hub_source(data.get("source")):
-            from stateloop.rehearse import mirrors
-
-            data.update(mirrors.write_mirror(from_dict(DataConfig, data, f"scales.{name}.data"), out / "hub-data", shared))
+            data.update(write_mirror(from_dict(DataConfig, data, f"scales.{name}.data"), out / "hub-data", shared))
         elif data.get("source", "synthetic") != "synthetic":  # local files: relative to where the config is run
             sources = data["source"] if isinstance(data["source"], list) else [data["source"]]
             absolute = [str(Path(src).resolve()) for src in sources]
@@ -99,9 +91,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
         hub_tasks = tuple(t for t in names if t not in local_tasks)
         if hub_tasks:
             if hub_tasks not in written_tasks:
-                from stateloop.rehearse import tasks
-
-                written_tasks[hub_tasks] = tasks.write_tasks(list(hub_tasks), out / "tasks", shared)
+                written_tasks[hub_tasks] = write_tasks(list(hub_tasks), out / "tasks", shared)
             scale["eval"].update(written_tasks[hub_tasks])
     pipeline_from_dict(cfg, str(out / "config.yaml"))
     header = (f"# Rehearsal of {config}: the same DAG with sizes shrunk (stateloop rehearse).\n"

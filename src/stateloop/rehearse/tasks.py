@@ -48,6 +48,9 @@ from pathlib import Path
 
 import yaml
 
+from stateloop.data.synthetic import ANIMALS, JOBS, PEOPLE, TOWNS, task_examples
+from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, piqa_dev, task_yamls, wikitext_pages, write_jsonl
+
 # Splits of lm-eval's YAMLs -> the synthetic generator's splits (disjoint by construction).
 SYNTH_SPLIT = {"train": "train", "validation": "val", "test": "test"}
 MIN_EXAMPLES = 6  # five few-shot examples plus the scored one, for tasks whose only split is their test split
@@ -85,17 +88,12 @@ def _lambada(split: str, n: int, shared: Path) -> list[dict]:
 
 
 def _piqa(split: str, n: int, shared: Path) -> list[dict]:
-    docs = [json.loads(line) for line in _lines(shared / "piqa" / "valid.jsonl")]
-    labels = [int(x) for x in _lines(shared / "piqa" / "valid-labels.lst")]
-    if len(docs) != len(labels):
-        raise ValueError(f"{shared / 'piqa'}: {len(labels)} labels for {len(docs)} questions")
-    rows = [{"goal": d["goal"], "sol1": d["sol1"], "sol2": d["sol2"], "label": y} for d, y in zip(docs, labels)]
+    rows = [{"goal": d["goal"], "sol1": d["sol1"], "sol2": d["sol2"], "label": d["label"]}
+            for d in piqa_dev(shared / "piqa", "shared data; see shared/data/README.md")]
     return _first_and_last(rows, split, n, "validation")
 
 
 def _wikitext(split: str, n: int, shared: Path) -> list[dict]:
-    from stateloop.evaluate.tasks import wikitext_pages
-
     name = "test.txt" if split == "test" else "valid.txt"
     path = shared / "wikitext-2" / name
     if not path.is_file():
@@ -116,8 +114,6 @@ def _questions(task: str, split: str, n: int, n_choices: int | None = None) -> l
     """``n`` (context, question, choices, label) with distinct contexts, of the synthetic
     multiple-choice task, from the generator's split for lm-eval's ``split``; ``n_choices``: only
     items with that many choices."""
-    from stateloop.data.synthetic import task_examples
-
     if split not in SYNTH_SPLIT:
         raise ValueError(f"{task}: no generated data for split {split!r} (known: {', '.join(SYNTH_SPLIT)})")
     out, seen, drawn = [], set(), 0
@@ -217,8 +213,6 @@ _WINO_TEMPLATES = [
 
 def _winogrande(split: str, n: int, shared: Path) -> list[dict]:
     """allenai/winogrande (winogrande_xl): sentence (one "_"), option1, option2, answer ("1"/"2")."""
-    from stateloop.data.synthetic import ANIMALS, JOBS, PEOPLE, TOWNS
-
     if split not in SYNTH_SPLIT:
         raise ValueError(f"winogrande: no generated data for split {split!r}")
     rng = random.Random(f"rehearse/winogrande/{SEEDS['winogrande']}/{split}")
@@ -280,13 +274,6 @@ def _splits(cfg: dict) -> list[str]:
     return list(dict.fromkeys(s for s in names if s))
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
-    tmp.replace(path)
-
-
 def _check_records(name: str, rows: list[dict]) -> None:
     """Cheap checks of what lm-eval's processors assume of the schema."""
     for r in rows:
@@ -311,8 +298,6 @@ def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: 
     Names of the default local folder (``workflow/tasks/``) are not written, only copied with the
     rest of that folder; any other name that is not one of :data:`SOURCES` is an error (it would
     need the Hub)."""
-    from stateloop.evaluate.tasks import DEFAULT_TASK_DIR, task_yamls
-
     if n_examples < MIN_EXAMPLES:
         raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")
     out_dir, shared_data = Path(out_dir).resolve(), Path(shared_data).resolve()
@@ -343,7 +328,7 @@ def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: 
                 raise ValueError(f"{name}: no records for split {split!r} from {source.origin}")
             _check_records(name, rows)
             path = out_dir / DATA_FOLDER / name / f"{split}.jsonl"
-            _write_jsonl(path, rows)
+            write_jsonl(path, rows)
             files[split] = (path, len(rows))
         spec = {"include": str(lm_yaml), "task": name, "dataset_path": "json", "dataset_name": None,
                 "dataset_kwargs": {"data_files": {s: str(p) for s, (p, _) in files.items()}}}
