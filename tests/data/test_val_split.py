@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import encoded, split_tokens
 
 from stateloop.config import ConfigError
-from helpers import encoded, split_tokens
 from stateloop.data import load_tokenizer
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import tokenize

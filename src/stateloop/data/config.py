@@ -49,10 +49,24 @@ content (and likewise ``test_fraction``). :attr:`DataConfig.val_description` say
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from stateloop.config import ConfigError
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".txt": "text", ".text": "text", ".parquet": "parquet"}
+
+
+def is_local_source(item: str) -> bool:
+    """A ``data.source`` entry naming local files (a path, folder, glob or file of a local format)
+    rather than a hub dataset or ``synthetic``."""
+    return (
+        Path(item).exists()
+        or any(ch in item for ch in "*?[")
+        or item.endswith(tuple(LOCAL_FORMATS))
+        or item.startswith((".", "/", "~"))
+    )
+
+
 SYNTHETIC_KINDS = ("bindings", "arithmetic", "facts", "lists")
 
 
@@ -146,10 +160,8 @@ class DataConfig:
 
     @property
     def _local_source(self) -> bool:
-        from stateloop.data.tokenize import _is_local
-
         items = self.source if isinstance(self.source, list) else [self.source]
-        return all(_is_local(item) for item in items)
+        return all(is_local_source(item) for item in items)
 
     @property
     def holdout_fractions(self) -> tuple[float, float]:

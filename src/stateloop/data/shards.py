@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from stateloop.config import ConfigError
+from stateloop.runs import atomic_write_bytes, atomic_write_json
 
 META = "meta.json"
 FORMAT_VERSION = 1
@@ -100,8 +101,6 @@ class ShardWriter:
 
 
 def write_meta(data_dir: str | Path, meta: dict) -> None:
-    from stateloop.runs import atomic_write_json
-
     atomic_write_json(Path(data_dir) / META, {"format": FORMAT_VERSION, **meta})
 
 
@@ -139,8 +138,6 @@ def verify_once(path: Path, sha256: str | None) -> None:
         raise ValueError(f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; "
                          f"tokenize again)")
     try:
-        from stateloop.runs import atomic_write_bytes
-
         atomic_write_bytes(stamp, key.encode())
     except OSError:
         pass  # a read-only data folder: verify again next time

@@ -48,8 +48,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from stateloop.data.config import SYNTHETIC_KINDS, SyntheticConfig
 

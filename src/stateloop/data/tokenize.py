@@ -40,27 +40,25 @@ shard outside ``.partial/``). A rerun whose inputs have the same fingerprint as 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import hashlib
 import json
 import os
 import shutil
 import sys
-import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from stateloop.config import to_dict
-from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError
-from stateloop.data.shards import META, ShardWriter, read_meta, sha256_file, token_dtype, write_meta
 from stateloop.data import synthetic
-from stateloop.data.config import SyntheticConfig
+from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError, SyntheticConfig, is_local_source
+from stateloop.data.shards import META, ShardWriter, read_meta, sha256_file, token_dtype, write_meta
 from stateloop.data.synthetic import document
-from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, vocab_size_of
-from stateloop.data.tokenizer import find_eos, sha256_text, train_bpe, vocab_size_of
+from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, train_bpe, vocab_size_of
 from stateloop.runs import code_version
 
 PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
@@ -84,15 +82,6 @@ class Stream:
     fmt: str = ""  # local: json | text | parquet
     hub_split: str = ""  # hub, folder
     n_docs: int | None = None  # synthetic: documents; others: max_docs (None: all)
-
-
-def _is_local(item: str) -> bool:
-    return (
-        Path(item).exists()
-        or any(ch in item for ch in "*?[")
-        or item.endswith(tuple(LOCAL_FORMATS))
-        or item.startswith((".", "/", "~"))
-    )
 
 
 def local_files(items: str | list[str], key: str = "data.source") -> tuple[list[str], str]:
@@ -179,7 +168,7 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
             if n > 0
         ]
     sources = cfg.source if isinstance(cfg.source, list) else [cfg.source]
-    if all(_is_local(item) for item in sources) and _reads_as_repository(cfg, sources):
+    if all(is_local_source(item) for item in sources) and _reads_as_repository(cfg, sources):
         folder = os.path.expanduser(sources[0])
         if len(sources) > 1 or not os.path.isdir(folder):
             raise DataError(f"data.data_files: needs a hub name or one local folder as data.source, got {cfg.source!r}")
@@ -188,7 +177,7 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
             if extra:
                 streams.append(Stream("folder", split, hub_split=extra))
         return streams
-    if all(_is_local(item) for item in sources):
+    if all(is_local_source(item) for item in sources):
         files, fmt = local_files(cfg.source)
         streams = [Stream("local", None, files=files, fmt=fmt, n_docs=cfg.max_docs)]
         for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):

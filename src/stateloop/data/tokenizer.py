@@ -9,10 +9,11 @@ this module stays cheap).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from stateloop.data.config import DataError
+from stateloop.data.shards import read_meta, sha256_file
 
 EOS = "<|endoftext|>"  # the end-of-document token of a trained BPE (GPT-2 / GPT-NeoX spelling)
 # Tried in order when a tokenizer's end-of-document token is not given.
@@ -109,7 +110,6 @@ def load_tokenizer(data_dir: str | Path):
     """
     from tokenizers import Tokenizer
 
-    from stateloop.data.shards import read_meta, sha256_file
 
     data_dir = Path(data_dir)
     meta = read_meta(data_dir)

@@ -25,8 +25,7 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError, from_dict, load_yaml
-from stateloop.data.config import DataConfig
-from stateloop.data.tokenize import _is_local
+from stateloop.data.config import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
@@ -44,7 +43,7 @@ CACHE_REVISION = "0" * 40  # the snapshot name of the local hub cache (any 40-he
 
 def _is_hub_source(value) -> bool:
     """A data source the tokenize stage reads from the hub (not synthetic, not local files)."""
-    return isinstance(value, str) and value != "synthetic" and not _is_local(value)
+    return isinstance(value, str) and value != "synthetic" and not is_local_source(value)
 
 
 def hub_cache(tokenizer: str, out: Path, shared_data: Path) -> Path:
