@@ -1,14 +1,12 @@
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
+from stateloop.evaluate.task_files import default_shared_data
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("STATELOOP_SHARED", ROOT.parent / "shared"))
+sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 
 
 @pytest.fixture(autouse=True)
@@ -20,7 +18,7 @@ def _seed_and_threads():
 @pytest.fixture
 def shared_data():
     """../shared/data beside the checkout; tests that need it skip, saying why, in a user's clone."""
-    path = SHARED / "data"
+    path = default_shared_data()
     if not path.is_dir():
         pytest.skip(f"{path} not found: shared data sits beside the checkout only in the project's workspace")
     return path

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from dag_helpers import ROOT, env
 
-SHARED = Path(os.environ.get("STATELOOP_SHARED", ROOT.parent / "shared")) / "data"
+from stateloop.evaluate.task_files import default_shared_data
+
+SHARED = default_shared_data()
 _REHEARSALS: dict[str, tuple[Path, subprocess.CompletedProcess, float]] = {}
 
 
