@@ -1,6 +1,6 @@
 """Training-loop throughput against a bare loop of the same model and batch, side by side.
 
-    PYTHONPATH=src python benchmarks/bench_train.py [--run tiny/stateloop/K4_ds64] [--steps 60] [--repeats 3]
+    PYTHONPATH=src python benchmarks/bench_train.py [RUN] [--steps 60] [--repeats 3] [key=value ...]
 
 "ours" is ``stateloop.train.loop.train`` exactly as ``stateloop train`` runs it: Lightning
 Fabric, batches read from memory-mapped token shards, gradient accumulation, clipping, the
@@ -97,12 +97,15 @@ def our_loop(config: dict, run_dir: Path) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
-    p.add_argument("--run", default="tiny/stateloop/K4_ds64")
+    p.add_argument("run", nargs="?", default="tiny/stateloop/K4_ds64_seed1234", metavar="RUN",
+                   help="run id of --config, as `stateloop train RUN` (default: %(default)s)")
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the run (train.micro_batch=8, ...)")
-    args = p.parse_args()
+    args = p.parse_intermixed_args()
+    if args.run and "=" in args.run:  # only overrides given: they are not a run id
+        args.overrides, args.run = [args.run, *args.overrides], p.get_default("run")
     if args.threads:
         torch.set_num_threads(args.threads)
     from stateloop.train.resolve import resolve_run
@@ -113,6 +116,8 @@ def main() -> None:
         probe = resolve_run(args.config, args.run, args.overrides + ["train.max_steps=1"], tmp)
         data = make_shards(tmp / "data", probe["model"]["vocab_size"], 2_000_000)
         log_every = probe["train"]["log_every"]
+        if args.steps <= log_every:  # the first log_every steps are warm-up in both loops
+            p.error(f"--steps: more than train.log_every = {log_every} steps are needed, got {args.steps}")
         overrides = args.overrides + [f"train.max_steps={args.steps}", "train.val_tokens=0", "train.checkpoint_every=0"]
         config = resolve_run(args.config, args.run, overrides, data)
         t = config["train"]

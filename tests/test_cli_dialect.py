@@ -2,6 +2,7 @@
 for quiet runs across every command, unknown names refused, `none` read as unset."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +67,123 @@ def test_building_the_parser_imports_no_heavy_library():
             "print(sorted(m for m in ('torch', 'lightning_fabric', 'mlflow', 'lm_eval') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+# One RUN in every command that addresses runs: a run folder or a run id (runs.py: resolve_run_arg).
+RID = "s/stateloop/K2_ds16_seed7"
+RUN_COMMANDS = {  # command -> argv with {run} where the RUN goes
+    "train": ["train", "--config", "cfg.yaml", "{run}", "--data-dir", "data", "train.lr=1e-3"],
+    "eval": ["eval", "{run}", "--no-mlflow", "--no-progress"],
+    "analyze shapley": ["analyze", "shapley", "{run}", "--no-mlflow", "--no-progress"],
+    "analyze interventions": ["analyze", "interventions", "{run}", "--no-mlflow", "--no-progress"],
+    "bench decode": ["bench", "decode", "--runs", "{run}", "--device", "cpu", "--no-progress", "--out", "b.json"],
+}
+
+
+def _actions(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, list[argparse.Action]]:
+    """command (and subcommand) -> its actions, every parser the CLI builds."""
+    out = {prefix.strip(): list(parser._actions)}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out.update(_actions(sub, f"{prefix} {name}"))
+    return out
+
+
+def test_runs_are_addressed_one_way_and_no_command_has_a_run_option():
+    """`RUN` (a run folder or a run id) in train, eval, analyze and bench decode; never `--run`,
+    `--run-dir(s)` or a RUN_DIR that takes only folders."""
+    actions = _actions(build_parser())
+    for command, acts in actions.items():
+        for a in acts:
+            assert not {s for s in a.option_strings if s.startswith("--run") and s != "--runs"}, (command, a.option_strings)
+            assert a.metavar != "RUN_DIR" and a.dest not in ("run_dir", "run_dirs"), (command, a.dest, a.metavar)
+    takes_run = {c for c, acts in actions.items() if any(a.metavar == "RUN" for a in acts)}
+    assert takes_run == set(RUN_COMMANDS)
+    assert [a for a in actions["bench decode"] if a.metavar == "RUN"][0].option_strings == ["--runs"]
+
+
+@pytest.fixture
+def recorded(tmp_path, monkeypatch):
+    """In tmp_path with results/runs/RID made: what folder (and, for train, run id, overrides and
+    output folder) each command would read, recorded where it would start reading weights or training."""
+    from stateloop import runs
+    from stateloop.config import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results/runs" / RID).mkdir(parents=True)
+    seen = []
+
+    def read_weights(run_dir, mmap=False):
+        seen.append({"folder": Path(run_dir).resolve()})
+        raise ConfigError("recorded")
+
+    def resolve_run(config_path, run_id, overrides=None, data_dir=None):
+        seen.append({"id": run_id, "overrides": list(overrides or [])})
+        return {"run": {"id": run_id}}
+
+    def train(config, out, progress=True):
+        seen[-1]["folder"] = Path(out).resolve()
+        raise ConfigError("recorded")
+
+    import stateloop.train.loop
+    import stateloop.train.resolve
+    import stateloop.train.slurm
+
+    monkeypatch.setattr(runs, "read_weights", read_weights)
+    monkeypatch.setattr(stateloop.train.resolve, "resolve_run", resolve_run)
+    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda config: None)
+    monkeypatch.setattr(stateloop.train.loop, "train", train)
+    return seen
+
+
+def _argv(command: str, run: str, *extra: str) -> list[str]:
+    return [run if a == "{run}" else a for a in RUN_COMMANDS[command]] + list(extra)
+
+
+@pytest.mark.parametrize("command", list(RUN_COMMANDS))
+def test_a_run_id_and_its_run_folder_address_the_same_run(command, recorded, tmp_path, capsys):
+    from stateloop.cli import main
+
+    folder = (tmp_path / "results/runs" / RID).resolve()
+    for run in (RID, str(folder), "results/runs/" + RID + "/"):
+        assert main(_argv(command, run)) == 2 and "recorded" in capsys.readouterr().err
+    assert [r["folder"] for r in recorded] == [folder] * 3
+    if command == "train":  # the run id the folder spells is the one trained; overrides after options still count
+        assert {r["id"] for r in recorded} == {RID} and {tuple(r["overrides"]) for r in recorded} == {("train.lr=1e-3",)}
+        assert main(_argv(command, str(folder), "--out", "elsewhere")) == 2
+        assert recorded[-1]["folder"] == (tmp_path / "elsewhere").resolve()
+
+
+@pytest.mark.parametrize("command", list(RUN_COMMANDS))
+def test_a_malformed_run_is_one_line_naming_it_and_both_forms(command, recorded, capsys):
+    from stateloop.cli import main
+
+    for bad in ("tiny/stateloop/K3_ds64", "no/such/folder"):
+        assert main(_argv(command, bad)) == 2
+        err = capsys.readouterr().err.strip()
+        name = "--runs" if command == "bench decode" else "RUN"
+        assert len(err.splitlines()) == 1 and err.startswith(f"stateloop {command.split()[0]}: error: {name}: "), err
+        assert repr(bad) in err and "run folder" in err and "{scale}/{model}/K{K}_ds{ds}_seed{seed}" in err, err
+    assert recorded == []  # refused before anything is read
+
+
+@pytest.mark.parametrize("command", [c for c in RUN_COMMANDS if c != "train"])
+def test_a_run_id_without_its_folder_is_the_missing_run_folder_error(command, tmp_path, monkeypatch, capsys):
+    from stateloop.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(_argv(command, "s/stateloop/K2_ds16_seed8")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "results/runs/s/stateloop/K2_ds16_seed8/model.pt: no final weights (no such run folder)" in err, err
+
+
+def test_train_takes_only_a_folder_that_spells_its_run_id(recorded, tmp_path, capsys):
+    from stateloop.cli import main
+
+    (tmp_path / "elsewhere").mkdir()
+    assert main(_argv("train", str(tmp_path / "elsewhere"))) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "RUN: " in err and "/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}" in err, err
+    assert recorded == []

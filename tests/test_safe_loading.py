@@ -73,7 +73,7 @@ def test_the_payload_is_real(tmp_path):
     ["eval", "{run}", "--no-progress", "--no-mlflow", "--tasks"],
     ["analyze", "shapley", "{run}", "--no-mlflow"],
     ["analyze", "interventions", "{run}", "--no-mlflow"],
-    ["bench", "decode", "--run-dirs", "{run}", "--device", "cpu", "--out", "{tmp}/decode.json"],
+    ["bench", "decode", "--runs", "{run}", "--device", "cpu", "--out", "{tmp}/decode.json"],
 ], ids=["eval", "analyze-shapley", "analyze-interventions", "bench-decode"])
 def test_commands_refuse_a_malicious_model_pt(tmp_path, capsys, argv):
     marker = tmp_path / "MARKER"

@@ -40,7 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # `train --config C RUN --data-dir D key=value`: argparse fills RUN and the (still empty)
+    # overrides together, so key=value pairs after a later option come back unparsed; they are
+    # overrides all the same. Anything else unparsed is refused as parse_args refuses it.
+    if extra and isinstance(getattr(args, "overrides", None), list) and not any(a.startswith("-") for a in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return importlib.import_module(args._module).run(args) or 0
     except (ConfigError, FileNotFoundError) as err:

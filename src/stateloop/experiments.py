@@ -31,6 +31,7 @@ from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
+from stateloop.runs import RUNS_ROOT
 from stateloop.train.config import TrainConfig
 
 
@@ -142,7 +143,7 @@ class Run:
 
     @property
     def folder(self) -> str:
-        return f"results/runs/{self.id}"
+        return f"{RUNS_ROOT}/{self.id}"
 
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:

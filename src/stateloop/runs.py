@@ -12,6 +12,9 @@
 
 A run folder alone rebuilds its model: the variant and its shape come from the saved config,
 never from command-line arguments.
+
+Every command that addresses runs (``train``, ``eval``, ``analyze``, ``bench decode``) takes a RUN
+that is either a run folder or a run id; :func:`resolve_run_arg` alone decides which.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from stateloop.config import ConfigError, from_dict
 from stateloop.models.config import ModelConfig
@@ -30,6 +34,10 @@ from stateloop.models.config import ModelConfig
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch
 
+RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
+RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
+RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
+RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
 FINAL_WEIGHTS = "model.pt"
 RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"
@@ -125,8 +133,6 @@ def _numpy_globals() -> list:
 
 def unsafe_load_message(path: str | Path, err: BaseException) -> str:
     """The one-line refusal for a file the safe unpickler will not load."""
-    import re
-
     text = str(err)
     found = re.search(r"GLOBAL (\S+)", text)
     if found:
@@ -230,6 +236,34 @@ def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
         key = next(k for k in vars(saved) if getattr(saved, k) != getattr(ours, k))
         raise ConfigError(f"{path}: model.{key} = {getattr(ours, key)!r} does not match the weights' config "
                           f"({getattr(saved, key)!r} in {run_dir / FINAL_WEIGHTS})")
+
+
+class RunArg(NamedTuple):
+    """What a command line's RUN names: its folder and, when known, its run id."""
+    folder: Path
+    id: str | None  # the id given, or the folder's when it is <...>/runs/<run id>; None otherwise
+
+
+def _folder_run_id(folder: Path) -> str | None:
+    """The run id of a folder laid out as ``<...>/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}``
+    (spelled so, or so once symlinks are resolved), else None."""
+    for path in (Path(os.path.abspath(folder)), folder.resolve()):
+        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.match("/".join(path.parts[-3:])):
+            return "/".join(path.parts[-3:])
+    return None
+
+
+def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
+    """The run a command-line RUN argument (named ``name`` in errors) addresses: an existing
+    directory is the run folder itself; otherwise a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``
+    names ``results/runs/<id>`` (which need not exist: the command reading it says so, in one
+    line); anything else is a one-line ConfigError naming the argument and the two forms."""
+    if arg and Path(arg).is_dir():
+        return RunArg(Path(arg), _folder_run_id(Path(arg)))
+    if RUN_ID.match(arg):
+        return RunArg(Path(RUNS_ROOT) / arg, arg)
+    raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
+                      f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
 
 
 def run_id_of(run_dir: str | Path, config: dict) -> str:

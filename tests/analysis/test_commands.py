@@ -112,7 +112,7 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
 def test_bench_decode_run_folders_and_errors(tiny_run, tmp_path, capsys):
     run_dir, _ = tiny_run
     out = tmp_path / "b.json"
-    assert main(["bench", "decode", "--run-dirs", str(run_dir), "--prefill", "4", "--tokens", "2", "--repeats", "1",
+    assert main(["bench", "decode", "--runs", str(run_dir), "--prefill", "4", "--tokens", "2", "--repeats", "1",
                  "--warmup", "0", "--no-progress", "--out", str(out)]) == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["source"] == str(run_dir) and row["label"] == "stateloop:K3:ds32"

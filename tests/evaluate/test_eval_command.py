@@ -119,7 +119,7 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
     (ok / "config.yaml").write_text(yaml.safe_dump({**config, "model": {**config["model"], "K": 5}}))
     assert "model.K" in one_line_error(capsys, ok, str(ok / "config.yaml"))
     # ... and the analyses and the latency benchmark, which load runs the same way, refuse it too
-    for argv in (["analyze", "shapley", str(ok), "--no-mlflow"], ["bench", "decode", "--run-dirs", str(ok), "--device", "cpu",
+    for argv in (["analyze", "shapley", str(ok), "--no-mlflow"], ["bench", "decode", "--runs", str(ok), "--device", "cpu",
                                                                  "--out", str(tmp_path / "d.json")]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()

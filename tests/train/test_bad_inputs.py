@@ -14,7 +14,7 @@ RUN = "t/stateloop/K2_ds32_seed1234"
 
 
 def _train(cfg, data, out, run=RUN, *overrides):
-    return ["train", "--config", str(cfg), "--run", run, "--data-dir", str(data), "--out", str(out), *overrides]
+    return ["train", "--config", str(cfg), run, "--data-dir", str(data), "--out", str(out), *overrides]
 
 
 def _tokenize_config(tmp_path, text_file):
@@ -54,9 +54,10 @@ def _case(name, tmp_path):
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
     return {
         "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
-                              "--run: t/stateloop/K9_ds64_seed1234 is not a run of"),
-        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"), "--run: unknown scale '..'"),
-        "run-absolute": (_train(cfg, data, out, "/etc/stateloop/K2_ds32_seed1234"), "--run: expected {scale}/{model}"),
+                              "RUN: t/stateloop/K9_ds64_seed1234 is not a run of"),
+        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"), "RUN: unknown scale '..'"),
+        "run-absolute": (_train(cfg, data, out, "/etc/stateloop/K2_ds32_seed1234"),
+                         "RUN: expected a run folder or a run id {scale}/{model}"),
         "seq-longer-than-context": (_train(cfg, data, out, RUN, "train.seq_len=128"),
                                     "train.seq_len: 128 exceeds model.max_seq_len = 64"),
         "seq-longer-than-data": (_train(cfg, data, out), "split 'train' has 20 tokens, fewer than one window of train.seq_len + 1 = 33"),

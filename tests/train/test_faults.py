@@ -37,7 +37,7 @@ def setup(tmp_path_factory):
 
 
 def _args(cfg, data, run_dir, *overrides):
-    return ["train", "--config", str(cfg), "--run", RUN, "--data-dir", str(data), "--out", str(run_dir),
+    return ["train", "--config", str(cfg), RUN, "--data-dir", str(data), "--out", str(run_dir),
             "--no-progress", *overrides]
 
 

@@ -35,7 +35,7 @@ def test_sigkill_then_restart_is_bitwise_equal_to_an_uninterrupted_run(tiny_setu
     assert reference.status == "finished"
 
     run_dir = tmp_path / "killed"
-    args = ["train", "--config", str(cfg_path), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+    args = ["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
             "--out", str(run_dir), "--no-progress", *overrides]
     proc = cli(args, cwd=tmp_path)
     store = CheckpointStore(run_dir / "checkpoints")
@@ -62,7 +62,7 @@ def test_sigterm_leaves_a_complete_checkpoint_and_requeue_status(tiny_setup, tmp
     checkpoint then resumes on one device (the global batch does not depend on the device count)."""
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
-    proc = cli(["train", "--config", str(cfg_path), "--run", "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data),
+    proc = cli(["train", "--config", str(cfg_path), "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data),
                 "--out", str(run_dir), "--no-progress", "train.devices=2", "train.strategy=ddp",
                 "train.max_steps=5000", "train.checkpoint_every=5"], cwd=tmp_path)
     store = CheckpointStore(run_dir / "checkpoints")

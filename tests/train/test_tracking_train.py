@@ -19,7 +19,7 @@ FAST = ["train.log_every=1", "train.val_tokens=0"]
 
 
 def _start(cfg_path, data, run_dir, overrides):
-    return cli(["train", "--config", str(cfg_path), "--run", RUN, "--data-dir", str(data), "--out", str(run_dir),
+    return cli(["train", "--config", str(cfg_path), RUN, "--data-dir", str(data), "--out", str(run_dir),
                 "--no-progress", "train.max_steps=100000", *overrides], cwd=run_dir.parent)
 
 

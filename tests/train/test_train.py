@@ -252,9 +252,9 @@ def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_s
     before = {p: p.read_bytes() for p in (run_dir / "config.yaml", run_dir / "model.pt")}
     capsys.readouterr()
     cases = [
-        (["--run", "t/stateloop/K3_ds32_seed1234"], r"holds run t/stateloop/K2_ds32_seed1234, not t/stateloop/K3_ds32_seed1234"),
-        (["--run", "t/stateloop/K2_ds32_seed1234", "model.norm_eps=1e-6"], r"model.norm_eps = 1e-06 differs from the run's 1e-05"),
-        (["--run", "t/stateloop/K2_ds32_seed1234", "train.max_steps=4", "train.lr=1e-3"],
+        (["t/stateloop/K3_ds32_seed1234"], r"holds run t/stateloop/K2_ds32_seed1234, not t/stateloop/K3_ds32_seed1234"),
+        (["t/stateloop/K2_ds32_seed1234", "model.norm_eps=1e-6"], r"model.norm_eps = 1e-06 differs from the run's 1e-05"),
+        (["t/stateloop/K2_ds32_seed1234", "train.max_steps=4", "train.lr=1e-3"],
          r"train.lr: 0.001 differs from 0.003 in .*config.yaml, and a resumed optimizer and schedule would keep 0.003"),
     ]
     for args, pattern in cases:
@@ -277,7 +277,7 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
 
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
-    args = ["train", "--config", str(cfg_path), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+    args = ["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
             "--out", str(run_dir), "train.max_steps=2", "--no-progress"]
     with run_lock(run_dir):  # held as a training in another process would hold it (a separate flock)
         capsys.readouterr()

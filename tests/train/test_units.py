@@ -80,7 +80,7 @@ def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides,
             "missing": lambda: tmp_path / "nope",
             "empty": lambda: (tmp_path / "empty").mkdir() or tmp_path / "empty",
             "big_vocab": lambda: write_shards(tmp_path / "big", n_train=2_000, n_val=500, vocab=200)}[data_kind]()
-    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+    rc = main(["train", "--config", str(cfg), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
                "--out", str(tmp_path / "run"), *overrides])
     err = capsys.readouterr().err.strip()
     assert rc == 2
@@ -94,25 +94,25 @@ def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides,
 
 def test_run_id_errors(tmp_path):
     cfg = write_config(tmp_path / "cfg.yaml")
-    with pytest.raises(ConfigError, match=r"^--run: expected \{scale\}/\{model\}/K\{K\}_ds\{ds\}_seed\{seed\}"):
+    with pytest.raises(ConfigError, match=r"^RUN: expected \{scale\}/\{model\}/K\{K\}_ds\{ds\}_seed\{seed\}"):
         resolved(cfg, tmp_path, "t/stateloop/K2")
-    with pytest.raises(ConfigError, match=r"^--run: expected"):
+    with pytest.raises(ConfigError, match=r"^RUN: expected"):
         resolved(cfg, tmp_path, "t/stateloop/K2_ds32")  # the seed is always spelled
     with pytest.raises(ConfigError, match=r"^train.seed: set by the run id"):
         resolved(cfg, tmp_path, "t/stateloop/K2_ds32_seed7", ["train.seed=8"])
     # the run id's seed is the training seed (init and data order)
     assert resolved(cfg, tmp_path, "t/stateloop/K2_ds32_seed7")["train"]["seed"] == 7
-    with pytest.raises(ConfigError, match=r"^--run: unknown scale 'big'"):
+    with pytest.raises(ConfigError, match=r"^RUN: unknown scale 'big'"):
         resolved(cfg, tmp_path, "big/stateloop/K2_ds32_seed1234")
     with pytest.raises(ConfigError,
-                       match=r"^--run: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
+                       match=r"^RUN: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
         resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
         resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")
     # Issue 15: "Today a run id that is not in the config (tiny/stateloop/K9_ds64) silently starts
     # a training run." A K, seed or model the experiments do not list is refused, naming its neighbours.
     for run in ("t/vanilla_looped/K5_ds0_seed1234", "t/stateloop/K2_ds32_seed8", "t/stateloop/K2_ds64_seed7"):
-        with pytest.raises(ConfigError, match=rf"^--run: {run} is not a run of .*cfg.yaml; add it to an experiment "
+        with pytest.raises(ConfigError, match=rf"^RUN: {run} is not a run of .*cfg.yaml; add it to an experiment "
                                               rf"there \(its runs like it: t/{run.split('/')[1]}/K2_"):
             resolved(cfg, tmp_path, run)
     cfg_dict = resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds0_seed1234", ["train.lr=1e-3"])
@@ -187,7 +187,7 @@ def test_damaged_shards_are_refused_in_one_line(tmp_path, capsys, damage, patter
         meta = json.loads((data / "meta.json").read_text())
         meta["dtype"] = "float16"
         (data / "meta.json").write_text(json.dumps(meta))
-    rc = main(["train", "--config", str(cfg), "--run", "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+    rc = main(["train", "--config", str(cfg), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
                "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and re.search(pattern, err), err

@@ -185,7 +185,7 @@ def test_warning_to_the_job_step_while_it_starts_checkpoints_and_requeues(tmp_pa
     child_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "4242",
                  "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     proc = subprocess.Popen(["srun", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=1", sys.executable, "-m", "stateloop.cli",
-                             "train", "--config", str(cfg), "--run", "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data),
+                             "train", "--config", str(cfg), "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data),
                              "--out", str(run_dir), "--no-progress"],
                             env=child_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -240,7 +240,7 @@ def test_a_retry_keeps_the_interrupted_attempts_training_log(tmp_path):
     run_dir = work / "results/runs" / RUN
     try:
         _wait("a first checkpoint", lambda: _complete_steps(run_dir), proc, log)
-        (trainer,) = _processes(work, "train", "--run")
+        (trainer,) = _processes(work, "train", RUN)
         os.kill(trainer, signal.SIGTERM)
         proc.wait(timeout=300)
     finally:

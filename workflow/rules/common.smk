@@ -12,8 +12,7 @@ from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import OUTPUTS, of_kind
-from stateloop.train.resolve import RUN_ID_FORM
-from stateloop.runs import atomic_write_bytes
+from stateloop.runs import RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
 
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
 try:
@@ -48,7 +47,7 @@ def job_config(wc, output):
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
 # A run's id and folder (experiments.Run.folder) as wildcards, spelled once: the seed always, last.
-RUN_DIR = f"results/runs/{RUN_ID_FORM}"
+RUN_DIR = f"{RUNS_ROOT}/{RUN_ID_FORM}"
 
 
 def run_path(name):

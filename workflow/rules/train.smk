@@ -38,5 +38,5 @@ rule train:
     # what training prints while it writes its checkpoint.
     shell:
         "touch {params.run_dir:q}/train.log && cat {params.run_dir:q}/train.log > {log} &&"
-        " {params.launcher} stateloop train --config {params.config} --run {params.run:q} --data-dir data/{wildcards.scale:q}"
+        " {params.launcher} stateloop train --config {params.config} {params.run:q} --data-dir data/{wildcards.scale:q}"
         " --out {params.run_dir:q} --no-progress 2>&1 | (trap '' TERM; exec tee -a {params.run_dir:q}/train.log) >> {log}"

@@ -1,4 +1,7 @@
-"""``stateloop analyze {shapley,interventions} RUN_DIR``: the Figure 4 analyses of a trained run.
+"""``stateloop analyze {shapley,interventions} RUN``: the Figure 4 analyses of a trained run.
+
+RUN is a run folder (RUN_DIR below) or a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}`` (the
+folder ``results/runs/{run id}``), as in every command that addresses runs (runs.py: resolve_run_arg).
 
 - ``shapley``: held-out NLL of all 2^K masks of the state reads R_1..R_K and each read's exact
   Shapley value and share -> RUN_DIR/shapley.json (analysis/shapley.py).
@@ -39,7 +42,8 @@ DTYPE_CHOICES = ["auto", "float32", "bf16-mixed", "bfloat16", "float16"]
 
 
 def _common(p) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a trained run folder (results/runs/...)")
+    p.add_argument("run", metavar="RUN", help="a trained run: its folder, or its run id "
+                   "{scale}/{model}/K{K}_ds{ds}_seed{seed} (the folder results/runs/{run id})")
     p.add_argument("--config", help="pipeline config whose scale's `eval:` section sets the held-out data "
                                     "(default: the config the run was trained from, as `stateloop eval`)")
     p.add_argument("--seq-len", type=int, help="window length (default: eval.max_length, else the run's train.seq_len)")
@@ -48,7 +52,7 @@ def _common(p) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                    help="auto (default): eval.precision, as the held-out PPL (32-true: float32; bf16-mixed: "
                         "float32 weights under bfloat16 autocast); bfloat16/float16: cast the weights")
-    p.add_argument("--out", help="result JSON (default: in RUN_DIR)")
+    p.add_argument("--out", help="result JSON (default: in the run folder)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -82,7 +86,7 @@ def run(args) -> int:
     from stateloop.analysis import common
     from stateloop.analysis.latency import DTYPES
     from stateloop.config import ConfigError
-    from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device
+    from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
     for flag in ("seq_len", "batch_size"):
         if getattr(args, flag) is not None and getattr(args, flag) <= 0:
@@ -91,10 +95,10 @@ def run(args) -> int:
         if getattr(args, flag, None) is not None and getattr(args, flag) < 0:
             raise ConfigError(f"--{flag.replace('_', '-')}: must be >= 0 (0: the whole split), got {getattr(args, flag)}")
 
+    run_dir = resolve_run_arg(args.run).folder
     device = resolve_device(args.device)
-    model, config = load_model(args.run_dir, device=device)
+    model, config = load_model(run_dir, device=device)
     common.require_reads(model, f"analyze {args.analysis}")
-    run_dir = Path(args.run_dir)
 
     # The held-out protocol of the run's `stateloop eval`, then the overriding flags.
     evalp = common.heldout_protocol(run_dir, config, model, args.config)

@@ -1,6 +1,8 @@
 """``stateloop bench decode``: per-token decoding latency and throughput (paper, Table 3).
 
-Models come from trained run folders (``--run-dirs``), or are built untrained from a shape
+Models come from trained runs (``--runs RUN ...``; each RUN a run folder or a run id
+``{scale}/{model}/K{K}_ds{ds}_seed{seed}``, the folder ``results/runs/{run id}``, as in every
+command that addresses runs: runs.py, resolve_run_arg), or are built untrained from a shape
 (``--models name:K[:d_s] ...`` at ``--scale`` of ``--config``, with ``--set model.key=value``
 overrides); with neither, Table 3's rows at the chosen shape. Examples::
 
@@ -18,9 +20,10 @@ def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     d = sub.add_parser("decode", help="per-token latency and throughput at batch 1 (Table 3)",
                        description="per-token latency and throughput at batch 1 (Table 3)")
-    d.add_argument("--run-dirs", nargs="+", default=[], metavar="RUN_DIR", help="trained run folders to time")
+    d.add_argument("--runs", nargs="+", default=[], metavar="RUN",
+                   help="trained runs to time: run folders or run ids {scale}/{model}/K{K}_ds{ds}_seed{seed}")
     d.add_argument("--models", nargs="+", default=[], metavar="SPEC",
-                   help="untrained models name[:K[:d_s]] (default without --run-dirs: Table 3's rows)")
+                   help="untrained models name[:K[:d_s]] (default without --runs: Table 3's rows)")
     d.add_argument("--config", help="pipeline config whose --scale gives the shape of untrained models")
     d.add_argument("--scale", help="scale of --config (required with --config)")
     d.add_argument("--set", nargs="+", default=[], metavar="model.KEY=VALUE", help="shape overrides for untrained models")
@@ -68,16 +71,17 @@ def run(args) -> int:
     import torch
 
     from stateloop.analysis import latency
-    from stateloop.runs import atomic_write_json, resolve_device
+    from stateloop.runs import atomic_write_json, resolve_device, resolve_run_arg
 
+    run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     dtype = latency.resolve_dtype(args.dtype, device)
     specs = list(args.models)
-    if not specs and not args.run_dirs:
+    if not specs and not run_dirs:
         specs = [f"{name}:{K}" for name, K in latency.TABLE3_ROWS]
-    rows = [latency.run_row(d, device, dtype) for d in args.run_dirs]
+    rows = [latency.run_row(d, device, dtype) for d in run_dirs]
     if specs:
         shape = _scale_model(args)
         for i, spec in enumerate(specs):

@@ -1,11 +1,14 @@
-"""``stateloop eval RUN_DIR``: held-out perplexity and lm-eval tasks for one trained run.
+"""``stateloop eval RUN``: held-out perplexity and lm-eval tasks for one trained run.
+
+RUN is a run folder or a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}`` (the folder
+``results/runs/{run id}``), as in every command that addresses runs (runs.py: resolve_run_arg).
 
 The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
 paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
 (``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
 
-Writes RUN_DIR/eval.json (atomically) and RUN_DIR/eval_samples/, and logs to the run's MLflow run.
+Writes eval.json (atomically) and eval_samples/ into the run folder, and logs to the run's MLflow run.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import sys
 
 
 def add_arguments(p) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run folder (results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed})")
+    p.add_argument("run", metavar="RUN", help="run folder, or run id {scale}/{model}/K{K}_ds{ds}_seed{seed} "
+                   "(its folder results/runs/{run id})")
     p.add_argument("--config", help="pipeline config whose scale's `eval:` section to use (configs/*.yaml)")
     p.add_argument("--tasks", nargs="*", help="lm-eval task names (local ones from workflow/tasks/); none: perplexity only")
     p.add_argument("--shots", nargs="+", type=int, help="few-shot counts, e.g. --shots 0 5")
@@ -57,6 +61,9 @@ def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict
 def run(args) -> int:
     from stateloop.config import ConfigError, parse_dotlist
     from stateloop.evaluate.harness import RESULTS_FILE, evaluate_run
+    from stateloop.runs import resolve_run_arg
+
+    run_dir = resolve_run_arg(args.run).folder
 
     dotted = parse_dotlist(args.set)
     unknown = [k for k in dotted if k != "eval"]
@@ -66,8 +73,8 @@ def run(args) -> int:
     for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    cfg = resolve_eval_config(args.run_dir, args.config, overrides)
-    results = evaluate_run(args.run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
+    cfg = resolve_eval_config(run_dir, args.config, overrides)
+    results = evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
     if not args.no_progress:
         held = results["heldout"]
         print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
@@ -76,5 +83,5 @@ def run(args) -> int:
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
                 n = (block.get("n_samples") or {}).get("effective")
                 print(f"{task} {shots}-shot (n={n}): {shown}")
-        print(f"wrote {args.run_dir.rstrip('/')}/{RESULTS_FILE}", file=sys.stderr)
+        print(f"wrote {run_dir / RESULTS_FILE}", file=sys.stderr)
     return 0

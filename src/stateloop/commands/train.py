@@ -1,10 +1,15 @@
-"""``stateloop train --config C --run {scale}/{model}/K{K}_ds{ds}_seed{seed} --data-dir DIR [key=value ...]``
+"""``stateloop train --config C RUN --data-dir DIR [--out DIR] [key=value ...]``
 
-Trains one run with Lightning Fabric and leaves its folder (default ``results/runs/{run id}``)
-with config.yaml, checkpoints/, model.pt and train.json. Rerunning the same command resumes from
-the newest complete checkpoint. Everything is checked before training starts: unknown or
-mistyped keys, a missing or empty data folder, a tokenizer vocabulary larger than
-``model.vocab_size``; each fails with a one-line message naming the key or file (exit 2).
+Trains one run with Lightning Fabric and leaves its folder with config.yaml, checkpoints/,
+model.pt and train.json. RUN, as in every command that addresses runs (runs.py:
+resolve_run_arg), is a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``, whose folder is
+``results/runs/{run id}``, or an existing run folder ``<...>/runs/{run id}``, whose last three
+components are the run id; ``--out`` trains into another folder (a new folder elsewhere: the
+run id and ``--out DIR``). The run id's seed replaces ``train.seed``. Rerunning the same
+command resumes from the newest complete checkpoint. Everything is checked before training
+starts: a malformed RUN, unknown or mistyped keys, a missing or empty data folder, a tokenizer
+vocabulary larger than ``model.vocab_size``; each fails with a one-line message naming the
+argument, key or file (exit 2).
 
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
@@ -20,10 +25,11 @@ import sys
 
 def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--run", required=True, help="run id {scale}/{model}/K{K}_ds{ds}_seed{seed}, "
-                   "e.g. tiny/stateloop/K3_ds64_seed1234; the seed replaces train.seed")
+    p.add_argument("run", metavar="RUN", help="run id {scale}/{model}/K{K}_ds{ds}_seed{seed} (e.g. "
+                   "tiny/stateloop/K3_ds64_seed1234; the seed replaces train.seed), or an existing run folder "
+                   ".../runs/{run id}")
     p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
-    p.add_argument("--out", help="run folder (default: results/runs/{run id})")
+    p.add_argument("--out", help="run folder (default: RUN's folder, results/runs/{run id} for a run id)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override a resolved value: train.lr=1e-3, train.max_steps=20, model.norm_eps=1e-6, data.dir=...")
@@ -35,12 +41,18 @@ def run(args) -> int:
     # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
     # training loop instead of ending the process, and the signals that stop training are known.
     with slurm.SignalLog() as signals:
+        from stateloop.config import ConfigError
+        from stateloop.runs import RUN_ID_FORM, resolve_run_arg
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
         from stateloop.train.resolve import resolve_run
 
-        config = resolve_run(args.config, args.run, args.overrides, args.data_dir)
+        run = resolve_run_arg(args.run)
+        if run.id is None:
+            raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
+                              f"three components are the run id); or give the run id and --out DIR")
+        config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
         slurm.warn_cpu_fallback(config)
-        out = args.out or f"results/runs/{config['run']['id']}"
+        out = args.out or str(run.folder)
         try:
             result = train(config, out, progress=not args.no_progress)
         except NonFiniteLoss as err:

@@ -17,15 +17,13 @@ Every failure is a one-line :class:`ConfigError` (or ``FileNotFoundError``) nami
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
 from stateloop.models.config import ModelConfig
+from stateloop.runs import RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM
 from stateloop.train.config import TrainConfig
 
-RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
-RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 SECTIONS = ("model", "train", "data")
 FIXED_BY_RUN_ID = ("name", "K", "d_state")  # model keys the run id sets
 
@@ -34,7 +32,7 @@ def parse_run_id(run_id: str) -> tuple[str, str, int, int, int]:
     """(scale, model, K, d_s, seed) of a run id."""
     m = RUN_ID.match(run_id)
     if not m:
-        raise ConfigError(f"--run: expected {RUN_ID_FORM} (e.g. tiny/stateloop/K3_ds64_seed1234), got {run_id!r}")
+        raise ConfigError(f"RUN: expected {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}), got {run_id!r}")
     return m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])
 
 
@@ -46,17 +44,17 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     pipeline = load_pipeline(config_path)
     scale_name, model_name, K, d_s, seed = parse_run_id(run_id)
     if scale_name not in pipeline.scales:
-        raise ConfigError(f"--run: unknown scale {scale_name!r} in {config_path} (defined: {', '.join(pipeline.scales)})")
+        raise ConfigError(f"RUN: unknown scale {scale_name!r} in {config_path} (defined: {', '.join(pipeline.scales)})")
     scale = pipeline.scales[scale_name]
     known = {r.id: r for r in expand_runs(pipeline)}
     if run_id not in known:  # a typo must not start a training nobody planned
         d_state = run_model_config(scale, model_name, K, d_s).d_state  # an unknown model: one line
         if d_state != d_s:
-            raise ConfigError(f"--run: {model_name} has no persistent state, so its run id is "
+            raise ConfigError(f"RUN: {model_name} has no persistent state, so its run id is "
                               f"{scale_name}/{model_name}/K{K}_ds{d_state}_seed{seed}")
         near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
         listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
-        raise ConfigError(f"--run: {run_id} is not a run of {config_path}; add it to an experiment there "
+        raise ConfigError(f"RUN: {run_id} is not a run of {config_path}; add it to an experiment there "
                           f"(its runs like it: {listed or 'none'})")
     run = known[run_id]
     mcfg, experiments = run.model_config, list(run.experiments)
