@@ -8,12 +8,9 @@ rule shapley:
         run_path("shapley.json"),
     log:
         run_log("shapley"),
-    threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
+    threads: job_threads("analyze")
     resources:
-        runtime=lambda wc: stage(wc.scale, "analyze").runtime,
-        mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
-        cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
-        gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+        **job_resources("analyze"),
     params:
         config=job_config,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
@@ -32,12 +29,9 @@ rule interventions:
         run_path("interventions.json"),
     log:
         run_log("interventions"),
-    threads: lambda wc: stage(wc.scale, "analyze").cpus_per_task
+    threads: job_threads("analyze")
     resources:
-        runtime=lambda wc: stage(wc.scale, "analyze").runtime,
-        mem_mb=lambda wc: stage(wc.scale, "analyze").mem_mb,
-        cpus_per_task=lambda wc: stage(wc.scale, "analyze").cpus_per_task,
-        gpu=lambda wc: stage(wc.scale, "analyze").gpus,
+        **job_resources("analyze"),
     params:
         config=job_config,
         eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
@@ -59,10 +53,7 @@ rule bench_decode:
         "logs/bench/decode.log",
     threads: all_cores
     resources:
-        runtime=lambda wc: stage(BENCH_SCALE, "bench").runtime,
-        mem_mb=lambda wc: stage(BENCH_SCALE, "bench").mem_mb,
-        cpus_per_task=lambda wc: stage(BENCH_SCALE, "bench").cpus_per_task,
-        gpu=lambda wc: stage(BENCH_SCALE, "bench").gpus,
+        **job_resources("bench", scale=BENCH_SCALE),
         slurm_extra="'--exclusive'",
     params:
         config=job_config,

@@ -96,6 +96,11 @@ def all_cores(wc):
     return max(1, min(cores, os.cpu_count() or 1))
 
 
+def run_id(wc):
+    """Params value: the job's run id."""
+    return run_of(wc).id
+
+
 def run_dir(wc):
     """Params value: the job's run folder."""
     return run_of(wc).folder
@@ -111,6 +116,32 @@ def run_files(experiment, name):
 
 def stage(scale, name):
     return getattr(PIPE.scales[scale].resources, name)
+
+
+# What a training job asks for beyond its runtime, memory and CPUs (train_resources): the value
+# each key takes when the geometry does not need it.
+TRAIN_RESOURCE_DEFAULTS = {"gres": "", "tasks_per_gpu": 1, "nodes": 1, "tasks_per_node": 0, "tasks": 0, "mpi": ""}
+
+
+def job_threads(name, scale=None):
+    """A rule's ``threads:``: the CPUs of the scale's ``resources.<name>`` (the job's scale, or ``scale``)."""
+    return lambda wc: stage(scale or wc.scale, name).cpus_per_task
+
+
+def job_resources(name, scale=None):
+    """A rule's ``resources:`` (``**job_resources("eval")``), one callable per key, from the scale's
+    ``resources.<name>`` (the job's scale, or ``scale``): runtime, mem_mb, cpus_per_task and gpu
+    (0 asks for none). Training asks for what train_resources says: the same three, its GPUs as
+    gres, one SLURM task per device (tasks_per_node, or tasks where a node has one device), mpi
+    (always present, so that the job runs the command in the batch script, where the launcher
+    starts training as a job step; "srun" with several tasks makes the plugin ask for them) and
+    slurm_extra (the warning before the time limit, the log of every attempt)."""
+    if name == "train":
+        keys = {"runtime": None, "mem_mb": None, "cpus_per_task": None, **TRAIN_RESOURCE_DEFAULTS, "slurm_extra": None}
+        return {key: (lambda wc, key=key, default=default: train_resources(wc).get(key, default))
+                for key, default in keys.items()}
+    fields = {"runtime": "runtime", "mem_mb": "mem_mb", "cpus_per_task": "cpus_per_task", "gpu": "gpus"}
+    return {key: (lambda wc, field=field: getattr(stage(scale or wc.scale, name), field)) for key, field in fields.items()}
 
 
 def settings(section):

@@ -3,11 +3,9 @@ rule tokenize:
         "data/{scale}/meta.json",
     log:
         "logs/tokenize/{scale}.log",
-    threads: lambda wc: stage(wc.scale, "tokenize").cpus_per_task
+    threads: job_threads("tokenize")
     resources:
-        runtime=lambda wc: stage(wc.scale, "tokenize").runtime,
-        mem_mb=lambda wc: stage(wc.scale, "tokenize").mem_mb,
-        cpus_per_task=lambda wc: stage(wc.scale, "tokenize").cpus_per_task,
+        **job_resources("tokenize"),
     params:
         config=job_config,
         data=settings("data"),

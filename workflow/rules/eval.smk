@@ -5,12 +5,9 @@ rule eval:
         run_path("eval.json"),
     log:
         run_log("eval"),
-    threads: lambda wc: stage(wc.scale, "eval").cpus_per_task
+    threads: job_threads("eval")
     resources:
-        runtime=lambda wc: stage(wc.scale, "eval").runtime,
-        mem_mb=lambda wc: stage(wc.scale, "eval").mem_mb,
-        cpus_per_task=lambda wc: stage(wc.scale, "eval").cpus_per_task,
-        gpu=lambda wc: stage(wc.scale, "eval").gpus,
+        **job_resources("eval"),
     params:
         config=job_config,
         eval=settings("eval"),

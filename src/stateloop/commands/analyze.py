@@ -1,7 +1,7 @@
 """``stateloop analyze {shapley,interventions} RUN``: the Figure 4 analyses of a trained run.
 
-RUN is a run folder (RUN_DIR below) or a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}`` (the
-folder ``results/runs/{run id}``), as in every command that addresses runs (runs.py: resolve_run_arg).
+RUN: a run folder (RUN_DIR below) or a run id, as in every command that addresses runs
+(runs.resolve_run_arg).
 
 - ``shapley``: held-out NLL of all 2^K masks of the state reads R_1..R_K and each read's exact
   Shapley value and share -> RUN_DIR/shapley.json (analysis/shapley.py).
@@ -38,12 +38,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from stateloop.commands import RUN_HELP
+
 DTYPE_CHOICES = ["auto", "float32", "bf16-mixed", "bfloat16", "float16"]
 
 
 def _common(p) -> None:
-    p.add_argument("run", metavar="RUN", help="a trained run: its folder, or its run id "
-                   "{scale}/{model}/K{K}_ds{ds}_seed{seed} (the folder results/runs/{run id})")
+    p.add_argument("run", metavar="RUN", help=f"the trained run: {RUN_HELP}")
     p.add_argument("--config", help="pipeline config whose scale's `eval:` section sets the held-out data "
                                     "(default: the config the run was trained from, as `stateloop eval`)")
     p.add_argument("--seq-len", type=int, help="window length (default: eval.max_length, else the run's train.seq_len)")

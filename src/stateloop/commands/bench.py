@@ -1,8 +1,7 @@
 """``stateloop bench decode``: per-token decoding latency and throughput (paper, Table 3).
 
-Models come from trained runs (``--runs RUN ...``; each RUN a run folder or a run id
-``{scale}/{model}/K{K}_ds{ds}_seed{seed}``, the folder ``results/runs/{run id}``, as in every
-command that addresses runs: runs.py, resolve_run_arg), or are built untrained from a shape
+Models come from trained runs (``--runs RUN ...``; each RUN a run folder or a run id, as in every
+command that addresses runs: runs.resolve_run_arg), or are built untrained from a shape
 (``--models name:K[:d_s] ...`` at ``--scale`` of ``--config``, with ``--set model.key=value``
 overrides); with neither, Table 3's rows at the chosen shape. Examples::
 
@@ -15,13 +14,15 @@ from __future__ import annotations
 
 import sys
 
+from stateloop.commands import RUN_HELP
+
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     d = sub.add_parser("decode", help="per-token latency and throughput at batch 1 (Table 3)",
                        description="per-token latency and throughput at batch 1 (Table 3)")
     d.add_argument("--runs", nargs="+", default=[], metavar="RUN",
-                   help="trained runs to time: run folders or run ids {scale}/{model}/K{K}_ds{ds}_seed{seed}")
+                   help=f"trained runs to time, each {RUN_HELP}")
     d.add_argument("--models", nargs="+", default=[], metavar="SPEC",
                    help="untrained models name[:K[:d_s]] (default without --runs: Table 3's rows)")
     d.add_argument("--config", help="pipeline config whose --scale gives the shape of untrained models")

@@ -1,7 +1,6 @@
 """``stateloop eval RUN``: held-out perplexity and lm-eval tasks for one trained run.
 
-RUN is a run folder or a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}`` (the folder
-``results/runs/{run id}``), as in every command that addresses runs (runs.py: resolve_run_arg).
+RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
 
 The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
@@ -15,10 +14,11 @@ from __future__ import annotations
 
 import sys
 
+from stateloop.commands import RUN_HELP
+
 
 def add_arguments(p) -> None:
-    p.add_argument("run", metavar="RUN", help="run folder, or run id {scale}/{model}/K{K}_ds{ds}_seed{seed} "
-                   "(its folder results/runs/{run id})")
+    p.add_argument("run", metavar="RUN", help=RUN_HELP)
     p.add_argument("--config", help="pipeline config whose scale's `eval:` section to use (configs/*.yaml)")
     p.add_argument("--tasks", nargs="*", help="lm-eval task names (local ones from workflow/tasks/); none: perplexity only")
     p.add_argument("--shots", nargs="+", type=int, help="few-shot counts, e.g. --shots 0 5")

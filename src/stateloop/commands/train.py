@@ -1,12 +1,11 @@
 """``stateloop train --config C RUN --data-dir DIR [--out DIR] [key=value ...]``
 
 Trains one run with Lightning Fabric and leaves its folder with config.yaml, checkpoints/,
-model.pt and train.json. RUN, as in every command that addresses runs (runs.py:
-resolve_run_arg), is a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``, whose folder is
-``results/runs/{run id}``, or an existing run folder ``<...>/runs/{run id}``, whose last three
-components are the run id; ``--out`` trains into another folder (a new folder elsewhere: the
-run id and ``--out DIR``). The run id's seed replaces ``train.seed``. Rerunning the same
-command resumes from the newest complete checkpoint. Everything is checked before training
+model.pt and train.json. RUN, as in every command that addresses runs
+(runs.resolve_run_arg), is a run id, whose folder is ``results/runs/<run id>``, or an existing
+run folder ``<...>/runs/<run id>``, whose last three components are the run id; ``--out``
+trains into another folder (a new folder elsewhere: the run id and ``--out DIR``). The run id's
+seed replaces ``train.seed``. Rerunning the same command resumes from the newest complete checkpoint. Everything is checked before training
 starts: a malformed RUN, unknown or mistyped keys, a missing or empty data folder, a tokenizer
 vocabulary larger than ``model.vocab_size``; each fails with a one-line message naming the
 argument, key or file (exit 2).
@@ -22,12 +21,12 @@ from __future__ import annotations
 import os
 import sys
 
+from stateloop.commands import RUN_HELP
+
 
 def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("run", metavar="RUN", help="run id {scale}/{model}/K{K}_ds{ds}_seed{seed} (e.g. "
-                   "tiny/stateloop/K3_ds64_seed1234; the seed replaces train.seed), or an existing run folder "
-                   ".../runs/{run id}")
+    p.add_argument("run", metavar="RUN", help=f"{RUN_HELP}; the id's seed replaces train.seed")
     p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
     p.add_argument("--out", help="run folder (default: RUN's folder, results/runs/{run id} for a run id)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
