@@ -37,3 +37,30 @@ def test_schema_rejects_what_the_loader_rejects():
     bad["scales"]["smoke"]["train"]["learning_rate"] = 1.0
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_others(tmp_path):
+    """Paper: Table 1 compares the ten models, Table 4 the three ablations with StateLoop and
+    Vanilla Looped, Figure 2 Vanilla Looped and StateLoop, Figures 3-4 StateLoop; Table 3 times
+    Vanilla (+ FFN) and the three StateLoop variants. A config states them once, in
+    PAPER_MODELS: an experiment of one of those names without `models:` compares them (in that
+    order), a `models:` list replaces them, and another name without one is a one-line error."""
+    from stateloop.config import ConfigError
+    from stateloop.experiments import PAPER_MODELS, pipeline_from_dict
+
+    assert PAPER_MODELS["table1"] == ["vanilla_looped", "vanilla_looped_ffn", "hyperloop", "mesh", "ponderlm", "parcae",
+                                      "pause_token", "stateloop", "stateloop_attn", "stateloop_mamba2"]
+    assert PAPER_MODELS["table4"] == ["state_only", "reset_state", "stateloop_gru", "stateloop", "vanilla_looped"]
+    assert PAPER_MODELS["loop_depth"] == ["vanilla_looped", "stateloop"]
+    assert PAPER_MODELS["state_width"] == PAPER_MODELS["state_analysis"] == ["stateloop"]
+    assert PAPER_MODELS["decoding"] == ["vanilla_looped", "vanilla_looped_ffn", "stateloop", "stateloop_attn",
+                                        "stateloop_mamba2"]
+    raw = yaml.safe_load((ROOT / "configs/smoke.yaml").read_text())
+    cfg = pipeline_from_dict(raw)
+    for name, models in PAPER_MODELS.items():
+        assert "models" not in raw["experiments"][name] and cfg.experiments[name].models == models
+    raw["experiments"]["loop_depth"]["models"] = ["stateloop"]
+    assert pipeline_from_dict(raw).experiments["loop_depth"].models == ["stateloop"]
+    raw["experiments"]["mine"] = {"scale": "smoke", "K": [2]}
+    with pytest.raises(ConfigError, match=r"experiments\.mine\.models: missing required key"):
+        pipeline_from_dict(raw)

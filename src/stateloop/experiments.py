@@ -5,8 +5,8 @@ A config file (``configs/*.yaml``) has two sections::
     scales:        # name -> the sections every run at that scale shares (model shape, ...)
       410m: {model: {n_layers: 24, d_model: 1024, ...}}
     experiments:   # name -> a grid of runs; a table or figure reads one or more experiments
-      table4: {scale: 410m, models: [stateloop, state_only], K: [7], d_state: [1024]}
-      table1: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
+      table4: {scale: 410m, K: [7], d_state: [1024]}      # models: the paper's (PAPER_MODELS)
+      mine: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
 
 A run is (scale, model, K, d_s, seed), with d_s = 0 for models without a persistent state. An
 experiment's ``seeds:`` list makes one run per seed (its own initialisation and data order: the
@@ -69,10 +69,24 @@ class ScaleConfig:
     paper: bool = False
 
 
+# The models each of the paper's experiments compares (Tables 1-4, Figures 2-4), in the order
+# the tables and figures list them: an experiment of one of these names without ``models:``
+# compares these, so a config states only what its scale chooses (K, d_s, seeds, options).
+PAPER_MODELS = {
+    "table1": ["vanilla_looped", "vanilla_looped_ffn", "hyperloop", "mesh", "ponderlm", "parcae", "pause_token",
+               "stateloop", "stateloop_attn", "stateloop_mamba2"],
+    "table4": ["state_only", "reset_state", "stateloop_gru", "stateloop", "vanilla_looped"],
+    "loop_depth": ["vanilla_looped", "stateloop"],
+    "state_width": ["stateloop"],
+    "state_analysis": ["stateloop"],
+    "decoding": ["vanilla_looped", "vanilla_looped_ffn", "stateloop", "stateloop_attn", "stateloop_mamba2"],
+}
+
+
 @dataclass
 class ExperimentConfig:
     scale: str
-    models: list[str]
+    models: list[str] | None = None  # None: PAPER_MODELS of the experiment's name (required for other names)
     K: list[int] = field(default_factory=lambda: [4])
     d_state: list[int] = field(default_factory=lambda: [0])  # used by models with a state; others get 0
     options: dict[str, dict] = field(default_factory=dict)  # model name -> model.options overrides
@@ -175,6 +189,11 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
                 raise ConfigError(f"{where}: {kind}.{name!r}: a name may hold only letters, digits, '.', '_' and '-'")
 
     for name, exp in cfg.experiments.items():
+        if exp.models is None:
+            if name not in PAPER_MODELS:
+                raise ConfigError(f"{where}: experiments.{name}.models: missing required key (only the paper's "
+                                  f"experiments, {', '.join(PAPER_MODELS)}, have default models)")
+            exp.models = list(PAPER_MODELS[name])
         if exp.scale not in cfg.scales:
             raise ConfigError(f"{where}: experiments.{name}.scale: unknown scale {exp.scale!r} (defined: {', '.join(cfg.scales)})")
         for model in list(exp.models) + list(exp.options) + list(exp.K_by_model):

@@ -169,7 +169,7 @@ def test_paper_config_plans_26_training_runs_once_each(tmp_path):
 
 @pytest.mark.parametrize("edit,needle", [
     (lambda c: c["scales"]["smoke"]["model"].update(d_modle=3), "scales.smoke.model.d_modle: unknown key"),
-    (lambda c: c["experiments"]["table4"]["models"].append("stateloop_xl"), "unknown model 'stateloop_xl'"),
+    (lambda c: c["experiments"]["table4"].update(models=["stateloop", "stateloop_xl"]), "unknown model 'stateloop_xl'"),
     (lambda c: c["scales"]["smoke"]["train"].update(lr="fast"), "scales.smoke.train.lr: expected a number"),
 ])
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path, edit, needle):
