@@ -555,6 +555,111 @@ def _bpe_texts(cfg: DataConfig, stream: Stream, count: list[int]) -> Iterator[st
                 return
 
 
+def _tokenizer_identity(cfg: DataConfig, model_vocab_size: int | None) -> tuple:
+    """What is known of the tokenizer before any text is read: ``(tokenizer, its JSON, its
+    meta.json description, its identity for the fingerprint)``. A BPE still to be trained is
+    ``(None, None, ...)``; a given tokenizer is loaded and checked (fits the model, has an eos) now."""
+    if cfg.tokenizer == "bpe":
+        _check_fit(cfg.vocab_size, model_vocab_size, "data.vocab_size")
+        tok_desc = {"kind": "bpe", "requested_vocab_size": cfg.vocab_size}
+        return None, None, tok_desc, dict(tok_desc)
+    tok, tok_json, tok_desc = load_tokenizer_spec(cfg.tokenizer)
+    _check_fit(vocab_size_of(tok), model_vocab_size, cfg.tokenizer)
+    find_eos(tok, cfg.eos_token, cfg.tokenizer)
+    return tok, tok_json, tok_desc, {**tok_desc, "sha256": sha256_text(tok_json)}
+
+
+def _check_streams_have_text(cfg: DataConfig, streams: list[Stream]) -> None:
+    """Read the first document of every non-synthetic stream: an empty source or an unreadable
+    held-out split fails here, before the output folder is touched."""
+    for stream in streams:
+        if stream.kind == "synthetic":
+            continue
+        first = next(text_batches(dataclasses.replace(stream, n_docs=1), cfg), None)
+        if not first:
+            key = "data.source" if stream.split is None else f"data.{stream.split}_split"
+            what = cfg.source if stream.split is None else f"{stream.hub_split or ', '.join(stream.files)}"
+            raise DataError(f"{key}: {what}: no documents with text (field {cfg.text_field!r})")
+
+
+def _fresh_stage(out: Path) -> Path:
+    """Clear ``out`` (:func:`_clear`) and return its new, empty staging folder ``out/.partial``."""
+    out.mkdir(parents=True, exist_ok=True)
+    _clear(out)
+    stage = out / PARTIAL
+    stage.mkdir()
+    return stage
+
+
+def _train_tokenizer(cfg: DataConfig, stream: Stream, tok_desc: dict, log) -> tuple:
+    """A byte-level BPE trained on the first training documents of ``stream``:
+    ``(tokenizer, its JSON, tok_desc with the number of documents it was trained on)``."""
+    log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
+    count = [0]
+    tok = train_bpe(_bpe_texts(cfg, stream, count), cfg.vocab_size, cfg.eos_token or "<|endoftext|>")
+    return tok, tok.to_str(), {**tok_desc, "trained_on_docs": count[0]}
+
+
+def _stream_tasks(cfg: DataConfig, stream: Stream) -> Iterator[tuple]:
+    """The worker tasks (see :func:`_work`) that encode one stream."""
+    if stream.kind == "synthetic":
+        return _synthetic_tasks(stream.split, stream.n_docs)
+    return (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
+
+
+def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dict[str, ShardWriter],
+                  docs: dict[str, int], progress: bool) -> None:
+    """Encode one stream into the splits' writers, counting documents per split in ``docs``."""
+    # max_tokens ends the hash-assigned stream after the first batch that reaches it:
+    # results arrive in order, so the cut is the same for any number of workers.
+    budget = cfg.max_tokens if stream.split is None else None
+    with _progress(f"tokenize {stream.split or 'train+held-out'}", stream.n_docs, progress) as bar:
+        n_tokens = 0
+        for result in runner.map(_stream_tasks(cfg, stream)):
+            for split, (arr, n_docs) in result.items():
+                writers[split].add(arr)
+                docs[split] += n_docs
+                n_tokens += arr.size
+                bar.update(n_docs)
+            bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+            if budget is not None and writers["train"].tokens >= budget:
+                break
+
+
+def _write_shards(cfg: DataConfig, streams: list[Stream], stage: Path, tok_json: str, eos_id: int,
+                  dtype: np.dtype, progress: bool) -> dict:
+    """Encode every stream into shards under ``stage``; returns meta.json's ``splits`` (the
+    splits that have tokens). Fails when no document went to ``train``."""
+    writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
+    docs = dict.fromkeys(SPLITS, 0)
+    synth = to_dict(cfg.synthetic) if cfg.is_synthetic else None
+    runner = _Runner(cfg.workers, cfg.seed, synth, tok_json, eos_id, dtype.name, cfg.holdout_fractions)
+    try:
+        for stream in streams:
+            _write_stream(cfg, stream, runner, writers, docs, progress)
+    finally:
+        runner.close()
+    splits = {}
+    origin = split_sources(cfg, streams)
+    for s, w in writers.items():
+        entry = w.close()
+        if entry["tokens"]:
+            splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "source": origin.get(s, "?"),
+                         "shards": entry["shards"]}
+    if "train" not in splits:
+        raise DataError(f"data.source: {cfg.source}: no training documents (all were empty or held out)")
+    return splits
+
+
+def _publish(stage: Path, out: Path, splits: dict) -> None:
+    """Move the shards and the tokenizer from ``stage`` into ``out`` and remove ``stage``."""
+    for entry in splits.values():
+        for shard in entry["shards"]:
+            os.replace(stage / shard["file"], out / shard["file"])
+    os.replace(stage / "tokenizer.json", out / "tokenizer.json")
+    shutil.rmtree(stage, ignore_errors=True)
+
+
 def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None = None, force: bool = False,
              progress: bool = True, log=print) -> dict:
     """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content.
@@ -568,18 +673,8 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     out = Path(out)
     streams = plan_streams(cfg)
     source = describe_source(cfg, streams)
-
     # Tokenizer identity first (cheap), so that an up-to-date folder is recognised without work.
-    if cfg.tokenizer == "bpe":
-        _check_fit(cfg.vocab_size, model_vocab_size, "data.vocab_size")
-        tok, tok_json, tok_desc = None, None, {"kind": "bpe", "requested_vocab_size": cfg.vocab_size}
-        tok_id = dict(tok_desc)
-    else:
-
-        tok, tok_json, tok_desc = load_tokenizer_spec(cfg.tokenizer)
-        _check_fit(vocab_size_of(tok), model_vocab_size, cfg.tokenizer)
-        find_eos(tok, cfg.eos_token, cfg.tokenizer)
-        tok_id = {**tok_desc, "sha256": sha256_text(tok_json)}
+    tok, tok_json, tok_desc, tok_id = _tokenizer_identity(cfg, model_vocab_size)
     fp = fingerprint(cfg, source, tok_id)
     if not force and is_complete(out, fp):
         meta = read_meta(out)
@@ -587,82 +682,19 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         log(f"{out}: up to date ({meta['tokens']:,} tokens); nothing to do")
         return meta
 
-    # Fail on an empty source or an unreadable held-out split before touching the folder.
-    primary = streams[0]
-    for stream in streams:
-        if stream.kind == "synthetic":
-            continue
-        first = next(text_batches(dataclasses.replace(stream, n_docs=1), cfg), None)
-        if not first:
-            key = "data.source" if stream.split is None else f"data.{stream.split}_split"
-            what = cfg.source if stream.split is None else f"{stream.hub_split or ', '.join(stream.files)}"
-            raise DataError(f"{key}: {what}: no documents with text (field {cfg.text_field!r})")
-
-    out.mkdir(parents=True, exist_ok=True)
-    _clear(out)
-    stage = out / PARTIAL
-    stage.mkdir()
-
-
+    _check_streams_have_text(cfg, streams)
+    stage = _fresh_stage(out)
     if tok is None:
-        log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
-        count = [0]
-        tok = train_bpe(_bpe_texts(cfg, primary, count), cfg.vocab_size, cfg.eos_token or "<|endoftext|>")
-        tok_json = tok.to_str()
-        tok_desc = {**tok_desc, "trained_on_docs": count[0]}
+        tok, tok_json, tok_desc = _train_tokenizer(cfg, streams[0], tok_desc, log)
     eos_token, eos_id = find_eos(tok, cfg.eos_token, tok_desc.get("name", "the trained BPE"))
     n_vocab = vocab_size_of(tok)
     _check_fit(n_vocab, model_vocab_size, cfg.tokenizer)
     dtype = token_dtype(n_vocab)
     (stage / "tokenizer.json").write_text(tok_json, encoding="utf-8")
 
-    fractions = cfg.holdout_fractions
-    writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
-    docs = dict.fromkeys(SPLITS, 0)
-    synth = to_dict(cfg.synthetic) if cfg.is_synthetic else None
-    runner = _Runner(cfg.workers, cfg.seed, synth, tok_json, eos_id, dtype.name, fractions)
-    try:
-        for stream in streams:
-            label = stream.split or "train+held-out"
-            if stream.kind == "synthetic":
-                tasks = _synthetic_tasks(stream.split, stream.n_docs)
-            else:
-                tasks = (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
-            total = stream.n_docs
-            # max_tokens ends the hash-assigned stream after the first batch that reaches it:
-            # results arrive in order, so the cut is the same for any number of workers.
-            budget = cfg.max_tokens if stream.split is None else None
-            with _progress(f"tokenize {label}", total, progress) as bar:
-                n_tokens = 0
-                for result in runner.map(tasks):
-                    for split, (arr, n_docs) in result.items():
-                        writers[split].add(arr)
-                        docs[split] += n_docs
-                        n_tokens += arr.size
-                        bar.update(n_docs)
-                    bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
-                    if budget is not None and writers["train"].tokens >= budget:
-                        break
-    finally:
-        runner.close()
-    splits = {}
-    origin = split_sources(cfg, streams)
-    for s, w in writers.items():
-        entry = w.close()
-        if entry["tokens"]:
-            splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "source": origin.get(s, "?"),
-                         "shards": entry["shards"]}
-    if "train" not in splits:
-        raise DataError(f"data.source: {cfg.source}: no training documents (all were empty or held out)")
-
-    # Publish: shards and tokenizer into place, meta.json last.
-    for entry in splits.values():
-        for shard in entry["shards"]:
-            os.replace(stage / shard["file"], out / shard["file"])
-    os.replace(stage / "tokenizer.json", out / "tokenizer.json")
-    shutil.rmtree(stage, ignore_errors=True)
-
-    meta = {
+    splits = _write_shards(cfg, streams, stage, tok_json, eos_id, dtype, progress)
+    _publish(stage, out, splits)  # meta.json last: only a complete folder has one
+    write_meta(out, {
         "dtype": dtype.name,
         "vocab_size": n_vocab,
         "eos_id": eos_id,
@@ -675,8 +707,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         "fingerprint": fp,
         "data_config": to_dict(cfg),
         "code_version": code_version(),
-    }
-    write_meta(out, meta)
+    })
     log(f"{out}: " + ", ".join(f"{s} {e['tokens']:,} tokens / {e['documents']:,} docs" for s, e in splits.items())
         + f" ({dtype.name}, vocab {n_vocab})")
     return read_meta(out)
