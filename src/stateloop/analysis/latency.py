@@ -144,24 +144,53 @@ def bench_decode(
     busy CPU, not for absolute GPU latency (the per-step sync removes host/device overlap).
     Models must already sit on ``device`` in the benchmark dtype, in eval mode.
     """
-    from tqdm import tqdm
+    _check_settings(rows, prefill, n_new, runs, warmup, interleave)
+    device = torch.device(device)
+    ref = _reference_label(rows, reference)
+    vocab = min(r.model.cfg.vocab_size for r in rows)
+    prompt = torch.randint(0, vocab, (1, prefill), generator=torch.Generator().manual_seed(seed)).to(device)
+    timings = _time_rows(rows, prompt, n_new, runs, warmup, device, progress, interleave)
+    results = [_row_result(row, timings[row.label], n_new) for row in rows]
+    _add_latency_changes(results, ref)
+    if interleave == "token":
+        _add_step_changes(results, ref, timings)
+    return {
+        "benchmark": "decode",
+        "settings": {
+            "batch_size": 1, "prefill_tokens": prefill, "new_tokens": n_new, "runs": runs, "warmup": warmup,
+            "dtype": str(next(rows[0].model.parameters()).dtype).replace("torch.", ""), "device": device_name(device),
+            "reference": ref, "seed": seed, "interleave": interleave,
+        },
+        "environment": environment(),
+        "rows": results,
+    }
 
+
+def _check_settings(rows: list[BenchModel], prefill: int, n_new: int, runs: int, warmup: int, interleave: str) -> None:
     if not rows:
         raise ValueError("no models to benchmark")
     if prefill < 1 or n_new < 1 or runs < 1 or warmup < 0:
         raise ConfigError(f"need prefill >= 1, tokens >= 1, runs >= 1, warmup >= 0; got {prefill}, {n_new}, {runs}, {warmup}")
     if interleave not in ("run", "token"):
         raise ValueError(f"interleave must be 'run' or 'token', got {interleave!r}")
-    device = torch.device(device)
+
+
+def _reference_label(rows: list[BenchModel], reference: str | None) -> str:
+    """The row the relative latencies are taken against: ``reference``, else the first row."""
     labels = [r.label for r in rows]
     if len(set(labels)) != len(labels):
         raise ConfigError(f"--models: the same model is listed twice ({labels})")
     ref = reference if reference is not None else labels[0]
     if ref not in labels:
         raise ConfigError(f"--reference {ref!r} is not one of the rows ({', '.join(labels)})")
-    vocab = min(r.model.cfg.vocab_size for r in rows)
-    gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, vocab, (1, prefill), generator=gen).to(device)
+    return ref
+
+
+def _time_rows(rows: list[BenchModel], prompt: torch.Tensor, n_new: int, runs: int, warmup: int,
+               device: torch.device, progress: bool, interleave: str) -> dict:
+    """The warm-up runs, then the timed runs. Returns per row label the timings of the timed runs:
+    prefill and decode seconds per run, and in lockstep every step's seconds and each run's median step."""
+    from tqdm import tqdm
 
     timings = {r.label: {"prefill": [], "decode": [], "steps": [], "run_medians": []} for r in rows}
     per_rep = len(rows) if interleave == "run" else 1
@@ -181,25 +210,36 @@ def bench_decode(
                     measured.append((row, time_decode(row.model, prompt, n_new, device)))
                     bar.update()
             if rep >= warmup:
-                for row, (pre, dec) in measured:
-                    timings[row.label]["prefill"].append(pre)
-                    if isinstance(dec, list):  # lockstep: the time of every step
-                        timings[row.label]["steps"].extend(dec)
-                        timings[row.label]["run_medians"].append(statistics.median(dec))
-                        dec = sum(dec)
-                    timings[row.label]["decode"].append(dec)
+                _record(timings, measured)
+    return timings
 
-    results = []
-    for row in rows:
+
+def _record(timings: dict, measured) -> None:
+    """Add one timed run, (row, (prefill seconds, decode seconds or lockstep step seconds)) per row."""
+    for row, (pre, dec) in measured:
         t = timings[row.label]
-        per_token_ms = [1000.0 * d / n_new for d in t["decode"]]
-        results.append({
-            "label": row.label, "model": row.name, "K": row.K, "d_s": row.d_s, "source": row.source,
-            "params": row.params, "params_m": round(row.params / 1e6, 2),
-            "latency_ms_per_token": _summary(per_token_ms),
-            "throughput_tok_s": _summary([n_new / d for d in t["decode"]]),
-            "prefill_ms": _summary([1000.0 * p for p in t["prefill"]]),
-        })
+        t["prefill"].append(pre)
+        if isinstance(dec, list):  # lockstep: the time of every step
+            t["steps"].extend(dec)
+            t["run_medians"].append(statistics.median(dec))
+            dec = sum(dec)
+        t["decode"].append(dec)
+
+
+def _row_result(row: BenchModel, t: dict, n_new: int) -> dict:
+    """A row of the result: the model, its per-token latency, throughput and prefill time over the runs."""
+    per_token_ms = [1000.0 * d / n_new for d in t["decode"]]
+    return {
+        "label": row.label, "model": row.name, "K": row.K, "d_s": row.d_s, "source": row.source,
+        "params": row.params, "params_m": round(row.params / 1e6, 2),
+        "latency_ms_per_token": _summary(per_token_ms),
+        "throughput_tok_s": _summary([n_new / d for d in t["decode"]]),
+        "prefill_ms": _summary([1000.0 * p for p in t["prefill"]]),
+    }
+
+
+def _add_latency_changes(results: list[dict], ref: str) -> None:
+    """Each row's latency change against the reference row: of the mean, and the median of the per-run ratios."""
     by_label = {r["label"]: r for r in results}
     ref_lat = by_label[ref]["latency_ms_per_token"]
     for r in results:
@@ -209,26 +249,18 @@ def bench_decode(
         # interleaved); their median is the noise-robust estimate of the relative latency.
         ratios = [a / b for a, b in zip(lat["runs"], ref_lat["runs"])]
         r["latency_change_pct_median_of_runs"] = 100.0 * (statistics.median(ratios) - 1.0)
-    if interleave == "token":
-        # Lockstep: the typical (median) single-step latency of each model, immune to the bursts
-        # of foreign load that inflate whole runs; its ratio is the most robust change on a busy CPU.
-        ref_step = statistics.median(timings[ref]["steps"])
-        for r in results:
-            med = statistics.median(timings[r["label"]]["steps"])
-            r["step_ms_median"] = 1000.0 * med
-            r["latency_change_pct_median_step"] = 100.0 * (med / ref_step - 1.0)
-            # each timed run's median step: the per-run samples the claims pair run by run
-            r["step_ms_median_runs"] = [1000.0 * m for m in timings[r["label"]]["run_medians"]]
-    return {
-        "benchmark": "decode",
-        "settings": {
-            "batch_size": 1, "prefill_tokens": prefill, "new_tokens": n_new, "runs": runs, "warmup": warmup,
-            "dtype": str(next(rows[0].model.parameters()).dtype).replace("torch.", ""), "device": device_name(device),
-            "reference": ref, "seed": seed, "interleave": interleave,
-        },
-        "environment": environment(),
-        "rows": results,
-    }
+
+
+def _add_step_changes(results: list[dict], ref: str, timings: dict) -> None:
+    """Lockstep: the typical (median) single-step latency of each model, immune to the bursts of
+    foreign load that inflate whole runs; its ratio is the most robust change on a busy CPU."""
+    ref_step = statistics.median(timings[ref]["steps"])
+    for r in results:
+        med = statistics.median(timings[r["label"]]["steps"])
+        r["step_ms_median"] = 1000.0 * med
+        r["latency_change_pct_median_step"] = 100.0 * (med / ref_step - 1.0)
+        # each timed run's median step: the per-run samples the claims pair run by run
+        r["step_ms_median_runs"] = [1000.0 * m for m in timings[r["label"]]["run_medians"]]
 
 
 def device_name(device: torch.device) -> str:
