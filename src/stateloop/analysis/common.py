@@ -57,7 +57,7 @@ def heldout_protocol(run_dir, config: dict, model, config_file: str | None = Non
     """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: the ``eval`` section
     of the run's scale in ``config_file`` (default: the pipeline config the run was trained from,
     when that file exists), else EvalConfig's defaults (split "val", the whole split)."""
-    from stateloop.commands.eval import resolve_eval_config
+    from stateloop.evaluate.resolve import resolve_eval_config
 
     ecfg = resolve_eval_config(run_dir, config_file)
     seq_len = int(ecfg.max_length or run_seq_len(config, model))

@@ -30,37 +30,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress output")
 
 
-def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict | None = None):
-    """EvalConfig for a run: the `eval` section of the run's scale in ``config_file`` (default:
-    the pipeline config the run was trained from, ``run.config`` of its resolved config, when that
-    file exists; else an `eval` section saved in the resolved config; else the defaults), then
-    ``overrides``."""
-    from pathlib import Path
-
-    from stateloop.config import ConfigError, from_dict, merge, to_dict
-    from stateloop.evaluate.config import EvalConfig
-    from stateloop.runs import run_id_of, saved_config
-
-    run_config = saved_config(run_dir)
-    data = dict(run_config.get("eval") or {})
-    run_section = run_config.get("run") if isinstance(run_config.get("run"), dict) else {}
-    if not config_file and run_section.get("config") and Path(run_section["config"]).is_file():
-        config_file = run_section["config"]
-    if config_file:
-        from stateloop.experiments import load_pipeline
-
-        pipeline = load_pipeline(config_file)
-        scale = run_section.get("scale") or run_id_of(run_dir, run_config).split("/")[0]
-        if scale not in pipeline.scales:
-            raise ConfigError(f"{config_file}: scales.{scale}: not defined (the run's scale; defined: {', '.join(pipeline.scales)})")
-        data = to_dict(pipeline.scales[scale].eval)
-    data = merge(data, overrides or {})
-    return from_dict(EvalConfig, data, "eval")
-
-
 def run(args) -> int:
     from stateloop.config import ConfigError, parse_dotlist
     from stateloop.evaluate.harness import RESULTS_FILE, evaluate_run
+    from stateloop.evaluate.resolve import resolve_eval_config
     from stateloop.runs import resolve_run_arg
 
     run_dir = resolve_run_arg(args.run).folder
