@@ -6,7 +6,7 @@ VENV=${STATELOOP_VENV:-.venv}
 [ -x "$VENV/bin/stateloop" ] || bash scripts/setup.sh
 PY="$VENV/bin/python"
 # With no test paths given: two pytest processes side by side (the machines here have two cores),
-# one for the tests that share the tiny rehearsal and the SLURM cluster (marker shared_dag, set in
+# one for the tests that share the tiny and paper rehearsals (marker shared_dag, set in
 # tests/conftest.py), one for all the others; the first one's output follows the second's.
 # Each has its own --basetemp (pytest prunes all but the newest three numbered temp folders).
 # STATELOOP_TEST_SPLIT=0, naming tests/..., or a -m / --basetemp of your own runs one process.
@@ -21,7 +21,7 @@ if [ "${STATELOOP_TEST_SPLIT:-1}" = 1 ] && ! printf '%s\n' "$@" | grep -qE '^(te
   wait $shared_pid
   shared=$?
   set -e
-  echo "---------------- tests sharing the tiny rehearsal and the SLURM cluster ----------------"
+  echo "---------------- tests sharing the tiny and paper rehearsals ----------------"
   cat "$shared_log"
   rm -rf "$tmp"
   # 5: a half collected no test (a -k or -m that selects only the other half)
