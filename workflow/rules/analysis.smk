@@ -48,7 +48,7 @@ rule interventions:
 # one process, decoding in lockstep (bench.interleave), with the paper's mean and std over runs.
 rule bench_decode:
     output:
-        "results/bench/decode.json",
+        f"results/{BENCH_FILE}",
     log:
         "logs/bench/decode.log",
     threads: all_cores

@@ -11,7 +11,7 @@ from snakemake.utils import validate
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
-from stateloop.report.outputs import OUTPUTS, of_kind
+from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
 
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
@@ -219,23 +219,25 @@ def decode_models():
     return " ".join(f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in shapes)
 
 
-def claims_inputs(wc):
-    """Everything the claims read: every trained run's eval.json, Figure 4's analyses, Table 3's
-    timings (each where the config defines the experiment)."""
-    files = [f"{r.folder}/eval.json" for r in RUNS.values()]
-    if "state_analysis" in PIPE.experiments:
-        files += run_files("state_analysis", "shapley.json") + run_files("state_analysis", "interventions.json")
-    if BENCH_SCALE is not None:
-        files.append("results/bench/decode.json")
-    return files
+def output_inputs(name):
+    """The files output ``name`` reads, as OUTPUTS says (where the config defines what it reads):
+    its run_files in the run folders of its experiment, the runs of its reference model at the
+    experiment's loop counts, Table 3's timings. The claims read every trained run's eval.json and
+    everything the other outputs read."""
+    o = OUTPUTS[name]
+    if o.experiment is None:
+        files = [f"{r.folder}/eval.json" for r in RUNS.values()]
+        files += [f for other in MADE if OUTPUTS[other].experiment is not None for f in output_inputs(other)]
+    else:
+        files = [f"{r.folder}/{f}" for f in o.run_files for r in runs_of(o.experiment)]
+        if o.reference:
+            K = {r.K for r in runs_of(o.experiment)}
+            files += [f"{r.folder}/eval.json" for r in RUNS.values() if r.model == o.reference and r.K in K]
+    if o.bench and BENCH_SCALE is not None:
+        files.append(f"results/{BENCH_FILE}")
+    return list(dict.fromkeys(files))
 
 
-def figure_inputs(wc):
-    exp = OUTPUTS[wc.figure].experiment
-    files = run_files(exp, "eval.json")
-    if wc.figure == "state_analysis":
-        files = run_files(exp, "shapley.json") + run_files(exp, "interventions.json")
-    if wc.figure == "state_width":  # the vanilla reference line, when the config trains one
-        K = {r.K for r in runs_of(exp)}
-        files += [f"{r.folder}/eval.json" for r in RUNS.values() if r.model == "vanilla_looped" and r.K in K]
-    return files
+def render_inputs(wc):
+    """Input function of the render rules (the table, figure or the claims of the wildcards)."""
+    return output_inputs(wc.get("table") or wc.get("figure") or "claims")

@@ -10,8 +10,7 @@ include: "../report/captions.smk"
 
 rule render_table:
     input:
-        lambda wc: (["results/bench/decode.json"] if wc.table == "table3"
-                    else run_files(OUTPUTS[wc.table].experiment, "eval.json")),
+        render_inputs,
     output:
         csv=_table("results/{table}.csv", "CSV"),  # OUTPUTS[table].files
         md=_table("results/{table}.md", "Markdown"),
@@ -32,7 +31,7 @@ rule render_table:
 
 rule render_figure:
     input:
-        figure_inputs,
+        render_inputs,
     output:
         pdf=_figure("figures/{figure}.pdf", "PDF"),
         png=_figure("figures/{figure}.png", "PNG"),
@@ -54,7 +53,7 @@ rule render_figure:
 # The paper's claims, each with our effect, its 95% confidence interval over seeds and a verdict.
 rule render_claims:
     input:
-        claims_inputs,
+        render_inputs,
     output:
         md=_claims("results/claims.md", "Markdown"),
         csv=_claims("results/claims.csv", "CSV"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 from stateloop.commands import RUN_HELP
+from stateloop.report.outputs import BENCH_FILE
 
 
 def add_arguments(p) -> None:
@@ -40,7 +41,7 @@ def add_arguments(p) -> None:
                         "lockstep, one token each in turn, synced per step (robust ratios on a busy CPU)")
     d.add_argument("--reference", help="row label the relative latency is taken against (default: the first row)")
     d.add_argument("--seed", type=int, default=0, help="seed of the prompt and of untrained weights")
-    d.add_argument("--out", default="results/bench/decode.json", help="JSON result (written atomically)")
+    d.add_argument("--out", default=f"results/{BENCH_FILE}", help="JSON result (written atomically)")
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

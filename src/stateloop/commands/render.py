@@ -13,7 +13,7 @@ of one config adds to the same run; ``--no-mlflow`` skips it.
 
 from __future__ import annotations
 
-from stateloop.report.outputs import OUTPUTS
+from stateloop.report.outputs import BENCH_FILE, OUTPUTS
 
 
 def add_arguments(p) -> None:
@@ -21,7 +21,7 @@ def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
     p.add_argument("--out", required=True, help="output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
     p.add_argument("--results", default="results", help="results folder holding runs/ and bench/ (default: results)")
-    p.add_argument("--bench", help="decode benchmark JSON for table3 (default: RESULTS/bench/decode.json)")
+    p.add_argument("--bench", help=f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})")
     p.add_argument("--no-mlflow", action="store_true", help="do not log the files to MLflow")
 
 
@@ -45,7 +45,7 @@ def run(args) -> int:
     elif kind == "table":
         from stateloop.report import tables
 
-        kwargs = {"bench_json": Path(args.bench)} if args.target == "table3" and args.bench else {}
+        kwargs = {"bench_json": Path(args.bench)} if OUTPUTS[args.target].bench and args.bench else {}
         df, notes = tables.TABLES[args.target](cfg, results, **kwargs)
         atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
         atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, OUTPUTS[args.target].title).encode())

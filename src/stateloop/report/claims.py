@@ -25,6 +25,7 @@ import pandas as pd
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
 from stateloop.report import stats
+from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
 
@@ -159,7 +160,7 @@ def _state_branch_latency(cfg, results):
     swayed by a few slow steps (a CPU burst), which all models' medians are not."""
     if "decoding" not in cfg.experiments:
         return None
-    bench = read_json(results / "bench" / "decode.json")
+    bench = read_json(results / BENCH_FILE)
     rows = {(r["model"], r["K"]): r for r in bench["rows"]}
     sl = next((r for (m, _), r in rows.items() if m == "stateloop"), None)
     if sl is None:

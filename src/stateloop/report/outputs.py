@@ -1,4 +1,4 @@
-"""Every output of the DAG, once: its name, kind, the experiment it reads, its title and files.
+"""Every output of the DAG, once: its name, kind, what it reads, its title and files.
 
 The CLI (``stateloop render``), the renderers and the Snakemake rules (workflow/rules/common.smk,
 report.smk, workflow/report/captions.smk) all read this table; an output's name is spelled here.
@@ -7,11 +7,17 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
     loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
     claims          claims   (every experiment)  results/claims.csv + .md
+
+What an output reads from its experiment's run folders (``run_files``), Table 3's timings
+(``bench``: BENCH_FILE under the results folder) and a reference model's runs (``reference``)
+decide its rule's inputs (common.smk, ``render_inputs``); the renderers read the same files.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+BENCH_FILE = "bench/decode.json"  # Table 3's timings (`stateloop bench decode`), under the results folder
 
 
 @dataclass(frozen=True)
@@ -20,6 +26,10 @@ class Output:
     kind: str  # "table" | "figure" | "claims"
     experiment: str | None  # the experiment whose runs it reads (None: every experiment)
     title: str  # the paper's numbering first: "Table 1: ..."
+    run_files: tuple[str, ...] = ("eval.json",)  # what it reads in each run folder of its experiment
+    bench: bool = False  # reads BENCH_FILE
+    # a model whose runs at the experiment's loop counts it reads too (Figure 3's reference line)
+    reference: str | None = None
 
     @property
     def files(self) -> tuple[str, str]:
@@ -37,13 +47,15 @@ class Output:
 OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("table1", "table", "table1", "Table 1: parameters and held-out perplexity"),
     Output("table2", "table", "table1", "Table 2: accuracy at 0 and 5 shots"),
-    Output("table3", "table", "decoding", "Table 3: decoding latency per token"),
+    Output("table3", "table", "decoding", "Table 3: decoding latency per token", run_files=(), bench=True),
     Output("table4", "table", "table4", "Table 4: the ablations"),
     Output("loop_depth", "figure", "loop_depth", "Figure 2: perplexity against loop depth K"),
-    Output("state_width", "figure", "state_width", "Figure 3: perplexity against the state's parameter overhead"),
+    Output("state_width", "figure", "state_width", "Figure 3: perplexity against the state's parameter overhead",
+           reference="vanilla_looped"),
     Output("state_analysis", "figure", "state_analysis",
-           "Figure 4: Shapley values of the state reads; replacement and freezing"),
-    Output("claims", "claims", None, "The paper's claims, judged"),
+           "Figure 4: Shapley values of the state reads; replacement and freezing",
+           run_files=("shapley.json", "interventions.json")),
+    Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 
 

@@ -30,6 +30,7 @@ from stateloop.evaluate.config import PAPER_TASKS as EVAL_TASKS
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.flops import compute_profile
 from stateloop.models.registry import count_params
+from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
 
 TABLE4_GROUPS = [  # (ablation, variant) rows as the paper prints them
@@ -292,7 +293,7 @@ def table3(cfg, results: Path, bench_json: Path | None = None) -> tuple[pd.DataF
     """Decoding latency per token at batch 1 (the decode benchmark's JSON): mean and std over
     runs as the paper reports them; the change against the reference with its interval over runs
     (paired run by run: the models were timed side by side)."""
-    bench = read_json(bench_json or results / "bench" / "decode.json")
+    bench = read_json(bench_json or results / BENCH_FILE)
     ref = reference("table3_decoding").set_index(["model", "K"])
     scale = cfg.experiments["decoding"].scale if "decoding" in cfg.experiments else None
     comparable = bool(scale and cfg.scales[scale].paper)
