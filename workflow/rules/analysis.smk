@@ -3,7 +3,7 @@
 # rule), so their unmodified NLL is Table 4's; interventions calibrate on a sample of train.
 rule shapley:
     input:
-        run_path("model.pt"),
+        rules.train.output.model,
     output:
         run_path("shapley.json"),
     log:
@@ -24,7 +24,7 @@ rule shapley:
 
 rule interventions:
     input:
-        run_path("model.pt"),
+        rules.train.output.model,
     output:
         run_path("interventions.json"),
     log:

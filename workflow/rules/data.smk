@@ -1,6 +1,6 @@
 rule tokenize:
     output:
-        "data/{scale}/meta.json",
+        meta="data/{scale}/meta.json",
     log:
         "logs/tokenize/{scale}.log",
     threads: job_threads("tokenize")

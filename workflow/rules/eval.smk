@@ -1,6 +1,6 @@
 rule eval:
     input:
-        run_path("model.pt"),
+        rules.train.output.model,
     output:
         run_path("eval.json"),
     log:

@@ -1,6 +1,6 @@
 rule train:
     input:
-        "data/{scale}/meta.json",
+        rules.tokenize.output.meta,
     output:
         model=run_path("model.pt"),
         summary=run_path("train.json"),
