@@ -39,22 +39,22 @@ def test_schema_rejects_what_the_loader_rejects():
         jsonschema.validate(bad, schema)
 
 
-def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_others(tmp_path):
-    """Paper: Table 1 compares the ten models, Table 4 the three ablations with StateLoop and
-    Vanilla Looped, Figure 2 Vanilla Looped and StateLoop, Figures 3-4 StateLoop; Table 3 times
-    Vanilla (+ FFN) and the three StateLoop variants. A config states them once, in
-    PAPER_MODELS: an experiment of one of those names without `models:` compares them (in that
-    order), a `models:` list replaces them, and another name without one is a one-line error."""
+def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_others():
+    """The models of each paper experiment come from the paper's own tables
+    (stateloop/report/reference/, copied from the paper): Table 1's ten rows, Table 3's decoding
+    rows, Table 4's variants; Figures 2-4 compare Vanilla Looped and StateLoop (Figure 2) and
+    sweep or analyse StateLoop (figures_text.csv: "widths d_s in 128 256 512 1024", the Shapley
+    "R1..R6"). An experiment of one of those names without `models:` compares them, a `models:`
+    list replaces them, and another name without one is a one-line error."""
     from stateloop.config import ConfigError
     from stateloop.experiments import PAPER_MODELS, pipeline_from_dict
+    from stateloop.report.tables import reference
 
-    assert PAPER_MODELS["table1"] == ["vanilla_looped", "vanilla_looped_ffn", "hyperloop", "mesh", "ponderlm", "parcae",
-                                      "pause_token", "stateloop", "stateloop_attn", "stateloop_mamba2"]
-    assert PAPER_MODELS["table4"] == ["state_only", "reset_state", "stateloop_gru", "stateloop", "vanilla_looped"]
+    assert PAPER_MODELS["table1"] == reference("table1_ppl")["model"].tolist()
+    assert PAPER_MODELS["decoding"] == list(dict.fromkeys(reference("table3_decoding")["model"]))
+    assert sorted(PAPER_MODELS["table4"]) == sorted(set(reference("table4_ablations")["variant"]))
     assert PAPER_MODELS["loop_depth"] == ["vanilla_looped", "stateloop"]
     assert PAPER_MODELS["state_width"] == PAPER_MODELS["state_analysis"] == ["stateloop"]
-    assert PAPER_MODELS["decoding"] == ["vanilla_looped", "vanilla_looped_ffn", "stateloop", "stateloop_attn",
-                                        "stateloop_mamba2"]
     raw = yaml.safe_load((ROOT / "configs/smoke.yaml").read_text())
     cfg = pipeline_from_dict(raw)
     for name, models in PAPER_MODELS.items():

@@ -158,10 +158,6 @@ def train_res(wc):
     return PIPE.scales[wc.scale].train
 
 
-def uses_gpu(wc):
-    return train_res(wc).accelerator in ("cuda", "gpu")
-
-
 def launcher(wc, resources):
     """The command that starts training: srun, one task per device, wherever SLURM runs it.
 
@@ -193,7 +189,7 @@ def train_resources(wc):
     warning_s = min(300, res.runtime * 15)
     out = {"runtime": res.runtime, "mem_mb": res.mem_mb, "cpus_per_task": res.cpus_per_task,
            "slurm_extra": f"--signal=USR1@{warning_s} --open-mode=append"}
-    if uses_gpu(wc) or t.accelerator == "auto":
+    if t.accelerator in ("cuda", "gpu", "auto"):
         out.update(gres=f"gpu:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
     if t.num_nodes * t.devices > 1:
         # The plugin asks for the tasks of an "mpi" job, and refuses tasks_per_node = 1: one
@@ -229,7 +225,7 @@ def output_inputs(name):
         files = [f"{r.folder}/eval.json" for r in RUNS.values()]
         files += [f for other in MADE if OUTPUTS[other].experiment is not None for f in output_inputs(other)]
     else:
-        files = [f"{r.folder}/{f}" for f in o.run_files for r in runs_of(o.experiment)]
+        files = [f for name in o.run_files for f in run_files(o.experiment, name)]
         if o.reference:
             K = {r.K for r in runs_of(o.experiment)}
             files += [f"{r.folder}/eval.json" for r in RUNS.values() if r.model == o.reference and r.K in K]

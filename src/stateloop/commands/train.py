@@ -5,10 +5,10 @@ model.pt and train.json. RUN, as in every command that addresses runs
 (runs.resolve_run_arg), is a run id, whose folder is ``results/runs/<run id>``, or an existing
 run folder ``<...>/runs/<run id>``, whose last three components are the run id; ``--out``
 trains into another folder (a new folder elsewhere: the run id and ``--out DIR``). The run id's
-seed replaces ``train.seed``. Rerunning the same command resumes from the newest complete checkpoint. Everything is checked before training
-starts: a malformed RUN, unknown or mistyped keys, a missing or empty data folder, a tokenizer
-vocabulary larger than ``model.vocab_size``; each fails with a one-line message naming the
-argument, key or file (exit 2).
+seed replaces ``train.seed``. Rerunning the same command resumes from the newest complete
+checkpoint. Everything is checked before training starts: a malformed RUN, unknown or mistyped
+keys, a missing or empty data folder, a tokenizer vocabulary larger than ``model.vocab_size``;
+each fails with a one-line message naming the argument, key or file (exit 2).
 
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
