@@ -262,8 +262,8 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
         return RunArg(Path(arg), _folder_run_id(Path(arg)))
     if RUN_ID.match(arg):
         return RunArg(Path(RUNS_ROOT) / arg, arg)
-    raise ConfigError(f"{name}: {arg!r} is neither a run folder (no such folder: no final weights) nor a run id "
-                      f"{RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, the folder {RUNS_ROOT}/<id>)")
+    raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
+                      f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
 
 
 def run_id_of(run_dir: str | Path, config: dict) -> str:
