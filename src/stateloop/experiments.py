@@ -100,8 +100,19 @@ class ExperimentConfig:
     # (and between models of one experiment) pair runs: StateLoop and Vanilla Looped with the
     # same seed see the same data order, so their difference is compared seed by seed.
     seeds: list[int] = field(default_factory=list)
+    # Test-time depths (this project's study, not the paper's): each run of the experiment is also
+    # evaluated at every loop count K' listed (its trained K among them or not) into the run
+    # folder's eval_depth.json (`stateloop eval RUN --depths ...`); held-out PPL only, unless
+    # test_time_tasks also runs the scale's lm-eval tasks at every K'.
+    test_time_K: list[int] = field(default_factory=list)
+    test_time_tasks: bool = False
 
     def __post_init__(self) -> None:
+        for K in self.test_time_K:
+            if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+                raise ConfigError(f"test_time_K: {K!r} is not a positive loop count")
+        if len(set(self.test_time_K)) != len(self.test_time_K):
+            raise ConfigError(f"test_time_K: {self.test_time_K} lists a depth twice")
         for s in self.seeds:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise ConfigError(f"seeds: {s!r} is not a non-negative integer")
@@ -144,6 +155,8 @@ class Run:
     model_config: ModelConfig
     seed: int = 1234
     experiments: list[str] = field(default_factory=list)
+    test_time_K: list[int] = field(default_factory=list)  # the depths its experiments evaluate it at, sorted
+    test_time_tasks: bool = False
 
     @property
     def cell(self) -> str:
@@ -247,6 +260,8 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
                         mcfg = run_model_config(scale, model, K, d_s, exp.options.get(model))
                     except ConfigError as err:
                         raise ConfigError(f"experiments.{name} ({model}, K={K}, d_s={d_s}): {err}") from None
+                    if exp.test_time_K:
+                        check_depths(mcfg, exp.test_time_K, f"experiments.{name}.test_time_K ({model}, K={K})")
                     for seed in seeds:
                         run = Run(exp.scale, model, K, mcfg.d_state, mcfg, seed)
                         run = runs.setdefault(run.id, run)
@@ -256,7 +271,24 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
                                               f"a run id names one model (use another scale for a variant)")
                         if name not in run.experiments:
                             run.experiments.append(name)
+                        if exp.test_time_K:
+                            run.test_time_K = sorted(set(run.test_time_K) | set(exp.test_time_K))
+                            run.test_time_tasks = run.test_time_tasks or exp.test_time_tasks
     return list(runs.values())
+
+
+def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
+    """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked on
+    the meta device when the config is loaded: a depth MeSH or Hyperloop cannot run is one line
+    naming the key, not a failed job."""
+    from stateloop.models.registry import build_model
+
+    model = build_model(mcfg, device="meta")
+    for K in depths:
+        try:
+            model.check_depth(K)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {str(err).removeprefix('eval.K: ')}") from None
 
 
 def cells(runs: list[Run]) -> dict[str, list[Run]]:

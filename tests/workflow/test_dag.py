@@ -142,7 +142,27 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
     assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
     assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
-                              "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md"])
+                              "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md",
+                              "figures/test_time_depth.pdf, figures/test_time_depth.png"])
+
+
+def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_path):
+    """Issue 27: "An experiment key (test_time_K) adds these evaluations to the DAG for the runs it
+    names; held-out PPL only by default". configs/decide.yaml's test_time_depth names Figure 2's
+    runs: no training beyond Figure 2's, one eval_depth job per run (40), each at every listed
+    depth with no lm-eval task; its figure reads them, and the claims read the figure's inputs."""
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "-n", "-p", "--configfile", "configs/decide.yaml").stdout
+    planned = jobs(out)
+    cfg = load_pipeline(work / "configs/decide.yaml")
+    named = {r.id for r in expand_runs(cfg, ["test_time_depth"])}
+    assert named <= {r.id for r in expand_runs(cfg, ["loop_depth"])}  # Figure 2's runs, trained once
+    depth_jobs = [j for j in planned if j["rule"] == "eval_depth"]
+    assert len(depth_jobs) == len(named) == 40
+    assert {j["output"].removeprefix("results/runs/").removesuffix("/eval_depth.json") for j in depth_jobs} == named
+    shells = [line for line in out.splitlines() if "--depths" in line]
+    assert len(shells) == 40
+    assert all("--depths 1 2 3 4 5 6 7 8 9 10 12 14 " in line and " --tasks " in line for line in shells), shells[0]
 
 
 def test_decoding_benchmark_runs_alone(tmp_path):

@@ -207,6 +207,16 @@ def eval_tasks(wc):
     return "" if "table1" in run_of(wc).experiments else "--tasks"
 
 
+def test_time_depths(wc):
+    """The test-time depths a run is evaluated at (its experiments' test_time_K), as words."""
+    return " ".join(map(str, run_of(wc).test_time_K))
+
+
+def test_time_tasks(wc):
+    """Held-out PPL only at the test-time depths, unless an experiment asks for its tasks too."""
+    return "" if run_of(wc).test_time_tasks else "--tasks"
+
+
 def decode_models():
     """Table 3's rows: the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
     if BENCH_SCALE is None:

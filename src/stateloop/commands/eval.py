@@ -8,6 +8,11 @@ paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the
 (``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
 
 Writes eval.json (atomically) and eval_samples/ into the run folder, and logs to the run's MLflow run.
+
+Test-time depth (this project's study, not the paper's protocol): ``--set eval.K=8`` evaluates the
+trained weights at K' = 8 loop iterations into eval_K8.json; ``--depths 1 2 ... 8`` measures each
+depth from one load of the weights into eval_depth.json (held-out perplexity, and the tasks of the
+eval settings unless ``--tasks`` names none).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ def add_arguments(p) -> None:
     p.add_argument("--limit", type=int, help="at most N documents per task (quick runs)")
     p.add_argument("--batch-size", type=int, help="sequences per forward pass")
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--depths", nargs="+", type=int, metavar="K",
+                   help="test-time loop depths: evaluate the run at each -> eval_depth.json")
     p.add_argument("--set", nargs="*", default=[], metavar="eval.KEY=VALUE", help="other eval settings, e.g. eval.heldout_windows=50")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress output")
@@ -32,7 +39,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.config import ConfigError, parse_dotlist
-    from stateloop.evaluate.harness import RESULTS_FILE, evaluate_run
+    from stateloop.evaluate.harness import DEPTH_FILE, depth_stem, evaluate_depths, evaluate_run
     from stateloop.evaluate.resolve import resolve_eval_config
     from stateloop.runs import resolve_run_arg
 
@@ -47,6 +54,16 @@ def run(args) -> int:
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
     cfg = resolve_eval_config(run_dir, args.config, overrides)
+    if args.depths:
+        if cfg.K is not None:
+            raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
+        results = evaluate_depths(run_dir, cfg, args.depths, mlflow=not args.no_mlflow, progress=not args.no_progress,
+                                  config_file=args.config)
+        if not args.no_progress:
+            for point in results["depths"]:
+                print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
+            print(f"wrote {run_dir / DEPTH_FILE}", file=sys.stderr)
+        return 0
     results = evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
     if not args.no_progress:
         held = results["heldout"]
@@ -56,5 +73,5 @@ def run(args) -> int:
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
                 n = (block.get("n_samples") or {}).get("effective")
                 print(f"{task} {shots}-shot (n={n}): {shown}")
-        print(f"wrote {run_dir / RESULTS_FILE}", file=sys.stderr)
+        print(f"wrote {run_dir / (depth_stem(results['K'], results['trained_K']) + '.json')}", file=sys.stderr)
     return 0

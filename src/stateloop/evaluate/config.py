@@ -35,13 +35,18 @@ class EvalConfig:
     seed: int = 0  # few-shot sampling and synthetic examples
     bootstrap_iters: int = 1000  # lm-eval's bootstrap for standard errors of non-mean metrics (0: none)
     log_samples: bool = True  # keep every prompt and answer (eval_samples/ in the run folder)
+    # The loop depth to evaluate at; None: the K the run was trained with. Another K' evaluates the
+    # trained weights at K' iterations (models/looped.py: LoopedLM.at_depth) and writes
+    # eval_K{K'}.json instead of eval.json. Not the paper's protocol (it evaluates "at the depth
+    # used during training"): this project's test-time depth study.
+    K: int | None = None
 
     def __post_init__(self) -> None:
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"eval.tasks: duplicate task names in {self.tasks}")
         if not self.shots or any(s < 0 for s in self.shots) or len(set(self.shots)) != len(self.shots):
             raise ConfigError(f"eval.shots: expected distinct non-negative shot counts, got {self.shots}")
-        for key in ("limit", "max_length", "heldout_windows"):
+        for key in ("limit", "max_length", "heldout_windows", "K"):
             value = getattr(self, key)
             if value is not None and value <= 0:
                 raise ConfigError(f"eval.{key}: must be positive or null, got {value}")

@@ -7,6 +7,11 @@
    (rolling-loglikelihood tasks, i.e. document perplexities, at zero shots only), through the
    ``stateloop`` lm-eval model (evaluate/lm.py).
 
+At ``eval.K`` = K' other than the trained K the same is measured with the weights run at K'
+iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples in
+``eval_K{K'}_samples/``); :func:`evaluate_depths` measures several depths from one load into
+``eval_depth.json``.
+
 ``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
 each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
 what goes to MLflow. It is written atomically; prompts and answers of every request go to
@@ -31,12 +36,19 @@ from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
 from stateloop.evaluate.perplexity import split_windows, token_nll
 from stateloop.evaluate.tasks import prepare_tasks
+from stateloop.report.outputs import DEPTH_FILE
 from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, trained_length
 from stateloop.tracking import flatten, log_stage
 
 RESULTS_FILE = "eval.json"
-SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
+
+
+def depth_stem(K: int, trained_K: int) -> str:
+    """The name of an evaluation at depth K of a run trained at ``trained_K``: "eval" at the
+    trained depth (eval.json, eval_samples/, MLflow eval/...), "eval_K{K}" at another."""
+    return "eval" if K == trained_K else f"eval_K{K}"
+
 def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
     """Token perplexity of the model on the held-out split of its data."""
 
@@ -143,49 +155,107 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     ``config_file``'s settings, see tracking.stage_uri). Returns the results."""
 
     run_dir = Path(run_dir)
-    run = load_run(run_dir, cfg.device)
-    lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
-                         max_length=cfg.max_length or trained_length(run.config), device=str(next(run.model.parameters()).device),
-                         precision=cfg.precision, name=run.run_id)
+    run, lm = _load(run_dir, cfg)
+    trained_K = run.model.cfg.K
+    if cfg.K is not None:
+        run.model.at_depth(cfg.K)  # one line, before any work, where K has no meaning for the model
+    K = run.model.cfg.K
+    stem = depth_stem(K, trained_K)
     started = datetime.datetime.now(datetime.timezone.utc)
     results: dict = {
-        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir),
+        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir), "K": K, "trained_K": trained_K,
         "data_dir": str(run.data_dir), "code_version": code_version(), "started": started.isoformat(timespec="seconds"),
         "device": str(lm.device), "max_length": lm.max_length, "eval_config": to_dict(cfg),
         "metrics_note": {"accuracy": M.describe("accuracy"), "perplexity": M.describe("perplexity")},
     }
     if progress:
-        print(f"[eval] {run.run_id}: {results['model']} on {lm.device}, window {lm.max_length}", file=sys.stderr, flush=True)
-    results["heldout"] = heldout_perplexity(lm, run.data_dir, cfg, progress)
-    if progress:
-        print(f"[eval] held-out perplexity {results['heldout']['ppl']:.3f} over {results['heldout']['tokens']} tokens",
-              file=sys.stderr, flush=True)
-    samples_dir = run_dir / SAMPLES_DIR if cfg.log_samples else None
-    if cfg.tasks:
-
-        results.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
-    else:
-        import lm_eval
-
-        results.update({"lm_eval_version": lm_eval.__version__, "tasks": {}})
+        at = "" if K == trained_K else f" at test-time depth K={K} (trained at K={trained_K})"
+        print(f"[eval] {run.run_id}: {results['model']}{at} on {lm.device}, window {lm.max_length}", file=sys.stderr, flush=True)
+    results.update(_measure(run, lm, cfg, run_dir, stem, progress))
     results["seconds"] = round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2)
     results["summary"] = summary(results)
     if mlflow:
-        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config, config_file)
-    atomic_write_json(run_dir / RESULTS_FILE, results)
+        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config, config_file, stem)
+    atomic_write_json(run_dir / f"{stem}.json", results)
     return results
+
+
+def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, mlflow: bool = True,
+                    progress: bool = True, config_file: str | None = None) -> dict:
+    """A run at each test-time depth K' of ``depths`` (the trained K among them or not): the
+    held-out perplexity (and ``cfg.tasks``, when any) per K', from one load of the weights.
+    Every depth is checked before any work. Writes ``eval_depth.json`` and logs the curves
+    ``eval_depth/heldout_ppl`` and ``eval_depth/heldout_nll`` (step = K') to the run's MLflow run."""
+    run_dir = Path(run_dir)
+    if not depths:
+        raise ConfigError("--depths: name at least one loop depth")
+    run, lm = _load(run_dir, cfg)
+    trained_K = run.model.cfg.K
+    for K in depths:
+        run.model.at_depth(K)  # every depth is checked (one line) before any work
+    started = datetime.datetime.now(datetime.timezone.utc)
+    points = []
+    for K in tqdm(sorted(set(depths)), desc=f"test-time depths of {run.run_id}", disable=not progress, leave=False):
+        run.model.at_depth(K)
+        point = {"K": K, **_measure(run, lm, cfg, run_dir, depth_stem(K, trained_K), False)}
+        point["summary"] = summary(point)
+        points.append(point)
+        if progress:
+            print(f"[eval] K={K}: held-out perplexity {point['heldout']['ppl']:.3f}", file=sys.stderr, flush=True)
+    run.model.at_depth(trained_K)
+    results = {
+        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir), "trained_K": trained_K,
+        "code_version": code_version(), "started": started.isoformat(timespec="seconds"), "device": str(lm.device),
+        "max_length": lm.max_length, "eval_config": to_dict(cfg), "depths": points,
+        "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2),
+    }
+    if mlflow:
+        curves = {name: [(p["K"], p["summary"][key]) for p in points]
+                  for name, key in (("heldout_ppl", "heldout/ppl"), ("heldout_nll", "heldout/nll"))}
+        results["mlflow_run_id"] = log_stage(run_dir, run.run_id, run.config, config_file, "eval", "eval_depth", {},
+                                             curves=curves, artifact=(results, f"eval/{DEPTH_FILE}"))
+    atomic_write_json(run_dir / DEPTH_FILE, results)
+    return results
+
+
+def _load(run_dir: Path, cfg: EvalConfig):
+    """(the run, its lm-eval model) for ``cfg``'s device, batch size, window and precision."""
+    run = load_run(run_dir, cfg.device)
+    lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
+                         max_length=cfg.max_length or trained_length(run.config), device=str(next(run.model.parameters()).device),
+                         precision=cfg.precision, name=run.run_id)
+    return run, lm
+
+
+def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool) -> dict:
+    """The held-out perplexity and the tasks of ``cfg`` at the model's current depth:
+    {"heldout", "lm_eval_version", "tasks"}; samples go to ``{stem}_samples/`` (eval_samples/)."""
+    out = {"heldout": heldout_perplexity(lm, run.data_dir, cfg, progress)}
+    if progress:
+        print(f"[eval] held-out perplexity {out['heldout']['ppl']:.3f} over {out['heldout']['tokens']} tokens",
+              file=sys.stderr, flush=True)
+    samples_dir = run_dir / f"{stem}_samples" if cfg.log_samples else None
+    if cfg.tasks:
+        out.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
+    else:
+        import lm_eval
+
+        out.update({"lm_eval_version": lm_eval.__version__, "tasks": {}})
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
 # MLflow
 
 
-def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None, config_file=None) -> str:
-    """Log the summary metrics (as ``eval/<name>``), the eval settings (as ``eval.<key>`` params;
-    a re-evaluation with other settings keeps them as ``changed_on_reeval.eval.<key>`` tags) and
-    eval.json (as an artifact) into the run's MLflow run (tracking.log_stage)."""
+def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None, config_file=None,
+                  stem: str = "eval") -> str:
+    """Log the summary metrics (as ``{stem}/<name>``), the eval settings (as ``{stem}.<key>`` params;
+    a re-evaluation with other settings keeps them as ``changed_on_reeval.{stem}.<key>`` tags) and
+    the results (as the artifact ``eval/{stem}.json``) into the run's MLflow run
+    (tracking.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
 
-    tags = {"eval.lm_eval_version": results.get("lm_eval_version", ""), "eval.code_version": results.get("code_version", "")}
-    return log_stage(run_dir, run_id, config, config_file, "eval", "eval", results["summary"],
-                     params=flatten(results.get("eval_config") or {}, "eval."), tags=tags,
-                     artifact=(results, "eval/eval.json"))
+    tags = {f"{stem}.lm_eval_version": results.get("lm_eval_version", ""), f"{stem}.code_version": results.get("code_version", "")}
+    return log_stage(run_dir, run_id, config, config_file, "eval", stem, results["summary"],
+                     params=flatten(results.get("eval_config") or {}, f"{stem}."), tags=tags,
+                     artifact=(results, f"eval/{stem}.json"))

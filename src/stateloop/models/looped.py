@@ -49,12 +49,14 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 
+from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
 from stateloop.models.mixers import build_mixer
@@ -93,6 +95,25 @@ class LoopedLM(nn.Module):
         self.backbone = Backbone.from_config(cfg, n_layers=n_layers, d_ff=d_ff)
         self.norm_f = RMSNorm(d, cfg.norm_eps)
         self.head = nn.Linear(d, cfg.vocab_size, bias=False)
+
+    # -- test-time depth -------------------------------------------------------------------------
+    def at_depth(self, K: int) -> LoopedLM:
+        """Run the same weights at K loop iterations from now on (in place; returns the model).
+
+        Every loop reads ``cfg.K``, so the state, the reads and the decoding caches follow the new
+        K exactly as the equations do (S^1..S^K, feedback reads R_1..R_{K-1}, terminal read R_K,
+        caches ("T", 0..K-1)). A model whose parameters are tied to particular iterations
+        overrides :meth:`check_depth`; one for which another K has no meaning refuses in one line.
+        """
+        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+            raise ConfigError(f"eval.K: the loop depth must be a positive integer, got {K!r}")
+        self.check_depth(K)
+        self.cfg = dataclasses.replace(self.cfg, K=K)
+        return self
+
+    def check_depth(self, K: int) -> None:
+        """Refuse (ConfigError) a depth at which this model has no meaning. Here: none; the loop
+        shares one weight set across iterations."""
 
     # -- pieces shared by every model ------------------------------------------------------------
     @property

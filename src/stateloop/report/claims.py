@@ -24,7 +24,7 @@ import pandas as pd
 
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
-from stateloop.report import stats
+from stateloop.report import depth, stats
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -277,13 +277,30 @@ def choice_rows() -> list[Claim]:
     return rows
 
 
+OWN = "own: test-time depth"  # the source of this project's own rows (not the paper's claims)
+
+
+def depth_rows(cfg) -> list[Claim]:
+    """This project's own question, one row per trained K of the test_time_depth experiment: does
+    StateLoop degrade less than Vanilla Looped past its trained depth (report/depth.py)? Negative:
+    it does."""
+
+    def measure(cfg, results, K):
+        return depth.degrades_less(depth.curves(cfg, results), K)
+
+    return [Claim(f"test_time_depth_degrades_less_K{K}", f"StateLoop degrades less than Vanilla Looped beyond its "
+                  f"trained depth (trained K = {K})", OWN, "points of % PPL change from K to K*", -1, math.nan,
+                  "not in the paper", lambda cfg, results, K=K: measure(cfg, results, K), [depth.EXPERIMENT])
+            for K in depth.trained_depths(cfg)]
+
+
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    for c in paper_claims() + choice_rows():
+    for c in paper_claims() + choice_rows() + depth_rows(cfg):
         out = c.measure(cfg, results)
-        if out is None and c.source.startswith("choice"):
-            continue  # an open choice the config does not measure
+        if out is None and c.source.startswith(("choice", "own")):
+            continue  # an open choice or an own question the config does not measure
         row = {"id": c.id, "claim": c.claim, "source": c.source, "paper_effect": c.paper_effect,
                "paper_unit": c.paper_unit, "unit": c.unit}
         if out is None:
@@ -323,5 +340,6 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "(or one seed: no interval). 'resolves' is the interval's half width: the smallest effect these "
               "seeds tell from 0. Effects are paired by seed (the same seed: the same init stream and "
               "data order), Table 3's by timed run; intervals are Student-t (stateloop.report.stats). Rows marked 'choice' measure "
-              "an open choice both ways; they are not the paper's claims.", ""]
+              "an open choice both ways; rows marked 'own' ask this project's own questions (test-time depth: "
+              "K* = 2K, or the deepest depth evaluated below it). Neither is a claim of the paper.", ""]
     return "\n".join(lines)

@@ -29,6 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
+from stateloop.report import depth  # noqa: E402
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
 
@@ -174,4 +175,5 @@ def state_analysis(cfg, results: Path):
     return fig
 
 
-FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis}
+FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
+           "test_time_depth": depth.figure}

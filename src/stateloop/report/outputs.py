@@ -5,7 +5,7 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
 
     name            kind     reads experiment   files
     table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
-    loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
+    loop_depth ...  figure   loop_depth, state_width, state_analysis, test_time_depth   figures/NAME.pdf + .png
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BENCH_FILE = "bench/decode.json"  # Table 3's timings (`stateloop bench decode`), under the results folder
+DEPTH_FILE = "eval_depth.json"  # a run's held-out PPL at its test-time depths (`stateloop eval RUN --depths ...`)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,9 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("state_analysis", "figure", "state_analysis",
            "Figure 4: Shapley values of the state reads; replacement and freezing",
            run_files=("shapley.json", "interventions.json")),
+    Output("test_time_depth", "figure", "test_time_depth",
+           "Extra figure: held-out perplexity at test-time loop depths other than trained (not in the paper)",
+           run_files=(DEPTH_FILE,)),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 

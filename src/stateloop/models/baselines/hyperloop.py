@@ -129,10 +129,18 @@ class HyperloopLM(StackedLM):
     def n_layer_applications(self) -> int:
         return self.n_begin + self.cfg.K * self.n_middle + self.n_end
 
+    def check_depth(self, K: int) -> None:
+        """[choice] Test-time depth: loop l has its own hyper-connection and loop embedding e_l,
+        so the model runs at any K' up to the trained K (the first K' of them); past it there are
+        none for the extra loops."""
+        if K > len(self.hyper):
+            raise ConfigError(f"eval.K: hyperloop has no meaning at K={K}: each loop has its own hyper-connection "
+                              f"and it was trained with {len(self.hyper)} (K <= {len(self.hyper)} only)")
+
     def loop(self, h, rope, cache) -> ModelOutput:
         x_b = self.apply_stack(self.begin, h, rope, cache, ("begin",))
         Y = x_b[..., None, :].expand(*x_b.shape[:-1], self.opts.n_streams, x_b.shape[-1])  # n copies
-        for l, hc in enumerate(self.hyper):
+        for l, hc in enumerate(self.hyper[: self.cfg.K]):
             h_pre, h_post, h_res = hc.weights(Y)
             o = self.apply_backbone(hc.read(Y, h_pre), rope, cache, l) + hc.loop_embed
             Y = hc.write(Y, o, h_post, h_res)

@@ -107,6 +107,15 @@ class MeshLM(PreludeCoreCodaLM):
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
 
+    def check_depth(self, K: int) -> None:
+        """[choice] Test-time depth: core step t uses router pair t + 1, so the model runs at any
+        K' up to the trained K (the first K' + 1 router pairs, the trained buffer of S slots); past
+        it there is no router for the extra steps."""
+        trained = len(self.routers) - 1
+        if K > trained:
+            raise ConfigError(f"eval.K: mesh has no meaning at K={K}: its routers are per step and it was trained "
+                              f"with {trained + 1} router pairs (K <= {trained} only)")
+
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""
         m = h_emb.new_zeros(*h_emb.shape[:-1], self.n_slots, h_emb.shape[-1])

@@ -97,7 +97,20 @@ class PauseTokenLM(LoopedLM):
 
     def __init__(self, cfg, opts: PauseTokenOptions | None = None):
         super().__init__(cfg)
-        self.n_pause, self.pause_id = resolve_pause(cfg, opts or PauseTokenOptions())
+        self.opts = opts or PauseTokenOptions()
+        self.n_pause, self.pause_id = resolve_pause(cfg, self.opts)
+
+    def check_depth(self, K: int) -> None:
+        """Test-time depth: K' - 1 pauses after every token (the pause count is the model's depth),
+        unless ``n_pause`` fixes the count, which K then does not set."""
+        if self.opts.n_pause is not None:
+            raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {self.opts.n_pause} "
+                              f"fixes its pauses")
+
+    def at_depth(self, K: int) -> PauseTokenLM:
+        super().at_depth(K)
+        self.n_pause = K - 1
+        return self
 
     @property
     def n_layer_applications(self) -> int:

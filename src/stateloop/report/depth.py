@@ -1,0 +1,125 @@
+"""Test-time depth: trained runs evaluated at other loop counts K' than their trained K.
+
+This is the project's own study, not one of the paper's (which evaluates every model "at the
+depth used during training"). The runs of the experiment ``test_time_depth`` carry
+``test_time_K``; each run folder's ``eval_depth.json`` (``stateloop eval RUN --depths ...``)
+holds its held-out perplexity at every K'. Here:
+
+- :func:`figure`: held-out PPL against K', one panel per model, one line per trained K (mean
+  over seeds with its 95% interval), the trained depth marked on each line.
+- :func:`claim_rows`: per trained K, does StateLoop degrade less than Vanilla Looped beyond its
+  trained depth? The degradation of a run is ``100 (PPL(K*) / PPL(K) - 1)`` at K* = 2K, or the
+  deepest K' below 2K the experiment evaluates past K; the effect is StateLoop's degradation minus
+  Vanilla's, paired by seed (negative: StateLoop degrades less).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from stateloop.experiments import cells, expand_runs  # noqa: E402
+from stateloop.models.registry import get_spec  # noqa: E402
+from stateloop.report.outputs import DEPTH_FILE  # noqa: E402
+from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
+from stateloop.report.tables import read_json  # noqa: E402
+
+EXPERIMENT = "test_time_depth"
+# Okabe-Ito: a palette that colour-blind readers tell apart
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
+
+
+def curves(cfg, results: Path) -> dict[str, dict[int, dict[int, dict[int, float]]]]:
+    """{model: {trained K: {seed: {K': held-out PPL}}}} over the experiment's runs."""
+    if EXPERIMENT not in cfg.experiments:
+        raise KeyError(f"experiments.{EXPERIMENT}: the config defines no such experiment (needed by this figure)")
+    out: dict = {}
+    for run in expand_runs(cfg, [EXPERIMENT]):
+        sweep = read_json(Path(results) / "runs" / run.id / DEPTH_FILE)
+        out.setdefault(run.model, {}).setdefault(run.K, {})[run.seed] = {
+            p["K"]: p["heldout"]["ppl"] for p in sweep["depths"]}
+    return out
+
+
+def deepest_beyond(K: int, depths) -> int | None:
+    """K* of a run trained at K: 2K when evaluated, else the deepest evaluated K' in (K, 2K);
+    None when no evaluated depth lies past K (and within 2K)."""
+    past = [k for k in depths if K < k <= 2 * K]
+    return max(past) if past else None
+
+
+def degradation(by_depth: dict[int, float], K: int) -> float | None:
+    """``100 (PPL(K*) / PPL(K) - 1)`` of one run (None without K or K* among its depths)."""
+    star = deepest_beyond(K, by_depth)
+    if star is None or K not in by_depth:
+        return None
+    return relative_pct(by_depth[star], by_depth[K])
+
+
+def degrades_less(curves_: dict, K: int, model: str = "stateloop", against: str = "vanilla_looped"):
+    """(Estimate of model's degradation minus against's, paired by seed; note) at trained K, or
+    None when either model lacks runs at K or depths past K."""
+    if K not in curves_.get(model, {}) or K not in curves_.get(against, {}):
+        return None
+    ours = {s: degradation(c, K) for s, c in curves_[model][K].items()}
+    theirs = {s: degradation(c, K) for s, c in curves_[against][K].items()}
+    ours = {s: v for s, v in ours.items() if v is not None}
+    theirs = {s: v for s, v in theirs.items() if v is not None}
+    if not ours or not theirs:
+        return None
+    star = deepest_beyond(K, next(iter(curves_[model][K].values())))
+    est = paired(ours, theirs)
+    mean = lambda d: sum(d.values()) / len(d)  # noqa: E731
+    return est, f"PPL at K'={star} vs K={K}: {model} {mean(ours):+.1f}%, {against} {mean(theirs):+.1f}%"
+
+
+def _err(est: Estimate) -> float:
+    return 0.0 if math.isnan(est.lo) else est.half_width
+
+
+def _seeds_text(n_seeds: set[int]) -> str:
+    if n_seeds == {1}:
+        return "one seed, no interval"
+    return f"mean and 95% CI over {'/'.join(map(str, sorted(n_seeds)))} seeds"
+
+
+def figure(cfg, results: Path):
+    data = curves(cfg, results)
+    models = [m for m in cfg.experiments[EXPERIMENT].models if m in data]
+    trained = sorted({K for m in models for K in data[m]})
+    colour = {K: PALETTE[i % len(PALETTE)] for i, K in enumerate(trained)}
+    fig, axes = plt.subplots(1, len(models), figsize=(3.4 * len(models), 3.2), sharey=True, squeeze=False)
+    n_seeds = set()
+    for ax, model in zip(axes[0], models):
+        for K in sorted(data[model]):
+            by_seed = data[model][K]
+            n_seeds.add(len(by_seed))
+            depths = sorted(set.intersection(*(set(c) for c in by_seed.values())))
+            ests = [t_interval([c[k] for c in by_seed.values()]) for k in depths]
+            ax.errorbar(depths, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3, lw=1.2,
+                        capsize=2, color=colour[K], label=f"trained K={K}")
+            if K in depths:
+                e = ests[depths.index(K)]
+                ax.plot([K], [e.mean], marker="*", ms=11, color=colour[K], markeredgecolor="black", zorder=5)
+        ax.set(title=get_spec(model).label, xlabel="test-time loop depth K'", yscale="log")
+        ax.grid(alpha=0.3, lw=0.5)
+    axes[0][0].set_ylabel("held-out PPL")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    handles.append(plt.Line2D([], [], marker="*", ms=11, color="grey", markeredgecolor="black", ls=""))
+    labels.append("trained depth")
+    axes[0][-1].legend(handles, labels, fontsize=7)
+    fig.suptitle(f"Test-time depth (this project's study; {_seeds_text(n_seeds)})", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def trained_depths(cfg) -> list[int]:
+    """The trained K of the experiment's StateLoop runs (the claim rows' loop counts)."""
+    if EXPERIMENT not in cfg.experiments:
+        return []
+    return sorted({rs[0].K for rs in cells(expand_runs(cfg, [EXPERIMENT])).values() if rs[0].model == "stateloop"})

@@ -1,0 +1,130 @@
+"""Test-time loop depth: a model trained at K run at K' (``LoopedLM.at_depth``).
+
+The paper evaluates each model only "at the depth used during training" (Sec. 5, Figure 2);
+this project also evaluates trained models at other depths. For every registered model, the
+model at K' must be exactly the model its own equations define at K' with the same weights: a
+model built fresh at K' and given those weights computes the same logits, and cached decoding at
+K' equals the full forward at K'. Models whose parameters belong to particular iterations
+(MeSH's per-step routers, Hyperloop's per-loop hyper-connections) run at K' <= K only, and every
+refusal is one line.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from helpers import tiny_config
+
+from stateloop.config import ConfigError
+from stateloop.models.generate import greedy_generate
+from stateloop.models.registry import MODELS, build_model
+
+TRAINED_K = 3
+# Depths with a meaning for each model: every K' for the shared-weight loops, K' <= K for the
+# models with per-iteration parameters.
+PER_ITERATION = {"mesh", "hyperloop"}
+
+
+def depths(name):
+    return [1, 2, 4, 6] if name not in PER_ITERATION else [1, 2]
+
+
+def fresh_at(name, K, trained_state):
+    """The model built from its config at K (no at_depth), given the trained weights: the
+    parameters of iterations past K (MeSH's routers, Hyperloop's hyper-connections) are left out,
+    and MeSH keeps the trained buffer size (its default S = K + 3 would change with K)."""
+    cfg = tiny_config(name, K=K)
+    if name == "mesh":
+        cfg = dataclasses.replace(cfg, options={**cfg.options, "n_slots": TRAINED_K + 3})
+    model = build_model(cfg).eval()
+    own = model.state_dict()
+    model.load_state_dict({k: v for k, v in trained_state.items() if k in own}, strict=True)
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_at_depth_equals_the_model_built_at_that_depth(name):
+    torch.manual_seed(0)
+    trained = build_model(tiny_config(name, K=TRAINED_K)).eval()
+    state = {k: v.clone() for k, v in trained.state_dict().items()}
+    idx = torch.randint(0, 97, (2, 11))
+    with torch.no_grad():
+        at_trained = trained(idx).logits
+        for K in depths(name):
+            ours = trained.at_depth(K)(idx).logits
+            reference = fresh_at(name, K, state)(idx).logits
+            assert torch.allclose(ours, reference, rtol=0, atol=1e-6), (name, K)
+            if K != TRAINED_K:  # the depth matters: another K gives other logits
+                assert not torch.allclose(ours, at_trained, atol=1e-4), (name, K)
+        # Back at the trained depth the model is the trained one again, bit for bit.
+        assert torch.equal(trained.at_depth(TRAINED_K)(idx).logits, at_trained), name
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_cached_decoding_at_another_depth_equals_the_full_forward(name):
+    torch.manual_seed(1)
+    model = build_model(tiny_config(name, K=TRAINED_K)).eval()
+    K = max(depths(name))
+    model.at_depth(K)
+    prompt = torch.randint(0, 97, (2, 5))
+    cached, cached_logits = greedy_generate(model, prompt, 6, use_cache=True, return_logits=True)
+    recomputed, logits = greedy_generate(model, prompt, 6, use_cache=False, return_logits=True)
+    assert torch.equal(cached, recomputed), name
+    assert (cached_logits - logits).abs().max() < 1e-4, name
+
+
+def test_stateloop_at_more_iterations_follows_the_equations():
+    """By hand from Sec. 3 at K' = 5 for a model trained at K = 3: Z^0 = E, S^0 = 0;
+    H^k = T(Z^k), S^{k+1} = Update(S^k, H^k); Z^{k+1} = H^k + W_{s->z} RMSNorm_s(S^{k+1}) for
+    k < K' - 1; logits = W_o RMSNorm_f(H^{K'-1} + W_{s->out} RMSNorm_s(S^{K'})). Five states, four
+    feedback reads and one terminal read: none of the trained depth's bookkeeping is left."""
+    torch.manual_seed(2)
+    model = build_model(tiny_config("stateloop", K=TRAINED_K)).eval().at_depth(5)
+    idx = torch.randint(0, 97, (1, 9))
+    with torch.no_grad():
+        Z, rope = model.inputs(idx, None)
+        S = None
+        for k in range(5):
+            H = model.backbone(Z, rope, None)
+            S = model.cell(S, H)
+            if k < 4:
+                Z = H + model.W_sz(model.norm_s(S))
+        expected = model.head(model.norm_f(H + model.W_sout(model.norm_s(S))))
+        out = model(idx, return_states=True)
+    assert len(out.states) == 5
+    assert torch.allclose(out.logits, expected, atol=1e-6)
+
+
+def test_read_mask_follows_the_new_depth():
+    model = build_model(tiny_config("stateloop", K=TRAINED_K)).eval().at_depth(5)
+    idx = torch.randint(0, 97, (1, 4))
+    model(idx, read_mask=torch.ones(5))
+    with pytest.raises(ValueError, match="K=5"):
+        model(idx, read_mask=torch.ones(TRAINED_K))
+
+
+def test_pause_token_depth_is_its_pause_count():
+    """Pause Token spends its depth as K - 1 pauses per token: at K' it reads after K' - 1 pauses."""
+    model = build_model(tiny_config("pause_token", K=TRAINED_K)).eval()
+    assert model.n_pause == TRAINED_K - 1
+    assert model.at_depth(6).n_pause == 5 and model.group == 6
+
+
+@pytest.mark.parametrize("name, K, message", [
+    ("mesh", TRAINED_K + 1, r"^eval\.K: mesh has no meaning at K=4: its routers are per step .*\(K <= 3 only\)$"),
+    ("hyperloop", TRAINED_K + 1, r"^eval\.K: hyperloop has no meaning at K=4: .*\(K <= 3 only\)$"),
+    ("stateloop", 0, r"^eval\.K: the loop depth must be a positive integer, got 0$"),
+    ("vanilla_looped", True, r"^eval\.K: the loop depth must be a positive integer, got True$"),
+])
+def test_depths_without_a_meaning_are_refused_in_one_line(name, K, message):
+    model = build_model(tiny_config(name, K=TRAINED_K))
+    with pytest.raises(ConfigError, match=message):
+        model.at_depth(K)
+    assert model.cfg.K == TRAINED_K  # a refusal changes nothing
+
+
+def test_pause_token_with_a_fixed_pause_count_has_no_depth():
+    cfg = tiny_config("pause_token", K=TRAINED_K)
+    model = build_model(dataclasses.replace(cfg, options={"n_pause": 2}))
+    with pytest.raises(ConfigError, match=r"^eval\.K: pause_token has no depth K to change: model\.options\.n_pause = 2"):
+        model.at_depth(5)
