@@ -103,6 +103,11 @@ def test_figure_has_a_panel_per_model_a_line_per_trained_K_and_the_trained_depth
         # the star sits on its line's mean at the trained depth: seeds 1..3 give 10 + 2 on average
         assert all(math.isclose(float(s.get_ydata()[0]), 12.0) for s in stars)
     assert "mean and 95% CI over 3 seeds" in fig._suptitle.get_text()
+    fig.canvas.draw()
+    ticks = [t.get_text() for t in axes[0].get_xticklabels() if t.get_text()]
+    assert ticks and all(t.lstrip("−-").isdigit() for t in ticks), ticks  # whole depths, no 2.5
+    ylabels = [t.get_text() for t in axes[0].get_yticklabels() + axes[0].get_yticklabels(minor=True) if t.get_text()]
+    assert ylabels and not any("times" in t or "^" in t for t in ylabels), ylabels  # no 1.2x10^1
     legend = axes[-1].get_legend()
     assert [t.get_text() for t in legend.get_texts()] == ["trained K=2", "trained K=3", "trained depth"]
 

@@ -22,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import get_spec  # noqa: E402
@@ -107,6 +108,9 @@ def figure(cfg, results: Path):
                 e = ests[depths.index(K)]
                 ax.plot([K], [e.mean], marker="*", ms=11, color=colour[K], markeredgecolor="black", zorder=5)
         ax.set(title=get_spec(model).label, xlabel="test-time loop depth K'", yscale="log")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole iterations
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))  # plain numbers on the log axis, not 2x10^3
         ax.grid(alpha=0.3, lw=0.5)
     axes[0][0].set_ylabel("held-out PPL")
     handles, labels = axes[0][0].get_legend_handles_labels()
