@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models import kernels
+from stateloop.models.kernels import attention, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -32,7 +32,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, T_past + T, H, D)
-        y = kernels.attention(q, k, v, impl=self.impl)  # (B, T, H, D)
+        y = attention(q, k, v, impl=self.impl)  # (B, T, H, D)
         return self.wo(y.reshape(B, T, -1))
 
 

@@ -20,9 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models import kernels
 from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
+from stateloop.models.kernels import causal_conv1d, conv1d_step, gated_rms_norm, ssd, ssd_decode_step
 
 
 class IdentityMixer(nn.Module):
@@ -60,7 +60,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        return kernels.gated_rms_norm(y, z, self.weight, self.group_size, self.eps, self.impl)
+        return gated_rms_norm(y, z, self.weight, self.group_size, self.eps, self.impl)
 
 
 class Mamba2Cache:
@@ -118,7 +118,7 @@ class Mamba2(nn.Module):
 
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:
         if cache is None:
-            return kernels.causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, self.impl)
+            return causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, self.impl)
         W = self.d_conv
         hist = cache.conv if cache.conv is not None else xBC.new_zeros(xBC.shape[0], W - 1, xBC.shape[-1])
         full = torch.cat([hist, xBC], dim=1)  # (B, W-1+T, C)
@@ -139,9 +139,9 @@ class Mamba2(nn.Module):
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
         A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (H,), fp32 at least
         if cache is None:
-            y = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
+            y = ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
         else:  # a chunk of several tokens continuing (or starting) a cached sequence
-            y, final = kernels.ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
+            y, final = ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
                                    initial_state=cache.ssm, return_final_state=True)
             cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32)).contiguous()  # updated in place by steps
         y = y + self.D[:, None] * x
@@ -159,13 +159,13 @@ class Mamba2(nn.Module):
         z, xBC, dt = F.linear(u.view(Bsz, -1), self.in_proj.weight).split([self.d_inner, self.conv_dim, H], dim=-1)
         if cache.conv is None:
             cache.conv = xBC.new_zeros(Bsz, self.d_conv - 1, self.conv_dim)
-        xBC, cache.conv = kernels.conv1d_step(xBC, cache.conv, self.conv1d.weight.view(self.conv_dim, self.d_conv),
+        xBC, cache.conv = conv1d_step(xBC, cache.conv, self.conv1d.weight.view(self.conv_dim, self.d_conv),
                                               self.conv1d.bias, self.impl)
         x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         if cache.ssm is None:
             cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=torch.promote_types(u.dtype, torch.float32))
         A = -torch.exp(self.A_log.to(cache.ssm.dtype))
-        y, cache.ssm = kernels.ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
+        y, cache.ssm = ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
                                         self.D, self.dt_bias, self.impl)
         y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
         return F.linear(y, self.out_proj.weight)

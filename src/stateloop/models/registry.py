@@ -21,7 +21,15 @@ import torch
 import torch.nn as nn
 
 from stateloop.config import ConfigError, from_dict
-from stateloop.models.baselines import hyperloop, mesh, parcae, pause_token, ponderlm
+from stateloop.models.baselines.hyperloop import HyperloopLM, HyperloopOptions
+from stateloop.models.baselines.hyperloop import check_options as check_hyperloop
+from stateloop.models.baselines.mesh import MeshLM, MeshOptions
+from stateloop.models.baselines.mesh import check_options as check_mesh
+from stateloop.models.baselines.parcae import ParcaeLM, ParcaeOptions
+from stateloop.models.baselines.parcae import check_options as check_parcae
+from stateloop.models.baselines.pause_token import PauseTokenLM, PauseTokenOptions
+from stateloop.models.baselines.pause_token import check_options as check_pause_token
+from stateloop.models.baselines.ponderlm import PonderLM, PonderLMOptions
 from stateloop.models.config import ModelConfig
 from stateloop.models.looped import LoopedLM, StateLoopLM, StateOnlyLM
 
@@ -97,19 +105,19 @@ _SPECS = [
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
               description="a GRU cell replaces the selective-SSM update"),
     # The paper's baselines (models/baselines/, docs/baselines.md).
-    ModelSpec("hyperloop", lambda cfg, o: hyperloop.HyperloopLM(cfg, o), "Hyperloop", False,
-              hyperloop.HyperloopOptions, validate=hyperloop.check_options,
+    ModelSpec("hyperloop", lambda cfg, o: HyperloopLM(cfg, o), "Hyperloop", False,
+              HyperloopOptions, validate=check_hyperloop,
               description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections"),
-    ModelSpec("mesh", lambda cfg, o: mesh.MeshLM(cfg, o), "MeSH", False, mesh.MeshOptions,
-              validate=mesh.check_options,
+    ModelSpec("mesh", lambda cfg, o: MeshLM(cfg, o), "MeSH", False, MeshOptions,
+              validate=check_mesh,
               description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers"),
-    ModelSpec("ponderlm", lambda cfg, o: ponderlm.PonderLM(cfg, o), "PonderLM", False, ponderlm.PonderLMOptions,
+    ModelSpec("ponderlm", lambda cfg, o: PonderLM(cfg, o), "PonderLM", False, PonderLMOptions,
               description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
-    ModelSpec("parcae", lambda cfg, o: parcae.ParcaeLM(cfg, o), "Parcae", False, parcae.ParcaeOptions,
-              validate=parcae.check_options,
+    ModelSpec("parcae", lambda cfg, o: ParcaeLM(cfg, o), "Parcae", False, ParcaeOptions,
+              validate=check_parcae,
               description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
-    ModelSpec("pause_token", lambda cfg, o: pause_token.PauseTokenLM(cfg, o), "Pause Token", False,
-              pause_token.PauseTokenOptions, validate=pause_token.check_options,
+    ModelSpec("pause_token", lambda cfg, o: PauseTokenLM(cfg, o), "Pause Token", False,
+              PauseTokenOptions, validate=check_pause_token,
               description="K-1 pause tokens after every token; the prediction is read at the last pause"),
 ]
 
