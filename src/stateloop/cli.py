@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
     "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
     "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
+    "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
     "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
     "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
 }

@@ -2,7 +2,8 @@
 
     results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}/
         config.yaml        the resolved run config (sections: run, model, data, train, ...)
-        model.pt           final weights: {"model": state_dict, "config": resolved config}
+        model.safetensors  final weights; the resolved config (JSON) and code version in its metadata
+                           (read_weights: no unpickler; a folder from before holds model.pt instead)
         checkpoints/       resumable training state (train stage)
         train.json         training summary (steps, tokens, losses, MLflow run id, code version)
         train.log          what every attempt of the DAG's train job printed (the rule appends)
@@ -38,7 +39,9 @@ RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?
 RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
-FINAL_WEIGHTS = "model.pt"
+FINAL_WEIGHTS = "model.safetensors"
+LEGACY_WEIGHTS = "model.pt"  # final weights as runs wrote them before: {"model": state_dict, "config": ...}, pickled
+CONFIG_METADATA = "stateloop_config"  # the safetensors metadata key of the resolved config (a JSON string)
 RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"
 MLFLOW_FILE = "mlflow.json"
@@ -106,12 +109,38 @@ def code_version() -> str:
         return "unknown"
 
 
+def write_safetensors(path: str | Path, tensors: dict, metadata: dict[str, str]) -> None:
+    """Write ``tensors`` (name -> tensor) and string ``metadata`` as a safetensors file, atomically
+    (a temporary file beside ``path``, fsynced, renamed over it)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    fd, tmp = _temp_beside(path)
+    os.close(fd)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # safetensors writes the file anew, owner-only
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def weights_metadata(config: dict) -> dict[str, str]:
+    """The metadata of a final weights file: the resolved config (JSON) and the code version."""
+    return {"format": "pt", CONFIG_METADATA: json.dumps(config, sort_keys=True, default=str), "code_version": code_version()}
+
+
 def save_final(run_dir: str | Path, model: torch.nn.Module | dict, config: dict) -> Path:
-    """Save the final weights (a model or its state dict) with the resolved config (atomically)."""
+    """Save the final weights (a model or its state dict) with the resolved config, atomically, as
+    ``model.safetensors``; a ``model.pt`` of the old format in the folder is removed after."""
     path = Path(run_dir) / FINAL_WEIGHTS
-    sd = model if isinstance(model, dict) else model.state_dict()
-    state = {k: v.detach().cpu() for k, v in sd.items()}
-    atomic_torch_save({"model": state, "config": config, "code_version": code_version()}, path)
+    write_safetensors(path, model if isinstance(model, dict) else model.state_dict(), weights_metadata(config))
+    (Path(run_dir) / LEGACY_WEIGHTS).unlink(missing_ok=True)
     return path
 
 
@@ -173,23 +202,54 @@ def safe_torch_load(path: str | Path, *, mmap: bool = False, legacy_numpy: bool 
         raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {first})") from None
 
 
-def read_weights(run_dir: str | Path, mmap: bool = False) -> tuple[Path, dict]:
-    """(path, {"model": state_dict, "config": resolved config}) of a run's final weights, read with
-    the safe unpickler (a file carrying code, truncated or corrupt is one line naming it);
-    ``mmap``: tensors stay on disk until touched (reading only the config costs nothing)."""
+def read_safetensors(path: str | Path, tensors: bool = True) -> tuple[dict | None, dict[str, str]]:
+    """(name -> tensor, or None when ``tensors`` is false: only the header is read; the metadata)
+    of a safetensors file. No unpickler is involved; a truncated or corrupt file is one line naming it."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            metadata = fh.metadata() or {}
+            return ({k: fh.get_tensor(k) for k in fh.keys()} if tensors else None), metadata
+    except (SafetensorError, OSError, ValueError) as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path}: cannot be read ({type(err).__name__}: {first})") from None
+
+
+def read_weights(run_dir: str | Path, tensors: bool = True) -> tuple[Path, dict]:
+    """(path, {"model": state_dict, "config": resolved config}) of a run's final weights:
+    ``model.safetensors`` (the config from its metadata), read with no unpickler; a folder of the
+    old format's ``model.pt``, read with torch's safe unpickler (a file carrying code, truncated or
+    corrupt is one line naming it). ``tensors=False``: the config only ("model" is None; no
+    tensor is read)."""
     path = Path(run_dir) / FINAL_WEIGHTS
-    if not path.is_file():
+    if path.is_file():
+        state, metadata = read_safetensors(path, tensors)
+        try:
+            config = json.loads(metadata[CONFIG_METADATA])
+        except (KeyError, ValueError):
+            config = None
+        if not isinstance(config, dict):
+            raise ConfigError(f"{path}: not a stateloop weights file (no {CONFIG_METADATA} JSON in its metadata)")
+        return path, {"model": state, "config": config}
+    legacy = Path(run_dir) / LEGACY_WEIGHTS
+    if not legacy.is_file():
         where = "has the run finished training?" if Path(run_dir).is_dir() else "no such run folder"
         raise FileNotFoundError(f"{path}: no final weights ({where})")
-    blob = safe_torch_load(path, mmap=mmap)
+    blob = safe_torch_load(legacy, mmap=not tensors)
     if not isinstance(blob, dict) or "model" not in blob or not isinstance(blob.get("config"), dict):
-        raise ConfigError(f"{path}: not a stateloop weights file (expected keys 'model' and 'config')")
-    return path, blob
+        raise ConfigError(f"{legacy}: not a stateloop weights file (expected keys 'model' and 'config')")
+    return legacy, {"model": blob["model"] if tensors else None, "config": blob["config"]}
+
+
+def has_final_weights(run_dir: str | Path) -> bool:
+    """Whether a folder holds a run's final weights (``model.safetensors``, or an old ``model.pt``)."""
+    return (Path(run_dir) / FINAL_WEIGHTS).is_file() or (Path(run_dir) / LEGACY_WEIGHTS).is_file()
 
 
 def saved_config(run_dir: str | Path) -> dict:
     """The resolved config saved with a run's weights (no weights are read)."""
-    return read_weights(run_dir, mmap=True)[1]["config"]
+    return read_weights(run_dir, tensors=False)[1]["config"]
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
@@ -210,11 +270,11 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     except RuntimeError as err:
         first = str(err).splitlines()[1].strip() if len(str(err).splitlines()) > 1 else str(err)
         raise ConfigError(f"{path}: weights do not match the saved config ({first})") from None
-    check_folder_config(Path(run_dir), mcfg)
+    check_folder_config(Path(run_dir), mcfg, path)
     return model.to(device).eval(), config
 
 
-def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
+def check_folder_config(run_dir: Path, saved: ModelConfig, weights_path: Path) -> None:
     """A run folder's config.yaml, when present, must describe the model the weights were saved with
     (a folder whose config was edited after training fails here, naming the first differing key)."""
     import yaml
@@ -235,7 +295,7 @@ def check_folder_config(run_dir: Path, saved: ModelConfig) -> None:
     if ours != saved:
         key = next(k for k in vars(saved) if getattr(saved, k) != getattr(ours, k))
         raise ConfigError(f"{path}: model.{key} = {getattr(ours, key)!r} does not match the weights' config "
-                          f"({getattr(saved, key)!r} in {run_dir / FINAL_WEIGHTS})")
+                          f"({getattr(saved, key)!r} in {weights_path})")
 
 
 class RunArg(NamedTuple):

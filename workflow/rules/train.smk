@@ -2,7 +2,7 @@ rule train:
     input:
         rules.tokenize.output.meta,
     output:
-        model=run_path("model.pt"),
+        model=run_path(FINAL_WEIGHTS),
         summary=run_path("train.json"),
     log:
         run_log("train"),

@@ -65,9 +65,11 @@ def heldout_protocol(run_dir, config: dict, model, config_file: str | None = Non
 
 
 def _data_dir(config: dict, run_dir) -> str:
+    from stateloop.runs import FINAL_WEIGHTS
+
     data = config.get("data") or {}
     if not data.get("dir"):
-        raise ConfigError(f"{Path(run_dir) / 'model.pt'}: the saved config has no data.dir, so the run's token shards are unknown")
+        raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: the saved config has no data.dir, so the run's token shards are unknown")
     return data["dir"]
 
 

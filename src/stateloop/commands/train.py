@@ -1,7 +1,7 @@
 """``stateloop train --config C RUN --data-dir DIR [--out DIR] [key=value ...]``
 
 Trains one run with Lightning Fabric and leaves its folder with config.yaml, checkpoints/,
-model.pt and train.json. RUN, as in every command that addresses runs
+model.safetensors and train.json. RUN, as in every command that addresses runs
 (runs.resolve_run_arg), is a run id, whose folder is ``results/runs/<run id>``, or an existing
 run folder ``<...>/runs/<run id>``, whose last three components are the run id; ``--out``
 trains into another folder (a new folder elsewhere: the run id and ``--out DIR``). The run id's

@@ -12,7 +12,7 @@ its half, its quarter, ... whose forward pass over the longest requests fits in 
 (detected again at N evenly spaced points of the length-sorted requests); on the CPU, with no
 out-of-memory signal to probe, it is ``max_batch_size``.
 
-The variant and its shape come from the run folder (``model.pt`` holds the resolved config), never
+The variant and its shape come from the run folder (its final weights' file holds the resolved config), never
 from arguments; the tokenizer is the one that made the run's token shards (``data.dir`` of the
 resolved config: ``tokenizer.json`` and ``meta.json``'s ``eos_id``).
 
@@ -54,7 +54,7 @@ from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer as data_load_tokenizer
 from stateloop.data.shards import read_meta
 from stateloop.models.generate import greedy_steps
-from stateloop.runs import load_model, resolve_device, run_id_of, trained_length
+from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, trained_length
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
     model, config = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     if not data.get("dir"):
-        raise ConfigError(f"{run_dir / 'model.pt'}: the saved config has no data.dir (where the tokenizer is)")
+        raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")
     data_dir = Path(data["dir"])
     tokenizer, eos_id = load_tokenizer(data_dir)
     n_tok = tokenizer.get_vocab_size()

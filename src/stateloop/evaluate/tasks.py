@@ -69,7 +69,7 @@ from stateloop.evaluate.task_files import (
     wikitext_pages,
     write_jsonl,
 )
-from stateloop.runs import FINAL_WEIGHTS, saved_config
+from stateloop.runs import has_final_weights, saved_config
 
 # The synthetic generator's splits: the few-shot pool and the held-out examples.
 SYNTH_FEWSHOT_SPLIT = "train"
@@ -141,7 +141,7 @@ METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig
 def _run_data_meta(metadata: dict) -> dict | None:
     """meta.json of the data of the run named by ``pretrained=`` (or ``run_dir=``), if it is one."""
     run_dir = metadata.get("pretrained") or metadata.get("run_dir")
-    if not isinstance(run_dir, str) or not (Path(run_dir) / FINAL_WEIGHTS).is_file():
+    if not isinstance(run_dir, str) or not has_final_weights(run_dir):
         return None
     data = saved_config(run_dir).get("data") or {}
     return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None

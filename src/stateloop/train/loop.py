@@ -1,7 +1,7 @@
 """The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
 
 ``train(config, run_dir)`` trains one run from its resolved config (train/resolve.py) and
-leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and train.json
+leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
 - setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. Outside
@@ -17,11 +17,11 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and trai
   the schedule. The loss of a micro-batch is the mean next-token cross-entropy divided by the
   accumulation count, so the summed gradient is that of the mean over the global batch.
 - finish: validate (mean next-token NLL over the first ``val_tokens`` of the held-out split,
-  evaluate/perplexity.py, windows split over ranks and summed), the final checkpoint, model.pt
+  evaluate/perplexity.py, windows split over ranks and summed), the final checkpoint, model.safetensors
   and train.json. :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
 
 Exit paths:
-- finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
+- finished: final checkpoint, model.safetensors (runs.save_final, resolved config inside), train.json;
 - SIGTERM / SIGUSR1 / SIGINT (SLURM preemption or time limit; Ctrl-C; SLURM sends SIGUSR1 to the
   job steps N s before the time limit, ``--signal=USR1@N``, and ``stateloop train`` then also
   requeues the job, train/slurm.py):
@@ -54,13 +54,13 @@ from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
 from stateloop.runs import (
-    FINAL_WEIGHTS,
     MLFLOW_FILE,
     RUN_CONFIG,
     TRAIN_SUMMARY,
     atomic_write_bytes,
     atomic_write_json,
     code_version,
+    has_final_weights,
     resolve_device,
     save_final,
 )
@@ -536,7 +536,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Finish: validate, the final checkpoint, model.pt and train.json
+# Finish: validate, the final checkpoint, model.safetensors and train.json
 
 
 def finish(run: Run, progress: Progress) -> TrainResult:
@@ -606,7 +606,7 @@ def check_run_folder(run_dir: Path, config: dict) -> None:
                    if (old.get("model") or {}).get(k) != config["model"].get(k))
         raise ConfigError(f"{run_dir}: model.{key} = {config['model'].get(key)!r} differs from the run's "
                           f"{(old.get('model') or {}).get(key)!r} in {path}; train into another --out folder")
-    progress = any((run_dir / "checkpoints").glob("*")) or (run_dir / FINAL_WEIGHTS).is_file()
+    progress = any((run_dir / "checkpoints").glob("*")) or has_final_weights(run_dir)
     for key in OPTIMIZER_KEYS if progress else ():
         before, now = (old.get("train") or {}).get(key), config["train"].get(key)
         if before != now:

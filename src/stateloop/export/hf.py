@@ -1,0 +1,207 @@
+"""``stateloop export RUN --out DIR``: a run folder as a Hugging Face model directory.
+
+    DIR/
+        config.json              model_type "stateloop", auto_map -> modeling_stateloop, the run's
+                                 model section (stateloop_model), its trained context
+                                 (max_position_embeddings), eos_token_id, run id and code version
+        model.safetensors        the final weights, keys "model.<name>" (StateLoopForCausalLM.model), with
+                                 the run's resolved config in its metadata as in the run folder's
+        tokenizer.json           the tokenizer that made the run's shards (checked against meta.json)
+        tokenizer_config.json    a fast tokenizer whose eos is the data's end-of-document token
+        special_tokens_map.json
+        modeling_stateloop.py    stateloop/export/hf_modeling.py: the PretrainedConfig and PreTrainedModel
+        stateloop_*.py           the project modules it imports, and theirs (registry, models, config)
+
+so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and
+``AutoTokenizer.from_pretrained(DIR)`` load it with no stateloop installed.
+
+The model code is the project's own, copied at export time, never a second version of it: the
+modules reached from :mod:`stateloop.export.hf_modeling` through ``from stateloop... import``
+lines (also those inside functions) are copied flat, ``stateloop.models.backbone`` as
+``stateloop_models_backbone.py``, and each such line is rewritten to ``from .stateloop_models_backbone
+import ...``. [choice] Flat files and rewritten imports, because transformers' remote-code loader
+(``dynamic_module_utils``) copies and downloads only the files named by single-level relative
+``from .name import`` lines of one folder: no sub-packages, no ``from . import module``. So a bundled
+module imports names, never a module; :func:`bundle` refuses any other form, naming the line.
+
+Tokenization as ``stateloop eval`` does it: documents are ``encode(text)`` without added special
+tokens, and a special-token string inside a text is plain text (``split_special_tokens``, the data
+stage's ``encode_special_tokens``); there is no BOS token, so lm-eval's HF backend predicts a
+document's first token from the end-of-document token, as the stateloop adapter does.
+
+Nothing here needs transformers: the export writes JSON, safetensors and source files.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import stateloop
+from stateloop.config import ConfigError
+
+ENTRY = "stateloop.export.hf_modeling"
+MODELING_FILE = "modeling_stateloop.py"  # the entry module's name in an export (transformers' convention)
+CONFIG_CLASS, MODEL_CLASS = "StateLoopConfig", "StateLoopForCausalLM"
+HF_WEIGHTS = "model.safetensors"
+PREFIX = "model."  # StateLoopForCausalLM keeps the registry's model as self.model
+PACKAGE_DIR = Path(stateloop.__file__).resolve().parent
+
+
+# ----------------------------------------------------------------------------------------------
+# The modeling files
+
+
+def source_file(module: str) -> Path | None:
+    """The source file of ``stateloop[.a.b]`` (a module or a package's __init__), or None."""
+    rel = Path(*module.split(".")[1:])
+    for path in (PACKAGE_DIR / rel.with_suffix(".py"), PACKAGE_DIR / rel / "__init__.py"):
+        if module != "stateloop" and path.is_file():
+            return path
+    return None
+
+
+def flat_name(module: str) -> str:
+    """The file a module becomes in an export: ``stateloop.models.backbone`` -> ``stateloop_models_backbone``."""
+    return MODELING_FILE[:-3] if module == ENTRY else module.replace(".", "_")
+
+
+def _is_ours(module: str | None) -> bool:
+    return module is not None and (module == "stateloop" or module.startswith("stateloop."))
+
+
+def rewrite(module: str) -> tuple[str, list[str]]:
+    """(the module's source with its stateloop imports made flat and relative, the stateloop
+    modules it imports). A form the remote-code loader cannot follow is a ConfigError naming the line."""
+    path = source_file(module)
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    needed = []
+    for node in ast.walk(ast.parse(text, str(path))):
+        where = f"{path}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import) and any(_is_ours(a.name) for a in node.names):
+            raise ConfigError(f"{where}: `import stateloop...` cannot be bundled into an export; import names (from M import name)")
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            raise ConfigError(f"{where}: a relative import cannot be bundled into an export; spell it from stateloop...")
+        if not _is_ours(node.module):
+            continue
+        if source_file(node.module) is None:
+            raise ConfigError(f"{where}: {node.module} is not a module of the package")
+        for alias in node.names:
+            if source_file(f"{node.module}.{alias.name}") is not None:
+                raise ConfigError(f"{where}: imports the module {node.module}.{alias.name}; a bundled module imports "
+                                  f"names (from {node.module}.{alias.name} import ...), which transformers' loader follows")
+        i = node.lineno - 1
+        new, n = re.subn(rf"\bfrom\s+{re.escape(node.module)}\s+import\b", f"from .{flat_name(node.module)} import", lines[i], count=1)
+        if n != 1:
+            raise ConfigError(f"{where}: write `from {node.module} import` on one line to bundle it into an export")
+        lines[i] = new
+        needed.append(node.module)
+    return "".join(lines), needed
+
+
+def bundle(entry: str = ENTRY) -> dict[str, str]:
+    """{file name: source} of ``entry`` and every stateloop module it reaches, rewritten (module docstring)."""
+    files, todo, seen = {}, [entry], {entry}
+    while todo:
+        module = todo.pop()
+        text, needed = rewrite(module)
+        files[flat_name(module) + ".py"] = text
+        for dep in needed:
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return dict(sorted(files.items()))
+
+
+# ----------------------------------------------------------------------------------------------
+# The export
+
+
+def hf_config(model_section: dict, context: int, eos_id: int, run: dict) -> dict:
+    """config.json: what transformers reads (StateLoopConfig's keys, auto_map) and lm-eval's HF
+    backend uses (max_position_embeddings: its window, as ``stateloop eval``'s)."""
+    module = MODELING_FILE[:-3]
+    return {
+        "architectures": [MODEL_CLASS],
+        "auto_map": {"AutoConfig": f"{module}.{CONFIG_CLASS}", "AutoModelForCausalLM": f"{module}.{MODEL_CLASS}"},
+        "model_type": "stateloop",
+        "stateloop_model": model_section,
+        "stateloop_run": run,
+        "vocab_size": model_section["vocab_size"],
+        "max_position_embeddings": context,
+        "eos_token_id": eos_id,
+        "tie_word_embeddings": False,
+        "dtype": "float32",
+    }
+
+
+def tokenizer_files(tokenizer_json: str, eos_token: str, context: int) -> dict[str, str]:
+    """tokenizer.json (the data folder's own bytes) and the two small files around it."""
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_token, "model_max_length": context,
+           "split_special_tokens": True, "clean_up_tokenization_spaces": False, "add_bos_token": False}
+    return {"tokenizer.json": tokenizer_json, "tokenizer_config.json": json.dumps(cfg, indent=2) + "\n",
+            "special_tokens_map.json": json.dumps({"eos_token": eos_token}, indent=2) + "\n"}
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the Hugging Face directory of a run folder to ``out`` (replaced whole, atomically:
+    written beside it, then renamed into place)."""
+    from stateloop.data.shards import read_meta
+    from stateloop.data.tokenizer import TOKENIZER_FILE, load_tokenizer
+    from stateloop.runs import code_version, load_model, run_id_of, trained_length, weights_metadata, write_safetensors
+
+    run_dir, out = Path(run_dir), Path(out)
+    model, config = load_model(run_dir)  # one line naming the file when the weights are missing or wrong
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    if not data.get("dir"):
+        raise ConfigError(f"{run_dir}: the saved config has no data.dir (where the run's tokenizer is)")
+    data_dir = Path(data["dir"])
+    meta = read_meta(data_dir)
+    tok = load_tokenizer(data_dir)  # checked against meta.json's sha256
+    try:
+        eos_id = int(meta["eos_id"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{data_dir / 'meta.json'}: no integer eos_id") from None
+    eos_token = tok.id_to_token(eos_id)
+    if eos_token is None:
+        raise ConfigError(f"{data_dir / 'meta.json'}: eos_id {eos_id} is not in the tokenizer's vocabulary")
+    context = trained_length(config) or model.cfg.max_seq_len  # the window `stateloop eval` scores with
+    tok_json = (data_dir / meta.get("tokenizer", {}).get("file", TOKENIZER_FILE)).read_text(encoding="utf-8")
+    run = {"id": run_id_of(run_dir, config), "code_version": code_version()}
+
+    files = {"config.json": json.dumps(hf_config(config["model"], context, eos_id, run), indent=2) + "\n",
+             **tokenizer_files(tok_json, eos_token, context), **bundle()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        for name, text in files.items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        write_safetensors(tmp / HF_WEIGHTS, {PREFIX + k: v for k, v in model.state_dict().items()}, weights_metadata(config))
+        tmp.chmod(0o777 & ~_umask())
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
