@@ -1,0 +1,209 @@
+"""``stateloop export``: the directory transformers loads with no stateloop on the path (a
+subprocess that cannot import the package), for every registered model; logits equal to the
+project's model, greedy ``generate()`` through the model's own cache equal to the project's
+cached decoding; the bundled model code is the project's, only its import lines rewritten; stock
+lm-eval's HF backend on the export scores a task as ``stateloop eval`` does."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from stateloop.cli import main
+from stateloop.config import ConfigError
+from stateloop.data import load_tokenizer
+from stateloop.export import hf
+from stateloop.models.generate import greedy_generate
+from stateloop.models.registry import MODELS
+from stateloop.runs import FINAL_WEIGHTS, load_model, saved_config
+
+PROMPT_TEXT = "the quick fox<|endoftext|> sat on"  # a special-token string inside a text is plain text
+N_NEW = 5
+
+# Run in a fresh interpreter: `python -I` (no PYTHONPATH, no user site, not the cwd), every sys.path
+# entry holding a `stateloop` package dropped (the venv's editable install points at a checkout) and
+# the name blocked, so an import of the project's code anywhere fails instead of finding it.
+LOADER = r"""
+import json, os, sys
+sys.path = [p for p in sys.path if not os.path.isdir(os.path.join(p, "stateloop"))]
+sys.modules["stateloop"] = None
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+job = json.loads(sys.argv[1])
+out, meta = {}, {}
+for name, folder in job["dirs"].items():
+    tok = AutoTokenizer.from_pretrained(folder)  # no trust_remote_code: the tokenizer is plain tokenizers
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ids = tok(job["text"], add_special_tokens=False)["input_ids"]
+    prompt = torch.tensor([ids])
+    fed = []  # (tokens, a cache was given) of every call of the registry's model
+    inner = model.model.forward
+    model.model.forward = lambda idx, cache=None, **kw: (fed.append((idx.shape[1], cache is not None)), inner(idx, cache=cache, **kw))[1]
+    with torch.no_grad():
+        out[name + ".logits"] = model(prompt).logits[0].contiguous()
+        fed.clear()
+        gen = model.generate(prompt, max_new_tokens=job["n_new"], do_sample=False, eos_token_id=None, pad_token_id=tok.eos_token_id)
+        cached_calls = list(fed)
+        plain = model.generate(prompt, max_new_tokens=job["n_new"], do_sample=False, use_cache=False, eos_token_id=None,
+                               pad_token_id=tok.eos_token_id)
+    out[name + ".generated"] = gen[0, len(ids):].contiguous()
+    out[name + ".generated_no_cache"] = plain[0, len(ids):].contiguous()
+    meta[name] = {"ids": ids, "eos": [tok.eos_token, tok.eos_token_id], "bos": tok.bos_token_id, "calls": cached_calls,
+                  "class": type(model).__module__, "window": model.config.max_position_embeddings}
+meta["stateloop_modules"] = sorted(m for m, v in sys.modules.items() if (m == "stateloop" or m.startswith("stateloop.")) and v is not None)
+save_file(out, job["out"] + ".safetensors")
+with open(job["out"] + ".json", "w") as fh:  # not stdout: transformers asks its remote-code question there
+    json.dump(meta, fh)
+"""
+
+
+def load_in_clean_interpreter(dirs: dict[str, Path], tmp_path: Path) -> tuple[dict, dict]:
+    """(tensors, facts) the loader above produced for the export folders ``dirs``."""
+    from safetensors.torch import load_file
+
+    job = {"dirs": {k: str(v) for k, v in dirs.items()}, "text": PROMPT_TEXT, "n_new": N_NEW, "out": str(tmp_path / "loaded")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "STATELOOP"))}
+    env |= {"HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-I", "-c", LOADER, json.dumps(job)], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return load_file(job["out"] + ".safetensors"), json.loads(Path(job["out"] + ".json").read_text())
+
+
+def test_every_model_loads_in_transformers_alone_with_equal_logits_and_cached_generation(make_run, data_dir, tmp_path):
+    dirs, models = {}, {}
+    for name in MODELS:
+        run_dir, model = make_run(name)
+        dirs[name] = hf.export_run(run_dir, tmp_path / "exports" / name)
+        models[name] = model
+    got, facts = load_in_clean_interpreter(dirs, tmp_path)
+    assert facts.pop("stateloop_modules") == []  # nothing of the package was imported ...
+    tok = load_tokenizer(data_dir)
+    want_ids = tok.encode(PROMPT_TEXT, add_special_tokens=False).ids
+    eos = json.loads((data_dir / "meta.json").read_text())["eos_id"]
+    for name, model in models.items():
+        f = facts[name]
+        assert f["class"].startswith("transformers_modules."), f["class"]  # ... the model is the export's code
+        assert f["ids"] == want_ids and f["eos"] == [tok.id_to_token(eos), eos] and f["bos"] is None, name
+        prompt = torch.tensor([want_ids])
+        with torch.no_grad():
+            want = model(prompt).logits[0]
+        torch.testing.assert_close(got[name + ".logits"], want, rtol=1e-5, atol=1e-5, msg=name)
+        ours = greedy_generate(model, prompt, N_NEW, use_cache=True)[0]
+        assert got[name + ".generated"].tolist() == ours.tolist(), name
+        assert got[name + ".generated_no_cache"].tolist() == ours.tolist(), name
+        # generate() ran the prompt once into the model's cache, then one token per step through it
+        assert f["calls"] == [[len(want_ids), True]] + [[1, True]] * (N_NEW - 1), (name, f["calls"])
+        assert f["window"] == model.cfg.max_seq_len  # the runs here have no train.seq_len
+
+
+def test_the_bundle_is_the_projects_code_with_only_import_lines_rewritten():
+    """Every stateloop module the remote code needs is there, transformers' own loader finds every
+    one of them from modeling_stateloop.py, and no other line differs from the project's source."""
+    from transformers.dynamic_module_utils import get_imports, get_relative_import_files
+
+    files = hf.bundle()
+    assert {"modeling_stateloop.py", "stateloop_models_registry.py", "stateloop_models_looped.py",
+            "stateloop_models_baselines_parcae.py", "stateloop_config.py"} <= set(files)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name, text in files.items():
+            (folder / name).write_text(text)
+        found = {Path(p).name for p in get_relative_import_files(str(folder / "modeling_stateloop.py"))}
+        assert found | {"modeling_stateloop.py"} == set(files)
+        needed = {m for name in files for m in get_imports(str(folder / name))}
+        assert needed <= {"torch", "transformers", "yaml", "dataclasses", "math", "re", "types", "typing", "pathlib",
+                          "collections", "contextlib", "__future__"}, needed
+    sources = {}
+    for path in hf.PACKAGE_DIR.rglob("*.py"):
+        parts = path.relative_to(hf.PACKAGE_DIR).with_suffix("").parts
+        module = ".".join(("stateloop",) + (parts[:-1] if parts[-1] == "__init__" else parts))
+        sources[hf.flat_name(module) + ".py"] = path
+    for name, text in files.items():
+        original = sources[name].read_text().splitlines()
+        changed = [line for line in difflib.ndiff(original, text.splitlines()) if line.startswith(("- ", "+ "))]
+        assert all(line[2:].lstrip().startswith("from ") and " import " in line for line in changed), (name, changed)
+        assert len(changed) % 2 == 0
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.level == 0:
+                assert not (node.module or "").startswith("stateloop"), (name, node.module)
+
+
+def test_a_module_import_cannot_be_bundled(tmp_path, monkeypatch):
+    """transformers' loader follows `from .name import x` lines only: `from stateloop.models import
+    kernels` would leave kernels.py behind on the Hub, so the export refuses it, naming the line."""
+    pkg = tmp_path / "stateloop"
+    (pkg / "models").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "models" / "__init__.py").write_text("")
+    (pkg / "models" / "kernels.py").write_text("X = 1\n")
+    (pkg / "models" / "user.py").write_text("from stateloop.models import kernels\n")
+    monkeypatch.setattr(hf, "PACKAGE_DIR", pkg)
+    with pytest.raises(ConfigError, match=r"user.py:1: imports the module stateloop.models.kernels; a bundled module imports names"):
+        hf.bundle("stateloop.models.user")
+    (pkg / "models" / "user.py").write_text("from stateloop.models.kernels import (\n    X,\n)\n")
+    assert hf.bundle("stateloop.models.user")["stateloop_models_user.py"] == "from .stateloop_models_kernels import (\n    X,\n)\n"
+
+
+def test_export_command_writes_the_folder_and_says_why_not(make_run, tmp_path, capsys):
+    run_dir, _ = make_run("stateloop")
+    out = tmp_path / "hf" / "stateloop"
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_stateloop.StateLoopForCausalLM"
+    assert config["stateloop_model"] == saved_config(run_dir)["model"]
+    assert saved_config(out) == saved_config(run_dir)  # the export's weights carry the run's config, as the run's do
+    (out / "stale.txt").write_text("x")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0 and not (out / "stale.txt").exists()  # replaced whole
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    capsys.readouterr()
+    (run_dir / FINAL_WEIGHTS).unlink()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run_dir / FINAL_WEIGHTS}: no final weights" in err, err
+
+
+def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, data_dir, tmp_path, monkeypatch):
+    """`lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True` (lm-eval's own command
+    line, in this process): 2-shot synth_mc, the same prompts and per-request log-likelihoods as
+    `stateloop eval` on the run folder (the questions drawn with the run's data settings, which the
+    export's weights file records)."""
+    from lm_eval.__main__ import cli_evaluate
+    from test_lm_cli import cli_samples, pipeline
+
+    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR
+
+    run_dir, _ = make_run("stateloop_mamba2")
+    export = hf.export_run(run_dir, tmp_path / "export")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setattr(sys, "argv", ["lm_eval", "--model", "hf", "--model_args", f"pretrained={export},trust_remote_code=True",
+                                      "--device", "cpu", "--tasks", "synth_mc", "--num_fewshot", "2", "--limit", "6",
+                                      "--batch_size", "2", "--seed", "0", "--log_samples", "--include_path", str(DEFAULT_TASK_DIR),
+                                      "--output_path", str(tmp_path / "out"),
+                                      "--metadata", "synthetic_examples=10", "fewshot_pool=10"])
+    cli_evaluate()
+    (path,) = (tmp_path / "out").rglob("results_*.json")
+    res = json.loads(path.read_text()) | {"folder": path.parent}
+    got = res["results"]["synth_mc"]
+    want = pipeline(run_dir, data_dir, tmp_path / "work", tasks=["synth_mc"], shots=[2], limit=6,
+                    synthetic_examples=10, fewshot_pool=10)["tasks"]["synth_mc"]["shots"]["2"]
+    assert (got["acc,none"], got["acc_norm,none"]) == (want["metrics"]["acc"], want["metrics"]["acc_norm"])
+    ours = [json.loads(line) for line in (tmp_path / "work" / "samples" / want["samples_file"]).read_text().splitlines()]
+    theirs = cli_samples(res, "synth_mc")
+    assert len(theirs) == 6 and [s["doc"] for s in theirs] == [s["doc"] for s in ours]
+    assert [s["arguments"] for s in theirs] == [s["arguments"] for s in ours]
+    for a, b in zip(theirs, ours):
+        assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]], abs=1e-5)
+    model, _ = load_model(run_dir)  # the window lm-eval's HF backend used is the run's
+    assert json.loads((export / "config.json").read_text())["max_position_embeddings"] == model.cfg.max_seq_len
