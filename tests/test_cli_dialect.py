@@ -30,7 +30,7 @@ def test_every_command_spells_output_and_progress_one_way():
     for command, opts in options.items():
         assert not opts & {"--output", "--quiet", "--progress", "--output-dir"}, (command, opts)
     writes = {"analyze shapley", "analyze interventions", "bench decode", "params", "plan", "tokenize", "train", "render",
-              "schema", "rehearse"}
+              "schema", "rehearse", "export"}
     assert {c for c, o in options.items() if "--out" in o} == writes
     assert {c for c, o in options.items() if "--no-progress" in o} == {"eval", "analyze shapley", "analyze interventions",
                                                                       "bench decode", "tokenize", "train"}
@@ -77,6 +77,7 @@ RUN_COMMANDS = {  # command -> argv with {run} where the RUN goes
     "analyze shapley": ["analyze", "shapley", "{run}", "--no-mlflow", "--no-progress"],
     "analyze interventions": ["analyze", "interventions", "{run}", "--no-mlflow", "--no-progress"],
     "bench decode": ["bench", "decode", "--runs", "{run}", "--device", "cpu", "--no-progress", "--out", "b.json"],
+    "export": ["export", "{run}", "--out", "hf"],
 }
 
 
@@ -114,7 +115,7 @@ def recorded(tmp_path, monkeypatch):
     (tmp_path / "results/runs" / RID).mkdir(parents=True)
     seen = []
 
-    def read_weights(run_dir, mmap=False):
+    def read_weights(run_dir, tensors=True):
         seen.append({"folder": Path(run_dir).resolve()})
         raise ConfigError("recorded")
 
@@ -176,7 +177,7 @@ def test_a_run_id_without_its_folder_is_the_missing_run_folder_error(command, tm
     assert main(_argv(command, "s/stateloop/K2_ds16_seed8")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert "results/runs/s/stateloop/K2_ds16_seed8/model.pt: no final weights (no such run folder)" in err, err
+    assert "results/runs/s/stateloop/K2_ds16_seed8/model.safetensors: no final weights (no such run folder)" in err, err
 
 
 def test_train_takes_only_a_folder_that_spells_its_run_id(recorded, tmp_path, capsys):

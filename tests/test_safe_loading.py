@@ -1,4 +1,5 @@
-"""Loading a file never runs code: a ``model.pt`` or a checkpoint whose pickle carries a payload
+"""Loading a file never runs code. A run's final weights are ``model.safetensors``, read with no
+unpickler at all; an old run folder's ``model.pt`` or a checkpoint whose pickle carries a payload
 is refused (one line naming the file) by every entry point that reads run folders, a resume
 passes over such a checkpoint, and a YAML config with a ``!!python`` tag is refused too. The
 payload would create a marker file; it never appears."""
@@ -18,7 +19,7 @@ from helpers import tiny_config
 from stateloop.cli import main
 from stateloop.config import ConfigError, to_dict
 from stateloop.models.registry import build_model
-from stateloop.runs import save_final
+from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS, load_model, save_final
 
 sys.path.insert(0, str(Path(__file__).parent / "train"))  # train_support (shards + tiny training config)
 
@@ -41,17 +42,22 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-def malicious_run(tmp_path: Path, marker: Path) -> Path:
-    """A real-looking run folder (tiny model saved with save_final) whose model.pt also holds a payload."""
+def legacy_run(tmp_path: Path, extra: dict | None = None) -> tuple[Path, dict]:
+    """A run folder of the old format: model.pt, {"model": state dict, "config": resolved config}
+    pickled (as runs wrote their final weights before model.safetensors), plus ``extra`` keys."""
     cfg = tiny_config("vanilla_looped", vocab_size=97, max_seq_len=64)
     run_dir = tmp_path / "runs" / "test" / "vanilla_looped" / "K3_ds0_seed1234"
     config = {"run": {"id": "test/vanilla_looped/K3_ds0_seed1234", "scale": "test"}, "model": to_dict(cfg),
               "data": {"dir": str(tmp_path / "data")}, "train": {"seq_len": 16}}
-    save_final(run_dir, build_model(cfg).eval(), config)
-    blob = torch.load(run_dir / "model.pt", weights_only=True)  # the file as the code writes it: safe
-    blob["extra"] = Payload(marker)
-    torch.save(blob, run_dir / "model.pt")
-    return run_dir
+    run_dir.mkdir(parents=True)
+    state = build_model(cfg).eval().state_dict()
+    torch.save({"model": state, "config": config, **(extra or {})}, run_dir / LEGACY_WEIGHTS)
+    return run_dir, state
+
+
+def malicious_run(tmp_path: Path, marker: Path) -> Path:
+    """A real-looking old-format run folder whose model.pt also holds a payload."""
+    return legacy_run(tmp_path, {"extra": Payload(marker)})[0]
 
 
 def assert_refused(err: str, path: Path) -> None:
@@ -89,7 +95,6 @@ def test_commands_refuse_a_malicious_model_pt(tmp_path, capsys, argv):
 
 def test_lm_eval_adapter_and_load_model_refuse_a_malicious_model_pt(tmp_path):
     from stateloop.evaluate.lm import StateLoopEvalLM
-    from stateloop.runs import load_model
 
     marker = tmp_path / "MARKER"
     run_dir = malicious_run(tmp_path, marker)
@@ -134,7 +139,7 @@ def test_resume_passes_over_a_malicious_checkpoint(tmp_path, monkeypatch, capsys
     assert_refused(str(err.value), ckpt)
     assert not marker.exists()
 
-    (run_dir / "model.pt").unlink()
+    (run_dir / FINAL_WEIGHTS).unlink()
     capsys.readouterr()
     result = train(cfg, run_dir, progress=False)
     err = capsys.readouterr().err
@@ -159,9 +164,63 @@ def test_a_yaml_config_with_a_python_tag_is_refused(tmp_path, capsys):
     # ... and as a run folder's config.yaml
     cfg = tiny_config("vanilla_looped", vocab_size=97, max_seq_len=64)
     run_dir = tmp_path / "runs" / "ok"
-    save_final(run_dir, build_model(cfg).eval(), {"model": to_dict(cfg), "data": {"dir": str(tmp_path)}})  # safe model.pt
+    save_final(run_dir, build_model(cfg).eval(), {"model": to_dict(cfg), "data": {"dir": str(tmp_path)}})
     (run_dir / "config.yaml").write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(run_dir / "config.yaml") in err, err
     assert not marker.exists()
+
+
+def test_final_weights_are_safetensors_read_without_any_unpickler(tmp_path, monkeypatch):
+    """save_final writes model.safetensors (the resolved config a JSON string in its metadata);
+    load_model rebuilds the model from it with every unpickler of the process disabled."""
+    import pickle
+
+    from safetensors import safe_open
+
+    cfg = tiny_config("stateloop", vocab_size=97, max_seq_len=64)
+    model = build_model(cfg).eval()
+    config = {"model": to_dict(cfg), "data": {"dir": str(tmp_path)}, "train": {"seq_len": 16}}
+    path = save_final(tmp_path / "run", model, config)
+    assert path.name == "model.safetensors" and not (tmp_path / "run" / LEGACY_WEIGHTS).exists()
+    with safe_open(str(path), "pt") as fh:
+        assert json.loads(fh.metadata()["stateloop_config"]) == config
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("an unpickler ran")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    loaded, saved = load_model(tmp_path / "run")
+    assert saved == config
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_an_old_model_pt_folder_still_loads_and_training_converts_it(tmp_path):
+    """A run folder of the old format loads (with the safe unpickler), and save_final, which a train
+    job's finish runs, writes model.safetensors and removes the model.pt."""
+    run_dir, state = legacy_run(tmp_path)
+    model, config = load_model(run_dir)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    save_final(run_dir, model, config)
+    assert (run_dir / FINAL_WEIGHTS).is_file() and not (run_dir / LEGACY_WEIGHTS).exists()
+    again, _ = load_model(run_dir)
+    assert all(torch.equal(again.state_dict()[k], v) for k, v in state.items())
+
+
+def test_a_truncated_or_foreign_safetensors_file_is_one_line(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    cfg = tiny_config("vanilla_looped", vocab_size=97, max_seq_len=64)
+    run_dir = tmp_path / "run"
+    path = save_final(run_dir, build_model(cfg).eval(), {"model": to_dict(cfg), "data": {"dir": str(tmp_path)}})
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(ConfigError, match=rf"^{path}: cannot be read \(SafetensorError: "):
+        load_model(run_dir)
+    save_file({"x": torch.zeros(2)}, str(path), metadata={"format": "pt"})  # someone else's weights
+    assert main(["eval", str(run_dir), "--no-progress", "--no-mlflow", "--tasks"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{path}: not a stateloop weights file (no stateloop_config JSON in its metadata)" in err, err

@@ -31,7 +31,7 @@ def run_windows(run_dir, split: str):
 
 
 def make_run(root, name: str = "stateloop", **overrides):
-    """RUN_DIR with model.pt (config: model, data.dir, train.seq_len) and the shards beside it."""
+    """RUN_DIR with model.safetensors (config: model, data.dir, train.seq_len) and the shards beside it."""
     data_dir = root / "data"
     if not (data_dir / "meta.json").exists():
         write_shards(data_dir)

@@ -71,7 +71,7 @@ def tiny_model_config(run, max_seq_len: int = 64):
 
 
 def save_tiny_run(run_dir: Path, run, data_dir: Path, pipeline_config: str, max_seq_len: int = 64) -> None:
-    """RUN_DIR/model.pt as training leaves it: weights and the resolved config (run, model, train, data)."""
+    """RUN_DIR/model.safetensors as training leaves it: weights and the resolved config (run, model, train, data)."""
     import torch
 
     torch.manual_seed(0)

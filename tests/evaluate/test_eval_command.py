@@ -105,12 +105,12 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
     one_line_error(capsys, tmp_path / "nowhere", "nowhere")
     empty = tmp_path / "runs" / "empty"
     empty.mkdir(parents=True)
-    assert "no final weights" in one_line_error(capsys, empty, str(empty / "model.pt"))
+    assert "no final weights" in one_line_error(capsys, empty, str(empty / "model.safetensors"))
     # weights saved with a config that does not describe them
     wrong = to_dict(tiny_config("vanilla_looped", vocab_size=320, max_seq_len=64, d_model=48, n_heads=6))
     bad = tmp_path / "runs" / "mismatch"
     save_run(bad, data_dir, "vanilla_looped", config_model=wrong)
-    assert "do not match" in one_line_error(capsys, bad, str(bad / "model.pt"))
+    assert "do not match" in one_line_error(capsys, bad, str(bad / "model.safetensors"))
     # a folder config.yaml that disagrees with the weights' config
     ok = tmp_path / "runs" / "ok"
     _, config = save_run(ok, data_dir, "vanilla_looped")

@@ -43,7 +43,7 @@ def test_sigkill_then_restart_is_bitwise_equal_to_an_uninterrupted_run(tiny_setu
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    assert not (run_dir / "model.pt").exists(), "the run finished before the kill: the test proves nothing"
+    assert not (run_dir / "model.safetensors").exists(), "the run finished before the kill: the test proves nothing"
     assert step < 40
 
     # Restart the same command (in this process: a second interpreter start costs seconds): it
@@ -73,7 +73,7 @@ def test_sigterm_leaves_a_complete_checkpoint_and_requeue_status(tiny_setup, tmp
     step = store.steps()[0]
     assert store.verify(step) is None and store.latest() == store.path(step)
     assert "SIGTERM: checkpoint" in err and f"exiting with status {REQUEUE_EXIT}" in err
-    assert not (run_dir / "model.pt").exists() and not list(store.dir.glob(".*.tmp"))
+    assert not (run_dir / "model.safetensors").exists() and not list(store.dir.glob(".*.tmp"))
 
     cfg = resolved(cfg_path, data, "t/vanilla_looped/K2_ds0_seed1234", [f"train.max_steps={step + 2}", "train.val_tokens=0"])
     done = train(cfg, run_dir, progress=False)

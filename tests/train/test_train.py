@@ -89,7 +89,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     # Truncate the newest checkpoint (a crash in the middle of a copy, a full disk, ...).
     ckpt = store.path(12)
     ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    (run_dir / "model.pt").unlink()
+    (run_dir / "model.safetensors").unlink()
     capsys.readouterr()
     result = train(cfg, run_dir, progress=False)
     err = capsys.readouterr().err
@@ -129,7 +129,7 @@ def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, ca
     after = ShardSet(data, "train").fingerprint()
     assert after != before
     store.path(12).unlink()
-    (run_dir / "model.pt").unlink()
+    (run_dir / "model.safetensors").unlink()
     capsys.readouterr()
     result = train(cfg, run_dir, progress=False)
     err = capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch)
         train(cfg, run_dir, progress=False)
     store = CheckpointStore(run_dir / "checkpoints")
     assert store.steps() == [4, 2] and store.verify(4) is None
-    assert not (run_dir / "model.pt").exists()
+    assert not (run_dir / "model.safetensors").exists()
     _, run = _mlflow_run(run_dir)
     assert run.info.status == "FAILED"
 
@@ -181,7 +181,7 @@ def test_sigusr1_checkpoints_at_the_step_boundary_then_resumes(tiny_setup, tmp_p
     watcher.join()
     assert result.status == "interrupted" and 3 <= result.step < 400
     assert store.steps()[0] == result.step and store.verify(result.step) is None
-    assert "SIGUSR1: checkpoint" in capsys.readouterr().err and not (run_dir / "model.pt").exists()
+    assert "SIGUSR1: checkpoint" in capsys.readouterr().err and not (run_dir / "model.safetensors").exists()
     _, run = _mlflow_run(run_dir)
     assert run.info.status == "KILLED"
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # handlers restored
@@ -249,7 +249,7 @@ def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_s
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
     train(resolved(cfg_path, data, overrides=["train.max_steps=4"]), run_dir, progress=False)
-    before = {p: p.read_bytes() for p in (run_dir / "config.yaml", run_dir / "model.pt")}
+    before = {p: p.read_bytes() for p in (run_dir / "config.yaml", run_dir / "model.safetensors")}
     capsys.readouterr()
     cases = [
         (["t/stateloop/K3_ds32_seed1234"], r"holds run t/stateloop/K2_ds32_seed1234, not t/stateloop/K3_ds32_seed1234"),
@@ -285,5 +285,5 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and f"(pid {os.getpid()} on {socket.gethostname()})" in err, err
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
-    assert main(args) == 0 and (run_dir / "model.pt").is_file()
+    assert main(args) == 0 and (run_dir / "model.safetensors").is_file()
     assert (run_dir / ".lock").read_text() == ""  # released

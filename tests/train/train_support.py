@@ -97,9 +97,9 @@ def resolved(cfg_path: Path, data: Path, run: str = "t/stateloop/K2_ds32_seed123
 
 
 def weights(run_dir: Path) -> dict:
-    import torch
+    from stateloop.runs import read_weights
 
-    return torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=True)["model"]
+    return read_weights(run_dir)[1]["model"]
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:

@@ -82,7 +82,7 @@ def _plan_train(work, train: dict, *args) -> dict:
     cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
     cfg["scales"]["smoke"]["train"].update(train)
     (work / "geometry.yaml").write_text(yaml.safe_dump(cfg))
-    target = "results/runs/smoke/vanilla_looped/K2_ds0_seed1234/model.pt"
+    target = "results/runs/smoke/vanilla_looped/K2_ds0_seed1234/model.safetensors"
     out = snakemake(work, *args, "-n", "-p", target, "--configfile", "geometry.yaml").stdout
     (job,) = [j for j in jobs(out) if j["rule"] == "train"]
     job["shell"] = next(line for line in out.splitlines() if "stateloop train" in line)
@@ -253,7 +253,7 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     # touch of the smoke model changes nothing: write the weights file anew, as retraining does.
     import torch
 
-    model = smoke_dag / "results/runs/tiny/stateloop_gru/K7_ds32_seed1234/model.pt"
+    model = smoke_dag / "results/runs/tiny/stateloop_gru/K7_ds32_seed1234/model.safetensors"
     blob = torch.load(model, weights_only=False)
     blob["code_version"] = "retrained"
     torch.save(blob, model)

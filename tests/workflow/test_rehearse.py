@@ -154,12 +154,12 @@ def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     train = cfg["scales"]["410m"]["train"]
     train.update(max_tokens=40 * train["global_batch"] * train["seq_len"])  # 40 steps, a checkpoint every 2
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    short = "results/runs/1.4b/vanilla_looped/K4_ds0_seed1234/model.pt"
+    short = "results/runs/1.4b/vanilla_looped/K4_ds0_seed1234/model.safetensors"
     long_run = out / "results/runs/410m/stateloop/K7_ds32_seed1234"
 
     assert dag(out, short).returncode == 0
     finished = (out / short).stat().st_mtime
-    proc = subprocess.Popen(snakemake_command(out, 1, [str(long_run.relative_to(out) / "model.pt")]),
+    proc = subprocess.Popen(snakemake_command(out, 1, [str(long_run.relative_to(out) / "model.safetensors")]),
                             env=environment(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
@@ -171,9 +171,9 @@ def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the DAG, srun and both training processes die at once
         proc.wait()
-    assert not (long_run / "model.pt").exists()
+    assert not (long_run / "model.safetensors").exists()
     assert dag(out, "--unlock").returncode == 0
-    rerun = dag(out, short, str(long_run.relative_to(out) / "model.pt"))
+    rerun = dag(out, short, str(long_run.relative_to(out) / "model.safetensors"))
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     summary = json.loads((long_run / "train.json").read_text())
     assert (summary.get("resumed_from_step") or 0) >= 2, summary

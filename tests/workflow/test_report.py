@@ -154,7 +154,7 @@ def test_render_rules_run_locally_and_training_is_submitted_under_slurm(smoke_da
 
     cfg = load_pipeline(work / "config.yaml")
     run_ = expand_runs(cfg, ["table4"])[0]
-    proc = run(f"{run_.folder}/model.pt", "--forcerun", "train", "--allowed-rules", "train",
+    proc = run(f"{run_.folder}/model.safetensors", "--forcerun", "train", "--allowed-rules", "train",
                "--slurm-init-seconds-before-status-checks", "1")
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0  # the stand-in refuses the submission

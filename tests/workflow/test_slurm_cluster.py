@@ -231,7 +231,7 @@ def test_a_retry_keeps_the_interrupted_attempts_training_log(tmp_path):
     work = copy_workflow(tmp_path / "work")
     (work / "slice.yaml").write_text(yaml.safe_dump(
         {"scales": {"smoke": {"train": {"max_tokens": 400 * 512, "checkpoint_every": 10, "val_every": 400}}}}))
-    target = "results/runs/" + RUN + "/model.pt"
+    target = "results/runs/" + RUN + "/model.safetensors"
     log = tmp_path / "snakemake.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "snakemake", target, "--cores", "1", "--retries", "1",
