@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,6 +198,21 @@ def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
                 assert len(blocks) == shots + 1
                 assert all(b in answered for b in blocks[:-1])
                 assert len(set(blocks[:-1])) == shots
+    # lm-eval's own files beside eval.json, as `lm_eval --output_path` writes them: one results file
+    # per shot count (one lm-eval call each), the samples of every task, the same numbers.
+    lm_dir = run_dir / "lm_eval"
+    for shots in ("0", "5"):
+        (name,) = {res["tasks"][task]["shots"][shots]["lm_eval_results"] for task in ("synth_mc", "synth_cloze")}
+        theirs = json.loads((run_dir / name).read_text())
+        stamp = Path(name).name.removeprefix("results_").removesuffix(".json")
+        for task in ("synth_mc", "synth_cloze"):
+            assert theirs["results"][task]["acc,none"] == res["tasks"][task]["shots"][shots]["metrics"]["acc"]
+            assert theirs["n-shot"][task] == int(shots)
+            logged = [json.loads(l) for l in (lm_dir / f"samples_{task}_{stamp}.jsonl").read_text().splitlines()]
+            ours = [json.loads(l) for l in (run_dir / "eval_samples" / f"{task}_{shots}shot.jsonl").read_text().splitlines()]
+            assert [s["doc_id"] for s in logged] == [s["doc_id"] for s in ours]
+            assert [float(s["resps"][0][0][0]) for s in logged] == [s["resps"][0][0][0] for s in ours]
+    assert len(list(lm_dir.glob("results_*.json"))) == 2 and len(list(lm_dir.glob("samples_*.jsonl"))) == 4
     # The held-out items differ from the few-shot pool (the generator's test vs train split).
     test_items = (work / "synth_mc" / "test.jsonl").read_text().splitlines()
     assert not set(test_items) & set((work / "synth_mc" / "train.jsonl").read_text().splitlines())

@@ -175,3 +175,28 @@ def test_auto_batch_size(make_run):
     assert shapes == [2, 2, 2, 3] and lengths[0] > lengths[1]  # slot 0: positions 0-5; slot 1: 6-8
     assert auto.batch_sizes == {0: 2, 1: 3}
     assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in fixed.loglikelihood(requests, disable_tqdm=True)], abs=1e-5)
+
+
+def test_the_lm_eval_plugin_entry_point_resolves_to_the_model(tmp_path, monkeypatch):
+    """pyproject.toml's [project.entry-points."lm_eval.models"] (the group lm-eval's development
+    branch discovers, docs/plugins.md) names the `stateloop` model class. Checked as lm-eval finds
+    it: through importlib.metadata, from a distribution whose entry_points.txt holds the pyproject's
+    declaration (as pip writes it; the installed package's metadata may predate this checkout's
+    pyproject, and then is checked too once it has the group)."""
+    import importlib.metadata as md
+
+    from lm_eval.api.registry import get_model
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"]["lm_eval.models"]
+    assert declared == {"stateloop": "stateloop.evaluate.lm:StateLoopEvalLM"}
+    dist = tmp_path / "stateloop_check-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: stateloop-check\nVersion: 0.0.0\n")
+    (dist / "entry_points.txt").write_text("[lm_eval.models]\n" + "".join(f"{k} = {v}\n" for k, v in declared.items()))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = [ep for ep in md.entry_points(group="lm_eval.models") if ep.name == "stateloop"]
+    assert found and all(ep.value == declared["stateloop"] for ep in found)
+    assert {ep.load() for ep in found} == {StateLoopEvalLM} == {get_model("stateloop")}

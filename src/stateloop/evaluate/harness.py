@@ -15,7 +15,10 @@ iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples i
 ``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
 each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
 what goes to MLflow. It is written atomically; prompts and answers of every request go to
-``eval_samples/{task}_{shots}shot.jsonl`` when ``eval.log_samples`` is on.
+``eval_samples/{task}_{shots}shot.jsonl`` when ``eval.log_samples`` is on. Beside them,
+``lm_eval/`` (``lm_eval_K{K'}/`` at another depth) holds lm-eval's own files, as ``lm_eval --output_path`` writes them: one
+``results_<time>.json`` per shot count (its name in eval.json's ``lm_eval_results``) and, with
+samples logged, ``samples_<task>_<time>.jsonl``; the folder is replaced whole by each evaluation.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -42,6 +48,12 @@ from stateloop.tracking import flatten, log_stage
 
 RESULTS_FILE = "eval.json"
 WORK_DIR = "eval_work"
+
+
+def lm_eval_dir_name(stem: str) -> str:
+    """The folder of lm-eval's own files of the evaluation ``stem``: lm_eval/ (eval.json's),
+    lm_eval_K{K}/ (eval_K{K}.json's)."""
+    return "lm_eval" + stem.removeprefix("eval")
 
 
 def depth_stem(K: int, trained_K: int) -> str:
@@ -100,39 +112,81 @@ def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> 
 
 
 def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, progress: bool = True,
-              data_meta: dict | None = None) -> dict:
-    """lm-eval over cfg.tasks x cfg.shots. Returns {"lm_eval_version", "tasks": {...}}."""
+              data_meta: dict | None = None, lm_eval_dir: Path | None = None) -> dict:
+    """lm-eval over cfg.tasks x cfg.shots. Returns {"lm_eval_version", "tasks": {...}}. With
+    ``lm_eval_dir``, lm-eval's own result (and sample) files go there (replacing the folder)."""
     import lm_eval
     from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
 
+    staging = None
+    if lm_eval_dir is not None:
+        lm_eval_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{lm_eval_dir.name}.", suffix=".tmp", dir=lm_eval_dir.parent))
 
-    prepared = prepare_tasks(cfg.tasks, work_dir, cfg, data_meta)
-    tasks: dict[str, dict] = {}
-    for shots in sorted(cfg.shots):
-        names = [t for t in cfg.tasks if shots == 0 or prepared.output_types[t] != "loglikelihood_rolling"]
-        if not names:
-            continue
-        if progress:
-            print(f"[eval] {shots}-shot: {', '.join(names)}", file=sys.stderr, flush=True)
-        res = simple_evaluate(
-            model=lm, tasks=names, num_fewshot=shots, task_manager=prepared.task_manager, limit=cfg.limit,
-            bootstrap_iters=cfg.bootstrap_iters, log_samples=cfg.log_samples, random_seed=cfg.seed,
-            numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed,
-            verbosity=None,
-        )
-        for task in names:
-            entry = tasks.setdefault(task, {
-                "column": M.column(task), "reported": M.reported(task),
-                "version": res.get("versions", {}).get(task), "output_type": prepared.output_types[task],
-                "source": "local" if task in prepared.local else "lm-eval", "shots": {},
-            })
-            entry["shots"][str(shots)] = _task_entry(task, shots, res)
-            if prepared.output_types[task] == "multiple_choice" and res.get("samples") and res["samples"].get(task):
-                entry["shots"][str(shots)]["chance"] = chance_level(res["samples"][task])
-            if samples_dir is not None and res.get("samples") and task in res["samples"]:
-                path = _write_samples(samples_dir, task, shots, res["samples"][task])
-                entry["shots"][str(shots)]["samples_file"] = str(path.name)
+    try:
+        prepared = prepare_tasks(cfg.tasks, work_dir, cfg, data_meta)
+        tasks: dict[str, dict] = {}
+        for shots in sorted(cfg.shots):
+            names = [t for t in cfg.tasks if shots == 0 or prepared.output_types[t] != "loglikelihood_rolling"]
+            if not names:
+                continue
+            if progress:
+                print(f"[eval] {shots}-shot: {', '.join(names)}", file=sys.stderr, flush=True)
+            # A file path (not a folder) puts lm-eval's files straight into the folder, not into a
+            # subfolder named after the model; lm_eval_dir's parent is the run folder evaluated.
+            tracker = EvaluationTracker(output_path=str(staging / "results.json")) if staging is not None else None
+            res = simple_evaluate(
+                model=lm, tasks=names, num_fewshot=shots, task_manager=prepared.task_manager, limit=cfg.limit,
+                bootstrap_iters=cfg.bootstrap_iters, log_samples=cfg.log_samples, random_seed=cfg.seed,
+                numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed,
+                verbosity=None, evaluation_tracker=tracker, model_args=f"pretrained={lm_eval_dir.parent}" if tracker else None,
+            )
+            for task in names:
+                entry = tasks.setdefault(task, {
+                    "column": M.column(task), "reported": M.reported(task),
+                    "version": res.get("versions", {}).get(task), "output_type": prepared.output_types[task],
+                    "source": "local" if task in prepared.local else "lm-eval", "shots": {},
+                })
+                entry["shots"][str(shots)] = _task_entry(task, shots, res)
+                if prepared.output_types[task] == "multiple_choice" and res.get("samples") and res["samples"].get(task):
+                    entry["shots"][str(shots)]["chance"] = chance_level(res["samples"][task])
+                if samples_dir is not None and res.get("samples") and task in res["samples"]:
+                    path = _write_samples(samples_dir, task, shots, res["samples"][task])
+                    entry["shots"][str(shots)]["samples_file"] = str(path.name)
+            if tracker is not None:  # last: lm-eval's writers rewrite the samples they are given in place
+                name = _save_lm_eval_files(tracker, res, staging, cfg.log_samples)
+                for task in names:
+                    tasks[task]["shots"][str(shots)]["lm_eval_results"] = f"{lm_eval_dir.name}/{name}"
+    except BaseException:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if staging is not None:
+        staging.chmod(0o777 & ~_umask())
+        shutil.rmtree(lm_eval_dir, ignore_errors=True)
+        staging.rename(lm_eval_dir)
     return {"lm_eval_version": lm_eval.__version__, "tasks": tasks}
+
+
+def _save_lm_eval_files(tracker, res: dict, folder: Path, log_samples: bool) -> str:
+    """lm-eval's results_<time>.json (and samples_<task>_<time>.jsonl) of one simple_evaluate call,
+    written by its own tracker as its command line does; returns the results file's name."""
+    before = set(folder.glob("results_*.json"))
+    samples = res.pop("samples", None) if log_samples else None
+    tracker.save_results_aggregated(results=res, samples=samples)
+    for task in res.get("configs", {}) if samples else ():
+        tracker.save_results_samples(task_name=task, samples=samples[task])
+    new = set(folder.glob("results_*.json")) - before
+    if len(new) != 1:  # its tracker logs a failure as a warning and carries on
+        raise OSError(f"{folder}: lm-eval's tracker wrote no results file (its warning above says why)")
+    return new.pop().name
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def summary(results: dict) -> dict[str, float]:
@@ -236,7 +290,8 @@ def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool)
               file=sys.stderr, flush=True)
     samples_dir = run_dir / f"{stem}_samples" if cfg.log_samples else None
     if cfg.tasks:
-        out.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir)))
+        out.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir),
+                             lm_eval_dir=run_dir / lm_eval_dir_name(stem)))
     else:
         import lm_eval
 

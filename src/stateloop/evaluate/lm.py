@@ -2,8 +2,9 @@
 
     stateloop lm-eval --model stateloop --model_args pretrained=results/runs/tiny/stateloop/K4_ds64_seed1234 ...
 
-(lm-eval's own command line, arguments unchanged, with this model registered first: lm-eval
-0.4 finds models only in its registry, with no plugin hook; see ``stateloop.commands.lm_eval``),
+(lm-eval's own command line, arguments unchanged, with this model registered first: the released
+lm-eval 0.4.13 finds models only in its registry; its development branch also through the
+``lm_eval.models`` entry point pyproject.toml declares; see ``stateloop.commands.lm_eval``),
 or, as ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
 ``run_dir=`` is an alias of ``pretrained=``. As lm-eval's HF backend (HFLM) does, a CUDA device
 that is not there (the command line's default is ``cuda:0``) falls back, with a warning, to the
