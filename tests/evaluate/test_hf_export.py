@@ -207,3 +207,20 @@ def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, 
         assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]], abs=1e-5)
     model, _ = load_model(run_dir)  # the window lm-eval's HF backend used is the run's
     assert json.loads((export / "config.json").read_text())["max_position_embeddings"] == model.cfg.max_seq_len
+
+
+def test_a_model_built_from_its_config_alone_has_the_projects_init():
+    """StateLoopForCausalLM(config) (no weights: fine-tuning from scratch, tests) initialises as
+    training does, the depth-scaled init of models/init.py, not transformers' N(0, 0.02) everywhere."""
+    from helpers import tiny_config
+
+    from stateloop.config import to_dict
+    from stateloop.export.hf_modeling import StateLoopConfig, StateLoopForCausalLM
+    from stateloop.models.registry import build_model
+
+    cfg = tiny_config("stateloop_mamba2")
+    torch.manual_seed(3)
+    want = build_model(cfg).state_dict()
+    torch.manual_seed(3)
+    got = StateLoopForCausalLM(StateLoopConfig(stateloop_model=to_dict(cfg))).model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)

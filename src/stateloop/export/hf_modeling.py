@@ -26,7 +26,6 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from stateloop.config import from_dict
 from stateloop.models.cache import ModelCache
 from stateloop.models.config import ModelConfig
-from stateloop.models.init import init_weights
 from stateloop.models.registry import build_model
 
 
@@ -65,14 +64,13 @@ class StateLoopForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: StateLoopConfig) -> None:
         super().__init__(config)
-        self.model = build_model(config.model_config(), init=False)
+        # The project's own init (registry.build_model); from_pretrained then sets every parameter
+        # from the export's weights (building on the meta device, where the init costs nothing).
+        self.model = build_model(config.model_config())
         self.post_init()
 
     def _init_weights(self, module) -> None:
-        # A model built from its config alone gets the project's own init (registry.build_model's);
-        # from_pretrained then overwrites every parameter with the export's weights.
-        if module is getattr(self, "model", None):
-            init_weights(module)
+        pass  # transformers' generic init (N(0, 0.02) everywhere) would undo the depth-scaled one above
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
