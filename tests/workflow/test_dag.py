@@ -137,7 +137,7 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
     assert len(trains) == len(set(trains)) == 68
-    assert all(re.search(r"/K\d+_ds\d+_seed[1-8]/model\.pt", o) for o in trains)
+    assert all(re.search(r"/K\d+_ds\d+_seed[1-8]/model\.safetensors", o) for o in trains)
     assert sum("/K4_ds" in o and "/decide/" in o for o in trains) == 16
     assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
