@@ -280,3 +280,42 @@ def test_mlflow_server_lists_every_run(smoke_dag):
         assert expected <= names, sorted(expected - names)
 
 
+
+
+def test_the_export_rule_turns_a_trained_run_into_a_hugging_face_directory(tmp_path):
+    """`snakemake exports` plans one export per run, each after its training; the rule's job, run
+    on a run folder as training leaves it (weights saved here, not trained), writes the directory."""
+    from stateloop.config import to_dict
+    from stateloop.data.shards import write_meta
+    from stateloop.data.tokenizer import EOS, train_bpe
+    from stateloop.models.registry import build_model
+    from stateloop.runs import atomic_write_json, save_final, saved_config
+
+    work = copy_workflow(tmp_path)
+    runs = expand_runs(load_pipeline(work / "configs/smoke.yaml"))
+    planned = jobs(snakemake(work, "--configfile", "configs/smoke.yaml", "-n", "exports").stdout)
+    exports = sorted(j["output"] for j in planned if j["rule"] == "export")
+    assert exports == sorted(f"results/exports/{r.id}" for r in runs)
+    assert {j["output"].split(", ")[0].rsplit("/", 1)[0].replace("runs/", "exports/", 1) for j in planned if j["rule"] == "train"} \
+        == set(exports)
+
+    run = runs[0]
+    data = work / "data" / run.scale
+    data.mkdir(parents=True)
+    tok = train_bpe([f"the cat sat on mat {i}" for i in range(50)], 300)
+    tok.save(str(data / "tokenizer.json"))
+    write_meta(data, {"vocab_size": tok.get_vocab_size(), "eos_id": tok.token_to_id(EOS), "tokenizer": {"file": "tokenizer.json"}})
+    folder = work / run.folder
+    config = {"run": {"id": run.id, "scale": run.scale}, "model": to_dict(run.model_config), "data": {"dir": str(data)}}
+    save_final(folder, build_model(run.model_config).eval(), config)
+    atomic_write_json(folder / "train.json", {"run": run.id})
+    stamp = (data / "meta.json").stat().st_mtime - 60
+    os.utime(data / "meta.json", (stamp, stamp))  # the shards before the weights, as training leaves them
+    snakemake(work, f"results/exports/{run.id}", "--configfile", "configs/smoke.yaml", "--cores", "1",
+              "--allowed-rules", "export", "--rerun-triggers", "mtime")
+    out = work / "results/exports" / run.id
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["auto_map"]["AutoModelForCausalLM"] == "modeling_stateloop.StateLoopForCausalLM"
+    assert hf["stateloop_model"] == config["model"] and saved_config(out) == config
+    names = {p.name for p in out.iterdir()}
+    assert {"model.safetensors", "tokenizer.json", "modeling_stateloop.py", "stateloop_models_registry.py"} <= names
