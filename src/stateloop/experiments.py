@@ -177,7 +177,7 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
     return cfg
 
 
-NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # scale and experiment names: they become paths and command words
+NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words
 
 
 def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
@@ -185,7 +185,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
 
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
         for name in names:
-            if not NAME.match(str(name)) or str(name) in (".", ".."):
+            if not NAME.fullmatch(str(name)) or str(name) in (".", ".."):
                 raise ConfigError(f"{where}: {kind}.{name!r}: a name may hold only letters, digits, '.', '_' and '-'")
 
     for name, exp in cfg.experiments.items():

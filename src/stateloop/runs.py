@@ -34,7 +34,8 @@ from stateloop.models.config import ModelConfig
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch
 
-RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
+# Matched whole (fullmatch): a pattern ending in $ would also match before a final newline.
+RUN_ID = re.compile(r"(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)")
 RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
@@ -248,7 +249,7 @@ def _folder_run_id(folder: Path) -> str | None:
     """The run id of a folder laid out as ``<...>/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}``
     (spelled so, or so once symlinks are resolved), else None."""
     for path in (Path(os.path.abspath(folder)), folder.resolve()):
-        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.match("/".join(path.parts[-3:])):
+        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.fullmatch("/".join(path.parts[-3:])):
             return "/".join(path.parts[-3:])
     return None
 
@@ -260,7 +261,7 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
     line); anything else is a one-line ConfigError naming the argument and the two forms."""
     if arg and Path(arg).is_dir():
         return RunArg(Path(arg), _folder_run_id(Path(arg)))
-    if RUN_ID.match(arg):
+    if RUN_ID.fullmatch(arg):
         return RunArg(Path(RUNS_ROOT) / arg, arg)
     raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
                       f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
@@ -270,7 +271,11 @@ def run_id_of(run_dir: str | Path, config: dict) -> str:
     """The run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``: the resolved config's ``run.id`` when it names
     one, else the folder's last three components (results/runs/<id>)."""
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
+    if not run.get("id"):
+        return "/".join(Path(run_dir).resolve().parts[-3:])
+    if not isinstance(run["id"], str) or not RUN_ID.fullmatch(run["id"]):  # it names MLflow runs and goes into searches
+        raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: run.id: expected a run id {RUN_ID_FORM}, got {run['id']!r}")
+    return run["id"]
 
 
 def trained_length(config: dict) -> int | None:

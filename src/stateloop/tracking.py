@@ -2,9 +2,9 @@
 
 Store (training): ``$MLFLOW_TRACKING_URI``, else the config's ``train.mlflow_tracking_uri``, else
 ``sqlite:///<cwd>/results/mlflow.db`` (MLflow 3 refuses the old ``./mlruns`` file store). The stages
-after training (eval, analyze, render) choose the same way from the *local* pipeline config
-(:func:`stage_uri`), never from a store named in the run folder: a folder received from someone
-else must not decide where this machine writes. On a cluster, point MLFLOW_TRACKING_URI at a
+after training (eval, analyze, render) choose the same way from the pipeline config named on their
+command line (:func:`stage_uri`), never from a store named in the run folder or in the config file
+it names: a folder received from someone else must not decide where this machine writes. On a cluster, point MLFLOW_TRACKING_URI at a
 tracking server rather than at one sqlite file shared over NFS.
 
 Artifacts of a sqlite store live beside it, in ``mlartifacts/<experiment>/`` (so results/ holds the
@@ -188,23 +188,20 @@ def train_summary(run_dir) -> dict:
 
 
 def _local_train_setting(config: dict | None, config_file=None):
-    """The ``train:`` section (TrainConfig) of the run's scale in the local pipeline config:
-    ``config_file``, else the config file the run was trained from when it exists here (as the
-    eval settings), else None."""
-    run = (config or {}).get("run") if isinstance((config or {}).get("run"), dict) else {}
-    if not config_file and run.get("config") and Path(run["config"]).is_file():
-        config_file = run["config"]
+    """The ``train:`` section (TrainConfig) of the run's scale in the pipeline config named on the
+    command line (``config_file``), else None. Never the config file the run folder names
+    (``run.config``): a received folder could name one of its own (evaluate/resolve.py)."""
     if not config_file:
         return None
-
+    run = (config or {}).get("run") if isinstance((config or {}).get("run"), dict) else {}
     scale = load_pipeline(config_file).scales.get(run.get("scale"))
     return scale.train if scale is not None else None
 
 
 def stage_uri(config: dict | None, config_file=None) -> str:
-    """The store of a stage after training: $MLFLOW_TRACKING_URI, else the local pipeline config's
-    ``train.mlflow_tracking_uri`` for the run's scale, else the local default. Never the store that
-    train.json or the run's saved config names."""
+    """The store of a stage after training: $MLFLOW_TRACKING_URI, else the ``train.mlflow_tracking_uri``
+    of the run's scale in the pipeline config named on the command line, else the local default.
+    Never the store that train.json, the run's saved config or the config file it names gives."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return tracking_uri()
     train = _local_train_setting(config, config_file)

@@ -45,7 +45,7 @@ from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
 from stateloop.runs import _numpy_globals, atomic_write_json, is_unsafe_load_error, safe_torch_load, unsafe_load_message
 
-NAME = re.compile(r"^step_(\d{8})\.ckpt$")
+NAME = re.compile(r"step_(\d{8})\.ckpt")
 
 
 def warn(msg: str) -> None:
@@ -68,7 +68,7 @@ class CheckpointStore:
         """Steps of every checkpoint file present (complete or not), newest first."""
         if not self.dir.is_dir():
             return []
-        found = [int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.match(p.name))]
+        found = [int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.fullmatch(p.name))]
         return sorted(found, reverse=True)
 
     def verify(self, step: int) -> str | None:
