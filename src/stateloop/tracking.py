@@ -257,7 +257,9 @@ if __name__ == "__main__":  # python -m stateloop.tracking [URI]: open (and re-p
 # - A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
 #   its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
 #   the run already holds (resuming is exact, so the value there is the one it would log), so every
-#   step appears once.
+#   step appears once. After an inexact resume (a setting changed: train.json's ``inexact_resume``,
+#   the tag ``stateloop.inexact_resume``) the redone steps are logged again: MLflow's latest value of
+#   each is the new one.
 # - An attempt that starts from scratch (no checkpoint) opens a new MLflow run; the previous
 #   attempt's run (RUN_DIR/mlflow.json), still RUNNING because its process was killed (SIGKILL, a
 #   lost node: nothing could close it), is marked KILLED. Its process is gone for certain: the
@@ -288,10 +290,12 @@ def _run_id_in(path: Path | None) -> str | None:
 
 class Tracker:
     """One MLflow run. ``run_id`` given: continue it (a resumed training run). ``previous``: the
-    mlflow.json of an earlier attempt of this run folder."""
+    mlflow.json of an earlier attempt of this run folder. ``exact``: the resume redoes the steps
+    a killed attempt logged with the same values, so those are not logged again; an inexact one
+    (a changed setting) logs them again: MLflow's latest value of each step is then the new one."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None,
-                 previous: Path | None = None):
+                 previous: Path | None = None, exact: bool = True):
 
         self.uri = uri
         self.client = client(uri)
@@ -305,7 +309,7 @@ class Tracker:
             except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
                 self.run_id = None
         self._close_dead_attempt(_run_id_in(previous), run_name)
-        self._logged = self._logged_steps() if self.run_id else {}
+        self._logged = self._logged_steps() if self.run_id and exact else {}
         if self.run_id is None:
             exp_id = experiment_id(self.client, experiment)
             self.run_id = self.client.create_run(exp_id, run_name=run_name,

@@ -17,4 +17,4 @@ rule eval:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q}"
-        " --config {params.config} {params.tasks} --no-progress > {log} 2>&1"
+        " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
