@@ -260,3 +260,15 @@ def test_mlflow_server_lists_every_run(smoke_dag):
         assert expected <= names, sorted(expected - names)
 
 
+
+
+def test_every_rule_quotes_the_paths_and_wildcards_of_its_shell_command():
+    """Issue 26: "Quote every wildcard in every rule's shell command (the tokenize rule does not)":
+    every wildcard, log, output, input and file-naming param in a shell string is written ``{...:q}``."""
+    from pathlib import Path
+
+    rules = Path(__file__).resolve().parents[2] / "workflow" / "rules"
+    unquoted = re.compile(r"\{(wildcards\.\w+|log|output(\.\w+)?|input(\.\w+)?|params\.(config|run_dir|run|scale))\}")
+    found = [f"{path.name}: {line.strip()}" for path in sorted(rules.glob("*.smk"))
+             for line in path.read_text().splitlines() if line.strip().startswith('"') and unquoted.search(line)]
+    assert found == [], found
