@@ -75,7 +75,32 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
+# What torch's zip writer says when a write under it fails (a full disk): a RuntimeError, not an OSError.
+TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "inline_container.cc")
+
+
+def torch_write_error(err: BaseException, path: str | Path) -> OSError | None:
+    """The OSError that a failed ``torch.save`` to ``path`` stands for, else None: the error itself,
+    or torch's RuntimeError of a failed write, as ENOSPC where the file system has no room left
+    (else EIO)."""
+    if isinstance(err, OSError):
+        return err
+    if not isinstance(err, RuntimeError) or not any(m in str(err) for m in TORCH_WRITE_FAILURES):
+        return None
+    import errno
+
+    try:
+        st = os.statvfs(Path(path).parent)
+        full = st.f_bavail * st.f_frsize < 1 << 20
+    except OSError:
+        full = False
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, os.strerror(code) if full else f"torch's writer failed: {str(err).strip().splitlines()[0]}")
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, rename; a failed write (a full
+    disk) removes the temporary file and raises one OSError naming ``path``."""
     import torch
 
     path = Path(path)
@@ -86,8 +111,11 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        written = torch_write_error(err, tmp)
         Path(tmp).unlink(missing_ok=True)
+        if written is not None:
+            raise OSError(written.errno, f"{path}: not written ({written.strerror or written})") from None
         raise
 
 
