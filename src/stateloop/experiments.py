@@ -126,6 +126,11 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.interleave not in ("token", "run"):
             raise ConfigError(f"interleave: {self.interleave!r} is not one of token, run")
+        for key in ("prefill", "tokens", "repeats"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"bench.{key}: must be positive, got {getattr(self, key)}")
+        if self.warmup < 0:
+            raise ConfigError(f"bench.warmup: must be >= 0, got {self.warmup}")
 
 
 @dataclass

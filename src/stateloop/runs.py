@@ -313,7 +313,17 @@ def trained_length(config: dict) -> int | None:
 
 
 def resolve_device(name: str = "auto"):
-    """``auto``: CUDA when available, else the CPU; otherwise the named device."""
+    """``auto``: CUDA when available, else the CPU; otherwise the named device, which must exist
+    here (a one-line ConfigError names it otherwise)."""
     import torch
 
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device {name!r}: not a device name (auto, cpu, cuda, cuda:N, ...)") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+        raise ConfigError(f"device {name}: this machine has {have}; use --device cpu or auto")
+    return device
