@@ -9,7 +9,8 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
    ``data_files=...`` when the config names each split's files; one local folder is read by the
    same call, as a local copy of a hub repository, when the config sets ``data_files`` or
    ``hub_config`` or the folder's README.md declares ``configs:``). Nothing is held in memory
-   beyond a few batches of documents.
+   beyond a few batches of documents; a document longer than :data:`MAX_DOC_CHARS` is refused,
+   naming its file and line, and a local file is read no further than that bound.
 2. **Held-out documents.** Unless the source names its own val/test split, a document of the
    training stream goes to ``val`` when ``u < val_fraction`` and to ``test`` when
    ``val_fraction <= u < val_fraction + test_fraction``, where ``u`` is a keyed BLAKE2b hash of
