@@ -84,7 +84,10 @@ def client(uri: str):
 
 
 def _folder_name(experiment: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    """The experiment's artifact folder under mlartifacts/: one path component, never . or ..
+    (the name may come from a received run folder's config)."""
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    return folder if folder.strip(".") else folder.replace(".", "_")
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:

@@ -87,13 +87,15 @@ def _hostile(out: Path) -> dict:
         "eval.task_data": ("eval", {"task_data": {"piqa_local": str(out / "piqa")}, "tasks": ["piqa_local"], "shots": [0]},
                            "eval.task_data.piqa_local: missing"),
         "train.mlflow_tracking_uri": ("train", {"mlflow_tracking_uri": f"sqlite:///{out / 'mlflow.db'}"}, None),
+        "train.mlflow_experiment": ("train", {"mlflow_experiment": ".."}, None),  # its artifact folder: mlartifacts/..
         "run.id": ("run", {"id": "test/x/K1_ds0_seed1' OR attributes.run_name LIKE '%"},
                    "run.id: expected a run id {scale}/{model}/K{K}_ds{ds}_seed{seed}"),
         "model.name": ("model", {"name": "os.system"}, "model.name: unknown model 'os.system'"),
     }
 
 
-@pytest.mark.parametrize("field", ["eval.task_dir", "eval.task_data", "train.mlflow_tracking_uri", "run.id", "model.name"])
+@pytest.mark.parametrize("field", ["eval.task_dir", "eval.task_data", "train.mlflow_tracking_uri", "train.mlflow_experiment",
+                                   "run.id", "model.name"])
 def test_a_hostile_saved_setting_runs_no_code_and_touches_nothing_outside(field, tmp_path, data_dir, outside, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.chdir(tmp_path)  # the local default store: tmp_path/results/mlflow.db
@@ -109,6 +111,10 @@ def test_a_hostile_saved_setting_runs_no_code_and_touches_nothing_outside(field,
     if error is None:
         assert rc == 0, err
         assert (tmp_path / "results" / "mlflow.db").is_file()  # logged where this machine logs
+        # eval.json's artifact lies under mlartifacts/<one folder>/, whatever the experiment is called
+        assert {p.name for p in (tmp_path / "results").iterdir()} == {"mlflow.db", "mlflow.db.lock", "mlartifacts"}
+        assert [p.relative_to(tmp_path / "results" / "mlartifacts").parts[2:] for p in
+                (tmp_path / "results" / "mlartifacts").rglob("eval.json")] == [("artifacts", "eval", "eval.json")]
         if field == "eval.task_dir":  # the checkout's synth_mc ran
             assert json.loads((run_dir / "eval.json").read_text())["tasks"]["synth_mc"]["shots"]["0"]["n_samples"]["effective"] == 2
     else:
@@ -160,3 +166,44 @@ def test_a_shard_name_that_leaves_the_data_folder_is_refused(tmp_path, data_dir,
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert f"{data / 'meta.json'}: shard file '../outside/secret.bin' is not a file name inside the data folder" in err, err
     assert TOUCHED == [], TOUCHED
+
+
+# Every text-valued field of a resolved config with its eval section, and what reading it from a received
+# folder can reach. A new field that holds text fails the test below until it is classified here.
+TEXT_FIELDS = {
+    "run.id": "checked: must be a run id (tested above)",
+    "run.scale": "a key looked up in the local config's scales",
+    "run.model": "a name in the run id",
+    "run.config": "a pipeline config read for its value settings only (tested above)",
+    "run.experiments": "names, recorded",
+    "model.name": "looked up in the model registry (tested above)",
+    "model.attn_impl": "one of auto, torch, kernel", "model.ssd_impl": "one of auto, torch, kernel",
+    "model.read_init": "one of residual, input", "model.options": "a variant's options, checked by the registry",
+    "train.accelerator": "one of a list", "train.strategy": "one of a list", "train.precision": "one of a list",
+    "train.schedule": "one of a list", "train.val_split": "a key of meta.json's splits",
+    "train.mlflow_experiment": "an experiment name; its artifact folder is one component (tested above)",
+    "train.mlflow_tracking_uri": "never read from a run folder (tested above)",
+    "data.dir": "the run's data, read as data; shard names stay inside it (tested above)",
+    "eval.tasks": "names resolved in workflow/tasks/ or lm-eval's own index",
+    "eval.precision": "one of a list", "eval.device": "a device name, checked",
+    "eval.task_dir": "never read from a run folder (tested above)",
+    "eval.task_data": "never read from a run folder (tested above)",
+    "eval.heldout_split": "a key of meta.json's splits",
+}
+
+
+def test_every_text_field_of_a_saved_config_is_classified():
+    from dataclasses import fields
+
+    from stateloop.evaluate.config import EvalConfig
+    from stateloop.models.config import ModelConfig
+    from stateloop.train.config import TrainConfig
+    from stateloop.train.resolve import resolve_run
+
+    root = Path(__file__).resolve().parents[2]
+    config = resolve_run(root / "configs" / "tiny.yaml", "tiny/stateloop/K3_ds64_seed1234", data_dir="data/tiny")
+    text = {f"{section}.{key}" for section, values in config.items() for key, value in values.items()
+            if isinstance(value, (str, list)) and any(isinstance(v, str) for v in ([value] if isinstance(value, str) else value))}
+    for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig)):
+        text |= {f"{section}.{f.name}" for f in fields(cls) if any(t in str(f.type) for t in ("str", "dict"))}
+    assert text - set(TEXT_FIELDS) == set(), "classify these fields in TEXT_FIELDS"
