@@ -125,6 +125,18 @@ def warn(msg: str) -> None:
     print(f"stateloop: warning: {msg}", file=sys.stderr, flush=True)
 
 
+def scan_shard(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, int]:
+    """(sha256, largest token id) of a shard, in one pass (-1 for an empty one)."""
+    h, top = hashlib.sha256(), -1
+    step = chunk - chunk % dtype.itemsize
+    with open(path, "rb") as fh:
+        while block := fh.read(step):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype)
+            top = max(top, int(ids.max())) if ids.size else top
+    return h.hexdigest(), top
+
+
 def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int, chunk: int = 1 << 22) -> None:
     """Check a shard in full the first time it is opened: against the sha256 meta.json records
     (none recorded: unverified, with a warning) and every id against the vocabulary (an id past it
@@ -141,14 +153,8 @@ def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int
         pass
     if not sha256:
         warn(f"{path}: meta.json records no sha256 for it: its contents are unverified (tokenize again to record checksums)")
-    h, top = hashlib.sha256(), -1
-    step = chunk - chunk % dtype.itemsize
-    with open(path, "rb") as fh:
-        while block := fh.read(step):
-            h.update(block)
-            ids = np.frombuffer(block, dtype=dtype)
-            top = max(top, int(ids.max())) if ids.size else top
-    if sha256 and h.hexdigest() != sha256:
+    digest, top = scan_shard(path, dtype, chunk)
+    if sha256 and digest != sha256:
         raise ValueError(f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; "
                          f"tokenize again)")
     if top >= vocab_size:

@@ -600,9 +600,10 @@ def _val_metrics(loss: float) -> dict:
 
 # Settings a resumed optimizer and schedule carry in their state: a change would be silently undone.
 OPTIMIZER_KEYS = ("lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "betas", "eps")
-# Settings a resume applies from its step on, with a warning and a record (train.json's inexact_resume,
-# an MLflow tag): what draws the batches, grad_clip, and the budget where it changes the lr of the
-# steps still to come (the cosine's length: the lr curve is spliced at the resumed step).
+# What draws the batches. A resume applies a change of these, of train.grad_clip, and of the budget
+# where it changes the lr of the steps still to come (the cosine's length: the lr curve is spliced
+# at the resumed step) from its step on, with a warning and a record (train.json's inexact_resume,
+# an MLflow tag).
 STREAM_KEYS = ("seed", "seq_len", "global_batch")
 
 
@@ -648,7 +649,9 @@ def check_run_folder(run_dir: Path, config: dict, restart: bool = False) -> str 
 
 def _total_steps(train: dict) -> int:
     """TrainConfig.total_steps of a saved ``train`` section."""
-    return train["max_tokens"] // (train["global_batch"] * train["seq_len"]) if train.get("max_tokens") else train["max_steps"]
+    if train.get("max_tokens"):
+        return train["max_tokens"] // (train["global_batch"] * train["seq_len"])
+    return int(train.get("max_steps") or 0)
 
 
 def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict, step: int) -> list[str]:
@@ -662,8 +665,8 @@ def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, dat
                       if saved.get("model", {}).get(k) != current["model"].get(k))
         raise ConfigError(f"{path}: model.{keys[0] if keys else '?'} differs from the checkpoint's config; "
                           f"train into a new --out folder")
-    for key in OPTIMIZER_KEYS:
-        before, now = saved["train"].get(key), current["train"].get(key)
+    for key in (k for k in OPTIMIZER_KEYS if k in saved["train"]):  # the keys the checkpoint records
+        before, now = saved["train"][key], current["train"].get(key)
         if before != now:
             raise ConfigError(f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
                               f"schedule would keep {before!r}; restore it, or train into another --out folder")
