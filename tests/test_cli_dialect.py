@@ -123,7 +123,7 @@ def recorded(tmp_path, monkeypatch):
         seen.append({"id": run_id, "overrides": list(overrides or [])})
         return {"run": {"id": run_id}}
 
-    def train(config, out, progress=True):
+    def train(config, out, progress=True, restart=False):
         seen[-1]["folder"] = Path(out).resolve()
         raise ConfigError("recorded")
 

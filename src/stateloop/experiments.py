@@ -137,6 +137,11 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.interleave not in ("token", "run"):
             raise ConfigError(f"interleave: {self.interleave!r} is not one of token, run")
+        for key in ("prefill", "tokens", "repeats"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"bench.{key}: must be positive, got {getattr(self, key)}")
+        if self.warmup < 0:
+            raise ConfigError(f"bench.warmup: must be >= 0, got {self.warmup}")
 
 
 @dataclass
@@ -190,7 +195,7 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
     return cfg
 
 
-NAME = re.compile(r"^[A-Za-z0-9._-]+$")  # scale and experiment names: they become paths and command words
+NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words
 
 
 def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
@@ -198,7 +203,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
 
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
         for name in names:
-            if not NAME.match(str(name)) or str(name) in (".", ".."):
+            if not NAME.fullmatch(str(name)) or str(name) in (".", ".."):
                 raise ConfigError(f"{where}: {kind}.{name!r}: a name may hold only letters, digits, '.', '_' and '-'")
 
     for name, exp in cfg.experiments.items():

@@ -35,7 +35,8 @@ from stateloop.models.config import ModelConfig
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch
 
-RUN_ID = re.compile(r"^(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
+# Matched whole (fullmatch): a pattern ending in $ would also match before a final newline.
+RUN_ID = re.compile(r"(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)")
 RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
@@ -77,7 +78,35 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
+# What torch's zip writer says when a write under it fails (a full disk): a RuntimeError, not an OSError.
+TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "inline_container.cc")
+SAFETENSORS_WRITE_FAILURES = ("os error",)  # safetensors' writer reports I/O errors as "... (os error 28)"
+
+
+def torch_write_error(err: BaseException, path: str | Path) -> OSError | None:
+    """The OSError that a failed ``torch.save`` to ``path`` stands for, else None: the error itself,
+    or torch's RuntimeError of a failed write, as ENOSPC where the file system has no room left
+    (else EIO)."""
+    if isinstance(err, OSError):
+        return err
+    torch_failure = isinstance(err, RuntimeError) and any(m in str(err) for m in TORCH_WRITE_FAILURES)
+    safetensors_failure = type(err).__name__ == "SafetensorError" and any(m in str(err) for m in SAFETENSORS_WRITE_FAILURES)
+    if not (torch_failure or safetensors_failure):
+        return None
+    import errno
+
+    try:
+        st = os.statvfs(Path(path).parent)
+        full = st.f_bavail * st.f_frsize < 1 << 20
+    except OSError:
+        full = False
+    code = errno.ENOSPC if full else errno.EIO
+    return OSError(code, os.strerror(code) if full else f"torch's writer failed: {str(err).strip().splitlines()[0]}")
+
+
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, fsync, rename; a failed write (a full
+    disk) removes the temporary file and raises one OSError naming ``path``."""
     import torch
 
     path = Path(path)
@@ -88,8 +117,11 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        written = torch_write_error(err, tmp)
         Path(tmp).unlink(missing_ok=True)
+        if written is not None:
+            raise OSError(written.errno, f"{path}: not written ({written.strerror or written})") from None
         raise
 
 
@@ -125,8 +157,11 @@ def write_safetensors(path: str | Path, tensors: dict, metadata: dict[str, str])
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
+        written = torch_write_error(err, tmp)  # a full disk: one OSError naming the file, as for torch.save
         Path(tmp).unlink(missing_ok=True)
+        if written is not None:
+            raise OSError(written.errno, f"{path}: not written ({written.strerror or written})") from None
         raise
 
 
@@ -308,7 +343,7 @@ def _folder_run_id(folder: Path) -> str | None:
     """The run id of a folder laid out as ``<...>/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}``
     (spelled so, or so once symlinks are resolved), else None."""
     for path in (Path(os.path.abspath(folder)), folder.resolve()):
-        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.match("/".join(path.parts[-3:])):
+        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.fullmatch("/".join(path.parts[-3:])):
             return "/".join(path.parts[-3:])
     return None
 
@@ -320,7 +355,7 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
     line); anything else is a one-line ConfigError naming the argument and the two forms."""
     if arg and Path(arg).is_dir():
         return RunArg(Path(arg), _folder_run_id(Path(arg)))
-    if RUN_ID.match(arg):
+    if RUN_ID.fullmatch(arg):
         return RunArg(Path(RUNS_ROOT) / arg, arg)
     raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
                       f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
@@ -330,7 +365,11 @@ def run_id_of(run_dir: str | Path, config: dict) -> str:
     """The run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``: the resolved config's ``run.id`` when it names
     one, else the folder's last three components (results/runs/<id>)."""
     run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    return str(run["id"]) if run.get("id") else "/".join(Path(run_dir).resolve().parts[-3:])
+    if not run.get("id"):
+        return "/".join(Path(run_dir).resolve().parts[-3:])
+    if not isinstance(run["id"], str) or not RUN_ID.fullmatch(run["id"]):  # it names MLflow runs and goes into searches
+        raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: run.id: expected a run id {RUN_ID_FORM}, got {run['id']!r}")
+    return run["id"]
 
 
 def trained_length(config: dict) -> int | None:
@@ -340,7 +379,17 @@ def trained_length(config: dict) -> int | None:
 
 
 def resolve_device(name: str = "auto"):
-    """``auto``: CUDA when available, else the CPU; otherwise the named device."""
+    """``auto``: CUDA when available, else the CPU; otherwise the named device, which must exist
+    here (a one-line ConfigError names it otherwise)."""
     import torch
 
-    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"device {name!r}: not a device name (auto, cpu, cuda, cuda:N, ...)") from None
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        have = f"{torch.cuda.device_count()} CUDA device(s)" if torch.cuda.is_available() else "no CUDA device"
+        raise ConfigError(f"device {name}: this machine has {have}; use --device cpu or auto")
+    return device

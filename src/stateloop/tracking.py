@@ -2,9 +2,9 @@
 
 Store (training): ``$MLFLOW_TRACKING_URI``, else the config's ``train.mlflow_tracking_uri``, else
 ``sqlite:///<cwd>/results/mlflow.db`` (MLflow 3 refuses the old ``./mlruns`` file store). The stages
-after training (eval, analyze, render) choose the same way from the *local* pipeline config
-(:func:`stage_uri`), never from a store named in the run folder: a folder received from someone
-else must not decide where this machine writes. On a cluster, point MLFLOW_TRACKING_URI at a
+after training (eval, analyze, render) choose the same way from the pipeline config named on their
+command line (:func:`stage_uri`), never from a store named in the run folder or in the config file
+it names: a folder received from someone else must not decide where this machine writes. On a cluster, point MLFLOW_TRACKING_URI at a
 tracking server rather than at one sqlite file shared over NFS.
 
 Artifacts of a sqlite store live beside it, in ``mlartifacts/<experiment>/`` (so results/ holds the
@@ -84,7 +84,10 @@ def client(uri: str):
 
 
 def _folder_name(experiment: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    """The experiment's artifact folder under mlartifacts/: one path component, never . or ..
+    (the name may come from a received run folder's config)."""
+    folder = re.sub(r"[^A-Za-z0-9._-]+", "_", experiment)
+    return folder if folder.strip(".") else folder.replace(".", "_")
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -188,23 +191,20 @@ def train_summary(run_dir) -> dict:
 
 
 def _local_train_setting(config: dict | None, config_file=None):
-    """The ``train:`` section (TrainConfig) of the run's scale in the local pipeline config:
-    ``config_file``, else the config file the run was trained from when it exists here (as the
-    eval settings), else None."""
-    run = (config or {}).get("run") if isinstance((config or {}).get("run"), dict) else {}
-    if not config_file and run.get("config") and Path(run["config"]).is_file():
-        config_file = run["config"]
+    """The ``train:`` section (TrainConfig) of the run's scale in the pipeline config named on the
+    command line (``config_file``), else None. Never the config file the run folder names
+    (``run.config``): a received folder could name one of its own (evaluate/resolve.py)."""
     if not config_file:
         return None
-
+    run = (config or {}).get("run") if isinstance((config or {}).get("run"), dict) else {}
     scale = load_pipeline(config_file).scales.get(run.get("scale"))
     return scale.train if scale is not None else None
 
 
 def stage_uri(config: dict | None, config_file=None) -> str:
-    """The store of a stage after training: $MLFLOW_TRACKING_URI, else the local pipeline config's
-    ``train.mlflow_tracking_uri`` for the run's scale, else the local default. Never the store that
-    train.json or the run's saved config names."""
+    """The store of a stage after training: $MLFLOW_TRACKING_URI, else the ``train.mlflow_tracking_uri``
+    of the run's scale in the pipeline config named on the command line, else the local default.
+    Never the store that train.json, the run's saved config or the config file it names gives."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return tracking_uri()
     train = _local_train_setting(config, config_file)
@@ -260,7 +260,9 @@ if __name__ == "__main__":  # python -m stateloop.tracking [URI]: open (and re-p
 # - A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
 #   its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
 #   the run already holds (resuming is exact, so the value there is the one it would log), so every
-#   step appears once.
+#   step appears once. After an inexact resume (a setting changed: train.json's ``inexact_resume``,
+#   the tag ``stateloop.inexact_resume``) the redone steps are logged again: MLflow's latest value of
+#   each is the new one.
 # - An attempt that starts from scratch (no checkpoint) opens a new MLflow run; the previous
 #   attempt's run (RUN_DIR/mlflow.json), still RUNNING because its process was killed (SIGKILL, a
 #   lost node: nothing could close it), is marked KILLED. Its process is gone for certain: the
@@ -291,10 +293,12 @@ def _run_id_in(path: Path | None) -> str | None:
 
 class Tracker:
     """One MLflow run. ``run_id`` given: continue it (a resumed training run). ``previous``: the
-    mlflow.json of an earlier attempt of this run folder."""
+    mlflow.json of an earlier attempt of this run folder. ``exact``: the resume redoes the steps
+    a killed attempt logged with the same values, so those are not logged again; an inexact one
+    (a changed setting) logs them again: MLflow's latest value of each step is then the new one."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None,
-                 previous: Path | None = None):
+                 previous: Path | None = None, exact: bool = True):
 
         self.uri = uri
         self.client = client(uri)
@@ -308,7 +312,7 @@ class Tracker:
             except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
                 self.run_id = None
         self._close_dead_attempt(_run_id_in(previous), run_name)
-        self._logged = self._logged_steps() if self.run_id else {}
+        self._logged = self._logged_steps() if self.run_id and exact else {}
         if self.run_id is None:
             exp_id = experiment_id(self.client, experiment)
             self.run_id = self.client.create_run(exp_id, run_name=run_name,

@@ -216,3 +216,36 @@ def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
     # The held-out items differ from the few-shot pool (the generator's test vs train split).
     test_items = (work / "synth_mc" / "test.jsonl").read_text().splitlines()
     assert not set(test_items) & set((work / "synth_mc" / "train.jsonl").read_text().splitlines())
+
+
+@pytest.mark.parametrize("case", ["eval-device-cuda", "lm-eval-max-length", "lm-eval-batch-size", "lm-eval-unknown-task",
+                                  "lm-eval-num-fewshot"])
+def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
+    """Issue 26: "Tracebacks to turn into one line: eval --device cuda without CUDA; stateloop
+    lm-eval with max_length=-1, batch_size=0, or an unknown task"; "--num_fewshot -1" was accepted."""
+    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR
+
+    if case == "eval-device-cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run_dir, _ = make_run()
+    lm_eval = ["lm-eval", "--model", "stateloop", "--include_path", str(DEFAULT_TASK_DIR), "--limit", "2"]
+    argv, needle = {
+        "eval-device-cuda": (["eval", str(run_dir), "--no-progress", "--no-mlflow", "--tasks", "--device", "cuda"],
+                             "device cuda: this machine has no CUDA device; use --device cpu or auto"),
+        "lm-eval-max-length": ([*lm_eval, "--model_args", f"pretrained={run_dir},max_length=-1", "--tasks", "synth_mc"],
+                               "max_length: the context window must hold at least 2 tokens, got -1"),
+        "lm-eval-batch-size": ([*lm_eval, "--model_args", f"pretrained={run_dir}", "--batch_size", "0", "--tasks", "synth_mc"],
+                               "batch_size: expected a positive integer, auto or auto:N; got '0'"),
+        "lm-eval-unknown-task": ([*lm_eval, "--model_args", f"pretrained={run_dir}", "--tasks", "no_such_task"],
+                                 "Tasks not found: no_such_task"),
+        "lm-eval-num-fewshot": ([*lm_eval, "--model_args", f"pretrained={run_dir}", "--tasks", "synth_mc", "--num_fewshot", "-1"],
+                                "--num_fewshot: expected a count >= 0, got '-1'"),
+    }[case]
+    capsys.readouterr()
+    assert main(argv) == 2
+    text = capsys.readouterr().err
+    # lm-eval adds a log handler on the stderr of each call: in one pytest process the handler of an
+    # earlier test's captured (closed) stderr reports "--- Logging error ---" with a traceback. No other.
+    assert text.count("Traceback") == text.count("--- Logging error ---"), text[-3000:]
+    err = [line for line in text.splitlines() if line.startswith("stateloop")]
+    assert err == [f"stateloop {argv[0]}: error: {needle}"], err

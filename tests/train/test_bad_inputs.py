@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from train_support import write_config, write_shards
 
@@ -51,7 +52,42 @@ def _case(name, tmp_path):
         needle = "text.txt: not UTF-8 text (invalid continuation byte: byte 0xe9)" if name == "not-utf8" else "text.txt: file is empty"
         return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
                 "--no-progress"], needle
+    if name in ("long-line", "long-document"):  # issue 26: a 60 MB line took 4.9 GB and 14+ minutes to tokenize
+        from stateloop.data.tokenize import MAX_DOC_CHARS
+
+        text = tmp_path / "text.txt"
+        text.write_text("a short first line\n" + "x" * (MAX_DOC_CHARS + 1) + "\n")
+        unit = ["--text-unit", "line"] if name == "long-line" else []
+        where = "text.txt:2: a document longer than 8,388,608 characters" if name == "long-line" else (
+            "text.txt: a document longer than 8,388,608 characters (memory per document is bounded); split it "
+            "(data.text_unit: document reads the whole file as one")
+        return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
+                "--no-progress", *unit], where
+    if name == "bench-tokens-negative":
+        import yaml
+
+        raw = yaml.safe_load(cfg.read_text())
+        cfg.write_text(yaml.safe_dump({**raw, "bench": {"tokens": -1}}))
+        return ["plan", "--config", str(cfg)], "bench.tokens: must be positive, got -1"
+    if name == "bench-prefill-beyond-context":
+        return (["bench", "decode", "--config", str(cfg), "--scale", "t", "--models", "vanilla_looped:2", "--prefill", "65",
+                 "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
+                "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
+    if name in ("meta-no-splits", "meta-no-eos", "oov-ids"):  # issue 26
+        meta = json.loads((data / "meta.json").read_text())
+        key = {"meta-no-splits": "splits", "meta-no-eos": "eos_id"}.get(name)
+        if key:
+            del meta[key]
+        else:  # checksums fine, but a vocabulary of 50 does not hold the shard's largest id
+            meta["vocab_size"] = 50
+        (data / "meta.json").write_text(json.dumps(meta))
+        top = int(np.fromfile(data / "train_00000.bin", dtype="<u2").max())
+        assert top >= 50
+        return _train(cfg, data, out), {
+            "meta-no-splits": "meta.json: no 'splits' (an incomplete or foreign meta.json; rerun `stateloop tokenize`)",
+            "meta-no-eos": "meta.json: no 'eos_id' (an incomplete or foreign meta.json; rerun `stateloop tokenize`)",
+            "oov-ids": f"train_00000.bin: token id {top} is outside the vocabulary (vocab_size 50 in meta.json; tokenize again)"}[name]
     return {
         "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
                               "RUN: t/stateloop/K9_ds64_seed1234 is not a run of"),
@@ -64,11 +100,20 @@ def _case(name, tmp_path):
         "zero-steps": (_train(cfg, data, out, RUN, "train.max_steps=0"), "train.max_tokens: set a token budget (or train.max_steps)"),
         "negative-lr": (_train(cfg, data, out, RUN, "train.lr=-1"), "train.lr: must be positive, got -1.0"),
         "nan-lr": (_train(cfg, data, out, RUN, "train.lr=.nan"), "train.lr: expected a finite number, got nan"),
+        # issue 26
+        "init-std-negative": (_train(cfg, data, out, RUN, "model.init_std=-0.02"), "model.init_std: must be positive, got -0.02"),
+        "norm-eps-zero": (_train(cfg, data, out, RUN, "model.norm_eps=0"), "model.norm_eps: must be positive, got 0"),
+        "mixer-heads-zero": (_train(cfg, data, out, RUN, "model.mixer_heads=0"), "model.mixer_heads: must be positive, got 0"),
+        "run-id-newline": (_train(cfg, data, out, RUN + "\n"),
+                           "RUN: expected a run folder or a run id {scale}/{model}/K{K}_ds{ds}_seed{seed} (e.g. "),
     }[name]
 
 
 CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not-utf8", "empty-text", "run-not-in-config", "run-escapes-up",
-         "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr"]
+         "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr",
+         # issue 26
+         "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
+         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -92,3 +137,31 @@ def test_an_offline_lm_eval_task_without_the_shared_data_names_the_folder(tmp_pa
         local_dataset("piqa_local")(data_files={"validation": "piqa/validation.jsonl"})
     assert str(err.value) == (f"{tmp_path / 'nowhere' / 'data' / 'piqa'}: data folder of piqa_local not found "
                               f"(set STATELOOP_SHARED to the folder holding data/)")
+
+
+def test_a_corpus_smaller_than_one_training_window_is_warned_about_at_tokenize_time(tmp_path, capsys):
+    """Issue 26: "a corpus of a few words (warn when the token count is below one training window)"."""
+    text = tmp_path / "text.txt"
+    text.write_text("a few words\n")
+    cfg = _tokenize_config(tmp_path, text)
+    capsys.readouterr()
+    assert main(["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warning) == 1 and warning[0].startswith(f"stateloop tokenize: warning: {tmp_path / 'out'}: the train split has "), warning
+    assert "fewer than one training window of train.seq_len + 1 = 2049 (scales.s.train): training will refuse it" in warning[0]
+
+
+def test_shards_without_checksums_are_read_with_a_one_line_warning(tmp_path, capsys):
+    """Issue 26: "meta.json without checksums (say shards are unverified, or refuse)"."""
+    from stateloop.data.shards import ShardSet
+
+    data = write_shards(tmp_path / "data", n_train=4000, n_val=400)
+    meta = json.loads((data / "meta.json").read_text())
+    for shard in meta["splits"]["train"]["shards"]:
+        del shard["sha256"]
+    (data / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert len(ShardSet(data, "train")) == 4000
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stateloop: warning: {data / 'train_00000.bin'}: meta.json records no sha256 for it: its contents are "
+                   f"unverified (tokenize again to record checksums)"], err

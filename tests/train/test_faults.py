@@ -164,6 +164,37 @@ def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(setup, tmp
     assert_bitwise_equal(weights(run_dir), weights(reference))
 
 
+def test_a_disk_full_inside_torchs_writer_is_one_line_exit_74_and_leaves_no_tmp(setup, tmp_path, capsys):
+    """Issue 26: "torch's zip writer raises RuntimeError: ... unexpected pos rather than OSError, so
+    the documented exit 74 is a traceback and the .tmp stays". Room for half a checkpoint: the first
+    one (step 4) runs out of space inside torch's writer; then the final weights' write does."""
+    cfg, data, reference = setup
+    size = CheckpointStore(reference / "checkpoints").path(12).stat().st_size
+    run_dir = tmp_path / "run"
+    ckpts = run_dir / "checkpoints"
+    _mount_tmpfs(ckpts, (size // 2 + 4095) // 4096 * 4096)
+    try:
+        capsys.readouterr()
+        assert main(_args(cfg, data, run_dir)) == 74
+        err = capsys.readouterr().err.strip().splitlines()
+        assert re.fullmatch(r"stateloop train: error: \[Errno 28\] .*step_00000004\.ckpt: not written \(No space left on device\); "
+                            r"there is no earlier checkpoint: free space in .* and rerun the command to resume", err[-1]), err[-3:]
+        assert "Traceback" not in "\n".join(err) and list(ckpts.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(ckpts)], check=True)
+    # The final weights on a full disk: one OSError naming model.safetensors, no temporary file beside it.
+    from stateloop.runs import save_final
+
+    full = tmp_path / "full"
+    _mount_tmpfs(full, 64 * 1024)
+    try:
+        with pytest.raises(OSError, match=r"\[Errno 28\] .*model\.safetensors: not written \(No space left on device\)"):
+            save_final(full, weights(reference), {"run": {}})
+        assert list(full.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
+
+
 def _wait_for(predicate, proc, timeout=120.0):
     deadline = time.time() + timeout
     while time.time() < deadline:

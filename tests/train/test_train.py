@@ -9,12 +9,14 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from train_support import assert_bitwise_equal, resolved, weights
 
-from stateloop.runs import load_model
+from stateloop.runs import load_model, saved_config
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import NonFiniteLoss, train
 
@@ -305,3 +307,89 @@ def test_an_old_model_pt_folder_is_rewritten_as_safetensors_by_a_train_job(tiny_
     assert result.summary["resumed_from_step"] == result.summary["steps"]
     assert (run_dir / "model.safetensors").is_file() and not (run_dir / "model.pt").exists()
     assert_bitwise_equal(weights(run_dir), reference)
+
+
+def _train_cli(cfg_path, data, run_dir, *args):
+    from stateloop.cli import main
+
+    return main(["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+                 "--out", str(run_dir), "--no-progress", "train.max_steps=8", *args])
+
+
+def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tmp_path, capsys):
+    """Issue 26: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
+    finished run's model.pt and train.json, and then stateloop train refuses". The DAG's train rule
+    passes --restart-on-change: the rerun starts the run afresh, saying so, and records the lr it
+    trained with; by hand, without the flag, the change is refused and nothing is removed."""
+    cfg_path, data = tiny_setup
+    run_dir = tmp_path / "run"
+    assert _train_cli(cfg_path, data, run_dir) == 0
+    for name in ("model.safetensors", "train.json"):  # what Snakemake removes before the rerun
+        (run_dir / name).unlink()
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    capsys.readouterr()
+    assert _train_cli(cfg_path, data, run_dir, "train.lr=1e-3") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.lr: 0.001 differs from 0.003" in err and "--restart-on-change" in err, err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ckpts
+
+    assert _train_cli(cfg_path, data, run_dir, "train.lr=1e-3", "--restart-on-change") == 0
+    err = capsys.readouterr().err
+    assert "train.lr: 0.001 differs from 0.003" in err and "starting the run afresh (--restart-on-change)" in err, err
+    assert json.loads((run_dir / "train.json").read_text())["resumed_from_step"] is None
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["lr"] == 1e-3
+    assert saved_config(run_dir)["train"]["lr"] == 1e-3
+    rule = (Path(__file__).resolve().parents[2] / "workflow" / "rules" / "train.smk").read_text()
+    assert "stateloop train" in rule and "--restart-on-change" in rule  # the DAG's side of the same behaviour
+
+
+def test_a_folder_copied_without_its_config_resumes_only_its_own_optimizer(tiny_setup, tmp_path, capsys):
+    """Issue 26: "A run folder copied without its config.yaml: resuming with train.lr=1e-3 trains
+    with the checkpoint's lr but records 1e-3". The checkpoint's own config decides: refused in one
+    line naming it, and nothing is recorded."""
+    import shutil
+
+    cfg_path, data = tiny_setup
+    run_dir, copy = tmp_path / "run", tmp_path / "copy"
+    assert _train_cli(cfg_path, data, run_dir, "train.max_steps=12") == 0
+    shutil.copytree(run_dir / "checkpoints", copy / "checkpoints")
+    capsys.readouterr()
+    assert _train_cli(cfg_path, data, copy, "train.max_steps=12", "train.lr=1e-3") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"train.lr: 0.001 differs from 0.003 in {copy / 'checkpoints' / 'step_00000012.ckpt'}" in err, err
+    assert sorted(p.name for p in copy.iterdir()) == [".lock", "checkpoints"]  # no config.yaml, weights, mlflow.json
+
+
+def test_an_inexact_resume_says_so_records_it_and_mlflow_keeps_the_new_values(tiny_setup, tmp_path, capsys, mlflow_uri):
+    """Issue 26: "train.max_tokens and train.grad_clip changed on resume are applied silently ...
+    After an inexact resume, MLflow keeps the redone steps' new values, not the old ones." A resume
+    from step 4 of a run that had logged steps 1-8, with another grad_clip and a longer budget: one
+    warning each, train.json and an MLflow tag record them, and MLflow's value at step 8 is the
+    resumed attempt's."""
+    from mlflow.tracking import MlflowClient
+
+    cfg_path, data = tiny_setup
+    run_dir = tmp_path / "run"
+    assert _train_cli(cfg_path, data, run_dir, "train.log_every=1", "train.val_tokens=0") == 0
+    first = json.loads((run_dir / "train.json").read_text())
+    for name in ("checkpoints/step_00000008.ckpt", "checkpoints/step_00000008.ckpt.sha256", "model.safetensors", "train.json"):
+        (run_dir / name).unlink()  # as if killed after logging step 8, before its checkpoint
+    capsys.readouterr()
+    assert _train_cli(cfg_path, data, run_dir, "train.log_every=1", "train.val_tokens=0", "train.grad_clip=0.05",
+                      "train.max_steps=10") == 0
+    err = capsys.readouterr().err
+    assert "train.grad_clip changed since step_00000004.ckpt (1.0 -> 0.05): the steps from 4 on clip at the new value" in err, err
+    assert ("the budget changed since step_00000004.ckpt (8 -> 10 steps; train.max_tokens, train.max_steps): "
+            "the lr schedule is spliced at step 4") in err, err
+    second = json.loads((run_dir / "train.json").read_text())
+    assert second["resumed_from_step"] == 4 and len(second["inexact_resume"]) == 2
+    assert second["mlflow_run_id"] == first["mlflow_run_id"]
+    client = MlflowClient(mlflow_uri)
+    run = client.get_run(second["mlflow_run_id"])
+    assert run.data.tags["stateloop.inexact_resume"].startswith("from step 4: train.grad_clip changed")
+    at8 = sorted((m for m in client.get_metric_history(run.info.run_id, "train/loss") if m.step == 8), key=lambda m: m.timestamp)
+    assert len(at8) == 2 and at8[0].value != at8[1].value, at8
+    assert at8[0].value == pytest.approx(first["final_train_loss"])  # the killed attempt's ...
+    assert client.get_run(run.info.run_id).data.params["train.grad_clip"] == "1.0"
+    assert run.data.tags["changed_on_resume.train.grad_clip"] == "0.05"  # ... and the truthful record of the change

@@ -319,3 +319,39 @@ def test_the_export_rule_turns_a_trained_run_into_a_hugging_face_directory(tmp_p
     assert hf["stateloop_model"] == config["model"] and saved_config(out) == config
     names = {p.name for p in out.iterdir()}
     assert {"model.safetensors", "tokenizer.json", "modeling_stateloop.py", "stateloop_models_registry.py"} <= names
+
+
+def test_every_rule_quotes_the_paths_and_wildcards_of_its_shell_command():
+    """Issue 26: "Quote every wildcard in every rule's shell command (the tokenize rule does not)":
+    every wildcard, log, output, input and file-naming param in a shell string is written ``{...:q}``."""
+    from pathlib import Path
+
+    rules = Path(__file__).resolve().parents[2] / "workflow" / "rules"
+    unquoted = re.compile(r"\{(wildcards\.\w+|log|output(\.\w+)?|input(\.\w+)?|params\.(config|run_dir|run|scale))\}")
+    found = [f"{path.name}: {line.strip()}" for path in sorted(rules.glob("*.smk"))
+             for line in path.read_text().splitlines() if line.strip().startswith('"') and unquoted.search(line)]
+    assert found == [], found
+
+
+def test_a_changed_train_lr_reruns_the_run_afresh_instead_of_deleting_its_weights_and_refusing(tmp_path):
+    """Issue 26: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
+    finished run's model.pt and train.json, and then stateloop train refuses ... the run is left
+    without weights". The rerun trains the run afresh with the new lr, saying so in its log."""
+    work = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
+    cfg["scales"]["smoke"]["train"].update(max_tokens=8 * 512, checkpoint_every=4, val_every=0, val_tokens=0)  # 8 steps
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    run = work / "results/runs/smoke/vanilla_looped/K2_ds0_seed1234"
+    target = str((run / "train.json").relative_to(work))
+    snakemake(work, "--cores", "1", target, "--configfile", "c.yaml")
+    cfg["scales"]["smoke"]["train"]["lr"] = 1e-3
+    (work / "c.yaml").write_text(yaml.safe_dump(cfg))
+    snakemake(work, "--cores", "1", target, "--configfile", "c.yaml")
+    log = (run / "train.log").read_text()
+    assert ("train.lr: 0.001 differs from 0.003 in results/runs/smoke/vanilla_looped/K2_ds0_seed1234/config.yaml, and a "
+            "resumed optimizer and schedule would keep 0.003: starting the run afresh (--restart-on-change)") in log, log[-2000:]
+    summary = json.loads((run / "train.json").read_text())
+    assert summary["resumed_from_step"] is None and summary["steps"] == 8
+    from stateloop.runs import saved_config
+
+    assert saved_config(run)["train"]["lr"] == 1e-3

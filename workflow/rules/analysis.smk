@@ -19,7 +19,7 @@ rule shapley:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze shapley {params.run_dir:q}"
-        " --config {params.config} --no-progress > {log} 2>&1"
+        " --config {params.config:q} --no-progress > {log:q} 2>&1"
 
 
 rule interventions:
@@ -40,7 +40,7 @@ rule interventions:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop analyze interventions {params.run_dir:q}"
-        " --config {params.config} --no-progress > {log} 2>&1"
+        " --config {params.config:q} --no-progress > {log:q} 2>&1"
 
 
 # Table 3 is timed alone: the job takes every core Snakemake was given (so no other job of the DAG
@@ -64,5 +64,5 @@ rule bench_decode:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop bench decode --config {params.config} --scale {params.scale:q} --models {params.models}"
-        " {params.bench} --threads {threads} --out {output} --no-progress > {log} 2>&1"
+        "stateloop bench decode --config {params.config:q} --scale {params.scale:q} --models {params.models}"
+        " {params.bench} --threads {threads} --out {output:q} --no-progress > {log:q} 2>&1"

@@ -12,5 +12,5 @@ rule tokenize:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop tokenize --config {params.config} --scale {wildcards.scale} --out data/{wildcards.scale}"
-        " --no-progress > {log} 2>&1"
+        "stateloop tokenize --config {params.config:q} --scale {wildcards.scale:q} --out data/{wildcards.scale:q}"
+        " --no-progress > {log:q} 2>&1"

@@ -17,7 +17,7 @@ rule eval:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q}"
-        " --config {params.config} {params.tasks} --no-progress > {log} 2>&1"
+        " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
 
 
 # Test-time depth (this project's study, not the paper's protocol): a run of an experiment with
@@ -42,4 +42,4 @@ rule eval_depth:
         "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q} --depths {params.depths}"
-        " --config {params.config} {params.tasks} --no-progress > {log} 2>&1"
+        " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"

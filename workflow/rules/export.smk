@@ -18,7 +18,7 @@ rule export:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop export {params.run_dir:q} --out {output:q} > {log} 2>&1"
+        "stateloop export {params.run_dir:q} --out {output:q} > {log:q} 2>&1"
 
 
 rule exports:

@@ -26,7 +26,7 @@ rule render_table:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.table} --config {params.config} --out {output.csv} > {log} 2>&1"
+        "stateloop render {wildcards.table:q} --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"
 
 
 rule render_figure:
@@ -47,7 +47,7 @@ rule render_figure:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render {wildcards.figure} --config {params.config} --out {output.pdf} > {log} 2>&1"
+        "stateloop render {wildcards.figure:q} --config {params.config:q} --out {output.pdf:q} > {log:q} 2>&1"
 
 
 # The paper's claims, each with our effect, its 95% confidence interval over seeds and a verdict.
@@ -67,4 +67,4 @@ rule render_claims:
     conda:
         "../../envs/stateloop.yaml"
     shell:
-        "stateloop render claims --config {params.config} --out {output.csv} > {log} 2>&1"
+        "stateloop render claims --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"

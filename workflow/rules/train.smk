@@ -18,11 +18,14 @@ rule train:
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
+    # A job reruns when its settings change (params), and Snakemake has deleted model.pt and
+    # train.json by then: --restart-on-change makes the training start afresh, saying so, where the
+    # folder's checkpoints cannot continue under the new settings (instead of refusing them).
     # Snakemake removes {log} before every attempt (a retry, a requeued SLURM job): the run
     # folder's train.log keeps the lines of every attempt, and {log} starts with them. The tee
     # ignores SIGTERM (SLURM sends it to the whole job on requeue or preemption), so that it keeps
     # what training prints while it writes its checkpoint.
     shell:
-        "touch {params.run_dir:q}/train.log && cat {params.run_dir:q}/train.log > {log} &&"
-        " {params.launcher} stateloop train --config {params.config} {params.run:q} --data-dir data/{wildcards.scale:q}"
-        " --out {params.run_dir:q} --no-progress 2>&1 | (trap '' TERM; exec tee -a {params.run_dir:q}/train.log) >> {log}"
+        "touch {params.run_dir:q}/train.log && cat {params.run_dir:q}/train.log > {log:q} &&"
+        " {params.launcher} stateloop train --config {params.config:q} {params.run:q} --data-dir data/{wildcards.scale:q}"
+        " --out {params.run_dir:q} --no-progress --restart-on-change 2>&1 | (trap '' TERM; exec tee -a {params.run_dir:q}/train.log) >> {log:q}"

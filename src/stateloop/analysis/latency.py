@@ -144,7 +144,7 @@ def bench_decode(
     busy CPU, not for absolute GPU latency (the per-step sync removes host/device overlap).
     Models must already sit on ``device`` in the benchmark dtype, in eval mode.
     """
-    _check_settings(rows, prefill, n_new, runs, warmup, interleave)
+    check_settings(rows, prefill, n_new, runs, warmup, interleave)
     device = torch.device(device)
     ref = _reference_label(rows, reference)
     vocab = min(r.model.cfg.vocab_size for r in rows)
@@ -166,13 +166,17 @@ def bench_decode(
     }
 
 
-def _check_settings(rows: list[BenchModel], prefill: int, n_new: int, runs: int, warmup: int, interleave: str) -> None:
+def check_settings(rows: list[BenchModel], prefill: int, n_new: int, runs: int, warmup: int, interleave: str) -> None:
     if not rows:
         raise ValueError("no models to benchmark")
     if prefill < 1 or n_new < 1 or runs < 1 or warmup < 0:
         raise ConfigError(f"need prefill >= 1, tokens >= 1, runs >= 1, warmup >= 0; got {prefill}, {n_new}, {runs}, {warmup}")
     if interleave not in ("run", "token"):
         raise ValueError(f"interleave must be 'run' or 'token', got {interleave!r}")
+    for row in rows:  # a prompt longer than the model's context: positions it was never built for
+        if prefill > row.model.cfg.max_seq_len:
+            raise ConfigError(f"--prefill {prefill}: longer than the context of {row.label} "
+                              f"(model.max_seq_len = {row.model.cfg.max_seq_len})")
 
 
 def _reference_label(rows: list[BenchModel], reference: str | None) -> str:

@@ -89,6 +89,7 @@ def run(args) -> int:
         for i, spec in enumerate(specs):
             torch.manual_seed(args.seed + i)
             rows.append(latency.untrained_row(shape, spec, device, dtype))
+    latency.check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
     print(f"bench decode: {len(rows)} models on {latency.device_name(device)}, {str(dtype).replace('torch.', '')}, "
           f"P={args.prefill} N={args.tokens}, {args.warmup} warm-up + {args.repeats} timed runs each", file=sys.stderr)
     result = latency.bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,

@@ -6,6 +6,8 @@ The eval settings: the ``eval`` section of the run's scale in ``--config`` (defa
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
 paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
 (``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
+The settings that name code or files (``eval.task_dir``, ``eval.task_data``) and the MLflow store
+come only from ``--config`` and ``--set``: a run folder is data, never code (evaluate/resolve.py).
 
 Writes eval.json (atomically) and eval_samples/ into the run folder, and logs to the run's MLflow run.
 

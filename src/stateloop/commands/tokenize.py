@@ -12,6 +12,8 @@ Without them the flags describe the data alone (defaults: DataConfig's).
 
 from __future__ import annotations
 
+import sys
+
 # flag -> help; each flag sets the DataConfig key of the same name
 FLAGS = {
     "source": "source for the text: synthetic, a hub dataset name, or local files/globs (json/jsonl/txt/parquet)",
@@ -101,5 +103,14 @@ def run(args) -> int:
     from stateloop.data.tokenize import tokenize
 
     data, model_vocab = resolve(args)
-    tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
+    meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
+    if args.config and args.scale:  # a corpus too small to train on: said now, not at training time
+        from stateloop.experiments import load_pipeline
+
+        window = load_pipeline(args.config).scales[args.scale].train.seq_len + 1
+        tokens = ((meta.get("splits") or {}).get("train") or {}).get("tokens", 0)
+        if tokens < window:
+            print(f"stateloop tokenize: warning: {args.out}: the train split has {tokens} tokens, fewer than one training "
+                  f"window of train.seq_len + 1 = {window} (scales.{args.scale}.train): training will refuse it; "
+                  f"give a larger corpus", file=sys.stderr)
     return 0

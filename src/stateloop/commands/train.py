@@ -6,7 +6,9 @@ model.safetensors and train.json. RUN, as in every command that addresses runs
 run folder ``<...>/runs/<run id>``, whose last three components are the run id; ``--out``
 trains into another folder (a new folder elsewhere: the run id and ``--out DIR``). The run id's
 seed replaces ``train.seed``. Rerunning the same command resumes from the newest complete
-checkpoint. Everything is checked before training starts: a malformed RUN, unknown or mistyped
+checkpoint; a changed model or optimiser setting (``train.lr``, ...: a resume would keep the old
+one) is refused, or with ``--restart-on-change`` (which the DAG passes: Snakemake reruns a job
+whose settings changed) starts the run afresh, saying so. Everything is checked before training starts: a malformed RUN, unknown or mistyped
 keys, a missing or empty data folder, a tokenizer vocabulary larger than ``model.vocab_size``;
 each fails with a one-line message naming the argument, key or file (exit 2).
 
@@ -30,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
     p.add_argument("--out", help="run folder (default: RUN's folder, results/runs/{run id} for a run id)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--restart-on-change", action="store_true",
+                   help="a changed model or optimiser setting starts the run afresh (its checkpoints and weights are "
+                        "removed) instead of being refused; the DAG passes it")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override a resolved value: train.lr=1e-3, train.max_steps=20, model.norm_eps=1e-6, data.dir=...")
 
@@ -53,7 +58,7 @@ def run(args) -> int:
         slurm.warn_cpu_fallback(config)
         out = args.out or str(run.folder)
         try:
-            result = train(config, out, progress=not args.no_progress)
+            result = train(config, out, progress=not args.no_progress, restart=args.restart_on_change)
         except NonFiniteLoss as err:
             print(f"stateloop train: error: {err}", file=sys.stderr)
             return NONFINITE_EXIT

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,30 +118,61 @@ def read_meta(data_dir: str | Path) -> dict:
     return meta
 
 
-VERIFIED = ".verified"  # per-shard stamps of a checksum already verified (size, mtime, sha256)
+VERIFIED = ".verified"  # per-shard stamps of a shard already verified (size, mtime, sha256, vocab_size)
 
 
-def verify_once(path: Path, sha256: str | None) -> None:
-    """Check a shard against the sha256 meta.json records, in full, the first time it is opened;
-    a stamp (``.verified/<file>``: size, mtime and the checksum) lets later opens skip the hashing
-    until the file changes. A shard rewritten in place (another size or mtime) is hashed again."""
-    if not sha256:
-        return
+def warn(msg: str) -> None:
+    print(f"stateloop: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def scan_shard(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, int]:
+    """(sha256, largest token id) of a shard, in one pass (-1 for an empty one)."""
+    h, top = hashlib.sha256(), -1
+    step = chunk - chunk % dtype.itemsize
+    with open(path, "rb") as fh:
+        while block := fh.read(step):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=dtype)
+            top = max(top, int(ids.max())) if ids.size else top
+    return h.hexdigest(), top
+
+
+def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int, chunk: int = 1 << 22) -> None:
+    """Check a shard in full the first time it is opened: against the sha256 meta.json records
+    (none recorded: unverified, with a warning) and every id against the vocabulary (an id past it
+    would fail deep inside the model's embedding). A stamp (``.verified/<file>``: size, mtime, the
+    checksum and vocab_size) lets later opens skip the pass until the file changes; a shard
+    rewritten in place (another size or mtime) is read again."""
     st = path.stat()
     stamp = path.parent / VERIFIED / path.name
-    key = f"{st.st_size} {st.st_mtime_ns} {sha256}"
+    key = f"{st.st_size} {st.st_mtime_ns} {sha256 or 'unhashed'} {vocab_size}"
     try:
         if stamp.read_text() == key:
             return
     except OSError:
         pass
-    if sha256_file(path) != sha256:
+    if not sha256:
+        warn(f"{path}: meta.json records no sha256 for it: its contents are unverified (tokenize again to record checksums)")
+    digest, top = scan_shard(path, dtype, chunk)
+    if sha256 and digest != sha256:
         raise ValueError(f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; "
+                         f"tokenize again)")
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} is outside the vocabulary (vocab_size {vocab_size} in meta.json; "
                          f"tokenize again)")
     try:
         atomic_write_bytes(stamp, key.encode())
     except OSError:
         pass  # a read-only data folder: verify again next time
+
+
+def _meta_field(meta: dict, key: str, where: Path, kind=None):
+    """meta.json's ``key`` (of type ``kind``), or a one-line error naming the file and the key."""
+    value = meta.get(key)
+    if value is None or (kind is not None and not isinstance(value, kind)):
+        what = f"no {key!r}" if value is None else f"{key!r} is not a {kind.__name__}"
+        raise ValueError(f"{where}: {what} (an incomplete or foreign meta.json; rerun `stateloop tokenize`)")
+    return value
 
 
 class ShardSet:
@@ -149,25 +181,29 @@ class ShardSet:
     def __init__(self, data_dir: str | Path, split: str):
         self.dir = Path(data_dir)
         self.meta = read_meta(self.dir)
-        splits = self.meta["splits"]
+        where = self.dir / META
+        splits = _meta_field(self.meta, "splits", where, dict)
         if split not in splits:
-            raise KeyError(f"{self.dir / META}: no split {split!r} (has: {', '.join(splits)})")
+            raise KeyError(f"{where}: no split {split!r} (has: {', '.join(splits)})")
         self.split = split
-        self.vocab_size = int(self.meta["vocab_size"])
+        self.vocab_size = int(_meta_field(self.meta, "vocab_size", where, int))
         expected = token_dtype(self.vocab_size)
-        if str(self.meta["dtype"]) != expected.name:
-            raise ValueError(f"{self.dir / META}: dtype {self.meta['dtype']!r} is not the shards' {expected.name} "
+        if str(_meta_field(self.meta, "dtype", where)) != expected.name:
+            raise ValueError(f"{where}: dtype {self.meta['dtype']!r} is not the shards' {expected.name} "
                              f"(vocab_size {self.vocab_size})")
         self.dtype = expected.newbyteorder("<")
-        self.eos_id = int(self.meta["eos_id"])
+        self.eos_id = int(_meta_field(self.meta, "eos_id", where, int))
         self.maps = []
-        for shard in splits[split]["shards"]:
-            path = self.dir / shard["file"]
+        for shard in _meta_field(splits[split], "shards", where, list):
+            name = shard.get("file") if isinstance(shard, dict) else None
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"{where}: shard file {name!r} is not a file name inside the data folder")
+            path = self.dir / name
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: shard listed in meta.json is missing")
             if path.stat().st_size != shard["tokens"] * self.dtype.itemsize:
                 raise ValueError(f"{path}: size does not match meta.json ({shard['tokens']} tokens)")
-            verify_once(path, shard.get("sha256"))
+            verify_once(path, shard.get("sha256"), self.dtype, self.vocab_size)
             self.maps.append(np.memmap(path, dtype=self.dtype, mode="r"))
         self.offsets = np.cumsum([0] + [len(m) for m in self.maps])
 

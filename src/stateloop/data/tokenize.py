@@ -9,7 +9,8 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
    ``data_files=...`` when the config names each split's files; one local folder is read by the
    same call, as a local copy of a hub repository, when the config sets ``data_files`` or
    ``hub_config`` or the folder's README.md declares ``configs:``). Nothing is held in memory
-   beyond a few batches of documents.
+   beyond a few batches of documents; a document longer than :data:`MAX_DOC_CHARS` is refused,
+   naming its file and line, and a local file is read no further than that bound.
 2. **Held-out documents.** Unless the source names its own val/test split, a document of the
    training stream goes to ``val`` when ``u < val_fraction`` and to ``test`` when
    ``val_fraction <= u < val_fraction + test_fraction``, where ``u`` is a keyed BLAKE2b hash of
@@ -66,6 +67,14 @@ PARTIAL = ".partial"
 SPLITS = ("train", "val", "test")
 BATCH_DOCS = 1024  # documents per worker task ...
 BATCH_CHARS = 1 << 21  # ... or this many characters, whichever comes first
+# [choice] The longest document tokenized: encoding holds ~300 bytes per token, so a 60 MB line took
+# 4.9 GB. A longer one is refused, naming its line (a whole-book document stays well below this).
+MAX_DOC_CHARS = 1 << 23
+
+
+def _too_long(where: str, hint: str = "") -> DataError:
+    return DataError(f"data.source: {where}: a document longer than {MAX_DOC_CHARS:,} characters (memory per document "
+                     f"is bounded); split it{hint}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,19 +208,27 @@ def _read_txt(path: str, unit: str) -> Iterator[str]:
     Read as written (no newline translation), so the shards decode back to the file's text."""
     with open(path, encoding="utf-8", newline="") as fh:
         if unit == "document":
-            yield fh.read()
-            return
-        if unit == "line":
-            for line in fh:
-                yield line.rstrip("\r\n")
+            text = fh.read(MAX_DOC_CHARS + 1)
+            if len(text) > MAX_DOC_CHARS:
+                raise _too_long(path, " (data.text_unit: document reads the whole file as one; paragraph or line split it)")
+            yield text
             return
         para: list[str] = []
-        for line in fh:
-            if line.strip():
+        size, start = 0, 1
+        for lineno, line in enumerate(iter(lambda: fh.readline(MAX_DOC_CHARS + 1), ""), 1):
+            if len(line) > MAX_DOC_CHARS:  # read no further than the bound
+                raise _too_long(f"{path}:{lineno}", " (one line)")
+            if unit == "line":
+                yield line.rstrip("\r\n")
+            elif line.strip():
+                start = start if para else lineno
                 para.append(line)
+                size += len(line)
+                if size > MAX_DOC_CHARS:
+                    raise _too_long(f"{path}:{start}", " (the paragraph starting there)")
             elif para:
                 yield "".join(para).rstrip("\r\n")
-                para = []
+                para, size = [], 0
         if para:
             yield "".join(para).rstrip("\r\n")
 
@@ -226,7 +243,9 @@ def _iter_batches_datasets(ds, text_field: str, where: str) -> Iterator[list]:
 def _read_jsonl(path: str, text_field: str) -> Iterator:
     """JSON lines, read directly (faster than, and without the import cost of, ``datasets``)."""
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+        for lineno, line in enumerate(iter(lambda: fh.readline(MAX_DOC_CHARS + 1), ""), 1):
+            if len(line) > MAX_DOC_CHARS:
+                raise _too_long(f"{path}:{lineno}", " (one JSON line)")
             if not line.strip():
                 continue
             try:
@@ -289,13 +308,16 @@ def text_batches(stream: Stream, cfg: DataConfig) -> Iterator[list[str]]:
     """Batches of non-empty document texts from a local or hub stream, at most ``n_docs`` in all."""
     left = stream.n_docs
     buf: list[str] = []
-    chars = 0
+    chars = seen = 0
     for raw in _raw_batches(stream, cfg):
         for text in raw:
             if not text:  # None or "": nothing to learn from
                 continue
             if not isinstance(text, str):
                 raise DataError(f"data.text_field: {cfg.text_field!r} holds {type(text).__name__} values, not text")
+            seen += 1
+            if len(text) > MAX_DOC_CHARS:  # a datasets or hub stream (the local readers stop at the bound)
+                raise _too_long(f"{cfg.source}: document {seen} ({cfg.text_field!r})")
             buf.append(text)
             chars += len(text)
             if left is not None:

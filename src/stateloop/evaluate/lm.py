@@ -112,12 +112,12 @@ def eval_device(name: str) -> torch.device:
     """The device to evaluate on, by HFLM's rule: a CUDA device this machine does not have (lm-eval's
     command line asks for ``cuda:0`` by default) becomes ``cuda`` when there is one, else the CPU,
     with a warning."""
-    device = resolve_device(name)
+    device = torch.device(resolve_device("auto") if name == "auto" else name)
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         fallback = resolve_device("auto")
         log.warning("device %s: not available on this machine; using %s", name, fallback)
         return fallback
-    return device
+    return resolve_device(str(device))
 
 
 def parse_batch_size(value) -> tuple[int | str, int]:
@@ -199,8 +199,10 @@ class StateLoopEvalLM(TemplateLM):
         self.max_batch_size = int(max_batch_size) if max_batch_size not in (None, "", "None") else 64
         self.batch_sizes: dict[int, int] = {}  # auto: slot of the sorted requests -> detected size (lm-eval reports them)
         self.max_length = int(max_length) if max_length not in (None, "", "None") else model.cfg.max_seq_len
-        if self.max_batch_size <= 0 or self.max_length <= 1:
-            raise ValueError(f"max_batch_size and max_length must be positive (got {self.max_batch_size}, {self.max_length})")
+        if self.max_length <= 1:
+            raise ValueError(f"max_length: the context window must hold at least 2 tokens, got {self.max_length}")
+        if self.max_batch_size <= 0:
+            raise ValueError(f"max_batch_size: must be positive, got {self.max_batch_size}")
         if precision not in ("32-true", "bf16-mixed"):
             raise ValueError(f"precision must be 32-true or bf16-mixed, got {precision!r}")
         self.precision = precision

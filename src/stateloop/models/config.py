@@ -53,8 +53,10 @@ class ModelConfig:
     options: dict = field(default_factory=dict)  # variant-specific options (registry checks them)
 
     def __post_init__(self) -> None:
-        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "head_dim", "K", "max_seq_len"):
-            if getattr(self, key) <= 0:
+        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "head_dim", "K", "max_seq_len",
+                    "mixer_heads", "mixer_head_dim", "mamba_expand", "mamba_d_state", "mamba_d_conv", "mamba_head_dim",
+                    "mamba_n_groups", "mamba_chunk_size", "rope_theta", "norm_eps", "init_std"):
+            if not getattr(self, key) > 0:  # also refuses nan
                 raise ConfigError(f"model.{key}: must be positive, got {getattr(self, key)}")
         for key, cap in MODEL_CAPS.items():  # far above any model of the field: a typo, not a shape
             if getattr(self, key) > cap:

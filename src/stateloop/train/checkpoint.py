@@ -43,9 +43,16 @@ from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
-from stateloop.runs import _numpy_globals, atomic_write_json, is_unsafe_load_error, safe_torch_load, unsafe_load_message
+from stateloop.runs import (
+    _numpy_globals,
+    atomic_write_json,
+    is_unsafe_load_error,
+    safe_torch_load,
+    torch_write_error,
+    unsafe_load_message,
+)
 
-NAME = re.compile(r"^step_(\d{8})\.ckpt$")
+NAME = re.compile(r"step_(\d{8})\.ckpt")
 
 
 def warn(msg: str) -> None:
@@ -68,7 +75,7 @@ class CheckpointStore:
         """Steps of every checkpoint file present (complete or not), newest first."""
         if not self.dir.is_dir():
             return []
-        found = [int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.match(p.name))]
+        found = [int(m.group(1)) for p in self.dir.iterdir() if (m := NAME.fullmatch(p.name))]
         return sorted(found, reverse=True)
 
     def verify(self, step: int) -> str | None:
@@ -151,14 +158,17 @@ class CheckpointStore:
                     digest = sha256_file(tmp)
                 tmp.replace(final)
                 atomic_write_json(self.sidecar(final), {"sha256": digest, "bytes": size, "step": step})
-        except OSError as err:
+        except (OSError, RuntimeError) as failure:
+            err = torch_write_error(failure, tmp)  # torch's zip writer reports a full disk as RuntimeError
+            if err is None:
+                raise
             if fabric.is_global_zero:  # nothing half-written stays: no tmp, no checkpoint without its sidecar
                 tmp.unlink(missing_ok=True)
                 if not self.sidecar(final).is_file():
                     final.unlink(missing_ok=True)
             previous = next((self.path(s) for s in self.steps() if s != step and self.sidecar(self.path(s)).is_file()), None)
-            raise OSError(err.errno, f"{final}: not written ({err.strerror or err}); the previous checkpoint "
-                                     f"{previous.name if previous else '(none)'} is intact: free space in {self.dir} "
+            kept = f"the previous checkpoint {previous.name} is intact" if previous else "there is no earlier checkpoint"
+            raise OSError(err.errno, f"{final}: not written ({err.strerror or err}); {kept}: free space in {self.dir} "
                                      f"and rerun the command to resume") from None
         if fabric.is_global_zero:
             self.prune()

@@ -38,6 +38,7 @@ import contextlib
 import fcntl
 import math
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -69,7 +70,7 @@ from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_chec
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.resolve import open_data, parse_resolved
 from stateloop.train.sampler import STREAM, TokenSampler
-from stateloop.train.schedule import lr_lambda
+from stateloop.train.schedule import lr_at, lr_lambda
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
@@ -251,16 +252,21 @@ def run_lock(run_dir: Path):
         os.close(fd)
 
 
-def train(config: dict, run_dir: str | Path, progress: bool = True) -> TrainResult:
+def train(config: dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
     """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
     folder's lock (:func:`run_lock`) for the whole training: :func:`setup`, :func:`fit`,
-    :func:`finish`."""
+    :func:`finish`. ``restart``: see :func:`check_run_folder`."""
     mcfg, tcfg = parse_resolved(config)
     shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by setup
-    check_run_folder(Path(run_dir), config)
+    conflict = check_run_folder(Path(run_dir), config, restart)
     with run_lock(Path(run_dir)):
+        if conflict and _primary_process():
+            warn(f"{conflict}: starting the run afresh (--restart-on-change): removing its checkpoints and final weights")
+            shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)
+            for name in (FINAL_WEIGHTS, TRAIN_SUMMARY):
+                (Path(run_dir) / name).unlink(missing_ok=True)
         run = setup(config, Path(run_dir), shards)
         stop, meter = StopRequest(), Progress(run, progress)
         stop.install()
@@ -304,6 +310,7 @@ class Run:
     elapsed_before: float = 0.0  # training seconds of the earlier attempts (from the checkpoint)
     saved_at: int | None = None  # the step of the last good checkpoint: written or resumed from
     val_loss: float | None = None  # the last validation
+    inexact: list[str] = field(default_factory=list)  # why the resumed steps differ from an uninterrupted run's
     t_start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -328,7 +335,6 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
     fabric.launch()
     if fabric.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(run_dir / RUN_CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
     store = CheckpointStore(run_dir / "checkpoints", tcfg.keep_checkpoints)
     resume = None
     if fabric.is_global_zero:
@@ -355,14 +361,17 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0, "tokens": 0,
              "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
              "data": data_identity}
+    inexact: list[str] = []  # what makes the resumed steps differ from an uninterrupted run's
     if resume:
         store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
-        _check_resume(resume, state["config"], config, state["data"], data_identity)
+        inexact = _check_resume(resume, state["config"], config, state["data"], data_identity, state["step"])
         state["data"] = data_identity
         restore_rng(state["rng"])
         state["config"] = config
         if fabric.is_global_zero:
             warn(f"resuming from {resume} (step {state['step']} of {tcfg.total_steps}, {state['tokens']:,} tokens seen)")
+    if fabric.is_global_zero:  # after the resume's checks: a refused resume records nothing
+        atomic_write_bytes(run_dir / RUN_CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
 
     # -- data ---------------------------------------------------------------------------------------
     world = fabric.world_size
@@ -376,7 +385,7 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
             raise ConfigError(f"{val_shards.dir}/meta.json: split {tcfg.val_split!r} has fewer than one window of "
                               f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
 
-    tracker = _tracker(config, tcfg, run_dir, state) if fabric.is_global_zero else None
+    tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero else None
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
     flops_seq = None
     if peak:
@@ -387,17 +396,20 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
                 warn(f"no MFU: FLOPs of {mcfg.name} could not be counted on the meta device ({type(err).__name__}: {err})")
     return Run(config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
                sampler, val_windows, tracker, flops_seq, peak, elapsed_before=state["elapsed"],
-               saved_at=state["step"] if resume else None)
+               saved_at=state["step"] if resume else None, inexact=inexact)
 
 
-def _tracker(config: dict, tcfg, run_dir: Path, state: dict):
-    """The run's MLflow run (a resumed run continues the one its checkpoint names)."""
+def _tracker(config: dict, tcfg, run_dir: Path, state: dict, inexact: list[str]):
+    """The run's MLflow run (a resumed run continues the one its checkpoint names; after an inexact
+    resume the redone steps are logged again, with their new values)."""
 
     run = config["run"]
     tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
             "code_version": code_version(), "config_file": run["config"]}
     tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
-                      run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE)
+                      run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE, exact=not inexact)
+    if inexact:
+        tracker.client.set_tag(tracker.run_id, "stateloop.inexact_resume", f"from step {state['step']}: {'; '.join(inexact)}"[:5000])
     tracker.log_params(flatten(config))
     state["mlflow_run_id"] = tracker.run_id
     atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
@@ -554,6 +566,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
         "run": run.config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
         "final_train_loss": progress.last_loss, "final_val_loss": run.val_loss,
         "wall_time_s": round(run.elapsed(), 3), "resumed_from_step": progress.start if run.resume else None,
+        "inexact_resume": run.inexact or None,  # the changes a resume applied (the steps after it differ)
         "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
         "world_size": fabric.world_size, "num_nodes": tcfg.num_nodes, "accumulation": tcfg.accumulation,
         "precision": run.precision, "strategy": type(fabric.strategy).__name__,
@@ -587,50 +600,100 @@ def _val_metrics(loss: float) -> dict:
 
 # Settings a resumed optimizer and schedule carry in their state: a change would be silently undone.
 OPTIMIZER_KEYS = ("lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "betas", "eps")
+# What draws the batches. A resume applies a change of these, of train.grad_clip, and of the budget
+# where it changes the lr of the steps still to come (the cosine's length: the lr curve is spliced
+# at the resumed step) from its step on, with a warning and a record (train.json's inexact_resume,
+# an MLflow tag).
+STREAM_KEYS = ("seed", "seq_len", "global_batch")
 
 
-def check_run_folder(run_dir: Path, config: dict) -> None:
-    """One folder holds one run. Before anything is written: refuse to train another run (another
-    id or model) into a folder that holds one, and refuse a changed optimiser setting where the
-    run has progress to resume (its checkpoints or final weights would bring the old value back)."""
-
+def _folder_conflict(run_dir: Path, config: dict) -> str | None:
+    """Why the run folder's progress cannot continue under ``config`` (a changed model key, or an
+    optimiser key where the run has progress), else None. Another run id is refused elsewhere."""
     path = run_dir / RUN_CONFIG
-    if not path.is_file():
-        return
     old = load_yaml(path)
-    old_id, new_id = (old.get("run") or {}).get("id"), config["run"]["id"]
-    if old_id != new_id:
-        raise ConfigError(f"{run_dir}: holds run {old_id}, not {new_id}; train into another --out folder")
     if old.get("model") != config["model"]:
         key = next(k for k in sorted(set(old.get("model") or {}) | set(config["model"]))
                    if (old.get("model") or {}).get(k) != config["model"].get(k))
-        raise ConfigError(f"{run_dir}: model.{key} = {config['model'].get(key)!r} differs from the run's "
-                          f"{(old.get('model') or {}).get(key)!r} in {path}; train into another --out folder")
+        return f"model.{key} = {config['model'].get(key)!r} differs from the run's {(old.get('model') or {}).get(key)!r} in {path}"
     progress = any((run_dir / "checkpoints").glob("*")) or has_final_weights(run_dir)
     for key in OPTIMIZER_KEYS if progress else ():
         before, now = (old.get("train") or {}).get(key), config["train"].get(key)
         if before != now:
-            raise ConfigError(f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
-                              f"schedule would keep {before!r}; restore it, or train into another --out folder")
+            return (f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
+                    f"schedule would keep {before!r}")
+    return None
 
 
-def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict) -> None:
-    """A checkpoint resumes only the model it holds; batch-stream changes are reported."""
-    old_print = (saved_data or {}).get("fingerprint")
-    if old_print and old_print != data["fingerprint"]:
-        warn(f"the {data['split']!r} tokens in {data['dir']} changed since {Path(path).name} "
-             f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
-             f"the resumed batch stream differs from an uninterrupted run's")
-    old_stream = (saved_data or {}).get("stream", "uniform-starts")
-    if old_stream != data["stream"]:
-        warn(f"{Path(path).name} was trained on the {old_stream!r} batch stream, this code draws {data['stream']!r}: "
-             f"the resumed batch stream differs from an uninterrupted run's")
+def check_run_folder(run_dir: Path, config: dict, restart: bool = False) -> str | None:
+    """One folder holds one run. Before anything is written: refuse to train another run (another
+    id) into a folder that holds one, and refuse a changed model setting, or a changed optimiser
+    setting where the run has progress to resume (its checkpoints or final weights would bring the
+    old value back). ``restart`` (``--restart-on-change``, which the DAG's train rule passes: a
+    changed setting is why Snakemake reruns the job): such a change is returned instead, and
+    :func:`train` starts the run afresh, saying so: its checkpoints and final weights are removed."""
+
+    path = run_dir / RUN_CONFIG
+    if not path.is_file():
+        return None
+    old = load_yaml(path)
+    old_id, new_id = (old.get("run") or {}).get("id"), config["run"]["id"]
+    if old_id != new_id:
+        raise ConfigError(f"{run_dir}: holds run {old_id}, not {new_id}; train into another --out folder")
+    conflict = _folder_conflict(run_dir, config)
+    if conflict is not None and not restart:
+        raise ConfigError(f"{run_dir}: {conflict}; restore it, train into another --out folder, or pass "
+                          f"--restart-on-change to start the run afresh")
+    return conflict
+
+
+def _total_steps(train: dict) -> int:
+    """TrainConfig.total_steps of a saved ``train`` section."""
+    if train.get("max_tokens"):
+        return train["max_tokens"] // (train["global_batch"] * train["seq_len"])
+    return int(train.get("max_steps") or 0)
+
+
+def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict, step: int) -> list[str]:
+    """A checkpoint resumes only the model and optimiser settings it holds (a folder copied without
+    its config.yaml is checked here); every other change it applies is warned about and returned
+    (the run records it: the steps after the resume differ from an uninterrupted run's)."""
+    name = Path(path).name
+    changes = []
     if saved.get("model") != current["model"]:
         keys = sorted(k for k in set(saved.get("model", {})) | set(current["model"])
                       if saved.get("model", {}).get(k) != current["model"].get(k))
         raise ConfigError(f"{path}: model.{keys[0] if keys else '?'} differs from the checkpoint's config; "
                           f"train into a new --out folder")
-    for key in ("seed", "seq_len", "global_batch"):
-        if saved["train"].get(key) != current["train"].get(key):
-            warn(f"train.{key} changed since {Path(path).name} ({saved['train'].get(key)} -> {current['train'].get(key)}): "
-                 f"the resumed batch stream differs from an uninterrupted run's")
+    for key in (k for k in OPTIMIZER_KEYS if k in saved["train"]):  # the keys the checkpoint records
+        before, now = saved["train"][key], current["train"].get(key)
+        if before != now:
+            raise ConfigError(f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
+                              f"schedule would keep {before!r}; restore it, or train into another --out folder")
+    old_print = (saved_data or {}).get("fingerprint")
+    if old_print and old_print != data["fingerprint"]:
+        changes.append(f"the {data['split']!r} tokens in {data['dir']} changed since {name} "
+                       f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
+                       f"the resumed batch stream differs from an uninterrupted run's")
+    old_stream = (saved_data or {}).get("stream", "uniform-starts")
+    if old_stream != data["stream"]:
+        changes.append(f"{name} was trained on the {old_stream!r} batch stream, this code draws {data['stream']!r}: "
+                       f"the resumed batch stream differs from an uninterrupted run's")
+    for key in STREAM_KEYS:
+        before, now = saved["train"].get(key), current["train"].get(key)
+        if before != now:
+            changes.append(f"train.{key} changed since {name} ({before} -> {now}): "
+                           f"the resumed batch stream differs from an uninterrupted run's")
+    if saved["train"].get("grad_clip") != current["train"].get("grad_clip"):
+        changes.append(f"train.grad_clip changed since {name} ({saved['train'].get('grad_clip')} -> "
+                       f"{current['train'].get('grad_clip')}): the steps from {step} on clip at the new value")
+    old_total, new_total = _total_steps(saved["train"]), _total_steps(current["train"])
+    t = current["train"]  # lr, min_lr, warmup_steps and schedule: the checkpoint's (checked above)
+    if old_total != new_total and any(
+            lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], old_total, t["schedule"])
+            != lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], new_total, t["schedule"]) for s in range(step, min(old_total, new_total))):
+        changes.append(f"the budget changed since {name} ({old_total} -> {new_total} steps; train.max_tokens, train.max_steps): "
+                       f"the lr schedule is spliced at step {step} (it follows the new budget from there)")
+    for line in changes:
+        warn(line)
+    return changes

@@ -30,7 +30,7 @@ FIXED_BY_RUN_ID = ("name", "K", "d_state")  # model keys the run id sets
 
 def parse_run_id(run_id: str) -> tuple[str, str, int, int, int]:
     """(scale, model, K, d_s, seed) of a run id."""
-    m = RUN_ID.match(run_id)
+    m = RUN_ID.fullmatch(run_id)
     if not m:
         raise ConfigError(f"RUN: expected {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}), got {run_id!r}")
     return m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])
