@@ -28,7 +28,7 @@ import yaml
 from evaluate_support import save_run
 
 from stateloop.cli import main
-from stateloop.runs import FINAL_WEIGHTS, atomic_torch_save, safe_torch_load
+from stateloop.runs import read_weights, save_final
 
 SMALL = {"tasks": ["synth_mc"], "shots": [0], "limit": 2, "synthetic_examples": 4, "fewshot_pool": 4, "heldout_windows": 2,
          "bootstrap_iters": 0}
@@ -74,10 +74,10 @@ def outside(tmp_path):
 
 
 def _tamper(run_dir: Path, section: str, values: dict) -> None:
-    """Set keys of the config saved inside model.pt (as a sender could)."""
-    blob = safe_torch_load(run_dir / FINAL_WEIGHTS)
+    """Set keys of the config saved with the final weights (as a sender could)."""
+    _, blob = read_weights(run_dir)
     blob["config"].setdefault(section, {}).update(values)
-    atomic_torch_save(blob, run_dir / FINAL_WEIGHTS)
+    save_final(run_dir, blob["model"], blob["config"])
 
 
 def _hostile(out: Path) -> dict:

@@ -55,6 +55,8 @@ from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
 from stateloop.runs import (
+    FINAL_WEIGHTS,
+    LEGACY_WEIGHTS,
     MLFLOW_FILE,
     RUN_CONFIG,
     TRAIN_SUMMARY,
@@ -265,7 +267,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True, restart: boo
         if conflict and _primary_process():
             warn(f"{conflict}: starting the run afresh (--restart-on-change): removing its checkpoints and final weights")
             shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)
-            for name in (FINAL_WEIGHTS, TRAIN_SUMMARY):
+            for name in (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY):
                 (Path(run_dir) / name).unlink(missing_ok=True)
         run = setup(config, Path(run_dir), shards)
         stop, meter = StopRequest(), Progress(run, progress)
