@@ -13,11 +13,11 @@ Mamba-2's depthwise conv1d would count C times its real work (C = its 2,304 chan
 multiply-adds, which is exact for any ``groups`` (tests/models/test_flops.py checks every model
 against an analytic count).
 
-:func:`decode_flops_per_token` counts one decoded token the same way (a cached single-token
-step on the meta device): the FLOP share that Table 3's latency changes are set beside. The
-decoding step's convolution window is an elementwise multiply-add (``kernels.conv1d_step``) and
-is not counted, like the norms (2 W C FLOPs per Mamba-2 step, W = 4 taps of C = d_in + 2GN
-channels: under 0.5% of that step's matmuls).
+:func:`decode_flops_per_token` counts one decoded token from the config, equal to what the
+counter sees in a cached single-token step (:func:`counted_decode_flops`): the FLOP share that
+Table 3's latency changes are set beside. The decoding step's convolution window is an
+elementwise multiply-add (``kernels.conv1d_step``) and is not counted, like the norms (2 W C
+FLOPs per Mamba-2 step, W = 4 taps of C = d_in + 2GN channels: under 0.5% of that step's matmuls).
 """
 
 from __future__ import annotations
@@ -89,9 +89,45 @@ def compute_profile(cfg, seq_len: int) -> ComputeProfile:
     return ComputeProfile(c.get_total_flops() / seq_len, positions[0] / seq_len)
 
 
-def decode_flops_per_token(cfg, context: int) -> int:
-    """FLOPs of decoding one token at batch 1 with ``context`` tokens already cached (the
-    prefill and earlier steps), counted on the meta device."""
+# The models whose decoded token decode_flops_per_token counts: Table 3's rows and the cell ablations.
+DECODE_MIXERS = {"vanilla_looped": None, "vanilla_looped_ffn": None, "stateloop": "identity", "reset_state": "identity",
+                 "stateloop_attn": "attn", "stateloop_mamba2": "mamba2"}
+
+
+def decode_flops_per_token(cfg, context: float) -> float | None:
+    """FLOPs of decoding one token at batch 1 with ``context`` tokens already cached, written out
+    from the config (a count on the meta device takes seconds per model at Table 3's depth; the
+    two agree exactly, tests/models/test_flops.py). Per backbone application, L layers of
+    q, k, v, o, SwiGLU and QK^T, AV over context + 1 keys; the head once; per iteration of the
+    state branch W_u, W_Delta and a read, plus the mixer: attention's q, k, v, o and its own
+    QK^T, AV; Mamba-2's in_proj, state update (dt x) B^T, read H C and out_proj (its conv window
+    is elementwise). The count is linear in ``context``, so a fractional context gives the mean
+    over steps. None for models other than DECODE_MIXERS."""
+    from stateloop.models.registry import matched_ffn_width
+
+    if cfg.name not in DECODE_MIXERS:
+        return None
+    d, inner, keys = cfg.d_model, cfg.n_heads * cfg.head_dim, context + 1
+    f = cfg.d_ff
+    if cfg.name == "vanilla_looped_ffn":
+        f = cfg.options.get("d_ff") or matched_ffn_width(cfg)
+    total = cfg.K * cfg.n_layers * (2 * (4 * d * inner + 3 * d * f) + 4 * keys * inner) + 2 * d * cfg.vocab_size
+    mixer, d_s = DECODE_MIXERS[cfg.name], cfg.d_state
+    if mixer is None:
+        return total
+    step = 2 * d * 2 * d_s + 2 * d_s * d  # W_u and W_Delta; one read (K - 1 feedback, 1 terminal)
+    if mixer == "attn":
+        m = cfg.mixer_heads * cfg.mixer_head_dim
+        step += 2 * 4 * d_s * m + 4 * keys * m
+    elif mixer == "mamba2":
+        d_in, G, N = cfg.mamba_expand * d_s, cfg.mamba_n_groups, cfg.mamba_d_state
+        step += 2 * d_s * (2 * d_in + 2 * G * N + d_in // cfg.mamba_head_dim) + 2 * 2 * d_in * N + 2 * d_in * d_s
+    return total + cfg.K * step
+
+
+def counted_decode_flops(cfg, context: int) -> int:
+    """The FLOPs of one decoded token as the counter sees them: a cached single-token step on the
+    meta device after a prefill of ``context`` tokens (the check of :func:`decode_flops_per_token`)."""
     model = _meta_model(cfg).eval()
     cache = ModelCache()
     with torch.inference_mode():
