@@ -96,7 +96,7 @@ class SelectiveStateCell(nn.Module):
         return self._fused_value
 
     def _apply(self, fn, *args, **kwargs):
-        self._fused_key = None  # moved or cast: a new tensor may reuse a freed address at version 0
+        self._fused_key = self._fused_value = None  # moved or cast: a new tensor may reuse a freed address at version 0
         return super()._apply(fn, *args, **kwargs)
 
     def _concat(self):
