@@ -6,7 +6,7 @@ the machine hits all of them alike; the script prints the median time per step a
 vanilla_looped. The paper's parameter overheads (+1.2%, +2.4%, +3.3% at 1.4B) are printed beside
 the measured parameter overheads at this shape.
 
-    python benchmarks/bench_forward_backward.py [--batch 4] [--seq 256] [--rounds 5]
+    python benchmarks/bench_forward_backward.py [--batch 4] [--seq 256] [--rounds 5] [--layers 8 --width 512]
 """
 
 from __future__ import annotations
@@ -18,17 +18,19 @@ import time
 import torch
 
 from stateloop.models.config import ModelConfig
+from stateloop.models.flops import compute_profile
 from stateloop.models.registry import build_model, count_params
 
 MODELS = ["vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"]
 PAPER_PARAM_OVERHEAD = {"stateloop": 1.18, "stateloop_attn": 2.36, "stateloop_mamba2": 3.26}
 
 
-def config(name: str, vocab: int) -> ModelConfig:
+def config(name: str, vocab: int, layers: int = 24, d: int = 128, groups: int = 1) -> ModelConfig:
+    """d = d_s, SwiGLU 2.6875 d rounded to 8, heads of 64 (the mixers' too)."""
     return ModelConfig(
-        name=name, vocab_size=vocab, n_layers=24, d_model=128, d_ff=344, n_heads=2, head_dim=64, K=4,
-        d_state=128 if name != "vanilla_looped" else 0, max_seq_len=1024, mixer_heads=2, mixer_head_dim=64,
-        mamba_expand=2, mamba_d_state=128, mamba_d_conv=4, mamba_head_dim=64, mamba_n_groups=1,
+        name=name, vocab_size=vocab, n_layers=layers, d_model=d, d_ff=8 * round(2.6875 * d / 8), n_heads=d // 64,
+        head_dim=64, K=4, d_state=d if name != "vanilla_looped" else 0, max_seq_len=1024, mixer_heads=d // 64,
+        mixer_head_dim=64, mamba_expand=2, mamba_d_state=128, mamba_d_conv=4, mamba_head_dim=64, mamba_n_groups=groups,
     )
 
 
@@ -47,9 +49,16 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--vocab", type=int, default=50432)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--width", type=int, default=128, help="d = d_s")
+    ap.add_argument("--groups", type=int, default=1, help="Mamba-2 groups of heads (1.4B: 8)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    models = {name: build_model(config(name, args.vocab)) for name in MODELS}
+
+    def cfg(name):
+        return config(name, args.vocab, args.layers, args.width, args.groups)
+
+    models = {name: build_model(cfg(name)) for name in MODELS}
     idx = torch.randint(0, args.vocab, (args.batch, args.seq))
     for m in models.values():  # warm-up
         step_time(m, idx)
@@ -58,16 +67,23 @@ def main() -> None:
         for name, m in models.items():
             times[name].append(step_time(m, idx))
     base_t = statistics.median(times["vanilla_looped"])
-    base_p = count_params(config("vanilla_looped", args.vocab))
+    base_p = count_params(cfg("vanilla_looped"))
+    flops = {name: compute_profile(cfg(name), args.seq).flops_per_token for name in MODELS}  # forward + backward
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch} x {args.seq} tokens, "
-          f"{args.rounds} interleaved rounds (median)")
-    print(f"{'model':<18}{'ms/step':>10}{'time ratio':>12}{'params':>12}{'param +%':>10}{'paper +% (1.4B)':>17}")
+          f"{args.rounds} interleaved rounds (median); {args.layers} layers, d = d_s = {args.width}, "
+          f"Mamba-2 {args.groups} group(s)")
+    print(f"{'model':<18}{'ms/step':>10}{'time ratio':>12}{'FLOP ratio':>12}{'x floor':>9}{'params':>12}{'param +%':>10}"
+          f"{'paper +% (1.4B)':>17}")
     for name in MODELS:
         t = statistics.median(times[name])
-        p = count_params(config(name, args.vocab))
+        p = count_params(cfg(name))
         paper = PAPER_PARAM_OVERHEAD.get(name)
-        print(f"{name:<18}{t * 1e3:>10.1f}{t / base_t:>12.3f}{p:>12,}{100 * (p / base_p - 1):>10.2f}"
+        floor = flops[name] / flops["vanilla_looped"]
+        times_floor = f"{(t / base_t - 1) / (floor - 1):.2f}" if floor > 1 else ""
+        print(f"{name:<18}{t * 1e3:>10.1f}{t / base_t:>12.3f}{floor:>12.3f}{times_floor:>9}{p:>12,}{100 * (p / base_p - 1):>10.2f}"
               f"{'' if paper is None else f'{paper:+.2f}':>17}")
+    print("FLOP ratio: training FLOPs per token against vanilla_looped (models/flops.py); x floor: (time ratio - 1) / "
+          "(FLOP ratio - 1), the state branch's time over its arithmetic share")
 
 
 if __name__ == "__main__":

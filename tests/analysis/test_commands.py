@@ -107,6 +107,29 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
     assert rows["vanilla_looped:K2"]["latency_change_pct"] == 0.0
     assert rows["stateloop:K2:ds32"]["params"] > rows["vanilla_looped:K2"]["params"]
     assert "stateloop_mamba2:K2:ds32" in capsys.readouterr().out
+    # The FLOP floor beside each change, by hand: a decoded step with c tokens cached attends to c + 1
+    # keys, c = 5..7 over the 3 steps (mean 7 keys); per application of the 2 layers 2 (4 d^2 + 3 d f)
+    # + 4 keys d each, and the head 2 d V once.
+    app, head = 2 * (2 * (4 * 32 * 32 + 3 * 32 * 64) + 4 * 7 * 32), 2 * 32 * 97
+    assert rows["vanilla_looped:K2"]["flops_change_pct"] == 0.0
+    assert rows["vanilla_looped:K3"]["flops_change_pct"] == pytest.approx(100 * ((3 * app + head) / (2 * app + head) - 1))
+    state = 2 * (2 * 32 * 2 * 32 + 2 * 32 * 32)  # K = 2 iterations of W_u, W_Delta (d x d_s each) and a read (d_s x d)
+    assert rows["stateloop:K2:ds32"]["flops_change_pct"] == pytest.approx(100 * state / (2 * app + head))
+    if interleave == "token":  # Table 3 and the claims row print the floor beside the change
+        from stateloop.experiments import ExperimentConfig, PipelineConfig, ScaleConfig
+        from stateloop.report.claims import _state_branch_latency
+        from stateloop.report.outputs import BENCH_FILE
+        from stateloop.report.tables import table3
+
+        cfg = PipelineConfig(scales={"t": ScaleConfig()}, experiments={"decoding": ExperimentConfig(scale="t", trained=False)})
+        (tmp_path / BENCH_FILE).parent.mkdir(parents=True)
+        (tmp_path / BENCH_FILE).write_text(out.read_text())
+        table, notes = table3(cfg, tmp_path)
+        floors = table.set_index(["model", "K"]).flops_floor_pct
+        assert floors[("stateloop", 2)] == pytest.approx(rows["stateloop:K2:ds32"]["flops_change_pct"])
+        assert any("flops_floor_pct" in n for n in notes)
+        _, detail = _state_branch_latency(cfg, tmp_path)
+        assert "stateloop K=2: " in detail and f"(FLOP floor {rows['stateloop:K2:ds32']['flops_change_pct']:+.1f}%)" in detail
 
 
 def test_bench_decode_run_folders_and_errors(tiny_run, tmp_path, capsys):

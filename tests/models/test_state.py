@@ -259,3 +259,36 @@ def test_read_projections_init(read_init):
         assert math.isclose(W.weight.std().item(), expected, rel_tol=0.05)
     assert torch.all(model.cell.W_delta.weight == 0)
     assert math.isclose(model.cell.W_u.weight.std().item(), 0.02, rel_tol=0.05)
+
+
+def test_fused_projections_follow_every_parameter_change():
+    """W_u and W_Delta run as one matmul on their concatenation, kept between decoding calls: it
+    must follow in-place updates (an optimizer step, a checkpoint load) and casts, and equal eq. (5)
+    and eq. (6)'s gate computed from the two weights separately."""
+    torch.manual_seed(0)
+    cell = SelectiveStateCell(8, 4)
+    cell.reset_parameters(0.3)
+    H = torch.randn(2, 3, 8)
+
+    def by_hand():
+        U = H / H.pow(2).mean(-1, keepdim=True).add(cell.norm_h.eps).sqrt() * cell.norm_h.weight  # (2)
+        P = U @ cell.W_u.weight.T
+        return P, torch.exp(-torch.nn.functional.softplus(U @ cell.W_delta.weight.T + cell.b_delta) * cell.A_log.exp())
+
+    for step in range(3):
+        with torch.inference_mode():
+            P, a = cell.gates(H)
+        with torch.no_grad():
+            P_ref, a_ref = by_hand()
+            torch.testing.assert_close(P, P_ref)
+            torch.testing.assert_close(a, a_ref)
+            torch.testing.assert_close(cell.gates(H)[1], a_ref)  # with gradients off but no inference mode
+            for p in (cell.W_u.weight, cell.W_delta.weight, cell.b_delta, cell.A_log):
+                p.add_(0.1 * torch.randn_like(p))  # in place, as an optimizer step
+    cell.double()
+    H = H.double()
+    with torch.inference_mode():
+        P, a = cell.gates(H)
+    with torch.no_grad():
+        assert P.dtype == a.dtype == torch.float64
+        torch.testing.assert_close(a, by_hand()[1])

@@ -152,6 +152,7 @@ def bench_decode(
     timings = _time_rows(rows, prompt, n_new, runs, warmup, device, progress, interleave)
     results = [_row_result(row, timings[row.label], n_new) for row in rows]
     _add_latency_changes(results, ref)
+    _add_flop_floors(results, rows, prefill, n_new, ref)
     if interleave == "token":
         _add_step_changes(results, ref, timings)
     return {
@@ -255,6 +256,23 @@ def _add_latency_changes(results: list[dict], ref: str) -> None:
         r["latency_change_pct_median_of_runs"] = 100.0 * (statistics.median(ratios) - 1.0)
 
 
+def _add_flop_floors(results: list[dict], rows: list[BenchModel], prefill: int, n_new: int, ref: str) -> None:
+    """Each row's FLOPs per decoded token (models/flops.py: matmuls, attention over the cache) and
+    their change against the reference row: the *floor* of its latency change, what the change
+    would be if time followed arithmetic alone. The timed steps see P to P + N - 1 cached tokens
+    and the count is linear in the context, so it is taken at their mean. Rows of models the count
+    does not cover (trained baselines) get none, and no row does without the reference's."""
+    from stateloop.models.flops import decode_flops_per_token
+
+    flops = {r["label"]: decode_flops_per_token(row.model.cfg, prefill + (n_new - 1) / 2) for r, row in zip(results, rows)}
+    if flops[ref] is None:
+        return
+    for r in results:
+        if flops[r["label"]] is not None:
+            r["decode_flops_per_token"] = flops[r["label"]]
+            r["flops_change_pct"] = 100.0 * (flops[r["label"]] / flops[ref] - 1.0)
+
+
 def _add_step_changes(results: list[dict], ref: str, timings: dict) -> None:
     """Lockstep: the typical (median) single-step latency of each model, immune to the bursts of
     foreign load that inflate whole runs; its ratio is the most robust change on a busy CPU."""
@@ -316,9 +334,10 @@ def run_row(run_dir, device, dtype) -> BenchModel:
 
 def format_table(result: dict) -> str:
     """A plain-text table of the result (printed by the command)."""
-    lines = [f"{'model':<34} {'params(M)':>10} {'ms/token':>16} {'tok/s':>9} {'change':>8}"]
+    lines = [f"{'model':<34} {'params(M)':>10} {'ms/token':>16} {'tok/s':>9} {'change':>8} {'FLOP floor':>10}"]
     for r in result["rows"]:
         lat = r["latency_ms_per_token"]
         lines.append(f"{r['label']:<34} {r['params_m']:>10.2f} {lat['mean']:>9.3f} ± {lat['std']:<5.3f}"
-                     f"{r['throughput_tok_s']['mean']:>9.2f} {r['latency_change_pct']:>+7.2f}%")
+                     f"{r['throughput_tok_s']['mean']:>9.2f} {r['latency_change_pct']:>+7.2f}%"
+                     + (f" {r['flops_change_pct']:>+9.2f}%" if "flops_change_pct" in r else ""))
     return "\n".join(lines)

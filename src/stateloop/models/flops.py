@@ -1,10 +1,23 @@
 """Compute of a model counted from its config: FLOPs and layer applications per token.
 
 The count comes from running the real forward and backward pass on the meta device under
-``torch.utils.flop_counter.FlopCounterMode`` (through Lightning's ``measure_flops``): every matmul, attention and scan the model really
-performs is counted, loop iterations included (a K-times looped model counts K backbone
+``torch.utils.flop_counter.FlopCounterMode``: every matmul, attention and convolution the model
+really performs is counted, loop iterations included (a K-times looped model counts K backbone
 applications, Pause Token its 4 positions per real token), and nothing is allocated.
 Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU.
+
+One formula is torch's own mistake and replaced here: torch's ``convolution_backward`` formula
+treats the weight gradient of a grouped convolution as a dense one (it ignores ``groups``), so
+Mamba-2's depthwise conv1d would count C times its real work (C = its 2,304 channels at 1.4B).
+:func:`conv_backward_flop` counts each gradient (input, weight) as the forward convolution's
+multiply-adds, which is exact for any ``groups`` (tests/models/test_flops.py checks every model
+against an analytic count).
+
+:func:`decode_flops_per_token` counts one decoded token from the config, equal to what the
+counter sees in a cached single-token step (:func:`counted_decode_flops`): the FLOP share that
+Table 3's latency changes are set beside. The decoding step's convolution window is an
+elementwise multiply-add (``kernels.conv1d_step``) and is not counted, like the norms (2 W C
+FLOPs per Mamba-2 step, W = 4 taps of C = d_in + 2GN channels: under 0.5% of that step's matmuls).
 """
 
 from __future__ import annotations
@@ -13,10 +26,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-from lightning_fabric.utilities.throughput import measure_flops
+from torch.utils.flop_counter import FlopCounterMode, bmm_flop, conv_flop_count
 
 from stateloop.models.backbone import Layer
+from stateloop.models.cache import ModelCache
 from stateloop.models.registry import build_model
+
+aten = torch.ops.aten
 
 
 @dataclass
@@ -25,10 +41,38 @@ class ComputeProfile:
     layer_applications_per_token: float  # decoder-layer applications per real token (unrolled depth)
 
 
-def compute_profile(cfg, seq_len: int) -> ComputeProfile:
+def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, _output_padding,
+                       _groups, output_mask, out_shape=None, **kwargs) -> int:
+    """``aten.convolution_backward``: each requested gradient (of the input, of the weight) takes as
+    many multiply-adds as the forward convolution, 2 * batch * positions * C_out * (C_in / groups) *
+    kernel (``w_shape[1]`` is already C_in / groups, so grouped convolutions are counted right)."""
+    forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
 
+
+def baddbmm_flop(_self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """The in-place ``baddbmm_`` (Mamba-2's decoding state update, models/kernels.py), which torch
+    does not count: the batched product's multiply-adds, as for ``baddbmm``."""
+    return bmm_flop(a_shape, b_shape)
+
+
+FLOP_FORMULAS = {aten.convolution_backward: conv_backward_flop, aten.baddbmm_: baddbmm_flop}
+
+
+def counter() -> FlopCounterMode:
+    """torch's FLOP counter with this module's formulas (FLOP_FORMULAS)."""
+    return FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
+
+
+def _meta_model(cfg):
     cfg = dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch")
-    model = build_model(cfg, device="meta")
+    return build_model(cfg, device="meta")
+
+
+def compute_profile(cfg, seq_len: int) -> ComputeProfile:
+    """Training FLOPs (forward and the loss's backward) and layer applications per token of one
+    sequence of ``seq_len`` tokens."""
+    model = _meta_model(cfg)
     positions = [0]
 
     def count(module, args, output):
@@ -36,9 +80,59 @@ def compute_profile(cfg, seq_len: int) -> ComputeProfile:
 
     hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, Layer)]
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
-    try:  # Lightning's counter: FlopCounterMode over the forward and the loss's backward
-        flops = measure_flops(model, lambda: model(idx).logits, lambda logits: logits.float().sum())
+    try:
+        with counter() as c:
+            model(idx).logits.float().sum().backward()
     finally:
         for h in hooks:
             h.remove()
-    return ComputeProfile(flops / seq_len, positions[0] / seq_len)
+    return ComputeProfile(c.get_total_flops() / seq_len, positions[0] / seq_len)
+
+
+# The models whose decoded token decode_flops_per_token counts: Table 3's rows and the cell ablations.
+DECODE_MIXERS = {"vanilla_looped": None, "vanilla_looped_ffn": None, "stateloop": "identity", "reset_state": "identity",
+                 "stateloop_attn": "attn", "stateloop_mamba2": "mamba2"}
+
+
+def decode_flops_per_token(cfg, context: float) -> float | None:
+    """FLOPs of decoding one token at batch 1 with ``context`` tokens already cached, written out
+    from the config (a count on the meta device takes seconds per model at Table 3's depth; the
+    two agree exactly, tests/models/test_flops.py). Per backbone application, L layers of
+    q, k, v, o, SwiGLU and QK^T, AV over context + 1 keys; the head once; per iteration of the
+    state branch W_u, W_Delta and a read, plus the mixer: attention's q, k, v, o and its own
+    QK^T, AV; Mamba-2's in_proj, state update (dt x) B^T, read H C and out_proj (its conv window
+    is elementwise). The count is linear in ``context``, so a fractional context gives the mean
+    over steps. None for models other than DECODE_MIXERS."""
+    from stateloop.models.registry import matched_ffn_width
+
+    if cfg.name not in DECODE_MIXERS:
+        return None
+    d, inner, keys = cfg.d_model, cfg.n_heads * cfg.head_dim, context + 1
+    f = cfg.d_ff
+    if cfg.name == "vanilla_looped_ffn":
+        f = cfg.options.get("d_ff") or matched_ffn_width(cfg)
+    total = cfg.K * cfg.n_layers * (2 * (4 * d * inner + 3 * d * f) + 4 * keys * inner) + 2 * d * cfg.vocab_size
+    mixer, d_s = DECODE_MIXERS[cfg.name], cfg.d_state
+    if mixer is None:
+        return total
+    step = 2 * d * 2 * d_s + 2 * d_s * d  # W_u and W_Delta; one read (K - 1 feedback, 1 terminal)
+    if mixer == "attn":
+        m = cfg.mixer_heads * cfg.mixer_head_dim
+        step += 2 * 4 * d_s * m + 4 * keys * m
+    elif mixer == "mamba2":
+        d_in, G, N = cfg.mamba_expand * d_s, cfg.mamba_n_groups, cfg.mamba_d_state
+        step += 2 * d_s * (2 * d_in + 2 * G * N + d_in // cfg.mamba_head_dim) + 2 * 2 * d_in * N + 2 * d_in * d_s
+    return total + cfg.K * step
+
+
+def counted_decode_flops(cfg, context: int) -> int:
+    """The FLOPs of one decoded token as the counter sees them: a cached single-token step on the
+    meta device after a prefill of ``context`` tokens (the check of :func:`decode_flops_per_token`)."""
+    model = _meta_model(cfg).eval()
+    cache = ModelCache()
+    with torch.inference_mode():
+        if context:
+            model(torch.zeros(1, context, dtype=torch.long, device="meta"), cache=cache)
+        with counter() as c:
+            model(torch.zeros(1, 1, dtype=torch.long, device="meta"), cache=cache)
+    return c.get_total_flops()

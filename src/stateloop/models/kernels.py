@@ -71,10 +71,17 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in ``dtype``; x itself, with no operator dispatched, when it already is (the decoding
+    steps below run K times per token, where every operator counts)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """x in :func:`wide_dtype`: a bf16 tensor becomes float32, a float64 one stays float64 (where
-    ``x.float()`` would silently downcast a float64 verification run)."""
-    return x.to(wide_dtype(x.dtype))
+    ``x.float()`` would silently downcast a float64 verification run). x itself when it is already
+    float32 or float64 (no operator dispatched: this runs several times per decoded iteration)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.to(wide_dtype(x.dtype))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -221,13 +228,13 @@ def ssd_decode_step_ref(state, x, dt, A, B, C, D, dt_bias):
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
     sdt = state.dtype
-    dt = F.softplus(dt.to(sdt) + dt_bias)  # (b, h)
-    state.mul_(torch.exp(dt * A.to(sdt)).view(b, h, 1, 1))  # exp(dt A) H
+    dt = F.softplus(cast(dt, sdt) + dt_bias)  # (b, h)
+    state.mul_(torch.exp(dt * cast(A, sdt)).view(b, h, 1, 1))  # exp(dt A) H
     flat = state.view(b * g, h // g * p, n)
-    xs = x.to(sdt)
-    flat.baddbmm_((xs * dt.unsqueeze(-1)).view(b * g, -1, 1), B.to(sdt).reshape(b * g, 1, n))  # + (dt x) B^T
-    y = torch.bmm(flat, C.to(sdt).reshape(b * g, n, 1)).view(b, h, p)  # H C
-    return torch.addcmul(y, D.view(h, 1), xs).to(x.dtype), state  # + D x
+    xs = cast(x, sdt)
+    flat.baddbmm_((xs * dt.unsqueeze(-1)).view(b * g, -1, 1), cast(B, sdt).reshape(b * g, 1, n))  # + (dt x) B^T
+    y = torch.bmm(flat, cast(C, sdt).reshape(b * g, n, 1)).view(b, h, p)  # H C
+    return cast(torch.addcmul(y, D.view(h, 1), xs), x.dtype), state  # + D x
 
 
 def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group_size: int, eps: float,
@@ -245,8 +252,8 @@ def gated_rms_norm_ref(y, z, weight, group_size, eps):
     ``MambaRMSNormGated`` do; the result is returned in y's dtype, as the kernel returns it."""
     out_dtype = y.dtype
     dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
-    y = y.to(dtype) * F.silu(z.to(dtype))
+    y = cast(y, dtype) * F.silu(cast(z, dtype))
     if group_size == y.shape[-1]:  # one group
-        return rms_norm(y, weight, eps).to(out_dtype)
+        return cast(rms_norm(y, weight, eps), out_dtype)
     g = rms_norm(y.view(*y.shape[:-1], -1, group_size), None, eps)
-    return (weight * g.view_as(y)).to(out_dtype)
+    return cast(weight * g.view_as(y), out_dtype)

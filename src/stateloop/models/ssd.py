@@ -1,7 +1,7 @@
 """Pure-PyTorch Mamba-2 SSD (state-space duality), chunked, and its sequential definition.
 
 Notation (Dao & Gu 2024): b batch, l length, h heads, p head dim, g groups, n state size,
-c chunks, q chunk length. Head i uses group i // (h / g) for B and C. The recurrence is
+c chunks, q chunk length, r = h / g heads per group. Head i uses group i // r for B and C. The recurrence is
 
     H_t = exp(dt_t * A) * H_{t-1} + dt_t * x_t B_t^T        H_t in R^{p x n}
     y_t = H_t C_t
@@ -55,23 +55,24 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
     pad = (-l) % q
     if pad:  # padded steps have dt = 0: no decay, no input, so states and outputs are unchanged
         x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
-    B, C = _expand_groups(B, h), _expand_groups(C, h)
+    g = B.shape[2]
+    r = h // g  # heads per group: head i = group i // r, its index in the group i % r
     L = x.shape[1]
     c = L // q
-    xdt = (x * dt.unsqueeze(-1)).reshape(b, c, q, h, p)  # dt_t x_t
-    B = B.reshape(b, c, q, h, n)
-    C = C.reshape(b, c, q, h, n)
+    xdt = (x * dt.unsqueeze(-1)).reshape(b, c, q, g, r, p)  # dt_t x_t
+    B = B.reshape(b, c, q, g, n)  # B and C stay per group: every product with them is taken once per
+    C = C.reshape(b, c, q, g, n)  # group and broadcast over its r heads, never copied to each head
     a = (dt * A).reshape(b, c, q, h).permute(0, 3, 1, 2)  # (b, h, c, q): log-decay per step
     a_cum = a.cumsum(dim=-1)
 
     # 1. Within each chunk: y_i += sum_{j <= i} (C_i . B_j) exp(a_{j+1} + ... + a_i) dt_j x_j
-    decay = torch.exp(segsum(a))  # (b, h, c, q, q)
-    scores = torch.einsum("bcihn,bcjhn->bhcij", C, B) * decay
-    y_intra = torch.einsum("bhcij,bcjhp->bcihp", scores, xdt)
+    decay = torch.exp(segsum(a)).view(b, g, r, c, q, q)
+    scores = torch.einsum("bcign,bcjgn->bgcij", C, B).unsqueeze(2) * decay  # C_i . B_j once per group
+    y_intra = torch.einsum("bgrcij,bcjgrp->bcigrp", scores, xdt)
 
     # 2. State contributed by each chunk alone, at its last step.
-    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # (b, h, c, q)
-    chunk_states = torch.einsum("bcjhn,bhcj,bcjhp->bchpn", B, to_end, xdt)
+    to_end = torch.exp(a_cum[..., -1:] - a_cum).view(b, g, r, c, q)
+    chunk_states = torch.einsum("bcjgn,bgrcj,bcjgrp->bcgrpn", B, to_end, xdt).reshape(b, c, h, p, n)
 
     # 3. Carry states across chunks: S_c = exp(sum of chunk c's log-decay) S_{c-1} + chunk_states_c.
     if initial_state is None:
@@ -82,8 +83,8 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
     prev_states, final_state = states[:, :-1], states[:, -1]  # state entering each chunk; after the last
 
     # 4. Contribution of the state entering a chunk to each of its outputs.
-    from_start = torch.exp(a_cum)  # (b, h, c, q)
-    y_inter = torch.einsum("bcihn,bchpn,bhci->bcihp", C, prev_states, from_start)
+    from_start = torch.exp(a_cum).view(b, g, r, c, q)
+    y_inter = torch.einsum("bcign,bcgrpn,bgrci->bcigrp", C, prev_states.reshape(b, c, g, r, p, n), from_start)
 
     y = (y_intra + y_inter).reshape(b, L, h, p)[:, :l].to(out_dtype)
     return (y, final_state) if return_final_state else y

@@ -60,6 +60,7 @@ class SelectiveStateCell(nn.Module):
         self.W_delta = nn.Linear(d, d_s, bias=False)
         self.b_delta = nn.Parameter(torch.empty(d_s))
         self.A_log = nn.Parameter(torch.empty(d_s))
+        self._fused_key = self._fused_value = None  # see _fused
 
     def reset_parameters(self, std: float) -> None:
         """Paper init: W_Delta = 0, b_Delta = log(e^0.3 - 1), lambda log-spaced in [0.01, 4]."""
@@ -74,10 +75,33 @@ class SelectiveStateCell(nn.Module):
     def gates(self, H: torch.Tensor):
         """Proposal P^k and retention a^k = exp(-Delta^k lambda) for the output H^k of iteration k."""
         U = self.norm_h(H)  # (2)
-        P = self.W_u(U)  # (5)
-        delta = F.softplus(upcast(F.linear(U, self.W_delta.weight, self.b_delta)))  # Delta^k (6), bias fused into the matmul
-        a = torch.exp(delta * -torch.exp(upcast(self.A_log)))  # -lambda is computed on the d_s vector, not per token
+        W, b, neg_lambda = self._fused()
+        P, pre = F.linear(U, W, b).split(self.A_log.numel(), dim=-1)  # (5) and Delta^k's pre-activation, one matmul
+        a = torch.exp(F.softplus(upcast(pre)) * neg_lambda)  # (6): exp(-Delta^k lambda)
         return P, a
+
+    def _fused(self):
+        """[W_u; W_Delta], [0; b_Delta] and -lambda: both projections of the same U^k run as one
+        matmul (the bias of Delta^k fused into it), and -lambda is computed on the d_s vector, not
+        per token. The parameters stay W_u, W_delta, b_delta, A_log (checkpoints unchanged): with
+        gradients the concatenation is redone at every call (it is differentiable); without
+        (decoding) it is kept until a parameter changes (in place, or moved to another device or
+        dtype), so a decoded iteration does not copy the weights."""
+        params = (self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log)
+        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
+            return self._concat()  # inference tensors (built in inference mode) have no version to key on
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._fused_key != key:
+            self._fused_key, self._fused_value = key, self._concat()
+        return self._fused_value
+
+    def _apply(self, fn, *args, **kwargs):
+        self._fused_key = self._fused_value = None  # moved or cast: a new tensor may reuse a freed address at version 0
+        return super()._apply(fn, *args, **kwargs)
+
+    def _concat(self):
+        b = torch.cat([torch.zeros_like(self.b_delta), self.b_delta])
+        return torch.cat([self.W_u.weight, self.W_delta.weight]), b, -torch.exp(upcast(self.A_log))
 
     def write_rate(self, H: torch.Tensor) -> torch.Tensor:
         """1 - a^k: the fraction of each channel overwritten by the proposal."""

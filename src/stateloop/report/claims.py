@@ -177,8 +177,11 @@ def _state_branch_latency(cfg, results):
     state = dict(enumerate(relative_pct(x, y) for x, y in zip(per_run(sl), b)))
     what = "median step" if base.get("step_ms_median_runs") else "mean latency"
     est = paired(extra_iter, state)
-    return est, (f"vanilla K={K + 1}: {_mean(extra_iter):+.1f}%, stateloop K={K}: {_mean(state):+.1f}% "
-                 f"(against vanilla K={K}; each run's {what}, {len(b)} runs, {bench['settings']['device']})")
+    def floor(row):  # the FLOP share of the change (benchmarks written before it was recorded have none)
+        return f" (FLOP floor {row['flops_change_pct']:+.1f}%)" if "flops_change_pct" in row else ""
+
+    return est, (f"vanilla K={K + 1}: {_mean(extra_iter):+.1f}%{floor(fifth)}, stateloop K={K}: {_mean(state):+.1f}%"
+                 f"{floor(sl)} (against vanilla K={K}; each run's {what}, {len(b)} runs, {bench['settings']['device']})")
 
 
 def _paper_t1(model: str, against: str = "vanilla_looped") -> float:

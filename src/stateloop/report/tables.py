@@ -310,11 +310,16 @@ def table3(cfg, results: Path, bench_json: Path | None = None) -> tuple[pd.DataF
         put(row, "throughput_tok_s", r["throughput_tok_s"]["mean"], _paper_value(ref, key, "throughput_tok_s"), comparable)
         ours = dict(enumerate(r["latency_ms_per_token"]["runs"]))
         put(row, "latency_change_pct", paired(ours, base_runs, relative_pct), _paper_value(ref, key, "latency_change_pct"))
+        if "flops_change_pct" in r:  # benchmarks written before the floor was recorded have none
+            row["flops_floor_pct"] = r["flops_change_pct"]
         rows.append(row)
     alone = "interleaved in lockstep, one token each in turn" if s.get("interleave") == "token" else "whole runs round-robin"
     notes = [f"batch 1, prefill {s['prefill_tokens']} + {s['new_tokens']} new tokens, {s['runs']} runs ({alone}; the "
              f"job ran alone), {s['dtype']} on {s['device']}; latency: mean and std over runs; change relative to "
              f"{s['reference']}, with its 95% t interval over runs paired run by run.",
+             "flops_floor_pct: the change in FLOPs per decoded token (matmuls and attention over the cache, "
+             "models/flops.py) at this shape and context: what the latency change would be if time followed "
+             "arithmetic alone; a change above it is overhead (memory traffic, per-operator cost).",
              "Absolute latencies depend on the machine: compared with the paper's only at the paper's scale on its GPU."
              if not comparable else "The paper's scale: absolute latencies compared with the paper's."]
     return pd.DataFrame(rows), notes
