@@ -4,7 +4,7 @@
         config.yaml        the resolved run config (sections: run, model, data, train, ...)
         model.pt           final weights: {"model": state_dict, "config": resolved config}
         checkpoints/       resumable training state (train stage)
-        train.json         training summary (steps, tokens, losses, MLflow run id, code version)
+        train.json         training summary (steps, tokens, losses, the validation curve and its windows, MLflow run id, code version)
         train.log          what every attempt of the DAG's train job printed (the rule appends)
         mlflow.json        the MLflow store, experiment and run the training logged to
         .lock              held by the training that writes the folder (flock)

@@ -18,7 +18,11 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.pt and trai
   accumulation count, so the summed gradient is that of the mean over the global batch.
 - finish: validate (mean next-token NLL over the first ``val_tokens`` of the held-out split,
   evaluate/perplexity.py, windows split over ranks and summed), the final checkpoint, model.pt
-  and train.json. :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
+  and train.json. Every validation (each ``val_every`` steps and the last step) is a point of the
+  run's validation curve, ``val_curve`` in train.json ({step, tokens, loss}; checkpoints carry the
+  points so far); ``val_windows`` there says which windows: the first ones of the split, the same
+  for every run of a scale, with their sha256 (the report checks that compared runs share them).
+  :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
 
 Exit paths:
 - finished: final checkpoint, model.pt (runs.save_final, resolved config inside), train.json;
@@ -304,6 +308,7 @@ class Run:
     elapsed_before: float = 0.0  # training seconds of the earlier attempts (from the checkpoint)
     saved_at: int | None = None  # the step of the last good checkpoint: written or resumed from
     val_loss: float | None = None  # the last validation
+    val_windows_id: dict | None = None  # which windows validation reads (train.json's val_windows)
     t_start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -356,7 +361,9 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
              "elapsed": 0.0, "rng": None, "mlflow_run_id": None, "config": config, "train_loss": None,
              "data": data_identity}
     if resume:
-        store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
+        extra = store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
+        # The validation points up to the checkpoint's step (checkpoints before the curve was kept have none).
+        state["val_curve"] = [p for p in extra.get("val_curve", []) if p["step"] <= state["step"]]
         _check_resume(resume, state["config"], config, state["data"], data_identity)
         state["data"] = data_identity
         restore_rng(state["rng"])
@@ -364,10 +371,13 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
         if fabric.is_global_zero:
             warn(f"resuming from {resume} (step {state['step']} of {tcfg.total_steps}, {state['tokens']:,} tokens seen)")
 
+    # After loading: a checkpoint written before the curve was kept lacks the key (fabric.load would refuse it).
+    state.setdefault("val_curve", [])
+
     # -- data ---------------------------------------------------------------------------------------
     world = fabric.world_size
     sampler = TokenSampler(train_shards, tcfg.seq_len, tcfg.global_batch, tcfg.micro_batch, world, tcfg.seed)
-    val_windows = None
+    val_windows = val_windows_id = None
     if val_shards is not None:
         n = (tcfg.val_tokens // tcfg.seq_len) // world * world  # equal forwards on every rank
         val_windows = heldout_windows(val_shards, tcfg.seq_len, max_windows=max(n, world))
@@ -375,6 +385,7 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
         if len(val_windows) == 0:
             raise ConfigError(f"{val_shards.dir}/meta.json: split {tcfg.val_split!r} has fewer than one window of "
                               f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
+        val_windows_id = windows_identity(val_windows, tcfg.val_split)
 
     tracker = _tracker(config, tcfg, run_dir, state) if fabric.is_global_zero else None
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
@@ -387,7 +398,16 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
                 warn(f"no MFU: FLOPs of {mcfg.name} could not be counted on the meta device ({type(err).__name__}: {err})")
     return Run(config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
                sampler, val_windows, tracker, flops_seq, peak, elapsed_before=state["elapsed"],
-               saved_at=state["step"] if resume else None)
+               saved_at=state["step"] if resume else None, val_windows_id=val_windows_id)
+
+
+def windows_identity(windows: torch.Tensor, split: str) -> dict:
+    """Which held-out windows a validation reads: split, count, length and the sha256 of their
+    tokens (as int64), so that runs compared point by point can be checked to share them."""
+    import hashlib
+
+    digest = hashlib.sha256(windows.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+    return {"split": split, "windows": len(windows), "seq_len": windows.shape[1] - 1, "sha256": digest}
 
 
 def _tracker(config: dict, tcfg, run_dir: Path, state: dict):
@@ -520,9 +540,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
         progress.step(step, loss_total / world, lr_used, float(grad_norm))
 
         if tcfg.val_every and step % tcfg.val_every == 0 and step < total and run.val_windows is not None:
-            run.val_loss = validate(fabric, model, run.val_windows, tcfg.micro_batch)
-            if run.tracker is not None:
-                run.tracker.log_metrics(_val_metrics(run.val_loss), step)
+            run_validation(run, step)
         if stop_now > 0:
             path = run.checkpoint(step, progress.last_loss)
             if run.rank0:
@@ -543,9 +561,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     fabric, tcfg, total = run.fabric, run.tcfg, run.tcfg.total_steps
     steady_tok_s = progress.steady_tokens_per_s()
     if run.val_windows is not None:
-        run.val_loss = validate(fabric, run.model, run.val_windows, tcfg.micro_batch)
-        if run.tracker is not None:
-            run.tracker.log_metrics(_val_metrics(run.val_loss), total)
+        run_validation(run, total)
     if run.saved_at != total:
         run.checkpoint(total, progress.last_loss)
     weights = _full_state_dict(fabric, run.model, run.raw_model)
@@ -553,6 +569,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     summary = {
         "run": run.config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
         "final_train_loss": progress.last_loss, "final_val_loss": run.val_loss,
+        "val_curve": run.state["val_curve"], "val_windows": run.val_windows_id,
         "wall_time_s": round(run.elapsed(), 3), "resumed_from_step": progress.start if run.resume else None,
         "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
         "world_size": fabric.world_size, "num_nodes": tcfg.num_nodes, "accumulation": tcfg.accumulation,
@@ -579,6 +596,14 @@ def _cluster_environment(fabric) -> str | None:
     """Which cluster environment started the processes (SLURMEnvironment under srun), if any."""
     env = getattr(fabric.strategy, "cluster_environment", None)
     return type(env).__name__ if env is not None else None
+
+
+def run_validation(run: Run, step: int) -> None:
+    """Validate after optimiser step ``step``: the run's last loss, a point of its curve, MLflow."""
+    run.val_loss = validate(run.fabric, run.model, run.val_windows, run.tcfg.micro_batch)
+    run.state["val_curve"].append({"step": step, "tokens": step * run.tcfg.tokens_per_step, "loss": run.val_loss})
+    if run.tracker is not None:
+        run.tracker.log_metrics(_val_metrics(run.val_loss), step)
 
 
 def _val_metrics(loss: float) -> dict:
