@@ -11,6 +11,10 @@ Verdicts: *reproduced* (our effect has the paper's sign and its interval exclude
 *contradicted* (the opposite sign, interval excluding 0), *inconclusive* (the interval contains
 0, or a single seed gives no interval). ``ci_half_width`` is the size of effect the seeds can
 resolve: an effect smaller than it could not have been told from 0.
+
+Rows whose source starts with "ours" are the project's own questions, not the paper's claims:
+whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py; their
+verdict is the trend's: shrinks / grows / holds (no trend resolved)).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pandas as pd
 
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
-from stateloop.report import stats
+from stateloop.report import stats, trends
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -41,7 +45,9 @@ class Claim:
     paper_sign: int  # the side of 0 the paper's effect lies on
     paper_effect: float  # in ``paper_unit`` (NaN where the paper prints no number)
     paper_unit: str
-    measure: Callable  # (cfg, results) -> (Estimate, note) or None when its experiment is absent
+    # (cfg, results) -> (Estimate, note), or (Estimate, note, verdict) for a row judged otherwise
+    # than by the paper's sign (the trends), or None when its experiment is absent
+    measure: Callable
     experiments: list[str] = field(default_factory=list)
 
 
@@ -277,10 +283,28 @@ def choice_rows() -> list[Claim]:
     return rows
 
 
+OURS = "ours"  # the source of the project's own rows
+
+
+def token_trend_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims): the slope of each PPL comparison's paired
+    gap against log10 training tokens, with its interval and verdict (report/trends.py)."""
+    rows = []
+    for comp in trends.comparisons(cfg):
+        def measure(cfg, results, comp=comp):
+            est, verdict, note = trends.measure(results, comp)
+            return est, note, verdict
+
+        rows.append(Claim(comp.id, f"The PPL gap of {comp.label} shrinks with training tokens",
+                          f"{OURS}: validation curves (not the paper's)", trends.SLOPE_UNIT, 0, math.nan,
+                          "- (not the paper's)", measure, []))
+    return rows
+
+
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    for c in paper_claims() + choice_rows():
+    for c in paper_claims() + choice_rows() + token_trend_rows(cfg):
         out = c.measure(cfg, results)
         if out is None and c.source.startswith("choice"):
             continue  # an open choice the config does not measure
@@ -291,9 +315,10 @@ def judge(cfg, results: Path) -> pd.DataFrame:
             row.update(ours=math.nan, ci_lo=math.nan, ci_hi=math.nan, ci_half_width=math.nan, n=0, method="",
                        verdict=NOT_RUN, note=f"the config defines no {', '.join(missing) or 'matching'} experiment")
         else:
-            est, note = out
+            est, note, *given = out
+            verdict = given[0] if given else stats.verdict(est, c.paper_sign) if c.paper_sign else "-"
             row.update(ours=est.mean, ci_lo=est.lo, ci_hi=est.hi, ci_half_width=est.half_width, n=est.n,
-                       method=est.method, verdict=stats.verdict(est, c.paper_sign) if c.paper_sign else "-", note=note)
+                       method=est.method, verdict=verdict, note=note)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -304,10 +329,14 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
 
     scales = sorted({r.scale for r in expand_runs(cfg)})
     seeds = sorted({r.seed for r in expand_runs(cfg)})
-    counts = df.verdict.value_counts()
+    ours = df.source.str.startswith(OURS)
+    counts, trend_counts = df[~ours].verdict.value_counts(), df[ours].verdict.value_counts()
     lines = ["# The paper's claims, judged", "",
              f"Config `{config_name}`, scale(s) {', '.join(scales)}, seeds {', '.join(map(str, seeds))}. "
-             + ", ".join(f"{counts.get(v, 0)} {v}" for v in (stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE, NOT_RUN)) + ".",
+             + ", ".join(f"{counts.get(v, 0)} {v}" for v in (stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE, NOT_RUN)) + "."
+             + (" The project's own trends over training tokens: "
+                + ", ".join(f"{trend_counts.get(v, 0)} {v}" for v in (trends.SHRINKS, trends.GROWS, trends.HOLDS)) + "."
+                if ours.any() else ""),
              "", "| claim | source | paper | ours [95% CI] | resolves | n | verdict | detail |", "|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         paper = f"{num(r.paper_effect)} {r.paper_unit}" if not math.isnan(r.paper_effect) else r.paper_unit
@@ -323,5 +352,9 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "(or one seed: no interval). 'resolves' is the interval's half width: the smallest effect these "
               "seeds tell from 0. Effects are paired by seed (the same seed: the same init stream and "
               "data order), Table 3's by timed run; intervals are Student-t (stateloop.report.stats). Rows marked 'choice' measure "
-              "an open choice both ways; they are not the paper's claims.", ""]
+              "an open choice both ways; they are not the paper's claims. Rows marked 'ours' are the project's own "
+              "question, not the paper's: the slope of a paired PPL gap against log10 training tokens (each seed's "
+              "least-squares slope over its validation points, then a t interval over seeds); 'shrinks' = the slope "
+              "excludes 0 on the side opposite to the final gap, 'grows' = on the same side, 'holds (no trend "
+              "resolved)' = its interval contains 0.", ""]
     return "\n".join(lines)

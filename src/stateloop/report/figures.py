@@ -174,4 +174,39 @@ def state_analysis(cfg, results: Path):
     return fig
 
 
-FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis}
+def gap_vs_tokens(cfg, results: Path):
+    """The project's own figure (not the paper's): each PPL comparison's paired gap against training
+    tokens (log axis), mean and 95% interval over seeds at every validation point, one panel per
+    group of comparisons (report/trends.py), the fitted slope in each line's label."""
+    from stateloop.report import trends
+
+    comps = trends.comparisons(cfg)
+    if not comps:
+        raise KeyError("experiments: no PPL comparison to follow over tokens (table1, table4 or loop_depth)")
+    groups = [g for g in trends.GROUPS if any(c.group == g for c in comps)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for comp in (c for c in comps if c.group == group):
+            curves = trends.gap_curves(results, comp)
+            points = trends.pointwise(curves)
+            if not points:
+                continue
+            xs = sorted(points)
+            est = trends.slope(curves)
+            fit = "no slope (one point)" if est is None else f"slope {est.format()}"
+            line = ax.errorbar(xs, [points[x].mean for x in xs], yerr=[_err(points[x]) for x in xs], fmt="o-", ms=3,
+                               capsize=2, label=f"{comp.label} ({len(curves)} seeds; {fit})")
+            lo = [points[x].lo if _err(points[x]) else points[x].mean for x in xs]
+            hi = [points[x].hi if _err(points[x]) else points[x].mean for x in xs]
+            ax.fill_between(xs, lo, hi, color=line[0].get_color(), alpha=0.12)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set(xlabel="training tokens", ylabel="PPL gap, paired by seed (%)", title=group)
+        ax.legend(fontsize=6)
+    fig.suptitle("Paired PPL gap over training (ours; mean and 95% CI over seeds; slope per 10x tokens)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
+           "gap_vs_tokens": gap_vs_tokens}

@@ -6,6 +6,7 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     name            kind     reads experiment   files
     table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
     loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
+    gap_vs_tokens   figure   loop_depth, table1, table4 (train.json)   the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -30,6 +31,12 @@ class Output:
     bench: bool = False  # reads BENCH_FILE
     # a model whose runs at the experiment's loop counts it reads too (Figure 3's reference line)
     reference: str | None = None
+    also: tuple[str, ...] = ()  # further experiments whose runs it reads, where the config defines them
+
+    @property
+    def experiments(self) -> tuple[str, ...]:
+        """The experiments whose runs it reads; it is made when the config defines any of them."""
+        return tuple(e for e in (self.experiment, *self.also) if e is not None)
 
     @property
     def files(self) -> tuple[str, str]:
@@ -55,6 +62,8 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("state_analysis", "figure", "state_analysis",
            "Figure 4: Shapley values of the state reads; replacement and freezing",
            run_files=("shapley.json", "interventions.json")),
+    Output("gap_vs_tokens", "figure", "loop_depth", "Figure S1: the paired PPL gap against training tokens (ours)",
+           run_files=("train.json",), also=("table1", "table4")),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 
