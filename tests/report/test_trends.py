@@ -1,5 +1,6 @@
 """Trends over training tokens (report/trends.py): the paired PPL gap at every validation point,
-its slope against log10 tokens and the verdict, on constructed curves whose answers are known."""
+its slope against log10 tokens and the verdict, on constructed curves whose answers are known;
+and the state's diagnostics figure on constructed diagnostics."""
 
 import dataclasses
 import json
@@ -168,4 +169,43 @@ def test_the_figure_draws_each_comparisons_mean_gap_with_its_interval(tmp_path):
     assert bars.lines[0].get_ydata()[4] == pytest.approx(sum(gaps) / 3)
     seg = bars.lines[2][0].get_segments()[4]
     assert abs(seg[1][1] - seg[0][1]) / 2 == pytest.approx(t_interval(gaps).half_width, rel=1e-6)
+    plt.close(fig)
+
+
+def test_the_state_diagnostics_figure_draws_each_cells_mean_over_seeds(tmp_path):
+    """state_diagnostics on constructed eval.json ``state`` blocks: per state index, the mean over
+    seeds with its t interval; the GRU has no write rate and state-only no reads, so neither is
+    drawn where it lacks the quantity; Vanilla Looped has no state and no line."""
+    import matplotlib.pyplot as plt
+
+    from stateloop.report.figures import DIAGNOSTIC_PANELS, state_diagnostics
+
+    cfg = _smoke()
+    results = tmp_path / "results"
+    for run in expand_runs(cfg, ["table4", "loop_depth"]):
+        folder = results / "runs" / run.id
+        folder.mkdir(parents=True, exist_ok=True)
+        ev = {"heldout": {"ppl": 10.0}, "tasks": {}}
+        if run.model != "vanilla_looped":
+            n = run.K - 1 if run.model == "state_only" else run.K
+            state = {"states": list(range(1, n + 1)), "tokens": 100, "state_norm": [i + 0.1 * run.seed for i in range(1, n + 1)]}
+            if run.model != "stateloop_gru":
+                state["write_rate_mean"] = [0.1 * i + 0.01 * run.seed for i in range(1, n + 1)]
+                state["write_rate_sd"] = [0.05] * n
+            if run.model != "state_only":
+                state["read_ratio"] = [0.2] * n
+            ev["state"] = state
+        (folder / "eval.json").write_text(json.dumps(ev))
+    fig = state_diagnostics(cfg, results)
+    axes = dict(zip((k for k, _ in DIAGNOSTIC_PANELS), fig.axes))
+    labels = {key: [c.get_label() for c in ax.containers] for key, ax in axes.items()}
+    assert "stateloop_gru K=3" not in labels["write_rate_mean"] and "stateloop_gru K=3" in labels["state_norm"]
+    assert "state_only K=3" not in labels["read_ratio"] and "state_only K=3" in labels["write_rate_mean"]
+    assert not any("vanilla" in label for ls in labels.values() for label in ls)
+    sl = next(c for c in axes["write_rate_mean"].containers if c.get_label() == "stateloop K=3")
+    seeds = sorted({r.seed for r in expand_runs(cfg, ["table4"])})
+    per_seed = [0.1 * 2 + 0.01 * s for s in seeds]  # state 2
+    assert sl.lines[0].get_ydata()[1] == pytest.approx(sum(per_seed) / len(per_seed))
+    seg = sl.lines[2][0].get_segments()[1]
+    assert abs(seg[1][1] - seg[0][1]) / 2 == pytest.approx(t_interval(per_seed).half_width, rel=1e-6)
     plt.close(fig)

@@ -71,6 +71,11 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     assert [(p["step"], p["tokens"]) for p in curve] == [(s, s * 8 * 32) for s in (20, 40, 60)]
     assert [p["loss"] for p in curve] == pytest.approx([m.value for m in val], rel=1e-6)
     assert curve[-1]["loss"] == summary["final_val_loss"]
+    # StateLoop's validations carry its state's diagnostics (K = 2: states S^1, S^2), also in MLflow per state.
+    state = curve[-1]["state"]
+    assert state["states"] == [1, 2] and state["tokens"] == 16 * 32 and 0 < state["write_rate_mean"][0] < 1
+    ratio = client.get_metric_history(run.info.run_id, "val/state/read_ratio_2")
+    assert [m.step for m in ratio] == [20, 40, 60] and ratio[-1].value == pytest.approx(state["terminal_read_ratio"])
     # The folder alone rebuilds the model, and its validation loss is the one reported.
     model, saved = load_model(run_dir)
     assert saved == cfg
@@ -79,6 +84,8 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
 
     windows = heldout_windows(ShardSet(data, "val"), 32, max_windows=512 // 32)
     assert mean_nll(model, windows, batch_size=4) == pytest.approx(summary["final_val_loss"], rel=1e-5)
+    states = model(windows[:, :-1], return_states=True).states  # the state norms, recomputed from the final weights
+    assert state["state_norm"] == pytest.approx([S.norm(dim=-1).mean().item() for S in states], rel=1e-5)
     # The windows are named by the sha256 of their tokens (recomputed here from the split's start).
     import hashlib
 

@@ -132,8 +132,8 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
     """configs/decide.yaml: 15 cells x 4 seeds and 4 more seeds of Table 1's two cells, one training
     each, seeds spelled in every path;
-    Tables 1 and 4, Figure 2, the gap over training tokens and the claims are its outputs (no
-    Table 2: no lm-eval task)."""
+    Tables 1 and 4, Figure 2, the gap over training tokens, the state's diagnostics and the claims
+    are its outputs (no Table 2: no lm-eval task)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
@@ -144,6 +144,7 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
     assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
                               "figures/gap_vs_tokens.pdf, figures/gap_vs_tokens.png",
+                              "figures/state_diagnostics.pdf, figures/state_diagnostics.png",
                               "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md"])
 
 

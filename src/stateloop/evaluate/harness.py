@@ -6,6 +6,9 @@
 2. Every task of ``eval.tasks`` through lm-eval at every shot count of ``eval.shots``
    (rolling-loglikelihood tasks, i.e. document perplexities, at zero shots only), through the
    ``stateloop`` lm-eval model (evaluate/lm.py).
+3. For the StateLoop family, the state's per-iteration diagnostics on the held-out windows of 1.,
+   collected in the same forward passes (``state`` in eval.json, evaluate/diagnostics.py; MLflow
+   curves ``eval/state/<quantity>`` stepped by the state index i).
 
 ``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
 each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
@@ -26,6 +29,7 @@ from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
 from stateloop.data.shards import read_meta
+from stateloop.evaluate import diagnostics as state_diagnostics
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
@@ -37,8 +41,9 @@ from stateloop.tracking import flatten, log_stage
 RESULTS_FILE = "eval.json"
 SAMPLES_DIR = "eval_samples"
 WORK_DIR = "eval_work"
-def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
-    """Token perplexity of the model on the held-out split of its data."""
+def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True, diagnostics: dict | None = None) -> dict:
+    """Token perplexity of the model on the held-out split of its data; ``diagnostics`` (a dict)
+    collects the state's diagnostics over the same windows (models/looped.py's hook)."""
 
     try:
         windows, shards = split_windows(data_dir, cfg.heldout_split, lm.max_length, cfg.heldout_windows)
@@ -49,7 +54,8 @@ def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = Tru
     with lm.autocast():
         for start in tqdm(range(0, len(windows), step), desc=f"held-out perplexity ({cfg.heldout_split})",
                           disable=not progress, leave=False):
-            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device).sum(0)
+            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device,
+                                **({"diagnostics": diagnostics} if diagnostics is not None else {})).sum(0)
     nll = float(totals[0] / totals[1])
     return {"split": cfg.heldout_split, "windows": len(windows), "seq_len": lm.max_length,
             "tokens": int(totals[1]), "split_tokens": len(shards), "nll": nll, "ppl": math.exp(nll)}
@@ -156,7 +162,10 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     }
     if progress:
         print(f"[eval] {run.run_id}: {results['model']} on {lm.device}, window {lm.max_length}", file=sys.stderr, flush=True)
-    results["heldout"] = heldout_perplexity(lm, run.data_dir, cfg, progress)
+    sums = {} if state_diagnostics.supports(lm.model) else None
+    results["heldout"] = heldout_perplexity(lm, run.data_dir, cfg, progress, diagnostics=sums)
+    if sums is not None:  # the state's diagnostics on the held-out windows (evaluate/diagnostics.py)
+        results["state"] = state_diagnostics.summarise(sums)
     if progress:
         print(f"[eval] held-out perplexity {results['heldout']['ppl']:.3f} over {results['heldout']['tokens']} tokens",
               file=sys.stderr, flush=True)
@@ -186,6 +195,7 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
     eval.json (as an artifact) into the run's MLflow run (tracking.log_stage)."""
 
     tags = {"eval.lm_eval_version": results.get("lm_eval_version", ""), "eval.code_version": results.get("code_version", "")}
-    return log_stage(run_dir, run_id, config, config_file, "eval", "eval", results["summary"],
+    curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # eval/state/<quantity> at step i
+    return log_stage(run_dir, run_id, config, config_file, "eval", "eval", results["summary"], curves=curves,
                      params=flatten(results.get("eval_config") or {}, "eval."), tags=tags,
                      artifact=(results, "eval/eval.json"))

@@ -45,6 +45,14 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   boundary i; the following iterations update from the replacement. Freezing S^i at every
   boundary after i is ``{j: frozen_j for j in range(i + 1, K + 1)}``. For ``state_only`` the
   keys and ``states`` are those of its gated state X^1..X^{K-1}.
+- ``diagnostics`` (a dict): each forward adds, for every state S^i it makes (i = 1..K; X^1..X^{K-1}
+  for ``state_only``), sums over its tokens to ``diagnostics[i]`` (evaluate/diagnostics.py
+  summarises them): ``tokens``; ``write_rate``, the per-channel sum of 1 - a^{i-1}, the fraction of
+  each channel the proposal overwrites (eq. 6's update only; a^k is the paper's retention g^k);
+  ``state_norm``, of ||S^i||; ``read_ratio``, of ||R_i|| / ||H^{i-1}||, the read against the
+  backbone output it is added to (R_K is the terminal read; models with reads). Everything is
+  recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
+  without the hook nothing is computed.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ import torch.nn as nn
 
 from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
+from stateloop.models.kernels import upcast
 from stateloop.models.mixers import build_mixer
 from stateloop.models.state import GRUStateCell, SelectiveStateCell
 
@@ -186,7 +195,8 @@ class StateLoopLM(LoopedLM):
         R_K = W_{s->out} RMSNorm_s(S^K)."""
         return H + self.read(self.W_sout, S, keep)
 
-    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
+             diagnostics: dict | None = None) -> ModelOutput:
         K = self.cfg.K
         keeps = self._read_keeps(read_mask, h)  # keeps[i-1] multiplies R_i (None: kept)
         states = []
@@ -197,9 +207,29 @@ class StateLoopLM(LoopedLM):
                 S = state_overrides[k + 1].to(S.dtype).expand_as(S)
             if return_states:
                 states.append(S)
+            if diagnostics is not None:
+                self.diagnose(diagnostics, k, H, S, (self.W_sz if k < K - 1 else self.W_sout, keeps[k]))
             if k < K - 1:
                 Z = self.feedback(H, S, keeps[k])  # Z^{k+1} = H^k + R_{k+1}
         return ModelOutput(self.lm_head(self.terminal(H, S, keeps[K - 1])), states if return_states else None)
+
+    @torch.no_grad()
+    def diagnose(self, out: dict, k: int, H: torch.Tensor, S: torch.Tensor, read=None) -> None:
+        """The ``diagnostics`` hook (module docstring) for iteration k: its output H^k, the state
+        S^{k+1} it made and ``read`` = (the read's projection, its mask multiplier) when it has one."""
+        sums = out.setdefault(k + 1, {})
+
+        def add(name, value):
+            value = value.detach().double()
+            sums[name] = sums[name] + value if name in sums else value
+
+        add("tokens", torch.tensor(float(H.shape[0] * H.shape[1])))
+        add("state_norm", upcast(S).norm(dim=-1).sum())  # in the wide dtype (models/kernels.py)
+        if hasattr(self.cell, "write_rate"):  # eq. (6)'s cell (the GRU's update has no single retention)
+            add("write_rate", upcast(self.cell.write_rate(H)).flatten(0, -2).sum(0))
+        if read is not None and self.has_reads:
+            R = self.read(read[0], S, read[1])
+            add("read_ratio", (upcast(R).norm(dim=-1) / upcast(H).norm(dim=-1).clamp_min(1e-30)).sum())
 
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K
@@ -225,17 +255,20 @@ class StateOnlyLM(StateLoopLM):
         if cfg.d_state != cfg.d_model:
             raise ValueError(f"{cfg.name}: the state-only state is the backbone input, so d_state must equal d_model")
 
-    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
+             diagnostics: dict | None = None) -> ModelOutput:
         K = self.cfg.K
         self._read_keeps(read_mask, h)  # refuses a mask: there are no reads
         states = []
         Z, X = h, None  # Z^0 = E, X^0 = 0
         for k in range(K - 1):
-            _, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
+            H, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
             if state_overrides and k + 1 in state_overrides:
                 X = state_overrides[k + 1].to(X.dtype).expand_as(X)
             if return_states:
                 states.append(X)
+            if diagnostics is not None:
+                self.diagnose(diagnostics, k, H, X)
             Z = X.to(h.dtype)  # Z^{k+1} = X^{k+1}; the backbone runs in the activations' dtype, the state stays float32
         H = self.apply_backbone(Z, rope, cache, K - 1)  # H^{K-1} = T(Z^{K-1})
         return ModelOutput(self.lm_head(H), states if return_states else None)

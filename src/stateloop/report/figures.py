@@ -208,5 +208,55 @@ def gap_vs_tokens(cfg, results: Path):
     return fig
 
 
+DIAGNOSTIC_PANELS = (("write_rate_mean", "write rate 1 - g^k (mean over channels)"),
+                     ("write_rate_sd", "write rate: sd over channels"),
+                     ("read_ratio", "||R_i|| / ||H^(i-1)|| (i = K: terminal read)"),
+                     ("state_norm", "||S^i||"))
+
+
+def state_diagnostics(cfg, results: Path):
+    """The project's own figure (not the paper's): what the state of each trained StateLoop-family
+    cell does over the iterations (eval.json's ``state``, evaluate/diagnostics.py), mean and 95%
+    interval over seeds per state index i; a quantity a model lacks (the GRU's write rate,
+    state-only's reads) is not drawn for it."""
+    from stateloop.models.registry import get_spec
+    from stateloop.report.outputs import OUTPUTS
+
+    experiments = [e for e in OUTPUTS["state_diagnostics"].experiments if e in cfg.experiments and cfg.experiments[e].trained]
+    groups = [rs for rs in cells(expand_runs(cfg, experiments)).values() if get_spec(rs[0].model).has_state] if experiments else []
+    if not groups:
+        raise KeyError("experiments: no trained StateLoop-family run to diagnose (table4, loop_depth or table1)")
+    fig, axes = plt.subplots(1, len(DIAGNOSTIC_PANELS), figsize=(4.2 * len(DIAGNOSTIC_PANELS), 3.8))
+    for rs in groups:
+        diags = []
+        for run in rs:
+            path = results / "runs" / run.id / "eval.json"
+            state = read_json(path).get("state")
+            if state is None:
+                raise KeyError(f"{path}: no 'state' diagnostics (evaluated before they were recorded: run `stateloop eval` again)")
+            diags.append(state)
+        label = f"{rs[0].model} K={rs[0].K}" + (f" d_s={rs[0].d_s}" if rs[0].d_s != groups[0][0].d_s else "")
+        color = None
+        for ax, (key, _) in zip(axes, DIAGNOSTIC_PANELS):
+            if key not in diags[0]:
+                continue
+            idx = diags[0]["states"]
+            ests = [t_interval([d[key][j] for d in diags]) for j in range(len(idx))]
+            line = ax.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3, capsize=2,
+                               label=label, color=color)
+            color = line[0].get_color()
+            if key == "read_ratio":  # the terminal read R_K, a projection of its own
+                ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=40, facecolors="none", edgecolors=color)
+    for ax, (key, title) in zip(axes, DIAGNOSTIC_PANELS):
+        ax.set(xlabel="state index i (S^i after iteration i - 1)", title=title)
+        if key.startswith("write_rate"):
+            ax.set_ylim(bottom=0)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(f"The state over the iterations (ours, held-out windows; {_seeds_label(groups)}; "
+                 "open square: the terminal read)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
-           "gap_vs_tokens": gap_vs_tokens}
+           "gap_vs_tokens": gap_vs_tokens, "state_diagnostics": state_diagnostics}

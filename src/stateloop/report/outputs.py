@@ -7,6 +7,7 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
     loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
     gap_vs_tokens   figure   loop_depth, table1, table4 (train.json)   the project's own, not the paper's
+    state_diagnostics figure table4, loop_depth, table1 (eval.json)    the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -64,6 +65,8 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
            run_files=("shapley.json", "interventions.json")),
     Output("gap_vs_tokens", "figure", "loop_depth", "Figure S1: the paired PPL gap against training tokens (ours)",
            run_files=("train.json",), also=("table1", "table4")),
+    Output("state_diagnostics", "figure", "table4", "Figure S2: the state's diagnostics over the iterations (ours)",
+           also=("loop_depth", "table1")),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 

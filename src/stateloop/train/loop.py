@@ -203,15 +203,22 @@ def _full_state_dict(fabric, model, raw_model) -> dict:
 
 
 @torch.no_grad()
-def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
-    """Mean next-token NLL over the validation windows of every rank."""
+def validate(fabric, model, windows: torch.Tensor, batch_size: int, diagnostics: bool = False) -> tuple[float, dict | None]:
+    """Mean next-token NLL over the validation windows of every rank, and with ``diagnostics`` the
+    state's per-iteration diagnostics over the same windows (evaluate/diagnostics.py), else None."""
+    from stateloop.evaluate import diagnostics as diag
 
     model.eval()
     local = windows[fabric.global_rank :: fabric.world_size]
-    totals = token_nll(model, local, batch_size, device=fabric.device).sum(0).to(fabric.device)
+    sums = {} if diagnostics else None
+    hook = {"diagnostics": sums} if diagnostics else {}
+    totals = token_nll(model, local, batch_size, device=fabric.device, **hook).sum(0).to(fabric.device)
     totals = fabric.all_reduce(totals, reduce_op="sum")
+    state = None
+    if diagnostics:
+        state = diag.summarise(diag.all_reduce(sums, lambda t: fabric.all_reduce(t.to(fabric.device), reduce_op="sum").cpu()))
     model.train()
-    return float(totals[0] / totals[1])
+    return float(totals[0] / totals[1]), state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -599,11 +606,19 @@ def _cluster_environment(fabric) -> str | None:
 
 
 def run_validation(run: Run, step: int) -> None:
-    """Validate after optimiser step ``step``: the run's last loss, a point of its curve, MLflow."""
-    run.val_loss = validate(run.fabric, run.model, run.val_windows, run.tcfg.micro_batch)
-    run.state["val_curve"].append({"step": step, "tokens": step * run.tcfg.tokens_per_step, "loss": run.val_loss})
+    """Validate after optimiser step ``step``: the run's last loss, a point of its curve, MLflow.
+    A model of the StateLoop family also reports its state's diagnostics on the same windows (the
+    point's ``state``; MLflow ``val/state/<quantity>_<i>``, evaluate/diagnostics.py)."""
+    from stateloop.evaluate import diagnostics as diag
+
+    run.val_loss, state = validate(run.fabric, run.model, run.val_windows, run.tcfg.micro_batch,
+                                   diagnostics=diag.supports(run.raw_model))
+    point = {"step": step, "tokens": step * run.tcfg.tokens_per_step, "loss": run.val_loss}
+    if state is not None:
+        point["state"] = state
+    run.state["val_curve"].append(point)
     if run.tracker is not None:
-        run.tracker.log_metrics(_val_metrics(run.val_loss), step)
+        run.tracker.log_metrics(_val_metrics(run.val_loss) | (diag.step_metrics(state) if state else {}), step)
 
 
 def _val_metrics(loss: float) -> dict:
