@@ -522,7 +522,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
             x, y = x.to(fabric.device, non_blocking=True), y.to(fabric.device, non_blocking=True)
             with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
                 logits = model(x).logits  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum  # (12), over the global batch
                 fabric.backward(loss)
             loss_sum += loss.detach()
         grad_norm = fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),
