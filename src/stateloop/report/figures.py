@@ -226,8 +226,9 @@ def state_diagnostics(cfg, results: Path):
     groups = [rs for rs in cells(expand_runs(cfg, experiments)).values() if get_spec(rs[0].model).has_state] if experiments else []
     if not groups:
         raise KeyError("experiments: no trained StateLoop-family run to diagnose (table4, loop_depth or table1)")
-    fig, axes = plt.subplots(1, len(DIAGNOSTIC_PANELS), figsize=(4.2 * len(DIAGNOSTIC_PANELS), 3.8))
-    for rs in groups:
+    fig, axes = plt.subplots(1, len(DIAGNOSTIC_PANELS), figsize=(4.2 * len(DIAGNOSTIC_PANELS), 4.2))
+    handles = {}  # one legend entry per cell, whichever panels it appears in
+    for n, rs in enumerate(groups):
         diags = []
         for run in rs:
             path = results / "runs" / run.id / "eval.json"
@@ -236,25 +237,26 @@ def state_diagnostics(cfg, results: Path):
                 raise KeyError(f"{path}: no 'state' diagnostics (evaluated before they were recorded: run `stateloop eval` again)")
             diags.append(state)
         label = f"{rs[0].model} K={rs[0].K}" + (f" d_s={rs[0].d_s}" if rs[0].d_s != groups[0][0].d_s else "")
-        color = None
+        color = f"C{n % 10}"  # the same colour in every panel
         for ax, (key, _) in zip(axes, DIAGNOSTIC_PANELS):
             if key not in diags[0]:
                 continue
             idx = diags[0]["states"]
             ests = [t_interval([d[key][j] for d in diags]) for j in range(len(idx))]
-            line = ax.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3, capsize=2,
-                               label=label, color=color)
-            color = line[0].get_color()
+            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3,
+                                         capsize=2, label=label, color=color)
             if key == "read_ratio":  # the terminal read R_K, a projection of its own
                 ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=40, facecolors="none", edgecolors=color)
     for ax, (key, title) in zip(axes, DIAGNOSTIC_PANELS):
         ax.set(xlabel="state index i (S^i after iteration i - 1)", title=title)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         if key.startswith("write_rate"):
             ax.set_ylim(bottom=0)
-    axes[0].legend(fontsize=6)
+    fig.legend(handles=list(handles.values()), labels=list(handles), fontsize=7, loc="lower center",
+               ncol=min(len(handles), 6))
     fig.suptitle(f"The state over the iterations (ours, held-out windows; {_seeds_label(groups)}; "
                  "open square: the terminal read)", fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 * math.ceil(len(handles) / 6), 1, 1))
     return fig
 
 
