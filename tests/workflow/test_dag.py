@@ -148,6 +148,18 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
                               "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md"])
 
 
+def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
+    """configs/ladder.yaml: 3 rungs x (StateLoop, Vanilla Looped) x K = 4, 7 x 6 seeds, one training
+    each; its outputs are the gap against compute and the claims."""
+    work = copy_workflow(tmp_path)
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/ladder.yaml").stdout)
+    trains = [j["output"] for j in planned if j["rule"] == "train"]
+    assert len(trains) == len(set(trains)) == 72
+    assert {re.search(r"runs/(ladder_\w)/", o).group(1) for o in trains} == {"ladder_s", "ladder_m", "ladder_l"}
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
+
+
 def test_decoding_benchmark_runs_alone(tmp_path):
     """Table 3 is timed with no other job beside it: locally it takes every core Snakemake has,
     under SLURM a whole node."""

@@ -29,6 +29,9 @@ NOT_REHEARSED = {
     "smoke.yaml": "the tiny rehearsal runs the same DAG at smoke's sizes (d = 32, 4 steps)",
     "decide.yaml": ("trained for real (README, 'Deciding the claims'; 60 runs); its DAG is planned in "
                     "test_dag and its code paths run in the tiny rehearsal"),
+    "ladder.yaml": ("its rungs run decide's code paths at three shapes (the tiny rehearsal covers them); its DAG "
+                    "is planned in test_dag and its figure and claims rows tested in tests/report/test_ladder.py: "
+                    "CI's 20 minutes"),
     "gpu.yaml": ("the paper rehearsal runs the same stages on hub-layout data with the paper's lm-eval tasks; "
                  "its FineWeb-Edu mirror is tested in tests/rehearse/test_mirrors.py, its DAG planned and its "
                  "analyses run in tests/analysis/test_config_splits.py (`stateloop rehearse configs/gpu.yaml` "

@@ -301,10 +301,30 @@ def token_trend_rows(cfg) -> list[Claim]:
     return rows
 
 
+def ladder_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims): does StateLoop's gap to Vanilla Looped
+    shrink as training compute grows along a ladder, and where does the fitted trend cross 0
+    (report/ladder.py)? One row per K."""
+    from stateloop.report import ladder
+
+    rows = []
+    for K in ladder.loop_counts(cfg):
+        def measure(cfg, results, K=K):
+            tr = ladder.trend(cfg, results, K)
+            gaps = "; ".join(f"{r.name} {r.flops:.2e} FLOPs: {stats.t_interval(list(r.gaps.values())).format()}%"
+                             for r in tr.rungs)
+            return tr.slope, f"{tr.crossing_text()}; gaps {gaps}", tr.verdict
+
+        rows.append(Claim(f"ladder_gap_vs_compute_K{K}", f"StateLoop's PPL gap to Vanilla Looped shrinks as training "
+                          f"compute grows (K = {K})", f"{OURS}: compute ladder (not the paper's)", ladder.SLOPE_UNIT, 0,
+                          math.nan, "- (not the paper's)", measure, list(ladder.rungs(cfg))))
+    return rows
+
+
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    for c in paper_claims() + choice_rows() + token_trend_rows(cfg):
+    for c in paper_claims() + choice_rows() + token_trend_rows(cfg) + ladder_rows(cfg):
         out = c.measure(cfg, results)
         if out is None and c.source.startswith("choice"):
             continue  # an open choice the config does not measure

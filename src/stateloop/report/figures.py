@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
-from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
+from stateloop.report.stats import Estimate, paired, relative_pct, t_interval, t_quantile  # noqa: E402
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
 
 PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
@@ -260,5 +260,46 @@ def state_diagnostics(cfg, results: Path):
     return fig
 
 
+def gap_vs_compute(cfg, results: Path):
+    """The project's own figure (not the paper's): StateLoop's paired PPL gap to Vanilla Looped at
+    each rung of a compute ladder against training FLOPs (log axis), one line per K with its
+    95% interval over seeds, the fitted trend with its 95% band and crossing, and the paper's two
+    points on the same axes (report/ladder.py)."""
+    from stateloop.report import ladder
+
+    Ks = ladder.loop_counts(cfg)
+    if not Ks:
+        raise KeyError(f"experiments: no ladder rung ({', '.join(ladder.RUNGS)}) trains {ladder.MODEL}")
+    paper = ladder.paper_points()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for n, K in enumerate(Ks):
+        tr = ladder.trend(cfg, results, K)
+        color = f"C{n % 10}"
+        ests = [t_interval(list(r.gaps.values()), what="paired seeds") for r in tr.rungs]
+        xs = [r.flops for r in tr.rungs]
+        ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o", capsize=3, color=color,
+                    label=f"ours, K={K} ({_seeds_label([list(r.gaps) for r in tr.rungs])})")
+        if tr.fit is not None:  # the trend and its band, over our rungs and out to the paper's point
+            span = [math.log10(x) for x in xs + ([paper[K][0]] if K in paper else [])]
+            lo, hi = min(span), max(span)
+            grid = [lo + (hi - lo) * i / 50 for i in range(51)]
+            t = t_quantile(tr.fit.dof + 1) if tr.fit.dof > 0 else math.nan
+            ax.plot([10 ** g for g in grid], [tr.fit.predict(g) for g in grid], "-", color=color, lw=1,
+                    label=f"fit K={K}: slope {tr.slope.format()} per 10x; {tr.crossing_text()}")
+            if not math.isnan(t):
+                ax.fill_between([10 ** g for g in grid], [tr.fit.predict(g) - t * tr.fit.se(g) for g in grid],
+                                [tr.fit.predict(g) + t * tr.fit.se(g) for g in grid], color=color, alpha=0.12)
+        if K in paper:
+            ax.scatter([paper[K][0]], [paper[K][1]], label=f"paper, K={K} ({'1.4B, Table 1' if K == 4 else '410M, Table 4'})",
+                       edgecolors=color, **PAPER_STYLE)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set(xlabel="training FLOPs (forward + backward, the project's count)",
+           ylabel="PPL(StateLoop) / PPL(Vanilla Looped) - 1 (%)", title="StateLoop's gap against training compute (ours)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
-           "gap_vs_tokens": gap_vs_tokens, "state_diagnostics": state_diagnostics}
+           "gap_vs_tokens": gap_vs_tokens, "state_diagnostics": state_diagnostics, "gap_vs_compute": gap_vs_compute}

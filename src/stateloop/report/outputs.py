@@ -8,6 +8,7 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
     gap_vs_tokens   figure   loop_depth, table1, table4 (train.json)   the project's own, not the paper's
     state_diagnostics figure table4, loop_depth, table1 (eval.json)    the project's own, not the paper's
+    gap_vs_compute  figure   ladder_1 .. ladder_5 (eval.json)          the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -67,6 +68,8 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
            run_files=("train.json",), also=("table1", "table4")),
     Output("state_diagnostics", "figure", "table4", "Figure S2: the state's diagnostics over the iterations (ours)",
            also=("loop_depth", "table1")),
+    Output("gap_vs_compute", "figure", "ladder_1", "Figure S3: the paired PPL gap against training compute (ours)",
+           also=("ladder_2", "ladder_3", "ladder_4", "ladder_5")),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 
