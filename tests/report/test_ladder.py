@@ -89,3 +89,21 @@ def test_the_claims_rows_and_the_figure(constructed):
     stars = sorted(tuple(p) for c in ax.collections for p in c.get_offsets() if c.get_offsets().shape[0] == 1)
     assert (2.9e21, -3.21) in stars and (7.0e21, -2.31) in stars
     plt.close(fig)
+
+
+def test_the_papers_points_are_table1_and_table4_at_their_runs_training_compute(monkeypatch):
+    """1.4B StateLoop vs Vanilla Looped at K = 4 (Table 1: 7.61 vs 7.79 PPL) and 410M at K = 7
+    (Table 4: 9.04 vs 9.34), each at the training FLOPs of configs/paper.yaml's run (the FLOP
+    count itself, minutes of tracing at these shapes, is stubbed: per sequence x sequences)."""
+    seen = []
+
+    def stub(cfg, run):
+        seen.append(run.id)
+        t = cfg.scales[run.scale].train
+        return 1e9 * run.model_config.d_model * t.total_steps * t.global_batch
+
+    monkeypatch.setattr(ladder, "training_flops", stub)
+    points = ladder.paper_points.__wrapped__()
+    assert seen == ["1.4b/stateloop/K4_ds2048_seed1234", "410m/stateloop/K7_ds1024_seed1234"]
+    assert points[4][1] == pytest.approx(100 * (7.61 / 7.79 - 1)) and points[7][1] == pytest.approx(100 * (9.04 / 9.34 - 1))
+    assert points[4][0] == pytest.approx(1e9 * 2048 * 30e9 / 2048, rel=1e-3)  # 30B tokens in 2,048-token sequences

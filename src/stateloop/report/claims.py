@@ -13,8 +13,9 @@ Verdicts: *reproduced* (our effect has the paper's sign and its interval exclude
 resolve: an effect smaller than it could not have been told from 0.
 
 Rows whose source starts with "ours" are the project's own questions, not the paper's claims:
-whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py; their
-verdict is the trend's: shrinks / grows / holds (no trend resolved)).
+whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py) and with
+training compute along a ladder, with the compute where its trend crosses 0 (report/ladder.py);
+their verdict is the trend's: shrinks / grows / holds (no trend resolved).
 """
 
 from __future__ import annotations
