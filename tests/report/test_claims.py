@@ -92,7 +92,7 @@ def test_judge_on_constructed_results(tmp_path):
     for claim in ("feedback_reads_dominate", "freezing_hurts_more", "state_branch_cheaper_than_iteration",
                   "narrowest_state_beats_vanilla"):
         assert df.loc[claim].verdict == "not run"
-    trend = df[df.source.str.startswith("ours")]
+    trend = df[df.source.str.startswith("own: training tokens")]
     assert len(trend) > 0 and set(trend.verdict) == {"not run"}
     assert all("fewer than two validation points" in note for note in trend.note)
     md = to_markdown(df.reset_index(), cfg, "c.yaml")

@@ -78,7 +78,7 @@ def test_the_claims_rows_and_the_figure(constructed):
     cfg, results = constructed
     df = judge(cfg, results).set_index("id")
     k4, k7 = df.loc["ladder_gap_vs_compute_K4"], df.loc["ladder_gap_vs_compute_K7"]
-    assert k4.source.startswith("ours") and k4.verdict == "shrinks" and k4.n == 18
+    assert k4.source.startswith("own: compute ladder") and k4.verdict == "shrinks" and k4.n == 18
     assert "crosses 0 at 10^13.50" in k4.note and k7.verdict == "holds (no trend resolved)"
     assert ladder.NO_CROSSING in k7.note
     fig = gap_vs_compute(cfg, results)

@@ -93,7 +93,7 @@ def test_shrinking_constant_and_growing_gaps_get_their_verdicts(tmp_path):
 
     # The claims: one row per comparison, marked as the project's own, with the trend's verdict.
     df = judge(cfg, results).set_index("id")
-    rows = df[df.source.str.startswith("ours")]
+    rows = df[df.source.str.startswith("own: training tokens")]
     assert {rows.loc[by_model[m].id].verdict for m in shapes} == {"shrinks", "holds (no trend resolved)", "grows"}
     assert rows.loc[by_model["state_only"].id].ours == pytest.approx(-2.0)
     assert all(math.isnan(v) for v in rows.paper_effect) and set(rows.unit) == {trends.SLOPE_UNIT}

@@ -97,7 +97,7 @@ def test_rehearsal_produces_every_table_and_figure_with_the_papers_rows_and_colu
     assert (t4.seeds == seeds).all()
     assert t4.pile_ppl_lo.notna().all() == (seeds > 1)
     claims = pd.read_csv(out / "results/claims.csv").set_index("id")
-    ours = claims.source.str.startswith("ours")  # the project's own trends over training tokens
+    ours = claims.source.str.startswith("own: training tokens")  # the project's own trends over training tokens
     assert set(claims[~ours].verdict) <= {"reproduced", "contradicted", "inconclusive", "not run", "-"}
     # every run validates twice (rehearse/config.py's cadence): a slope per seed, a verdict per comparison
     assert ours.any() and set(claims[ours].verdict) <= {"shrinks", "grows", "holds (no trend resolved)"}

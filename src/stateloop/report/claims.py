@@ -12,7 +12,7 @@ Verdicts: *reproduced* (our effect has the paper's sign and its interval exclude
 0, or a single seed gives no interval). ``ci_half_width`` is the size of effect the seeds can
 resolve: an effect smaller than it could not have been told from 0.
 
-Rows whose source starts with "ours" are the project's own questions, not the paper's claims:
+Rows whose source starts with "own" are the project's own questions, not the paper's claims:
 whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py) and with
 training compute along a ladder, with the compute where its trend crosses 0 (report/ladder.py);
 their verdict is the trend's: shrinks / grows / holds (no trend resolved).
@@ -284,7 +284,9 @@ def choice_rows() -> list[Claim]:
     return rows
 
 
-OURS = "ours"  # the source of the project's own rows
+OWN_PREFIX = "own"  # how the source of the project's own rows starts
+TOKENS_SOURCE = f"{OWN_PREFIX}: training tokens (not the paper's)"
+LADDER_SOURCE = f"{OWN_PREFIX}: compute ladder (not the paper's)"
 
 
 def token_trend_rows(cfg) -> list[Claim]:
@@ -297,7 +299,7 @@ def token_trend_rows(cfg) -> list[Claim]:
             return est, note, verdict
 
         rows.append(Claim(comp.id, f"The PPL gap of {comp.label} shrinks with training tokens",
-                          f"{OURS}: validation curves (not the paper's)", trends.SLOPE_UNIT, 0, math.nan,
+                          TOKENS_SOURCE, trends.SLOPE_UNIT, 0, math.nan,
                           "- (not the paper's)", measure, []))
     return rows
 
@@ -317,7 +319,7 @@ def ladder_rows(cfg) -> list[Claim]:
             return tr.slope, f"{tr.crossing_text()}; gaps {gaps}", tr.verdict
 
         rows.append(Claim(f"ladder_gap_vs_compute_K{K}", f"StateLoop's PPL gap to Vanilla Looped shrinks as training "
-                          f"compute grows (K = {K})", f"{OURS}: compute ladder (not the paper's)", ladder.SLOPE_UNIT, 0,
+                          f"compute grows (K = {K})", LADDER_SOURCE, ladder.SLOPE_UNIT, 0,
                           math.nan, "- (not the paper's)", measure, list(ladder.rungs(cfg))))
     return rows
 
@@ -350,14 +352,15 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
 
     scales = sorted({r.scale for r in expand_runs(cfg)})
     seeds = sorted({r.seed for r in expand_runs(cfg)})
-    ours = df.source.str.startswith(OURS)
-    counts, trend_counts = df[~ours].verdict.value_counts(), df[ours].verdict.value_counts()
+    ours = df.source.str.startswith(OWN_PREFIX)
+    trend = df.source.isin([TOKENS_SOURCE, LADDER_SOURCE])
+    counts, trend_counts = df[~ours].verdict.value_counts(), df[trend].verdict.value_counts()
     lines = ["# The paper's claims, judged", "",
              f"Config `{config_name}`, scale(s) {', '.join(scales)}, seeds {', '.join(map(str, seeds))}. "
              + ", ".join(f"{counts.get(v, 0)} {v}" for v in (stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE, NOT_RUN)) + "."
              + (" The project's own trends over training tokens: "
                 + ", ".join(f"{trend_counts.get(v, 0)} {v}" for v in (trends.SHRINKS, trends.GROWS, trends.HOLDS)) + "."
-                if ours.any() else ""),
+                if trend.any() else ""),
              "", "| claim | source | paper | ours [95% CI] | resolves | n | verdict | detail |", "|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         paper = f"{num(r.paper_effect)} {r.paper_unit}" if not math.isnan(r.paper_effect) else r.paper_unit
@@ -373,9 +376,10 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "(or one seed: no interval). 'resolves' is the interval's half width: the smallest effect these "
               "seeds tell from 0. Effects are paired by seed (the same seed: the same init stream and "
               "data order), Table 3's by timed run; intervals are Student-t (stateloop.report.stats). Rows marked 'choice' measure "
-              "an open choice both ways; they are not the paper's claims. Rows marked 'ours' are the project's own "
-              "question, not the paper's: the slope of a paired PPL gap against log10 training tokens (each seed's "
-              "least-squares slope over its validation points, then a t interval over seeds); 'shrinks' = the slope "
-              "excludes 0 on the side opposite to the final gap, 'grows' = on the same side, 'holds (no trend "
-              "resolved)' = its interval contains 0.", ""]
+              "an open choice both ways; they are not the paper's claims. Rows marked 'own' are the project's own "
+              "questions, not the paper's: the slope of a paired PPL gap against log10 training tokens (each seed's "
+              "least-squares slope over its validation points, then a t interval over seeds) or log10 training FLOPs "
+              "(a compute ladder: least squares over every rung and seed); 'shrinks' = the slope excludes 0 on the "
+              "side opposite to the final gap, 'grows' = on the same side, 'holds (no trend resolved)' = its "
+              "interval contains 0.", ""]
     return "\n".join(lines)
