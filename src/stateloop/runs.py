@@ -5,7 +5,7 @@
         model.safetensors  final weights; the resolved config (JSON) and code version in its metadata
                            (read_weights: no unpickler; a folder from before holds model.pt instead)
         checkpoints/       resumable training state (train stage)
-        train.json         training summary (steps, tokens, losses, MLflow run id, code version)
+        train.json         training summary (steps, tokens, losses, the validation curve and its windows, MLflow run id, code version)
         train.log          what every attempt of the DAG's train job printed (the rule appends)
         mlflow.json        the MLflow store, experiment and run the training logged to
         .lock              held by the training that writes the folder (flock)

@@ -256,7 +256,9 @@ if __name__ == "__main__":  # python -m stateloop.tracking [URI]: open (and re-p
 # - Params: the resolved config flattened to dotted keys (``model.d_model``, ``train.lr``, ...);
 #   tags: scale, model, K, d_s, code version, and MLflow's own (user, source, git commit).
 # - Metrics: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``,
-#   ``train/tokens``, ``train/mfu`` (GPU), ``val/loss``, ``val/ppl``, indexed by optimiser step.
+#   ``train/tokens``, ``train/mfu`` (GPU), ``val/loss``, ``val/ppl`` and, for the StateLoop family,
+#   the state's diagnostics ``val/state/<quantity>_<i>`` (evaluate/diagnostics.py), indexed by
+#   optimiser step. Evaluation adds ``eval/state/<quantity>`` curves stepped by the state index i.
 # - A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
 #   its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
 #   the run already holds (resuming is exact, so the value there is the one it would log), so every

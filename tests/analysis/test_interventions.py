@@ -19,12 +19,19 @@ from stateloop.analysis.interventions import (
 from stateloop.evaluate.perplexity import mean_nll
 
 
-def test_calibration_with_identical_statistics_is_the_identity():
-    S = torch.randn(3, 7, 5) * 4 + 2
-    mu, sigma = torch.randn(5), torch.rand(5) + 0.1
-    assert torch.allclose(calibrate(S, mu, sigma, mu, sigma), S, atol=1e-6)
+def test_calibration_with_identical_statistics_is_the_identity_up_to_epsilon():
+    """Eq. (15) divides by sigma + epsilon, epsilon = 1e-6 ("Here epsilon = 10^-6 ensures numerical
+    stability"): with the same statistics on both sides, S moves by (S - mu) epsilon / (sigma + epsilon)."""
+    S = torch.randn(3, 7, 5, dtype=torch.float64) * 4 + 2
+    mu, sigma = torch.randn(5, dtype=torch.float64), torch.rand(5, dtype=torch.float64) * 1e-5 + 1e-6
+    out = calibrate(S, mu, sigma, mu, sigma)
+    assert torch.allclose(out, S - (S - mu) * 1e-6 / (sigma + 1e-6), rtol=0, atol=1e-12)
+    assert not torch.allclose(out, S, atol=1e-3)  # a sigma of 1e-6..1e-5 makes epsilon visible: not max(sigma, eps)
     stats = StateStats(torch.randn(3, 5).double(), torch.rand(3, 5).double() + 0.1, 1)
-    assert torch.allclose(stats.calibrate(S, 2, 2), S, atol=1e-6)
+    assert torch.allclose(stats.calibrate(S.float(), 2, 2), S.float(), atol=1e-4)
+    # a channel that never varied in the calibration sample (sigma = 0): the paper's form, scale sigma_dst / epsilon
+    flat = calibrate(S, mu, torch.zeros(5, dtype=torch.float64), mu + 1, torch.ones(5, dtype=torch.float64))
+    assert torch.allclose(flat, 1e6 * (S - mu) + mu + 1)
 
 
 def test_calibration_moves_each_channel_to_the_target_statistics():
@@ -33,7 +40,7 @@ def test_calibration_moves_each_channel_to_the_target_statistics():
     out = calibrate(S, S.mean(0), S.std(0, unbiased=False), mu_t, sd_t)
     assert torch.allclose(out.mean(0), mu_t, atol=1e-9) and torch.allclose(out.std(0, unbiased=False), sd_t, atol=1e-9)
     # Eq. (15) entry by hand.
-    assert out[0, 1].item() == pytest.approx((S[0, 1] - S[:, 1].mean()).item() / S[:, 1].std(unbiased=False).item() * 0.1)
+    assert out[0, 1].item() == pytest.approx((S[0, 1] - S[:, 1].mean()).item() / (S[:, 1].std(unbiased=False).item() + 1e-6) * 0.1)
 
 
 def test_state_statistics_match_a_direct_computation(tiny_run):

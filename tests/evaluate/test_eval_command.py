@@ -75,7 +75,7 @@ def test_logs_into_the_runs_mlflow_run(make_run):
     (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": train_id}))
     assert eval_cli(run_dir, "--tasks", "--set", "eval.heldout_windows=3") == 0  # perplexity only
     res = json.loads((run_dir / "eval.json").read_text())
-    assert res["mlflow_run_id"] == train_id and res["tasks"] == {}
+    assert res["mlflow_run_id"] == train_id and res["tasks"] == {} and "state" not in res  # Vanilla: no state
     assert client.get_run(train_id).data.metrics["eval/heldout/ppl"] == pytest.approx(res["heldout"]["ppl"])
 
     other, _ = make_run("stateloop_gru")
@@ -88,6 +88,13 @@ def test_logs_into_the_runs_mlflow_run(make_run):
     assert found.info.run_name == "test/stateloop_gru/K3_ds32_seed1234"
     assert found.data.metrics["eval/heldout/ppl"] == pytest.approx(json.loads((other / "eval.json").read_text())["heldout"]["ppl"])
     assert client.get_experiment(found.info.experiment_id).name == "stateloop"
+    # The state's diagnostics on the held-out windows (the GRU's update has no write rate), a curve per quantity.
+    state = json.loads((other / "eval.json").read_text())["state"]
+    assert state["states"] == [1, 2, 3] and "write_rate_mean" not in state and len(state["read_ratio"]) == 3
+    norms = client.get_metric_history(ids[0], "eval/state/state_norm")  # both evaluations logged the curve
+    assert {m.step for m in norms} == {1, 2, 3} and len(norms) == 6
+    for i, value in enumerate(state["state_norm"], start=1):
+        assert any(m.step == i and m.value == pytest.approx(value) for m in norms)
 
 
 def one_line_error(capsys, run_dir, path_part):

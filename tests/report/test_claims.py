@@ -78,6 +78,8 @@ def test_judge_on_constructed_results(tmp_path):
         folder = tmp_path / "results" / "runs" / run.id
         folder.mkdir(parents=True)
         (folder / "eval.json").write_text(json.dumps({"heldout": {"ppl": ppl}, "tasks": {}}))
+        # one validation point (the last step's): the trends over tokens have no curve to fit
+        (folder / "train.json").write_text(json.dumps({"val_curve": [{"step": 10, "tokens": 5120, "loss": math.log(ppl)}]}))
     df = judge(cfg, tmp_path / "results").set_index("id")
     assert df.loc["state_only_worse"].verdict == "reproduced"
     assert df.loc["state_only_worse"].n == 3
@@ -90,6 +92,9 @@ def test_judge_on_constructed_results(tmp_path):
     for claim in ("feedback_reads_dominate", "freezing_hurts_more", "state_branch_cheaper_than_iteration",
                   "narrowest_state_beats_vanilla"):
         assert df.loc[claim].verdict == "not run"
+    trend = df[df.source.str.startswith("own: training tokens")]
+    assert len(trend) > 0 and set(trend.verdict) == {"not run"}
+    assert all("fewer than two validation points" in note for note in trend.note)
     md = to_markdown(df.reset_index(), cfg, "c.yaml")
     assert "2 reproduced, 1 contradicted" in md and "**not run**" in md
 

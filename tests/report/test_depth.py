@@ -82,6 +82,7 @@ def test_no_rows_without_the_experiment(tmp_path):
         folder = tmp_path / "results" / "runs" / run.id
         folder.mkdir(parents=True)
         (folder / "eval.json").write_text(json.dumps({"heldout": {"ppl": 10.0}, "tasks": {}}))
+        (folder / "train.json").write_text(json.dumps({"val_curve": []}))  # the claims' trends over tokens read it
     df = judge(cfg, tmp_path / "results")
     assert not df.id.str.startswith("test_time_depth").any()
 

@@ -68,6 +68,16 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
 
     summary = json.loads((run_dir / "train.json").read_text())
     assert summary["mlflow_run_id"] == run.info.run_id and summary["tokens"] == 60 * 8 * 32
+    # The validation curve in train.json: the points MLflow holds, the last one the final loss.
+    curve = summary["val_curve"]
+    assert [(p["step"], p["tokens"]) for p in curve] == [(s, s * 8 * 32) for s in (20, 40, 60)]
+    assert [p["loss"] for p in curve] == pytest.approx([m.value for m in val], rel=1e-6)
+    assert curve[-1]["loss"] == summary["final_val_loss"]
+    # StateLoop's validations carry its state's diagnostics (K = 2: states S^1, S^2), also in MLflow per state.
+    state = curve[-1]["state"]
+    assert state["states"] == [1, 2] and state["tokens"] == 16 * 32 and 0 < state["write_rate_mean"][0] < 1
+    ratio = client.get_metric_history(run.info.run_id, "val/state/read_ratio_2")
+    assert [m.step for m in ratio] == [20, 40, 60] and ratio[-1].value == pytest.approx(state["terminal_read_ratio"])
     # The folder alone rebuilds the model, and its validation loss is the one reported.
     model, saved = load_model(run_dir)
     assert saved == cfg
@@ -76,6 +86,13 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
 
     windows = heldout_windows(ShardSet(data, "val"), 32, max_windows=512 // 32)
     assert mean_nll(model, windows, batch_size=4) == pytest.approx(summary["final_val_loss"], rel=1e-5)
+    states = model(windows[:, :-1], return_states=True).states  # the state norms, recomputed from the final weights
+    assert state["state_norm"] == pytest.approx([S.norm(dim=-1).mean().item() for S in states], rel=1e-5)
+    # The windows are named by the sha256 of their tokens (recomputed here from the split's start).
+    import hashlib
+
+    assert summary["val_windows"] == {"split": "val", "windows": 16, "seq_len": 32,
+                                      "sha256": hashlib.sha256(windows.long().numpy().tobytes()).hexdigest()}
 
 
 def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tmp_path, capsys):
@@ -84,6 +101,8 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     run_dir = tmp_path / "run"
     train(cfg, run_dir, progress=False)
     reference = weights(run_dir)
+    reference_curve = json.loads((run_dir / "train.json").read_text())["val_curve"]
+    assert [p["step"] for p in reference_curve] == [6, 12]
     store = CheckpointStore(run_dir / "checkpoints")
     assert store.steps() == [12, 8] and store.verify(12) is None and store.verify(8) is None
     first_run_id = json.loads((run_dir / "mlflow.json").read_text())["run_id"]
@@ -100,6 +119,8 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     assert "changed since" not in err  # same tokens: no batch-stream warning
     assert result.summary["resumed_from_step"] == 8
     assert_bitwise_equal(weights(run_dir), reference)  # steps 9-12 redone exactly
+    # The curve: step 6's point from the checkpoint of step 8, step 12's validated again, equal.
+    assert result.summary["val_curve"] == reference_curve
     assert store.verify(12) is None  # rewritten whole
     # The resumed run continued the same MLflow run.
     client, run = _mlflow_run(run_dir)

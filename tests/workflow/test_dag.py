@@ -132,7 +132,8 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
     """configs/decide.yaml: 15 cells x 4 seeds and 4 more seeds of Table 1's two cells, one training
     each, seeds spelled in every path;
-    Tables 1 and 4, Figure 2 and the claims are its outputs (no Table 2: no lm-eval task)."""
+    Tables 1 and 4, Figure 2, the gap over training tokens, the state's diagnostics and the claims
+    are its outputs (no Table 2: no lm-eval task)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
@@ -143,6 +144,8 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
     assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
                               "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md",
+                              "figures/gap_vs_tokens.pdf, figures/gap_vs_tokens.png",
+                              "figures/state_diagnostics.pdf, figures/state_diagnostics.png",
                               "figures/test_time_depth.pdf, figures/test_time_depth.png"])
 
 
@@ -163,6 +166,18 @@ def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_pa
     shells = [line for line in out.splitlines() if "--depths" in line]
     assert len(shells) == 40
     assert all("--depths 1 2 3 4 5 6 7 8 9 10 12 14 " in line and " --tasks " in line for line in shells), shells[0]
+
+
+def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
+    """configs/ladder.yaml: 3 rungs x (StateLoop, Vanilla Looped) x K = 4, 7 x 6 seeds, one training
+    each; its outputs are the gap against compute and the claims."""
+    work = copy_workflow(tmp_path)
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/ladder.yaml").stdout)
+    trains = [j["output"] for j in planned if j["rule"] == "train"]
+    assert len(trains) == len(set(trains)) == 72
+    assert {re.search(r"runs/(ladder_\w)/", o).group(1) for o in trains} == {"ladder_s", "ladder_m", "ladder_l"}
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
 
 
 def test_decoding_benchmark_runs_alone(tmp_path):

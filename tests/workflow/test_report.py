@@ -18,8 +18,9 @@ from stateloop.experiments import expand_runs, load_pipeline
 pytestmark = pytest.mark.slow
 
 PATTERNS = ["results/table[1-4].csv", "results/table[1-4].md", "figures/*.pdf", "figures/*.png", "results/claims.*"]
-EXPERIMENT = {"table1": "table1", "table2": "table1", "table4": "table4",  # output -> the experiment it reads
-              "loop_depth": "loop_depth", "state_width": "state_width", "state_analysis": "state_analysis"}
+EXPERIMENT = {"table1": ["table1"], "table2": ["table1"], "table4": ["table4"],  # output -> the experiments it reads
+              "loop_depth": ["loop_depth"], "state_width": ["state_width"], "state_analysis": ["state_analysis"],
+              "gap_vs_tokens": ["loop_depth", "table1", "table4"], "state_diagnostics": ["table4", "loop_depth", "table1"]}
 
 
 def embedded(html: str, name: str, script: str):
@@ -32,7 +33,7 @@ def embedded(html: str, name: str, script: str):
 def runs_read(cfg, stem):
     """The runs an output reads: its experiment's, and for Figure 3 the Vanilla Looped reference
     runs at its K (workflow/rules/common.smk: figure_inputs)."""
-    runs = expand_runs(cfg, [EXPERIMENT[stem]])
+    runs = expand_runs(cfg, EXPERIMENT[stem])
     if stem == "state_width":
         ks = {r.K for r in runs}
         runs += [r for r in expand_runs(cfg) if r.model == "vanilla_looped" and r.K in ks and r.id not in {x.id for x in runs}]
@@ -78,7 +79,7 @@ def test_report_is_one_html_file_with_every_output_and_its_caption(smoke_dag, re
         caption = text_of(entry["caption"])
         stem = os.path.basename(path).split(".")[0]
         if stem in EXPERIMENT:
-            exp = cfg.experiments[EXPERIMENT[stem]]
+            exp = cfg.experiments[EXPERIMENT[stem][0]]
             runs = runs_read(cfg, stem)
             assert f"Scale {exp.scale}:" in caption, (path, caption)
             assert seeds_in(caption, "Seeds: ") == {r.seed for r in runs}, (path, caption)

@@ -62,7 +62,7 @@ def run_log(stage):
 # A config makes the outputs (stateloop/report/outputs.py) whose experiments it defines
 # (configs/decide.yaml: Tables 1 and 4, Figure 2 and the claims); Table 2 needs the Table 1 scale
 # to evaluate some lm-eval task.
-MADE = [o.name for o in OUTPUTS.values() if o.experiment in PIPE.experiments]
+MADE = [o.name for o in OUTPUTS.values() if any(e in PIPE.experiments for e in o.experiments)]
 if "table2" in MADE and not PIPE.scales[PIPE.experiments["table1"].scale].eval.tasks:
     MADE.remove("table2")
 BENCH_SCALE = PIPE.experiments["decoding"].scale if "decoding" in PIPE.experiments else None
@@ -235,7 +235,7 @@ def output_inputs(name):
         files = [f"{r.folder}/eval.json" for r in RUNS.values()]
         files += [f for other in MADE if OUTPUTS[other].experiment is not None for f in output_inputs(other)]
     else:
-        files = [f for name in o.run_files for f in run_files(o.experiment, name)]
+        files = [f for e in o.experiments if e in PIPE.experiments for name in o.run_files for f in run_files(e, name)]
         if o.reference:
             K = {r.K for r in runs_of(o.experiment)}
             files += [f"{r.folder}/eval.json" for r in RUNS.values() if r.model == o.reference and r.K in K]

@@ -9,10 +9,10 @@ Calibration (eq. 15). Per channel c, the mean mu_i[c] and standard deviation sig
 over every token of a calibration sample. A state taken at boundary i is moved to the statistics
 of boundary j by
 
-    C_{i->j}(S) = (S - mu_i) / sigma_i * sigma_j + mu_j,
+    C_{i->j}(S) = sigma_j / (sigma_i + epsilon) * (S - mu_i) + mu_j,   epsilon = 1e-6 (the paper's),
 
-so replacing S^j by C_{i->j}(S^i) changes what the state says, not its scale. C_{i->i} is the
-identity.
+the same scale and offset for every token of a channel, so replacing S^j by C_{i->j}(S^i) changes
+what the state says, not its scale. C_{i->i} is the identity up to epsilon / sigma_i.
 
 - **Single replacement** at i (i = 1..K-1): S^{i+1} is replaced by C_{i->i+1}(S^i), the state one
   iteration earlier; the read R_{i+1} and the later iterations proceed normally from it.
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-SIGMA_FLOOR = 1e-6  # channels that never vary are moved by their mean alone
+EPSILON = 1e-6  # eq. (15)'s epsilon: "ensures numerical stability"
 
 
 @dataclass
@@ -58,13 +58,12 @@ class StateStats:
 
 
 def calibrate(S: torch.Tensor, mu_src, sigma_src, mu_dst, sigma_dst) -> torch.Tensor:
-    """Eq. (15): (S - mu_src) / sigma_src * sigma_dst + mu_dst, per channel (last axis), computed
-    in float64 and returned in S's dtype."""
+    """Eq. (15): sigma_dst / (sigma_src + epsilon) * (S - mu_src) + mu_dst, per channel (last
+    axis), computed in float64 and returned in S's dtype."""
     dev = S.device
     mu_src, mu_dst = mu_src.to(dev, torch.float64), mu_dst.to(dev, torch.float64)
-    sigma_src = sigma_src.to(dev, torch.float64).clamp_min(SIGMA_FLOOR)
-    sigma_dst = sigma_dst.to(dev, torch.float64)
-    return ((S.double() - mu_src) / sigma_src * sigma_dst + mu_dst).to(S.dtype)
+    scale = sigma_dst.to(dev, torch.float64) / (sigma_src.to(dev, torch.float64) + EPSILON)
+    return (scale * (S.double() - mu_src) + mu_dst).to(S.dtype)
 
 
 @torch.no_grad()

@@ -6,6 +6,9 @@
 2. Every task of ``eval.tasks`` through lm-eval at every shot count of ``eval.shots``
    (rolling-loglikelihood tasks, i.e. document perplexities, at zero shots only), through the
    ``stateloop`` lm-eval model (evaluate/lm.py).
+3. For the StateLoop family, the state's per-iteration diagnostics on the held-out windows of 1.,
+   collected in the same forward passes (``state`` in eval.json, evaluate/diagnostics.py; MLflow
+   curves ``eval/state/<quantity>`` stepped by the state index i).
 
 At ``eval.K`` = K' other than the trained K the same is measured with the weights run at K'
 iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples in
@@ -37,6 +40,7 @@ from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
 from stateloop.data.shards import read_meta
+from stateloop.evaluate import diagnostics as state_diagnostics
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
@@ -61,8 +65,10 @@ def depth_stem(K: int, trained_K: int) -> str:
     trained depth (eval.json, eval_samples/, MLflow eval/...), "eval_K{K}" at another."""
     return "eval" if K == trained_K else f"eval_K{K}"
 
-def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True) -> dict:
-    """Token perplexity of the model on the held-out split of its data."""
+
+def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = True, diagnostics: dict | None = None) -> dict:
+    """Token perplexity of the model on the held-out split of its data; ``diagnostics`` (a dict)
+    collects the state's diagnostics over the same windows (models/looped.py's hook)."""
 
     try:
         windows, shards = split_windows(data_dir, cfg.heldout_split, lm.max_length, cfg.heldout_windows)
@@ -73,7 +79,8 @@ def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = Tru
     with lm.autocast():
         for start in tqdm(range(0, len(windows), step), desc=f"held-out perplexity ({cfg.heldout_split})",
                           disable=not progress, leave=False):
-            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device).sum(0)
+            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device,
+                                **({"diagnostics": diagnostics} if diagnostics is not None else {})).sum(0)
     nll = float(totals[0] / totals[1])
     return {"split": cfg.heldout_split, "windows": len(windows), "seq_len": lm.max_length,
             "tokens": int(totals[1]), "split_tokens": len(shards), "nll": nll, "ppl": math.exp(nll)}
@@ -283,8 +290,12 @@ def _load(run_dir: Path, cfg: EvalConfig):
 
 def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool) -> dict:
     """The held-out perplexity and the tasks of ``cfg`` at the model's current depth:
-    {"heldout", "lm_eval_version", "tasks"}; samples go to ``{stem}_samples/`` (eval_samples/)."""
-    out = {"heldout": heldout_perplexity(lm, run.data_dir, cfg, progress)}
+    {"heldout", "state" (the StateLoop family), "lm_eval_version", "tasks"}; samples go to
+    ``{stem}_samples/`` (eval_samples/)."""
+    sums = {} if state_diagnostics.supports(lm.model) else None
+    out = {"heldout": heldout_perplexity(lm, run.data_dir, cfg, progress, diagnostics=sums)}
+    if sums is not None:  # the state's diagnostics on the held-out windows (evaluate/diagnostics.py)
+        out["state"] = state_diagnostics.summarise(sums)
     if progress:
         print(f"[eval] held-out perplexity {out['heldout']['ppl']:.3f} over {out['heldout']['tokens']} tokens",
               file=sys.stderr, flush=True)
@@ -311,6 +322,7 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
     (tracking.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
 
     tags = {f"{stem}.lm_eval_version": results.get("lm_eval_version", ""), f"{stem}.code_version": results.get("code_version", "")}
-    return log_stage(run_dir, run_id, config, config_file, "eval", stem, results["summary"],
+    curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # {stem}/state/<quantity> at step i
+    return log_stage(run_dir, run_id, config, config_file, "eval", stem, results["summary"], curves=curves,
                      params=flatten(results.get("eval_config") or {}, f"{stem}."), tags=tags,
                      artifact=(results, f"eval/{stem}.json"))

@@ -36,7 +36,8 @@ def split_windows(data_dir, split: str, seq_len: int, max_windows: int | None = 
 
 @torch.no_grad()
 def token_nll(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", **forward_kwargs) -> torch.Tensor:
-    """Summed NLL and token count per window: returns a (N, 2) float64 tensor [sum_nll, n_tokens]."""
+    """Summed NLL and token count per window: returns a (N, 2) float64 tensor [sum_nll, n_tokens]
+    (their ratio is eq. (12)'s loss over the windows)."""
     out = []
     for start in range(0, len(windows), batch_size):
         batch = windows[start : start + batch_size].to(device)

@@ -27,8 +27,8 @@ class ModelConfig:
     K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
     d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
     max_seq_len: int = 2048
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0  # [assume] the paper does not give RoPE's base; LLaMA's 10,000
+    norm_eps: float = 1e-5  # [assume] the paper does not give RMSNorm's epsilon; LLaMA-2's 1e-5 (every RMSNorm)
     init_std: float = 0.02
     # Causal attention mixer over the state (eq. 8).
     mixer_heads: int = 32

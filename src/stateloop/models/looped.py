@@ -4,23 +4,26 @@ Notation: the paper's (Sec. 3). Iterations are counted from 0, H^k is the output
 application k, Z^k its input, and E = sqrt(d) W_E[x] the scaled input embeddings. The state
 after iteration k is S^{k+1} and the read taken from it R_{k+1}, so states and reads are
 numbered 1..K, as in Figure 4 ("R1..R7", "S3", "S4" at K = 7). Equation numbers are the paper's
-where this project knows them: (2), (5), (6) (the update), (7)-(9) (the mixers), (13) (state
-only), (14) (reset), (15) (calibration, analysis/interventions.py); the other lines are named,
-not numbered.
+(1)-(15): (1) the start, (2), (5), (6) the update, (3) update, mixer and read norm N^{k+1},
+(4) the feedback read, (7)-(9) the mixers, (10) the terminal read, (11) the head, (12) the loss
+(train/loop.py, evaluate/perplexity.py), (13) state only, (14) reset, (15) the calibration
+(analysis/interventions.py). The paper writes a read as N^{k+1} W^T with N^{k+1} =
+RMSNorm_s(S^{k+1}) a row per token; below it is W N^{k+1} per token, the same map.
 
 Vanilla Looped (Universal-Transformer style):
 
-    H^0 = T(E),  H^k = T(H^{k-1}),  k = 1..K-1        one weight set, K applications
-    logits = W_o RMSNorm_f(H^{K-1})                   untied LM head
+    H^0 = T(E),  H^k = T(H^{k-1}),  k = 1..K-1        one weight set, K applications; (1) without S
+    logits = W_o RMSNorm_f(H^{K-1})                   untied LM head, (11) with Y = H^{K-1}
 
-StateLoop adds one persistent state S in R^{d_s} per token. With Z^0 = E and S^0 = 0, for
-k = 0..K-1:
+StateLoop adds one persistent state S in R^{d_s} per token. With Z^0 = E and S^0 = 0 (eq. 1),
+for k = 0..K-1:
 
-    H^k     = T(Z^k)                                    backbone application k
-    S^{k+1} = Update(S^k, H^k)                          eqs. (2), (5), (6): models/state.py
-    S^{k+1} = Mixer(S^{k+1})                            eqs. (7)-(9): models/mixers.py
-    R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1}),  Z^{k+1} = H^k + R_{k+1}     (k < K-1) feedback read
-    logits  = W_o RMSNorm_f(H^{K-1} + R_K),  R_K = W_{s->out} RMSNorm_s(S^K)    terminal read
+    H^k     = T(Z^k)                                    backbone application k; H^0 = T(E) (1)
+    S^{k+1} = Update(S^k, H^k)                          eqs. (2), (3), (5), (6): models/state.py
+    S^{k+1} = Mixer(S^{k+1})                            eqs. (3), (7)-(9): models/mixers.py
+    R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1}),  Z^{k+1} = H^k + R_{k+1}     (k < K-1) feedback read (3), (4)
+    Y       = H^{K-1} + R_K,  R_K = W_{s->out} RMSNorm_s(S^K)           terminal read (10)
+    logits  = W_o RMSNorm_f(Y)                                          head (11); loss (12)
 
 Extra parameters: W_u, W_Delta (d_s x d), b_Delta, A_log (d_s), W_{s->z}, W_{s->out} (d x d_s),
 RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
@@ -45,6 +48,14 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   boundary i; the following iterations update from the replacement. Freezing S^i at every
   boundary after i is ``{j: frozen_j for j in range(i + 1, K + 1)}``. For ``state_only`` the
   keys and ``states`` are those of its gated state X^1..X^{K-1}.
+- ``diagnostics`` (a dict): each forward adds, for every state S^i it makes (i = 1..K; X^1..X^{K-1}
+  for ``state_only``), sums over its tokens to ``diagnostics[i]`` (evaluate/diagnostics.py
+  summarises them): ``tokens``; ``write_rate``, the per-channel sum of 1 - a^{i-1}, the fraction of
+  each channel the proposal overwrites (eq. 6's update only; a^k is the paper's retention g^k);
+  ``state_norm``, of ||S^i||; ``read_ratio``, of ||R_i|| / ||H^{i-1}||, the read against the
+  backbone output it is added to (R_K is the terminal read; models with reads). Everything is
+  recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
+  without the hook nothing is computed.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ import torch.nn as nn
 from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
+from stateloop.models.kernels import upcast
 from stateloop.models.mixers import build_mixer
 from stateloop.models.state import GRUStateCell, SelectiveStateCell
 
@@ -122,7 +134,7 @@ class LoopedLM(nn.Module):
         return self.cfg.K * self.cfg.n_layers
 
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.embed(idx) * math.sqrt(self.cfg.d_model)  # E = sqrt(d) W_E[x]
+        return self.embed(idx) * math.sqrt(self.cfg.d_model)  # (1): E = sqrt(d) Embed(x)
 
     def rotary(self, T: int, cache: ModelCache | None, device, dtype) -> Rotary:
         offset = 0 if cache is None else cache.seq_len
@@ -134,7 +146,7 @@ class LoopedLM(nn.Module):
         return self.backbone(h, rope, caches)
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm_f(h))
+        return self.head(self.norm_f(h))  # (11): LMHead(Y) = W_o RMSNorm_f(Y), softmax in the loss (12)
 
     # -- forward: the same for every model ------------------------------------------------------
     def forward(self, idx: torch.Tensor, cache: ModelCache | None = None, **hooks) -> ModelOutput:
@@ -163,7 +175,7 @@ class LoopedLM(nn.Module):
 
 
 class StateLoopLM(LoopedLM):
-    """StateLoop and its ablations: eqs. (2), (5)-(9), (14). See the module docstring."""
+    """StateLoop and its ablations: eqs. (1)-(11), (14). See the module docstring."""
 
     def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
         super().__init__(cfg)
@@ -184,6 +196,7 @@ class StateLoopLM(LoopedLM):
             self.W_sz.residual_out = self.W_sout.residual_out = cfg.read_init == "residual"
 
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
+        """N W^T with N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
         R = W(self.norm_s(S).to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
         if keep is not None:
             R = R * keep
@@ -194,33 +207,54 @@ class StateLoopLM(LoopedLM):
         S^0 = None (zero). Returns (H^k, S^{k+1}). The loop below and the analyses (prefix-shared
         Shapley masks) share it."""
         H = self.apply_backbone(Z, rope, cache, k)
-        S = self.cell(None if self.reset else S, H)  # (2), (5), (6); (14) resets S^k to 0
+        S = self.cell(None if self.reset else S, H)  # (2), (5), (6): S~^{k+1} of (3); (14) resets S^k to 0
         mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
-        return H, self.mixer(S, rope, mix_cache)  # (7)-(9)
+        return H, self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (7)-(9)
 
     def feedback(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The feedback read: Z^{k+1} = H^k + R_{k+1}, R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1})."""
+        """The feedback read, eq. (4): Z^{k+1} = H^k + N^{k+1} W_{s->z}^T = H^k + R_{k+1}."""
         return H + self.read(self.W_sz, S, keep)
 
     def terminal(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The terminal read, the input of the final norm and head: H^{K-1} + R_K,
-        R_K = W_{s->out} RMSNorm_s(S^K)."""
+        """The terminal read, eq. (10), the input of the final norm and head:
+        Y = H^{K-1} + N^K W_{s->out}^T = H^{K-1} + R_K."""
         return H + self.read(self.W_sout, S, keep)
 
-    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
+             diagnostics: dict | None = None) -> ModelOutput:
         K = self.cfg.K
         keeps = self._read_keeps(read_mask, h)  # keeps[i-1] multiplies R_i (None: kept)
         states = []
-        Z, S = h, None  # Z^0 = E, S^0 = 0
+        Z, S = h, None  # (1): Z^0 = E, S^0 = 0
         for k in range(K):
             H, S = self.step(k, Z, S, rope, cache)  # H^k, S^{k+1}
             if state_overrides and k + 1 in state_overrides:
                 S = state_overrides[k + 1].to(S.dtype).expand_as(S)
             if return_states:
                 states.append(S)
+            if diagnostics is not None:
+                self.diagnose(diagnostics, k, H, S, (self.W_sz if k < K - 1 else self.W_sout, keeps[k]))
             if k < K - 1:
-                Z = self.feedback(H, S, keeps[k])  # Z^{k+1} = H^k + R_{k+1}
-        return ModelOutput(self.lm_head(self.terminal(H, S, keeps[K - 1])), states if return_states else None)
+                Z = self.feedback(H, S, keeps[k])  # (4): Z^{k+1} = H^k + R_{k+1}
+        return ModelOutput(self.lm_head(self.terminal(H, S, keeps[K - 1])), states if return_states else None)  # (10), (11)
+
+    @torch.no_grad()
+    def diagnose(self, out: dict, k: int, H: torch.Tensor, S: torch.Tensor, read=None) -> None:
+        """The ``diagnostics`` hook (module docstring) for iteration k: its output H^k, the state
+        S^{k+1} it made and ``read`` = (the read's projection, its mask multiplier) when it has one."""
+        sums = out.setdefault(k + 1, {})
+
+        def add(name, value):
+            value = value.detach().double()
+            sums[name] = sums[name] + value if name in sums else value
+
+        add("tokens", torch.tensor(float(H.shape[0] * H.shape[1])))
+        add("state_norm", upcast(S).norm(dim=-1).sum())  # in the wide dtype (models/kernels.py)
+        if hasattr(self.cell, "write_rate"):  # eq. (6)'s cell (the GRU's update has no single retention)
+            add("write_rate", upcast(self.cell.write_rate(H)).flatten(0, -2).sum(0))
+        if read is not None and self.has_reads:
+            R = self.read(read[0], S, read[1])
+            add("read_ratio", (upcast(R).norm(dim=-1) / upcast(H).norm(dim=-1).clamp_min(1e-30)).sum())
 
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K
@@ -246,17 +280,20 @@ class StateOnlyLM(StateLoopLM):
         if cfg.d_state != cfg.d_model:
             raise ValueError(f"{cfg.name}: the state-only state is the backbone input, so d_state must equal d_model")
 
-    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None) -> ModelOutput:
+    def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
+             diagnostics: dict | None = None) -> ModelOutput:
         K = self.cfg.K
         self._read_keeps(read_mask, h)  # refuses a mask: there are no reads
         states = []
         Z, X = h, None  # Z^0 = E, X^0 = 0
         for k in range(K - 1):
-            _, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
+            H, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
             if state_overrides and k + 1 in state_overrides:
                 X = state_overrides[k + 1].to(X.dtype).expand_as(X)
             if return_states:
                 states.append(X)
+            if diagnostics is not None:
+                self.diagnose(diagnostics, k, H, X)
             Z = X.to(h.dtype)  # Z^{k+1} = X^{k+1}; the backbone runs in the activations' dtype, the state stays float32
         H = self.apply_backbone(Z, rope, cache, K - 1)  # H^{K-1} = T(Z^{K-1})
         return ModelOutput(self.lm_head(H), states if return_states else None)

@@ -2,7 +2,7 @@
 
 All cells map (S^k, H^k) -> S^{k+1}, k = 0..K-1 (iterations counted from 0, S^0 = 0), with S in
 R^{B x T x d_s} (one state per token) and H in R^{B x T x d}. The paper's notation and equation
-numbers (Sec. 3; models/looped.py says which numbers this project knows):
+numbers (Sec. 3; models/looped.py maps all of (1)-(15) to the code):
 
     U^k     = RMSNorm_h(H^k)                                          (2)
     P^k     = U^k W_u^T                  proposal, d_s wide            (5)

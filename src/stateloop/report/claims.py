@@ -11,6 +11,11 @@ Verdicts: *reproduced* (our effect has the paper's sign and its interval exclude
 *contradicted* (the opposite sign, interval excluding 0), *inconclusive* (the interval contains
 0, or a single seed gives no interval). ``ci_half_width`` is the size of effect the seeds can
 resolve: an effect smaller than it could not have been told from 0.
+
+Rows whose source starts with "own" are the project's own questions, not the paper's claims:
+whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py) and with
+training compute along a ladder, with the compute where its trend crosses 0 (report/ladder.py);
+their verdict is the trend's: shrinks / grows / holds (no trend resolved).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pandas as pd
 
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
-from stateloop.report import depth, stats
+from stateloop.report import depth, stats, trends
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -41,7 +46,9 @@ class Claim:
     paper_sign: int  # the side of 0 the paper's effect lies on
     paper_effect: float  # in ``paper_unit`` (NaN where the paper prints no number)
     paper_unit: str
-    measure: Callable  # (cfg, results) -> (Estimate, note) or None when its experiment is absent
+    # (cfg, results) -> (Estimate, note), or (Estimate, note, verdict) for a row judged otherwise
+    # than by the paper's sign (the trends), or None when its experiment is absent
+    measure: Callable
     experiments: list[str] = field(default_factory=list)
 
 
@@ -280,7 +287,47 @@ def choice_rows() -> list[Claim]:
     return rows
 
 
-OWN = "own: test-time depth"  # the source of this project's own rows (not the paper's claims)
+OWN_PREFIX = "own"  # how the source of the project's own rows starts
+TOKENS_SOURCE = f"{OWN_PREFIX}: training tokens (not the paper's)"
+LADDER_SOURCE = f"{OWN_PREFIX}: compute ladder (not the paper's)"
+
+
+def token_trend_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims): the slope of each PPL comparison's paired
+    gap against log10 training tokens, with its interval and verdict (report/trends.py)."""
+    rows = []
+    for comp in trends.comparisons(cfg):
+        def measure(cfg, results, comp=comp):
+            est, verdict, note = trends.measure(results, comp)
+            return est, note, verdict
+
+        rows.append(Claim(comp.id, f"The PPL gap of {comp.label} shrinks with training tokens",
+                          TOKENS_SOURCE, trends.SLOPE_UNIT, 0, math.nan,
+                          "- (not the paper's)", measure, []))
+    return rows
+
+
+def ladder_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims): does StateLoop's gap to Vanilla Looped
+    shrink as training compute grows along a ladder, and where does the fitted trend cross 0
+    (report/ladder.py)? One row per K."""
+    from stateloop.report import ladder
+
+    rows = []
+    for K in ladder.loop_counts(cfg):
+        def measure(cfg, results, K=K):
+            tr = ladder.trend(cfg, results, K)
+            gaps = "; ".join(f"{r.name} {r.flops:.2e} FLOPs: {stats.t_interval(list(r.gaps.values())).format()}%"
+                             for r in tr.rungs)
+            return tr.slope, f"{tr.crossing_text()}; gaps {gaps}", tr.verdict
+
+        rows.append(Claim(f"ladder_gap_vs_compute_K{K}", f"StateLoop's PPL gap to Vanilla Looped shrinks as training "
+                          f"compute grows (K = {K})", LADDER_SOURCE, ladder.SLOPE_UNIT, 0,
+                          math.nan, "- (not the paper's)", measure, list(ladder.rungs(cfg))))
+    return rows
+
+
+DEPTH_SOURCE = f"{OWN_PREFIX}: test-time depth (not the paper's)"
 
 
 def depth_rows(cfg) -> list[Claim]:
@@ -292,7 +339,7 @@ def depth_rows(cfg) -> list[Claim]:
         return depth.degrades_less(depth.curves(cfg, results), K)
 
     return [Claim(f"test_time_depth_degrades_less_K{K}", f"StateLoop degrades less than Vanilla Looped beyond its "
-                  f"trained depth (trained K = {K})", OWN, "points of % PPL change from K to K*", -1, math.nan,
+                  f"trained depth (trained K = {K})", DEPTH_SOURCE, "points of % PPL change from K to K*", -1, math.nan,
                   "not in the paper", lambda cfg, results, K=K: measure(cfg, results, K), [depth.EXPERIMENT])
             for K in depth.trained_depths(cfg)]
 
@@ -300,7 +347,7 @@ def depth_rows(cfg) -> list[Claim]:
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    for c in paper_claims() + choice_rows() + depth_rows(cfg):
+    for c in paper_claims() + choice_rows() + token_trend_rows(cfg) + ladder_rows(cfg) + depth_rows(cfg):
         out = c.measure(cfg, results)
         if out is None and c.source.startswith(("choice", "own")):
             continue  # an open choice or an own question the config does not measure
@@ -311,9 +358,10 @@ def judge(cfg, results: Path) -> pd.DataFrame:
             row.update(ours=math.nan, ci_lo=math.nan, ci_hi=math.nan, ci_half_width=math.nan, n=0, method="",
                        verdict=NOT_RUN, note=f"the config defines no {', '.join(missing) or 'matching'} experiment")
         else:
-            est, note = out
+            est, note, *given = out
+            verdict = given[0] if given else stats.verdict(est, c.paper_sign) if c.paper_sign else "-"
             row.update(ours=est.mean, ci_lo=est.lo, ci_hi=est.hi, ci_half_width=est.half_width, n=est.n,
-                       method=est.method, verdict=stats.verdict(est, c.paper_sign) if c.paper_sign else "-", note=note)
+                       method=est.method, verdict=verdict, note=note)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -324,10 +372,15 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
 
     scales = sorted({r.scale for r in expand_runs(cfg)})
     seeds = sorted({r.seed for r in expand_runs(cfg)})
-    counts = df.verdict.value_counts()
+    ours = df.source.str.startswith(OWN_PREFIX)
+    trend = df.source.isin([TOKENS_SOURCE, LADDER_SOURCE])
+    counts, trend_counts = df[~ours].verdict.value_counts(), df[trend].verdict.value_counts()
     lines = ["# The paper's claims, judged", "",
              f"Config `{config_name}`, scale(s) {', '.join(scales)}, seeds {', '.join(map(str, seeds))}. "
-             + ", ".join(f"{counts.get(v, 0)} {v}" for v in (stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE, NOT_RUN)) + ".",
+             + ", ".join(f"{counts.get(v, 0)} {v}" for v in (stats.REPRODUCED, stats.CONTRADICTED, stats.INCONCLUSIVE, NOT_RUN)) + "."
+             + (" The project's own trends over training tokens: "
+                + ", ".join(f"{trend_counts.get(v, 0)} {v}" for v in (trends.SHRINKS, trends.GROWS, trends.HOLDS)) + "."
+                if trend.any() else ""),
              "", "| claim | source | paper | ours [95% CI] | resolves | n | verdict | detail |", "|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         paper = f"{num(r.paper_effect)} {r.paper_unit}" if not math.isnan(r.paper_effect) else r.paper_unit
@@ -343,6 +396,11 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "(or one seed: no interval). 'resolves' is the interval's half width: the smallest effect these "
               "seeds tell from 0. Effects are paired by seed (the same seed: the same init stream and "
               "data order), Table 3's by timed run; intervals are Student-t (stateloop.report.stats). Rows marked 'choice' measure "
-              "an open choice both ways; rows marked 'own' ask this project's own questions (test-time depth: "
-              "K* = 2K, or the deepest depth evaluated below it). Neither is a claim of the paper.", ""]
+              "an open choice both ways; they are not the paper's claims. Rows marked 'own' are the project's own "
+              "questions, not the paper's: the slope of a paired PPL gap against log10 training tokens (each seed's "
+              "least-squares slope over its validation points, then a t interval over seeds) or log10 training FLOPs "
+              "(a compute ladder: least squares over every rung and seed); 'shrinks' = the slope excludes 0 on the "
+              "side opposite to the final gap, 'grows' = on the same side, 'holds (no trend resolved)' = its "
+              "interval contains 0; test-time depth: StateLoop's PPL change from its trained K to K* = 2K (or the deepest "
+              "depth evaluated below it) minus Vanilla Looped's, paired by seed.", ""]
     return "\n".join(lines)

@@ -30,7 +30,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
 from stateloop.report import depth  # noqa: E402
-from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
+from stateloop.report.stats import Estimate, paired, relative_pct, t_interval, t_quantile  # noqa: E402
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
 
 PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
@@ -175,5 +175,133 @@ def state_analysis(cfg, results: Path):
     return fig
 
 
+def gap_vs_tokens(cfg, results: Path):
+    """The project's own figure (not the paper's): each PPL comparison's paired gap against training
+    tokens (log axis), mean and 95% interval over seeds at every validation point, one panel per
+    group of comparisons (report/trends.py), the fitted slope in each line's label."""
+    from stateloop.report import trends
+
+    comps = trends.comparisons(cfg)
+    if not comps:
+        raise KeyError("experiments: no PPL comparison to follow over tokens (table1, table4 or loop_depth)")
+    groups = [g for g in trends.GROUPS if any(c.group == g for c in comps)]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
+    for ax, group in zip(axes[0], groups):
+        for comp in (c for c in comps if c.group == group):
+            curves = trends.gap_curves(results, comp)
+            points = trends.pointwise(curves)
+            if not points:
+                continue
+            xs = sorted(points)
+            est = trends.slope(curves)
+            fit = "no slope (one point)" if est is None else f"slope {est.format()}"
+            line = ax.errorbar(xs, [points[x].mean for x in xs], yerr=[_err(points[x]) for x in xs], fmt="o-", ms=3,
+                               capsize=2, label=f"{comp.label} ({len(curves)} seeds; {fit})")
+            lo = [points[x].lo if _err(points[x]) else points[x].mean for x in xs]
+            hi = [points[x].hi if _err(points[x]) else points[x].mean for x in xs]
+            ax.fill_between(xs, lo, hi, color=line[0].get_color(), alpha=0.12)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set(xlabel="training tokens", ylabel="PPL gap, paired by seed (%)", title=group)
+        ax.legend(fontsize=6)
+    fig.suptitle("Paired PPL gap over training (ours; mean and 95% CI over seeds; slope per 10x tokens)", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+DIAGNOSTIC_PANELS = (("write_rate_mean", "write rate 1 - g^k (mean over channels)"),
+                     ("write_rate_sd", "write rate: sd over channels"),
+                     ("read_ratio", "||R_i|| / ||H^(i-1)|| (i = K: terminal read)"),
+                     ("state_norm", "||S^i||"))
+
+
+def state_diagnostics(cfg, results: Path):
+    """The project's own figure (not the paper's): what the state of each trained StateLoop-family
+    cell does over the iterations (eval.json's ``state``, evaluate/diagnostics.py), mean and 95%
+    interval over seeds per state index i; a quantity a model lacks (the GRU's write rate,
+    state-only's reads) is not drawn for it."""
+    from stateloop.models.registry import get_spec
+    from stateloop.report.outputs import OUTPUTS
+
+    experiments = [e for e in OUTPUTS["state_diagnostics"].experiments if e in cfg.experiments and cfg.experiments[e].trained]
+    groups = [rs for rs in cells(expand_runs(cfg, experiments)).values() if get_spec(rs[0].model).has_state] if experiments else []
+    if not groups:
+        raise KeyError("experiments: no trained StateLoop-family run to diagnose (table4, loop_depth or table1)")
+    fig, axes = plt.subplots(1, len(DIAGNOSTIC_PANELS), figsize=(4.2 * len(DIAGNOSTIC_PANELS), 4.2))
+    handles = {}  # one legend entry per cell, whichever panels it appears in
+    for n, rs in enumerate(groups):
+        diags = []
+        for run in rs:
+            path = results / "runs" / run.id / "eval.json"
+            state = read_json(path).get("state")
+            if state is None:
+                raise KeyError(f"{path}: no 'state' diagnostics (evaluated before they were recorded: run `stateloop eval` again)")
+            diags.append(state)
+        label = f"{rs[0].model} K={rs[0].K}" + (f" d_s={rs[0].d_s}" if rs[0].d_s != groups[0][0].d_s else "")
+        color = f"C{n % 10}"  # the same colour in every panel
+        for ax, (key, _) in zip(axes, DIAGNOSTIC_PANELS):
+            if key not in diags[0]:
+                continue
+            idx = diags[0]["states"]
+            ests = [t_interval([d[key][j] for d in diags]) for j in range(len(idx))]
+            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3,
+                                         capsize=2, label=label, color=color)
+            if key == "read_ratio":  # the terminal read R_K, a projection of its own
+                ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=40, facecolors="none", edgecolors=color)
+    for ax, (key, title) in zip(axes, DIAGNOSTIC_PANELS):
+        ax.set(xlabel="state index i (S^i after iteration i - 1)", title=title)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        if key.startswith("write_rate"):
+            ax.set_ylim(bottom=0)
+    fig.legend(handles=list(handles.values()), labels=list(handles), fontsize=7, loc="lower center",
+               ncol=min(len(handles), 6))
+    fig.suptitle(f"The state over the iterations (ours, held-out windows; {_seeds_label(groups)}; "
+                 "open square: the terminal read)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06 * math.ceil(len(handles) / 6), 1, 1))
+    return fig
+
+
+def gap_vs_compute(cfg, results: Path):
+    """The project's own figure (not the paper's): StateLoop's paired PPL gap to Vanilla Looped at
+    each rung of a compute ladder against training FLOPs (log axis), one line per K with its
+    95% interval over seeds, the fitted trend with its 95% band and crossing, and the paper's two
+    points on the same axes (report/ladder.py)."""
+    from stateloop.report import ladder
+
+    Ks = ladder.loop_counts(cfg)
+    if not Ks:
+        raise KeyError(f"experiments: no ladder rung ({', '.join(ladder.RUNGS)}) trains {ladder.MODEL}")
+    paper = ladder.paper_points()
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for n, K in enumerate(Ks):
+        tr = ladder.trend(cfg, results, K)
+        color = f"C{n % 10}"
+        ests = [t_interval(list(r.gaps.values()), what="paired seeds") for r in tr.rungs]
+        xs = [r.flops for r in tr.rungs]
+        ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o", capsize=3, color=color,
+                    label=f"ours, K={K} ({_seeds_label([list(r.gaps) for r in tr.rungs])})")
+        if tr.fit is not None:  # the trend and its band, over our rungs and out to the paper's point
+            span = [math.log10(x) for x in xs + ([paper[K][0]] if K in paper else [])]
+            lo, hi = min(span), max(span)
+            grid = [lo + (hi - lo) * i / 50 for i in range(51)]
+            t = t_quantile(tr.fit.dof + 1) if tr.fit.dof > 0 else math.nan
+            ax.plot([10 ** g for g in grid], [tr.fit.predict(g) for g in grid], "-", color=color, lw=1,
+                    label=f"fit K={K}: slope {tr.slope.format()} per 10x; {tr.crossing_text()}")
+            if not math.isnan(t):
+                ax.fill_between([10 ** g for g in grid], [tr.fit.predict(g) - t * tr.fit.se(g) for g in grid],
+                                [tr.fit.predict(g) + t * tr.fit.se(g) for g in grid], color=color, alpha=0.12)
+        if K in paper:
+            ax.scatter([paper[K][0]], [paper[K][1]], label=f"paper, K={K} ({'1.4B, Table 1' if K == 4 else '410M, Table 4'})",
+                       edgecolors=color, **PAPER_STYLE)
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set(xlabel="training FLOPs (forward + backward, the project's count)",
+           ylabel="PPL(StateLoop) / PPL(Vanilla Looped) - 1 (%)", title="StateLoop's gap against training compute (ours)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
+           "gap_vs_tokens": gap_vs_tokens, "state_diagnostics": state_diagnostics, "gap_vs_compute": gap_vs_compute,
            "test_time_depth": depth.figure}

@@ -5,7 +5,11 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
 
     name            kind     reads experiment   files
     table1..table4  table    table1/table1/decoding/table4   results/NAME.csv + .md
-    loop_depth ...  figure   loop_depth, state_width, state_analysis, test_time_depth   figures/NAME.pdf + .png
+    loop_depth ...  figure   loop_depth, state_width, state_analysis   figures/NAME.pdf + .png
+    gap_vs_tokens   figure   loop_depth, table1, table4 (train.json)   the project's own, not the paper's
+    state_diagnostics figure table4, loop_depth, table1 (eval.json)    the project's own, not the paper's
+    gap_vs_compute  figure   ladder_1 .. ladder_5 (eval.json)          the project's own, not the paper's
+    test_time_depth figure test_time_depth (eval_depth.json)       the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -31,6 +35,12 @@ class Output:
     bench: bool = False  # reads BENCH_FILE
     # a model whose runs at the experiment's loop counts it reads too (Figure 3's reference line)
     reference: str | None = None
+    also: tuple[str, ...] = ()  # further experiments whose runs it reads, where the config defines them
+
+    @property
+    def experiments(self) -> tuple[str, ...]:
+        """The experiments whose runs it reads; it is made when the config defines any of them."""
+        return tuple(e for e in (self.experiment, *self.also) if e is not None)
 
     @property
     def files(self) -> tuple[str, str]:
@@ -56,9 +66,14 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
     Output("state_analysis", "figure", "state_analysis",
            "Figure 4: Shapley values of the state reads; replacement and freezing",
            run_files=("shapley.json", "interventions.json")),
+    Output("gap_vs_tokens", "figure", "loop_depth", "Figure S1: the paired PPL gap against training tokens (ours)",
+           run_files=("train.json",), also=("table1", "table4")),
+    Output("state_diagnostics", "figure", "table4", "Figure S2: the state's diagnostics over the iterations (ours)",
+           also=("loop_depth", "table1")),
+    Output("gap_vs_compute", "figure", "ladder_1", "Figure S3: the paired PPL gap against training compute (ours)",
+           also=("ladder_2", "ladder_3", "ladder_4", "ladder_5")),
     Output("test_time_depth", "figure", "test_time_depth",
-           "Extra figure: held-out perplexity at test-time loop depths other than trained (not in the paper)",
-           run_files=(DEPTH_FILE,)),
+           "Figure S4: held-out perplexity at test-time loop depths other than trained (ours)", run_files=(DEPTH_FILE,)),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 

@@ -95,8 +95,18 @@ def heldout_description(cfg, runs) -> str:
             where = sc.data.val_description
         else:
             where = f"its {split!r} split"
-        parts.append(f"the {split!r} split of {source} ({where})" + (f" at scale {scale}" if len(scales) > 1 else ""))
+        parts.append(f"the {split!r} split of {source} ({where}; {windows_note(sc)})" + (f" at scale {scale}" if len(scales) > 1 else ""))
     return "; ".join(parts)
+
+
+def windows_note(scale) -> str:
+    """How much of the held-out split a scale evaluates: the whole split, or its cap in windows
+    (``eval.heldout_windows``), said wherever a table reports held-out perplexity."""
+    n = scale.eval.heldout_windows
+    if n is None:
+        return "the whole split"
+    length = scale.eval.max_length or scale.train.seq_len
+    return f"capped at its first {n:,} windows of {length:,} tokens (eval.heldout_windows), not the whole split"
 
 
 def put(row: dict, q: str, value, paper: float = math.nan, comparable: bool = True, se: float | None = None) -> None:

@@ -105,8 +105,10 @@ class CheckpointStore:
         return None
 
     @staticmethod
-    def load_into(fabric, path: str | Path, state: dict) -> None:
+    def load_into(fabric, path: str | Path, state: dict) -> dict:
         """``fabric.load`` with the safe unpickler; a refused file is a one-line ConfigError.
+        Returns what the checkpoint holds beyond ``state``'s keys (a key older checkpoints lack
+        is read from there: ``state`` names only what every checkpoint has).
 
         Fabric's FSDP strategy reads a full-state-dict file with its own lazy unpickler, which
         ignores ``weights_only``: every rank therefore first reads the file with the safe
@@ -119,7 +121,7 @@ class CheckpointStore:
             raise ConfigError(problem)
         try:
             with torch.serialization.safe_globals(_numpy_globals()):  # legacy checkpoints' numpy RNG key
-                fabric.load(path, state, weights_only=True)
+                return fabric.load(path, state, weights_only=True) or {}
         except Exception as err:
             if is_unsafe_load_error(err):
                 raise ConfigError(unsafe_load_message(path, err)) from None

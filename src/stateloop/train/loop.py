@@ -18,7 +18,11 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors
   accumulation count, so the summed gradient is that of the mean over the global batch.
 - finish: validate (mean next-token NLL over the first ``val_tokens`` of the held-out split,
   evaluate/perplexity.py, windows split over ranks and summed), the final checkpoint, model.safetensors
-  and train.json. :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
+  and train.json. Every validation (each ``val_every`` steps and the last step) is a point of the
+  run's validation curve, ``val_curve`` in train.json ({step, tokens, loss}; checkpoints carry the
+  points so far); ``val_windows`` there says which windows: the first ones of the split, the same
+  for every run of a scale, with their sha256 (the report checks that compared runs share them).
+  :class:`Progress` reports every log window (bar or lines, tokens/s, MFU, MLflow).
 
 Exit paths:
 - finished: final checkpoint, model.safetensors (runs.save_final, resolved config inside), train.json;
@@ -202,15 +206,22 @@ def _full_state_dict(fabric, model, raw_model) -> dict:
 
 
 @torch.no_grad()
-def validate(fabric, model, windows: torch.Tensor, batch_size: int) -> float:
-    """Mean next-token NLL over the validation windows of every rank."""
+def validate(fabric, model, windows: torch.Tensor, batch_size: int, diagnostics: bool = False) -> tuple[float, dict | None]:
+    """Mean next-token NLL over the validation windows of every rank, and with ``diagnostics`` the
+    state's per-iteration diagnostics over the same windows (evaluate/diagnostics.py), else None."""
+    from stateloop.evaluate import diagnostics as diag
 
     model.eval()
     local = windows[fabric.global_rank :: fabric.world_size]
-    totals = token_nll(model, local, batch_size, device=fabric.device).sum(0).to(fabric.device)
+    sums = {} if diagnostics else None
+    hook = {"diagnostics": sums} if diagnostics else {}
+    totals = token_nll(model, local, batch_size, device=fabric.device, **hook).sum(0).to(fabric.device)
     totals = fabric.all_reduce(totals, reduce_op="sum")
+    state = None
+    if diagnostics:
+        state = diag.summarise(diag.all_reduce(sums, lambda t: fabric.all_reduce(t.to(fabric.device), reduce_op="sum").cpu()))
     model.train()
-    return float(totals[0] / totals[1])
+    return float(totals[0] / totals[1]), state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -313,6 +324,7 @@ class Run:
     saved_at: int | None = None  # the step of the last good checkpoint: written or resumed from
     val_loss: float | None = None  # the last validation
     inexact: list[str] = field(default_factory=list)  # why the resumed steps differ from an uninterrupted run's
+    val_windows_id: dict | None = None  # which windows validation reads (train.json's val_windows)
     t_start: float = field(default_factory=time.perf_counter)
 
     @property
@@ -365,7 +377,9 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
              "data": data_identity}
     inexact: list[str] = []  # what makes the resumed steps differ from an uninterrupted run's
     if resume:
-        store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
+        extra = store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
+        # The validation points up to the checkpoint's step (checkpoints before the curve was kept have none).
+        state["val_curve"] = [p for p in extra.get("val_curve", []) if p["step"] <= state["step"]]
         inexact = _check_resume(resume, state["config"], config, state["data"], data_identity, state["step"])
         state["data"] = data_identity
         restore_rng(state["rng"])
@@ -375,10 +389,13 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
     if fabric.is_global_zero:  # after the resume's checks: a refused resume records nothing
         atomic_write_bytes(run_dir / RUN_CONFIG, yaml.safe_dump(config, sort_keys=False).encode())
 
+    # After loading: a checkpoint written before the curve was kept lacks the key (fabric.load would refuse it).
+    state.setdefault("val_curve", [])
+
     # -- data ---------------------------------------------------------------------------------------
     world = fabric.world_size
     sampler = TokenSampler(train_shards, tcfg.seq_len, tcfg.global_batch, tcfg.micro_batch, world, tcfg.seed)
-    val_windows = None
+    val_windows = val_windows_id = None
     if val_shards is not None:
         n = (tcfg.val_tokens // tcfg.seq_len) // world * world  # equal forwards on every rank
         val_windows = heldout_windows(val_shards, tcfg.seq_len, max_windows=max(n, world))
@@ -386,6 +403,7 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
         if len(val_windows) == 0:
             raise ConfigError(f"{val_shards.dir}/meta.json: split {tcfg.val_split!r} has fewer than one window of "
                               f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
+        val_windows_id = windows_identity(val_windows, tcfg.val_split)
 
     tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero else None
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
@@ -398,7 +416,16 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
                 warn(f"no MFU: FLOPs of {mcfg.name} could not be counted on the meta device ({type(err).__name__}: {err})")
     return Run(config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
                sampler, val_windows, tracker, flops_seq, peak, elapsed_before=state["elapsed"],
-               saved_at=state["step"] if resume else None, inexact=inexact)
+               saved_at=state["step"] if resume else None, inexact=inexact, val_windows_id=val_windows_id)
+
+
+def windows_identity(windows: torch.Tensor, split: str) -> dict:
+    """Which held-out windows a validation reads: split, count, length and the sha256 of their
+    tokens (as int64), so that runs compared point by point can be checked to share them."""
+    import hashlib
+
+    digest = hashlib.sha256(windows.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+    return {"split": split, "windows": len(windows), "seq_len": windows.shape[1] - 1, "sha256": digest}
 
 
 def _tracker(config: dict, tcfg, run_dir: Path, state: dict, inexact: list[str]):
@@ -509,7 +536,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
             x, y = x.to(fabric.device, non_blocking=True), y.to(fabric.device, non_blocking=True)
             with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
                 logits = model(x).logits  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum  # (12), over the global batch
                 fabric.backward(loss)
             loss_sum += loss.detach()
         grad_norm = fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),
@@ -534,9 +561,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
         progress.step(step, loss_total / world, lr_used, float(grad_norm))
 
         if tcfg.val_every and step % tcfg.val_every == 0 and step < total and run.val_windows is not None:
-            run.val_loss = validate(fabric, model, run.val_windows, tcfg.micro_batch)
-            if run.tracker is not None:
-                run.tracker.log_metrics(_val_metrics(run.val_loss), step)
+            run_validation(run, step)
         if stop_now > 0:
             path = run.checkpoint(step, progress.last_loss)
             if run.rank0:
@@ -557,9 +582,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     fabric, tcfg, total = run.fabric, run.tcfg, run.tcfg.total_steps
     steady_tok_s = progress.steady_tokens_per_s()
     if run.val_windows is not None:
-        run.val_loss = validate(fabric, run.model, run.val_windows, tcfg.micro_batch)
-        if run.tracker is not None:
-            run.tracker.log_metrics(_val_metrics(run.val_loss), total)
+        run_validation(run, total)
     if run.saved_at != total:
         run.checkpoint(total, progress.last_loss)
     weights = _full_state_dict(fabric, run.model, run.raw_model)
@@ -567,6 +590,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     summary = {
         "run": run.config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
         "final_train_loss": progress.last_loss, "final_val_loss": run.val_loss,
+        "val_curve": run.state["val_curve"], "val_windows": run.val_windows_id,
         "wall_time_s": round(run.elapsed(), 3), "resumed_from_step": progress.start if run.resume else None,
         "inexact_resume": run.inexact or None,  # the changes a resume applied (the steps after it differ)
         "tokens_per_s": steady_tok_s,  # after the first log window, validation and checkpoints included
@@ -594,6 +618,22 @@ def _cluster_environment(fabric) -> str | None:
     """Which cluster environment started the processes (SLURMEnvironment under srun), if any."""
     env = getattr(fabric.strategy, "cluster_environment", None)
     return type(env).__name__ if env is not None else None
+
+
+def run_validation(run: Run, step: int) -> None:
+    """Validate after optimiser step ``step``: the run's last loss, a point of its curve, MLflow.
+    A model of the StateLoop family also reports its state's diagnostics on the same windows (the
+    point's ``state``; MLflow ``val/state/<quantity>_<i>``, evaluate/diagnostics.py)."""
+    from stateloop.evaluate import diagnostics as diag
+
+    run.val_loss, state = validate(run.fabric, run.model, run.val_windows, run.tcfg.micro_batch,
+                                   diagnostics=diag.supports(run.raw_model))
+    point = {"step": step, "tokens": step * run.tcfg.tokens_per_step, "loss": run.val_loss}
+    if state is not None:
+        point["state"] = state
+    run.state["val_curve"].append(point)
+    if run.tracker is not None:
+        run.tracker.log_metrics(_val_metrics(run.val_loss) | (diag.step_metrics(state) if state else {}), step)
 
 
 def _val_metrics(loss: float) -> dict:
