@@ -13,7 +13,7 @@ def test_every_output_has_its_renderer_and_files():
     for o in OUTPUTS.values():
         first, twin = o.files
         assert first.endswith(".pdf" if o.kind == "figure" else ".csv") and twin.rsplit(".", 1)[0] == first.rsplit(".", 1)[0]
-        assert o.label.split()[0] in ("Table", "Figure", "The", "Extra")  # Extra: this project's own, not the paper's
+        assert o.label.split()[0] in ("Table", "Figure", "The")
 
 
 def test_render_offers_exactly_the_outputs():
