@@ -180,7 +180,7 @@ def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, 
     `stateloop eval` on the run folder (the questions drawn with the run's data settings, which the
     export's weights file records)."""
     from lm_eval.__main__ import cli_evaluate
-    from test_lm_cli import cli_samples, pipeline
+    from test_lm_cli import assert_synth_mc_equals_the_pipelines
 
     from stateloop.evaluate.task_files import DEFAULT_TASK_DIR
 
@@ -195,16 +195,7 @@ def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, 
     cli_evaluate()
     (path,) = (tmp_path / "out").rglob("results_*.json")
     res = json.loads(path.read_text()) | {"folder": path.parent}
-    got = res["results"]["synth_mc"]
-    want = pipeline(run_dir, data_dir, tmp_path / "work", tasks=["synth_mc"], shots=[2], limit=6,
-                    synthetic_examples=10, fewshot_pool=10)["tasks"]["synth_mc"]["shots"]["2"]
-    assert (got["acc,none"], got["acc_norm,none"]) == (want["metrics"]["acc"], want["metrics"]["acc_norm"])
-    ours = [json.loads(line) for line in (tmp_path / "work" / "samples" / want["samples_file"]).read_text().splitlines()]
-    theirs = cli_samples(res, "synth_mc")
-    assert len(theirs) == 6 and [s["doc"] for s in theirs] == [s["doc"] for s in ours]
-    assert [s["arguments"] for s in theirs] == [s["arguments"] for s in ours]
-    for a, b in zip(theirs, ours):
-        assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]], abs=1e-5)
+    assert_synth_mc_equals_the_pipelines(res, run_dir, data_dir, tmp_path / "work")
     model, _ = load_model(run_dir)  # the window lm-eval's HF backend used is the run's
     assert json.loads((export / "config.json").read_text())["max_position_embeddings"] == model.cfg.max_seq_len
 

@@ -66,18 +66,26 @@ def test_synth_mc_through_lm_evals_cli_equals_stateloop_eval(make_run, data_dir,
                           "--metadata", "synthetic_examples=10", "fewshot_pool=10")
     assert "device cuda:0: not available on this machine; using cpu" in caplog.text
     assert res["config"]["batch_sizes"] == [5, 5]
+    theirs = assert_synth_mc_equals_the_pipelines(res, run_dir, data_dir, tmp_path / "work")
+    # The run's data says max_hops 3, the generator's default is 4: the questions are the run's.
+    assert theirs[0]["doc"]["question"] != task_examples("synth_mc", "test", 1, 0, SyntheticConfig())[0]["question"]
+
+
+def assert_synth_mc_equals_the_pipelines(res: dict, run_dir, data_dir, work) -> list[dict]:
+    """lm-eval's own results ``res`` of synth_mc at 2 shots on 6 documents (synthetic_examples =
+    fewshot_pool = 10) against `stateloop eval`'s on the same run: the same accuracies, documents,
+    few-shot prompts and per-request log-likelihoods. Returns lm-eval's samples."""
     got = res["results"]["synth_mc"]
-    want = pipeline(run_dir, data_dir, tmp_path / "work", tasks=["synth_mc"], shots=[2], limit=6,
+    want = pipeline(run_dir, data_dir, work, tasks=["synth_mc"], shots=[2], limit=6,
                     synthetic_examples=10, fewshot_pool=10)["tasks"]["synth_mc"]["shots"]["2"]
     assert (got["acc,none"], got["acc_norm,none"]) == (want["metrics"]["acc"], want["metrics"]["acc_norm"])
-    ours = [json.loads(line) for line in (tmp_path / "work" / "samples" / want["samples_file"]).read_text().splitlines()]
+    ours = [json.loads(line) for line in (work / "samples" / want["samples_file"]).read_text().splitlines()]
     theirs = cli_samples(res, "synth_mc")
     assert [s["doc"] for s in theirs] == [s["doc"] for s in ours] and len(theirs) == 6
     assert [s["arguments"] for s in theirs] == [s["arguments"] for s in ours]  # the same few-shot prompts
     for a, b in zip(theirs, ours):
         assert [r[0][0] for r in a["resps"]] == pytest.approx([r[0][0] for r in b["resps"]], abs=1e-5)
-    # The run's data says max_hops 3, the generator's default is 4: the questions are the run's.
-    assert theirs[0]["doc"]["question"] != task_examples("synth_mc", "test", 1, 0, SyntheticConfig())[0]["question"]
+    return theirs
 
 
 def test_shared_tasks_through_lm_evals_cli_equal_stateloop_eval(make_run, data_dir, shared_data, tmp_path, monkeypatch):
