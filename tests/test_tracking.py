@@ -221,7 +221,8 @@ def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
         assert main(["render", target, "--config", str(cfg_file), "--out", out]) == 0
     c = MlflowClient(uri)
     exp = c.get_experiment_by_name("stateloop")
-    (run,) = c.search_runs([exp.experiment_id], "attributes.run_name = 'report/smoke'")
+    name = "report/" + "+".join(load_pipeline(cfg_file).scales)  # report/smoke+decode: Table 3 times the decode scale
+    (run,) = c.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
     assert run.info.status == "FINISHED" and run.data.tags["mlflow.source.name"] == "stateloop render"
     assert {a.path for a in c.list_artifacts(run.info.run_id, "table1")} == {"table1/table1.csv", "table1/table1.md"}
     assert {a.path for a in c.list_artifacts(run.info.run_id, "table4")} == {"table4/table4.csv", "table4/table4.md"}
@@ -234,5 +235,5 @@ def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
     other.write_text(other.read_text() + "# changed\n")
     assert main(["render", "table1", "--config", str(other), "--out", "results/table1.csv"]) == 0
     assert main(["render", "table1", "--config", str(other), "--out", "results/table1.csv", "--no-mlflow"]) == 0
-    runs = c.search_runs([exp.experiment_id], "attributes.run_name = 'report/smoke'")
+    runs = c.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
     assert len(runs) == 2 and {r.data.tags["config_file"] for r in runs} == {str(cfg_file), str(other)}

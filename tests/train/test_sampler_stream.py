@@ -140,9 +140,9 @@ def test_resuming_a_checkpoint_of_the_old_stream_warns(capsys):
 
     cfg = {"model": {"d_model": 8}, "train": {"seed": 0, "seq_len": 8, "global_batch": 4}}
     data = {"dir": "d", "split": "train", "tokens": 100, "fingerprint": "f", "stream": STREAM}
-    _check_resume("step_00000004.ckpt", cfg, cfg, {**data, "stream": STREAM}, data)
+    _check_resume("step_00000004.ckpt", cfg, cfg, {**data, "stream": STREAM}, data, 4)
     assert "batch stream" not in capsys.readouterr().err
     old = {k: v for k, v in data.items() if k != "stream"}
-    _check_resume("step_00000004.ckpt", cfg, cfg, old, data)
+    _check_resume("step_00000004.ckpt", cfg, cfg, old, data, 4)
     err = capsys.readouterr().err
     assert "'uniform-starts' batch stream" in err and STREAM in err
