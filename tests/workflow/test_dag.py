@@ -273,9 +273,11 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     write_safetensors(model, {k: v.clone() for k, v in state.items()}, {**metadata, "code_version": "retrained"})
     planned = jobs(dag(smoke_dag, "-n").stdout)
     rules = sorted(j["rule"] for j in planned)
-    assert rules == ["all", "eval", "render_claims", "render_table"], rules  # Table 4 only: its eval, the table, the claims
+    # Table 4 only: its eval, the table, the claims, and Figure S2 (the state's diagnostics read Table 4's eval.json)
+    assert rules == ["all", "eval", "render_claims", "render_figure", "render_table"], rules
     assert "stateloop_gru" in next(j for j in planned if j["rule"] == "eval")["output"]
     assert "table4" in next(j for j in planned if j["rule"] == "render_table")["output"]
+    assert "state_diagnostics" in next(j for j in planned if j["rule"] == "render_figure")["output"]
 
 
 def test_mlflow_server_lists_every_run(smoke_dag):
