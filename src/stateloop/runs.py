@@ -48,14 +48,19 @@ TRAIN_SUMMARY = "train.json"
 MLFLOW_FILE = "mlflow.json"
 
 
+def current_umask() -> int:
+    """The process's umask (os.umask can only be read by setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _temp_beside(path: Path):
     """A temporary file next to ``path`` with the permissions an ordinary open() would give
     (mkstemp makes it owner-only, which would hide results from others on a shared cluster)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~current_umask())
     return fd, tmp
 
 
@@ -151,9 +156,7 @@ def write_safetensors(path: str | Path, tensors: dict, metadata: dict[str, str])
     os.close(fd)
     try:
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # safetensors writes the file anew, owner-only
+        os.chmod(tmp, 0o666 & ~current_umask())  # safetensors writes the file anew, owner-only
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)

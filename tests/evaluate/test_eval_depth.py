@@ -81,3 +81,26 @@ def test_a_depth_without_a_meaning_is_one_line_before_any_work(make_run, capsys,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert sorted(p.name for p in run_dir.iterdir()) == before
+
+
+def test_a_sweep_with_tasks_keeps_each_depths_files_apart_from_eval_json(make_run):
+    """test_time_tasks: the sweep runs the lm-eval tasks at every depth, and its samples and
+    lm-eval files go to folders of their own: eval.json's (eval_samples/, lm_eval/) stay as the
+    trained depth's evaluation wrote them."""
+    run_dir, _ = make_run("stateloop", K=2)
+    small = ["--shots", "0", "--limit", "3", "--set", "eval.heldout_windows=2", "eval.bootstrap_iters=0",
+             "eval.synthetic_examples=5", "eval.fewshot_pool=5"]
+    assert main(["eval", str(run_dir), "--no-progress", "--no-mlflow", "--tasks", "synth_mc", *small]) == 0
+    before = {p.relative_to(run_dir): p.read_bytes() for d in ("eval_samples", "lm_eval") for p in (run_dir / d).rglob("*")
+              if p.is_file()}
+    assert before
+    assert main(["eval", str(run_dir), "--no-progress", "--no-mlflow", "--tasks", "synth_mc", "--depths", "1", "2", *small]) == 0
+    after = {p.relative_to(run_dir): p.read_bytes() for d in ("eval_samples", "lm_eval") for p in (run_dir / d).rglob("*")
+             if p.is_file()}
+    assert after == before
+    sweep = json.loads((run_dir / "eval_depth.json").read_text())
+    trained = json.loads((run_dir / "eval.json").read_text())
+    accs = {p["K"]: p["tasks"]["synth_mc"]["shots"]["0"]["metrics"]["acc"] for p in sweep["depths"]}
+    assert accs[2] == trained["tasks"]["synth_mc"]["shots"]["0"]["metrics"]["acc"]  # the trained depth's number
+    for K in (1, 2):
+        assert (run_dir / f"eval_depth_K{K}_samples").is_dir() and (run_dir / f"lm_eval_depth_K{K}").is_dir()

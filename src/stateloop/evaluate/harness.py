@@ -29,7 +29,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -47,10 +46,9 @@ from stateloop.evaluate.lm import StateLoopEvalLM, load_run
 from stateloop.evaluate.perplexity import split_windows, token_nll
 from stateloop.evaluate.tasks import prepare_tasks
 from stateloop.report.outputs import DEPTH_FILE
-from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, trained_length
+from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, current_umask, trained_length
 from stateloop.tracking import flatten, log_stage
 
-RESULTS_FILE = "eval.json"
 WORK_DIR = "eval_work"
 
 
@@ -75,12 +73,12 @@ def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = Tru
     except ConfigError as err:
         raise ConfigError(f"eval.heldout_split: {err}") from None
     totals = torch.zeros(2, dtype=torch.float64)
+    hooks = {} if diagnostics is None else {"diagnostics": diagnostics}  # only the StateLoop family's loop takes it
     step = cfg.batch_size * 8  # progress granularity
     with lm.autocast():
         for start in tqdm(range(0, len(windows), step), desc=f"held-out perplexity ({cfg.heldout_split})",
                           disable=not progress, leave=False):
-            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device,
-                                **({"diagnostics": diagnostics} if diagnostics is not None else {})).sum(0)
+            totals += token_nll(lm.model, windows[start : start + step], cfg.batch_size, lm.device, **hooks).sum(0)
     nll = float(totals[0] / totals[1])
     return {"split": cfg.heldout_split, "windows": len(windows), "seq_len": lm.max_length,
             "tokens": int(totals[1]), "split_tokens": len(shards), "nll": nll, "ppl": math.exp(nll)}
@@ -170,7 +168,7 @@ def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, pro
             shutil.rmtree(staging, ignore_errors=True)
         raise
     if staging is not None:
-        staging.chmod(0o777 & ~_umask())
+        staging.chmod(0o777 & ~current_umask())
         shutil.rmtree(lm_eval_dir, ignore_errors=True)
         staging.rename(lm_eval_dir)
     return {"lm_eval_version": lm_eval.__version__, "tasks": tasks}
@@ -188,12 +186,6 @@ def _save_lm_eval_files(tracker, res: dict, folder: Path, log_samples: bool) -> 
     if len(new) != 1:  # its tracker logs a failure as a warning and carries on
         raise OSError(f"{folder}: lm-eval's tracker wrote no results file (its warning above says why)")
     return new.pop().name
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def summary(results: dict) -> dict[str, float]:
@@ -258,7 +250,9 @@ def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, 
     points = []
     for K in tqdm(sorted(set(depths)), desc=f"test-time depths of {run.run_id}", disable=not progress, leave=False):
         run.model.at_depth(K)
-        point = {"K": K, **_measure(run, lm, cfg, run_dir, depth_stem(K, trained_K), False)}
+        # Samples and lm-eval's files of a sweep go to eval_depth_K{K}_samples/ and lm_eval_depth_K{K}/,
+        # never over eval.json's (the trained depth's eval_samples/ and lm_eval/).
+        point = {"K": K, **_measure(run, lm, cfg, run_dir, f"eval_depth_K{K}", False)}
         point["summary"] = summary(point)
         points.append(point)
         if progress:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 import stateloop
 from stateloop.config import ConfigError
+from stateloop.runs import current_umask
 
 ENTRY = "stateloop.export.hf_modeling"
 MODELING_FILE = "modeling_stateloop.py"  # the entry module's name in an export (transformers' convention)
@@ -184,7 +185,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         write_safetensors(tmp / HF_WEIGHTS, {PREFIX + k: v for k, v in model.state_dict().items()}, weights_metadata(config))
-        tmp.chmod(0o777 & ~_umask())
+        tmp.chmod(0o777 & ~current_umask())
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -198,10 +199,3 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise
     return out
 
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
