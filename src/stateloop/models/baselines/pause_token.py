@@ -98,7 +98,12 @@ class PauseTokenLM(LoopedLM):
     def __init__(self, cfg, opts: PauseTokenOptions | None = None):
         super().__init__(cfg)
         self.opts = opts or PauseTokenOptions()
-        self.n_pause, self.pause_id = resolve_pause(cfg, self.opts)
+        self.pause_id = resolve_pause(cfg, self.opts)[1]
+
+    @property
+    def n_pause(self) -> int:
+        """Pauses after every real token: K - 1 of the current K (at_depth changes it), or the option."""
+        return resolve_pause(self.cfg, self.opts)[0]
 
     def check_depth(self, K: int) -> None:
         """Test-time depth: K' - 1 pauses after every token (the pause count is the model's depth),
@@ -106,11 +111,6 @@ class PauseTokenLM(LoopedLM):
         if self.opts.n_pause is not None:
             raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {self.opts.n_pause} "
                               f"fixes its pauses")
-
-    def at_depth(self, K: int) -> PauseTokenLM:
-        super().at_depth(K)
-        self.n_pause = K - 1
-        return self
 
     @property
     def n_layer_applications(self) -> int:
