@@ -15,7 +15,6 @@ holds its held-out perplexity at every K'. Here:
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import matplotlib
@@ -27,7 +26,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import get_spec  # noqa: E402
 from stateloop.report.outputs import DEPTH_FILE  # noqa: E402
-from stateloop.report.stats import Estimate, paired, relative_pct, t_interval  # noqa: E402
+from stateloop.report.stats import paired, relative_pct, t_interval  # noqa: E402
 from stateloop.report.tables import read_json  # noqa: E402
 
 EXPERIMENT = "test_time_depth"
@@ -79,9 +78,6 @@ def degrades_less(curves_: dict, K: int, model: str = "stateloop", against: str 
     return est, f"PPL at K'={star} vs K={K}: {model} {mean(ours):+.1f}%, {against} {mean(theirs):+.1f}%"
 
 
-def _err(est: Estimate) -> float:
-    return 0.0 if math.isnan(est.lo) else est.half_width
-
 
 def _seeds_text(n_seeds: set[int]) -> str:
     if n_seeds == {1}:
@@ -102,7 +98,7 @@ def figure(cfg, results: Path):
             n_seeds.add(len(by_seed))
             depths = sorted(set.intersection(*(set(c) for c in by_seed.values())))
             ests = [t_interval([c[k] for c in by_seed.values()]) for k in depths]
-            ax.errorbar(depths, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3, lw=1.2,
+            ax.errorbar(depths, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o-", ms=3, lw=1.2,
                         capsize=2, color=colour[K], label=f"trained K={K}")
             if K in depths:
                 e = ests[depths.index(K)]

@@ -30,17 +30,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 from stateloop.experiments import cells, expand_runs  # noqa: E402
 from stateloop.models.registry import count_params  # noqa: E402
 from stateloop.report import depth  # noqa: E402
-from stateloop.report.stats import Estimate, paired, relative_pct, t_interval, t_quantile  # noqa: E402
+from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile  # noqa: E402
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
 
 PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
 # Our runs and the paper's 410M models live on different PPL scales: the paper's points go on a
 # twin y-axis (crimson, right) of their own, never on our axis.
 
-
-def _err(est: Estimate) -> float:
-    """Error-bar half length: the 95% interval's (0 with one seed)."""
-    return 0.0 if math.isnan(est.lo) else est.half_width
 
 
 def _paper_axis(ax, label: str):
@@ -80,13 +76,13 @@ def loop_depth(cfg, results: Path):
     for model, style in (("vanilla_looped", "o-"), ("stateloop", "s-")):
         ks = sorted(curves[model])
         ests = [t_interval(list(curves[model][k].values())) for k in ks]
-        ax.errorbar(ks, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt=style, capsize=3, label=model)
+        ax.errorbar(ks, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=style, capsize=3, label=model)
     ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title=f"PPL against loop depth ({_seeds_label(groups)})")
     ax.legend(fontsize=8)
     # StateLoop's advantage in percent of Vanilla's PPL, paired by seed.
     adv = [paired(curves["vanilla_looped"][k], curves["stateloop"][k], relative_pct) for k in Ks]
     means = [e.mean for e in adv]
-    ax2.errorbar(Ks, means, yerr=[_err(e) for e in adv], fmt="d-", color="tab:green", capsize=3, label="ours (paired by seed)")
+    ax2.errorbar(Ks, means, yerr=[e.bar for e in adv], fmt="d-", color="tab:green", capsize=3, label="ours (paired by seed)")
     ax2.axhline(0, color="grey", lw=0.8)
     ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="StateLoop advantage")
     twin = _paper_axis(ax2, "paper: PPL(vanilla) - PPL(StateLoop), 410M")
@@ -114,11 +110,11 @@ def state_width(cfg, results: Path):
     if vanilla is not None:
         v = t_interval(list(heldout_by_seed(results, vanilla).values()))
         ax.axhline(v.mean, color="grey", ls="--", label=f"vanilla_looped (K={K})")
-        if _err(v):
+        if v.bar:
             ax.axhspan(v.lo, v.hi, color="grey", alpha=0.15)
     xs = [100 * (_params(rs[0]) / base_params - 1) for rs in groups]
     ests = [t_interval(list(heldout_by_seed(results, rs).values())) for rs in groups]
-    ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="s-", capsize=3, label="stateloop")
+    ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="s-", capsize=3, label="stateloop")
     for rs, x, e in zip(groups, xs, ests):
         ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean), textcoords="offset points", xytext=(4, 4), fontsize=8)
     t4 = reference("table4_ablations")
@@ -148,7 +144,7 @@ def state_analysis(cfg, results: Path):
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.0))
     colors = ["tab:blue"] * (K - 1) + ["tab:orange"]
     shares = [t_interval([sh["share_pct"][k] for sh in shs]) for k in range(K)]
-    ax.bar(reads, [e.mean for e in shares], yerr=[_err(e) for e in shares], capsize=3, color=colors)
+    ax.bar(reads, [e.mean for e in shares], yerr=[e.bar for e in shares], capsize=3, color=colors)
     fb = t_interval([sh["feedback_share_pct"] for sh in shs])
     ax.set(ylabel="share of total Shapley value (%)",
            title=f"(a) state reads: feedback {fb.format(1)}%, terminal {100 - fb.mean:.1f}%")
@@ -159,7 +155,7 @@ def state_analysis(cfg, results: Path):
                                ("freezing", "s-", r"freeze $S^i$ after boundary $i$")):
         idx = [e["i"] for e in ivs[0][kind]]
         ests = [t_interval([{e["i"]: e["ppl"] for e in iv[kind]}[i] for iv in ivs]) for i in idx]
-        ax2.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt=style, capsize=3, label=label)
+        ax2.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=style, capsize=3, label=label)
     held = t_interval([iv["heldout"]["ppl"] for iv in ivs])  # the run's held-out PPL (Table 4), same windows
     h0 = ivs[0]["heldout"]
     ax2.axhline(held.mean, color="grey", ls="--",
@@ -195,10 +191,10 @@ def gap_vs_tokens(cfg, results: Path):
             xs = sorted(points)
             est = trends.slope(curves)
             fit = "no slope (one point)" if est is None else f"slope {est.format()}"
-            line = ax.errorbar(xs, [points[x].mean for x in xs], yerr=[_err(points[x]) for x in xs], fmt="o-", ms=3,
+            line = ax.errorbar(xs, [points[x].mean for x in xs], yerr=[points[x].bar for x in xs], fmt="o-", ms=3,
                                capsize=2, label=f"{comp.label} ({len(curves)} seeds; {fit})")
-            lo = [points[x].lo if _err(points[x]) else points[x].mean for x in xs]
-            hi = [points[x].hi if _err(points[x]) else points[x].mean for x in xs]
+            lo = [points[x].lo if points[x].bar else points[x].mean for x in xs]
+            hi = [points[x].hi if points[x].bar else points[x].mean for x in xs]
             ax.fill_between(xs, lo, hi, color=line[0].get_color(), alpha=0.12)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_xscale("log")
@@ -244,7 +240,7 @@ def state_diagnostics(cfg, results: Path):
                 continue
             idx = diags[0]["states"]
             ests = [t_interval([d[key][j] for d in diags]) for j in range(len(idx))]
-            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o-", ms=3,
+            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o-", ms=3,
                                          capsize=2, label=label, color=color)
             if key == "read_ratio":  # the terminal read R_K, a projection of its own
                 ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=40, facecolors="none", edgecolors=color)
@@ -278,7 +274,7 @@ def gap_vs_compute(cfg, results: Path):
         color = f"C{n % 10}"
         ests = [t_interval(list(r.gaps.values()), what="paired seeds") for r in tr.rungs]
         xs = [r.flops for r in tr.rungs]
-        ax.errorbar(xs, [e.mean for e in ests], yerr=[_err(e) for e in ests], fmt="o", capsize=3, color=color,
+        ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o", capsize=3, color=color,
                     label=f"ours, K={K} ({_seeds_label([list(r.gaps) for r in tr.rungs])})")
         if tr.fit is not None:  # the trend and its band, over our rungs and out to the paper's point
             span = [math.log10(x) for x in xs + ([paper[K][0]] if K in paper else [])]

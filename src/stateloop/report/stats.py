@@ -41,6 +41,11 @@ class Estimate:
     def half_width(self) -> float:
         return (self.hi - self.lo) / 2
 
+    @property
+    def bar(self) -> float:
+        """An error bar's half length: the interval's half width, 0 with one seed (no interval)."""
+        return 0.0 if math.isnan(self.lo) else self.half_width
+
     def excludes_zero(self) -> bool:
         return not math.isnan(self.lo) and (self.lo > 0 or self.hi < 0)
 
