@@ -283,15 +283,15 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
 
 
 def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
-    """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked on
-    the meta device when the config is loaded: a depth MeSH or Hyperloop cannot run is one line
-    naming the key, not a failed job."""
-    from stateloop.models.registry import build_model
+    """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked by
+    the model's class when the config is loaded (no model is built): a depth MeSH or Hyperloop
+    cannot run is one line naming the key, not a failed job."""
+    from stateloop.models.registry import get_spec
 
-    model = build_model(mcfg, device="meta")
+    model_class = get_spec(mcfg.name).cls
     for K in depths:
         try:
-            model.check_depth(K)
+            model_class.check_depth(mcfg, K)
         except ConfigError as err:
             raise ConfigError(f"{where}: {str(err).removeprefix('eval.K: ')}") from None
 

@@ -128,3 +128,19 @@ def test_pause_token_with_a_fixed_pause_count_has_no_depth():
     model = build_model(dataclasses.replace(cfg, options={"n_pause": 2}))
     with pytest.raises(ConfigError, match=r"^eval\.K: pause_token has no depth K to change: model\.options\.n_pause = 2"):
         model.at_depth(5)
+
+
+@pytest.mark.parametrize("name", ["mesh", "hyperloop"])
+def test_the_limit_is_the_trained_depth_after_a_smaller_one(name):
+    """A sweep runs one model at K' = 1, 2, ...: after a smaller K' the limit is still the trained K."""
+    model = build_model(tiny_config(name, K=TRAINED_K))
+    model.at_depth(1)
+    with pytest.raises(ConfigError, match=rf"\(K <= {TRAINED_K} only\)$"):
+        model.at_depth(TRAINED_K + 1)
+    assert model.at_depth(TRAINED_K).cfg.K == TRAINED_K
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_each_spec_names_the_class_its_builder_returns(name):
+    """The config-time depth check (experiments.check_depths) asks the spec's class, not a model."""
+    assert type(build_model(tiny_config(name, K=TRAINED_K), device="meta")) is MODELS[name].cls

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 PATTERNS = ["results/table[1-4].csv", "results/table[1-4].md", "figures/*.pdf", "figures/*.png", "results/claims.*"]
 EXPERIMENT = {"table1": ["table1"], "table2": ["table1"], "table4": ["table4"],  # output -> the experiments it reads
               "loop_depth": ["loop_depth"], "state_width": ["state_width"], "state_analysis": ["state_analysis"],
-              "gap_vs_tokens": ["loop_depth", "table1", "table4"], "state_diagnostics": ["table4", "loop_depth", "table1"]}
+              "gap_vs_tokens": ["loop_depth", "table1", "table4"], "state_diagnostics": ["table4", "loop_depth", "table1"],
+              "test_time_depth": ["test_time_depth"]}
 
 
 def embedded(html: str, name: str, script: str):

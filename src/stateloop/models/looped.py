@@ -100,6 +100,7 @@ class LoopedLM(nn.Module):
     def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
         super().__init__()
         self.cfg = cfg
+        self.trained_cfg = cfg  # the config the parameters were built for; at_depth changes only cfg.K
         d = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, d)
         # The looped stack (n_layers defaults to cfg.n_layers; prelude/core/coda baselines pass
@@ -119,13 +120,15 @@ class LoopedLM(nn.Module):
         """
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ConfigError(f"eval.K: the loop depth must be a positive integer, got {K!r}")
-        self.check_depth(K)
+        self.check_depth(self.trained_cfg, K)
         self.cfg = dataclasses.replace(self.cfg, K=K)
         return self
 
-    def check_depth(self, K: int) -> None:
-        """Refuse (ConfigError) a depth at which this model has no meaning. Here: none; the loop
-        shares one weight set across iterations."""
+    @classmethod
+    def check_depth(cls, trained, K: int) -> None:
+        """Refuse (ConfigError) a depth K at which a model of config ``trained`` (its trained K)
+        has no meaning. Here: none; the loop shares one weight set across iterations. A class
+        method, so a config is checked without building a model (experiments.check_depths)."""
 
     # -- pieces shared by every model ------------------------------------------------------------
     @property

@@ -43,6 +43,7 @@ class ModelSpec:
     options: type | None = None  # dataclass of model.options, or None (no options allowed)
     description: str = ""
     validate: Callable | None = None  # extra shape checks: (ModelConfig, options) -> None
+    cls: type = LoopedLM  # the class ``build`` returns (its class methods check a config without a model)
 
     def parse_options(self, cfg: ModelConfig):
         if self.options is None:
@@ -92,33 +93,33 @@ _SPECS = [
     ModelSpec("vanilla_looped_ffn", _vanilla_ffn, "Vanilla Looped + FFN", False, FFNOptions,
               description="Vanilla Looped with a wider SwiGLU, parameter-matched to StateLoop + Mamba-2"),
     ModelSpec("stateloop", lambda cfg, _: StateLoopLM(cfg), "StateLoop", True,
-              description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)"),
+              description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)", cls=StateLoopLM),
     ModelSpec("stateloop_attn", lambda cfg, _: StateLoopLM(cfg, mixer="attn"), "StateLoop + Attention", True,
-              description="StateLoop with causal attention over the state (eq. 8)"),
+              description="StateLoop with causal attention over the state (eq. 8)", cls=StateLoopLM),
     ModelSpec("stateloop_mamba2", lambda cfg, _: StateLoopLM(cfg, mixer="mamba2"), "StateLoop + Mamba-2", True,
-              description="StateLoop with a Mamba-2 block over the state (eq. 9)"),
+              description="StateLoop with a Mamba-2 block over the state (eq. 9)", cls=StateLoopLM),
     ModelSpec("state_only", lambda cfg, _: StateOnlyLM(cfg), "State only", True,
               description="the gated state alone is the next backbone input; no state reads (eq. 13)",
-              validate=_state_only_check),
+              validate=_state_only_check, cls=StateOnlyLM),
     ModelSpec("reset_state", lambda cfg, _: StateLoopLM(cfg, reset=True), "Reset state", True,
-              description="the state is reset before every update (eq. 14)"),
+              description="the state is reset before every update (eq. 14)", cls=StateLoopLM),
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
-              description="a GRU cell replaces the selective-SSM update"),
+              description="a GRU cell replaces the selective-SSM update", cls=StateLoopLM),
     # The paper's baselines (models/baselines/, docs/baselines.md).
     ModelSpec("hyperloop", lambda cfg, o: HyperloopLM(cfg, o), "Hyperloop", False,
               HyperloopOptions, validate=check_hyperloop,
-              description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections"),
+              description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections", cls=HyperloopLM),
     ModelSpec("mesh", lambda cfg, o: MeshLM(cfg, o), "MeSH", False, MeshOptions,
               validate=check_mesh,
-              description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers"),
+              description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers", cls=MeshLM),
     ModelSpec("ponderlm", lambda cfg, o: PonderLM(cfg, o), "PonderLM", False, PonderLMOptions,
-              description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
+              description="K passes of the backbone; the predicted distribution's expected embedding is fed back", cls=PonderLM),
     ModelSpec("parcae", lambda cfg, o: ParcaeLM(cfg, o), "Parcae", False, ParcaeOptions,
               validate=check_parcae,
-              description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
+              description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e", cls=ParcaeLM),
     ModelSpec("pause_token", lambda cfg, o: PauseTokenLM(cfg, o), "Pause Token", False,
               PauseTokenOptions, validate=check_pause_token,
-              description="K-1 pause tokens after every token; the prediction is read at the last pause"),
+              description="K-1 pause tokens after every token; the prediction is read at the last pause", cls=PauseTokenLM),
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}

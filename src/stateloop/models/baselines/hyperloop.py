@@ -129,13 +129,14 @@ class HyperloopLM(StackedLM):
     def n_layer_applications(self) -> int:
         return self.n_begin + self.cfg.K * self.n_middle + self.n_end
 
-    def check_depth(self, K: int) -> None:
+    @classmethod
+    def check_depth(cls, trained, K: int) -> None:
         """[choice] Test-time depth: loop l has its own hyper-connection and loop embedding e_l,
         so the model runs at any K' up to the trained K (the first K' of them); past it there are
         none for the extra loops."""
-        if K > len(self.hyper):
+        if K > trained.K:
             raise ConfigError(f"eval.K: hyperloop has no meaning at K={K}: each loop has its own hyper-connection "
-                              f"and it was trained with {len(self.hyper)} (K <= {len(self.hyper)} only)")
+                              f"and it was trained with {trained.K} (K <= {trained.K} only)")
 
     def loop(self, h, rope, cache) -> ModelOutput:
         x_b = self.apply_stack(self.begin, h, rope, cache, ("begin",))

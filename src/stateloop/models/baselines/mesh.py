@@ -107,14 +107,14 @@ class MeshLM(PreludeCoreCodaLM):
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
 
-    def check_depth(self, K: int) -> None:
+    @classmethod
+    def check_depth(cls, trained, K: int) -> None:
         """[choice] Test-time depth: core step t uses router pair t + 1, so the model runs at any
         K' up to the trained K (the first K' + 1 router pairs, the trained buffer of S slots); past
         it there is no router for the extra steps."""
-        trained = len(self.routers) - 1
-        if K > trained:
+        if K > trained.K:
             raise ConfigError(f"eval.K: mesh has no meaning at K={K}: its routers are per step and it was trained "
-                              f"with {trained + 1} router pairs (K <= {trained} only)")
+                              f"with {trained.K + 1} router pairs (K <= {trained.K} only)")
 
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""

@@ -105,11 +105,13 @@ class PauseTokenLM(LoopedLM):
         """Pauses after every real token: K - 1 of the current K (at_depth changes it), or the option."""
         return resolve_pause(self.cfg, self.opts)[0]
 
-    def check_depth(self, K: int) -> None:
+    @classmethod
+    def check_depth(cls, trained, K: int) -> None:
         """Test-time depth: K' - 1 pauses after every token (the pause count is the model's depth),
         unless ``n_pause`` fixes the count, which K then does not set."""
-        if self.opts.n_pause is not None:
-            raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {self.opts.n_pause} "
+        n_pause = (trained.options or {}).get("n_pause")
+        if n_pause is not None:
+            raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {n_pause} "
                               f"fixes its pauses")
 
     @property
