@@ -32,6 +32,8 @@ ITEMS = {  # label -> python code run with `python -c`
     "stateloop.train.loop (the train command's module)": "import stateloop.train.loop",
     "stateloop.report.tables (every render job)": "import stateloop.report.tables",
     "stateloop.analysis.latency (the bench job)": "import stateloop.analysis.latency",
+    "load configs/tiny.yaml (every job; its test_time_K checked)":
+        "from stateloop.experiments import load_pipeline; load_pipeline('configs/tiny.yaml')",
     "MLflow client on a new sqlite store (creates, migrates)": STORE,
     "MLflow client on an existing sqlite store": STORE,
 }
