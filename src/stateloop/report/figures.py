@@ -119,11 +119,11 @@ def state_width(cfg, results: Path):
     ests = [t_interval(list(heldout_by_seed(results, rs).values())) for rs in groups]
     ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="s-", color=style.model_colour("stateloop"),
                 label="stateloop")
-    # Labels alternate above and below their points (neighbours at small overheads sit close), and
-    # the margins keep them inside the axes, clear of the title.
+    # Labels alternate above and below their points' error bars (neighbours at small overheads sit
+    # close), and the margins keep them inside the axes, clear of the title.
     for n, (rs, x, e) in enumerate(zip(groups, xs, ests)):
         above = n % 2 == 0
-        ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean), textcoords="offset points",
+        ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean + (e.bar if above else -e.bar)), textcoords="offset points",
                     xytext=(0, 5 if above else -5), ha="center", va="bottom" if above else "top", fontsize=6)
     ax.margins(x=0.18, y=0.35)
     t4 = reference("table4_ablations")
