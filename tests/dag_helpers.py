@@ -54,3 +54,17 @@ def embedded(html: str, name: str, script: str):
 def text_of(caption_html: str) -> str:
     """An HTML fragment of a report as plain text, whitespace collapsed."""
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", caption_html))
+
+
+def jobs(dry_run_output: str) -> list[dict]:
+    """Jobs of a dry run: rule name, output and resources of each."""
+    out, current = [], None
+    for line in dry_run_output.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):", line)
+        if m:
+            current = {"rule": m.group(1)}
+            out.append(current)
+        elif current is not None and line.strip().startswith(("output:", "resources:", "wildcards:", "threads:")):
+            key, _, value = line.strip().partition(": ")
+            current[key] = value
+    return out

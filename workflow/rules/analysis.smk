@@ -13,7 +13,7 @@ rule shapley:
         **job_resources("analyze"),
     params:
         config=job_config,
-        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
@@ -34,7 +34,7 @@ rule interventions:
         **job_resources("analyze"),
     params:
         config=job_config,
-        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
