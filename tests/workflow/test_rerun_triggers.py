@@ -71,3 +71,21 @@ def test_an_experiments_seeds_rerun_the_outputs_that_read_it(done):
     renders = {j for j in rerun if j.startswith("render")}
     assert renders == {"render_figure:figures/state_width.pdf", "render_claims:results/claims.md"}, rerun
     assert {"train", "eval"} <= rerun
+
+
+@pytest.mark.parametrize("change, first", [
+    ({"scales": {"smoke": {"data": {"synthetic": {"train_docs": 500}}}}}, "tokenize"),
+    ({"scales": {"smoke": {"train": {"lr": 1.0e-3}}}}, "train"),
+])
+def test_data_and_training_rerun_their_scale_from_that_stage_on(done, change, first):
+    """The smoke scale's data or training: its stages from there on and every output of the scale;
+    the untrained decode scale's timings and Table 3 stay."""
+    rerun = _rerun(done, change)
+    stages = {"tokenize", "train", "eval", "shapley", "interventions"}
+    assert {j for j in rerun if j in stages} == (stages if first == "tokenize" else stages - {"tokenize"}), rerun
+    assert {j for j in rerun if j.startswith("render")} == RENDERS_OF_SMOKE and "bench_decode" not in rerun
+
+
+def test_the_decode_scales_model_reruns_its_timings_table3_and_the_claims(done):
+    rerun = _rerun(done, {"scales": {"decode": {"model": {"d_ff": 352}}}})
+    assert rerun == {"bench_decode", "render_table:results/table3.csv", "render_claims:results/claims.md"}, rerun

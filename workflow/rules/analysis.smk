@@ -59,6 +59,7 @@ rule bench_decode:
         config=job_config,
         scale=BENCH_SCALE,
         models=decode_models(),
+        shape=json.dumps(to_dict(PIPE.scales[BENCH_SCALE].model), sort_keys=True) if BENCH_SCALE else "",  # a new shape: re-timed
         bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
                f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"),
     conda:
