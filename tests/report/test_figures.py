@@ -98,13 +98,28 @@ def constructed_ladder(tmp_path: Path, monkeypatch):
     return cfg, results
 
 
-def _render(tmp_path, monkeypatch, name, seeds=(1, 2, 3)):
+@pytest.fixture(scope="module")
+def render(tmp_path_factory):
+    """render(name, seeds): the figure drawn from constructed results, once per module (the
+    tests only read it); the ladder's FLOP count and the paper's points stubbed while it draws."""
     from stateloop.report.figures import FIGURES
 
-    cfg, results = constructed_ladder(tmp_path, monkeypatch) if name == "gap_vs_compute" else constructed(tmp_path, seeds)
-    fig = FIGURES[name](cfg, results)
-    fig.canvas.draw()
-    return fig
+    drawn = {}
+
+    def draw(name, seeds=(1, 2, 3)):
+        key = (name, tuple(seeds))
+        if key not in drawn:
+            tmp = tmp_path_factory.mktemp(f"{name}{len(seeds)}")
+            with pytest.MonkeyPatch.context() as mp:
+                cfg, results = constructed_ladder(tmp, mp) if name == "gap_vs_compute" else constructed(tmp, seeds)
+                fig = FIGURES[name](cfg, results)
+                fig.canvas.draw()
+            drawn[key] = fig
+        return drawn[key]
+
+    yield draw
+    for fig in drawn.values():
+        _close(fig)
 
 
 def _tick_labels(axis, minor: bool = False):
@@ -152,7 +167,7 @@ def test_every_figure_is_drawn_here():
 
 
 @pytest.mark.parametrize("name", FIGURE_NAMES)
-def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_the_edge(tmp_path, monkeypatch, name):
+def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_the_edge(render, name):
     """One column (3.3 in) or the full width (6.9 in); the PDF embeds its fonts as TrueType, no
     Type 3; every title, label, tick label and legend entry lies inside the canvas (constrained
     layout: Figure 4a's caption below the axis was cut at the left edge). Each problem is
@@ -161,7 +176,7 @@ def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_
 
     from stateloop.report import style
 
-    fig = _render(tmp_path, monkeypatch, name)
+    fig = render(name)
     problems = []
     if fig.get_figwidth() not in (style.COLUMN, style.FULL) or fig.get_figheight() > 9.0:
         problems.append(f"size {fig.get_size_inches()} in")
@@ -176,30 +191,27 @@ def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_
     pdf = buf.getvalue()
     if b"/Type3" in pdf or b"/FontFile2" not in pdf:  # FontFile2: an embedded TrueType program
         problems.append("fonts not embedded as TrueType")
-    _close(fig)
     assert not problems, problems
 
 
 @pytest.mark.parametrize("seeds, says", [((1,), "one seed, no interval"), ((1, 2, 3), "mean and 95% CI over 3 seeds")])
-def test_titles_say_what_the_error_bars_are(tmp_path, monkeypatch, seeds, says):
+def test_titles_say_what_the_error_bars_are(render, seeds, says):
     """With one seed there is no interval, and the titles say so; "seed(s)" appears nowhere."""
     for name in FIGURE_NAMES:
         if name == "gap_vs_compute":  # the ladder config's own six seeds
             continue
-        fig = _render(tmp_path / f"{name}{len(seeds)}", monkeypatch, name, seeds)
+        fig = render(name, seeds)
         text = " ".join(t.get_text() for t in _texts(fig))
         assert says in text and "seed(s)" not in text, (name, text)
         assert "95% CI over 1 " not in text
-        _close(fig)
-    fig = _render(tmp_path, monkeypatch, "gap_vs_compute")
+    fig = render("gap_vs_compute")
     labels = [t.get_text() for legend in _legends(fig) for t in legend.get_texts()]
     assert "ours, K=4 (mean and 95% CI over 6 seeds)" in labels
-    _close(fig)
 
 
-def test_figure_4b_ticks_are_plain_numbers_at_whole_boundaries(tmp_path, monkeypatch):
+def test_figure_4b_ticks_are_plain_numbers_at_whole_boundaries(render):
     """PPL near 116 on a log axis: the ticks read 116, 118, not 1.166x10^2; boundaries are whole."""
-    fig = _render(tmp_path, monkeypatch, "state_analysis")
+    fig = render("state_analysis")
     ours, twin = fig.axes[1], fig.axes[2]
     assert ours.get_xlabel() == "boundary i" and ours.get_yscale() == "log" and twin.get_yscale() == "log"
     for ax in (ours, twin):
@@ -211,14 +223,13 @@ def test_figure_4b_ticks_are_plain_numbers_at_whole_boundaries(tmp_path, monkeyp
     assert any(110 <= v <= 130 for v in ours_labels), ours_labels
     xs = [t.get_text() for t in _tick_labels(ours.xaxis)]
     assert xs and all(x.isdigit() for x in xs), xs  # 1, 2, 3, never 1.25
-    _close(fig)
 
 
 @pytest.mark.parametrize("seeds", [(1,), (1, 2, 3)])
-def test_figure_3_point_labels_stay_inside_the_axes_clear_of_the_title(tmp_path, monkeypatch, seeds):
+def test_figure_3_point_labels_stay_inside_the_axes_clear_of_the_title(render, seeds):
     """Paper, Figure 3 labels its points with d_s and PPL; a label must not run over the title,
     the axes' edge or the next label."""
-    fig = _render(tmp_path, monkeypatch, "state_width", seeds)
+    fig = render("state_width", seeds)
     ax = fig.axes[0]
     renderer = fig.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
@@ -229,7 +240,6 @@ def test_figure_3_point_labels_stay_inside_the_axes_clear_of_the_title(tmp_path,
         assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (box, inside)
         assert not box.overlaps(title)
     assert not boxes[0].overlaps(boxes[1])
-    _close(fig)
 
 
 def _entries(legend):
@@ -268,14 +278,13 @@ def _visible(artist) -> bool:
 
 
 @pytest.mark.parametrize("name", FIGURE_NAMES)
-def test_every_legend_entry_has_a_visible_mark(tmp_path, monkeypatch, name):
-    fig = _render(tmp_path, monkeypatch, name)
+def test_every_legend_entry_has_a_visible_mark(render, name):
+    fig = render(name)
     legends = _legends(fig)
     assert legends
     for legend in legends:
         for text, marks in _entries(legend):
             assert any(_visible(m) for m in marks), (name, text)
-    _close(fig)
 
 
 def test_the_legend_check_sees_an_invisible_mark():
@@ -292,7 +301,7 @@ def test_the_legend_check_sees_an_invisible_mark():
     _close(fig)
 
 
-def test_one_colour_blind_safe_colour_per_model_in_every_figure(tmp_path, monkeypatch):
+def test_one_colour_blind_safe_colour_per_model_in_every_figure(render):
     """StateLoop and Vanilla Looped look the same in Figures 2, 3 and S2, in Okabe-Ito colours."""
     from matplotlib.colors import to_hex
 
@@ -302,13 +311,12 @@ def test_one_colour_blind_safe_colour_per_model_in_every_figure(tmp_path, monkey
                  style.PURPLE, style.GREY}
     seen: dict[str, set] = {}
     for name in ("loop_depth", "state_width", "state_diagnostics"):
-        fig = _render(tmp_path / name, monkeypatch, name)
+        fig = render(name)
         for ax in fig.axes:
             for bar in ax.containers:
                 model = bar.get_label().split(" ")[0]
                 if hasattr(bar, "lines") and model in style.MODEL_COLOURS:
                     seen.setdefault(model, set()).add(to_hex(bar.lines[0].get_color()).upper())
-        _close(fig)
     assert seen["stateloop"] == {style.model_colour("stateloop")} and seen["vanilla_looped"] == {style.BLACK}
     assert len(seen) >= 5 and all(c <= okabe_ito for c in seen.values()), seen
     assert len({next(iter(c)) for c in seen.values()}) == len(seen)  # no two models share one
