@@ -153,7 +153,8 @@ def state_analysis(cfg, results: Path):
     fig, (ax, ax2) = style.subplots(1, 2, width=style.FULL, height=3.0)
     feedback, terminal = style.SEQUENCE[:2]
     shares = [t_interval([sh["share_pct"][k] for sh in shs]) for k in range(K)]
-    ax.bar(reads, [e.mean for e in shares], yerr=[e.bar for e in shares], capsize=2, color=[feedback] * (K - 1) + [terminal])
+    bars = [e.bar for e in shares] if any(e.bar for e in shares) else None  # one seed: no bar, not a flat cap
+    ax.bar(reads, [e.mean for e in shares], yerr=bars, capsize=2, color=[feedback] * (K - 1) + [terminal])
     fb = t_interval([sh["feedback_share_pct"] for sh in shs])
     paper_fb, paper_term = fact("fig4a_shapley", "feedback_reads_share_pct"), fact("fig4a_shapley", "terminal_read_share_pct")
     ax.set(xlabel="state read", ylabel="share of total Shapley value (%)", title="(a) Shapley values of the state reads")
