@@ -1,6 +1,8 @@
 """Running the Snakemake DAG from tests: a copy of the workflow and a subprocess."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,3 +42,29 @@ def snakemake(cwd: Path, *args, check: bool = True, timeout: int = 600) -> subpr
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def embedded(html: str, name: str, script: str):
+    """The JSON a Snakemake 9 report assigns to ``var NAME = ...;`` in its ``<script id=SCRIPT>``
+    (the JavaScript libraries inlined before it hold such lines too)."""
+    start = html.index(f"var {name} = ", html.index(f'<script id="{script}">')) + len(f"var {name} = ")
+    return json.JSONDecoder().raw_decode(html, start)[0]
+
+
+def text_of(caption_html: str) -> str:
+    """An HTML fragment of a report as plain text, whitespace collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", caption_html))
+
+
+def jobs(dry_run_output: str) -> list[dict]:
+    """Jobs of a dry run: rule name, output and resources of each."""
+    out, current = [], None
+    for line in dry_run_output.splitlines():
+        m = re.match(r"^(?:local)?rule (\w+):", line)
+        if m:
+            current = {"rule": m.group(1)}
+            out.append(current)
+        elif current is not None and line.strip().startswith(("output:", "resources:", "wildcards:", "threads:")):
+            key, _, value = line.strip().partition(": ")
+            current[key] = value
+    return out

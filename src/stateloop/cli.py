@@ -13,25 +13,45 @@ import sys
 
 from stateloop.config import ConfigError
 
-# command -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
+# command -> (module, one-line help): the pipeline's stages in the order the DAG runs them
+# (workflow/rules/*.smk: tokens -> runs -> evaluations -> analyses -> timings -> tables and
+# figures -> exports), then the tools around it. `stateloop --help` lists them in this order.
+PIPELINE: dict[str, tuple[str, str]] = {
+    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
+    "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
+    "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
+    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
+    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
+    "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
+    "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
+}
+TOOLS: dict[str, tuple[str, str]] = {
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
     "plan": ("stateloop.commands.plan", "training tokens, FLOPs and GPU-hours of every run in a config"),
-    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
-    "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
-    "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
-    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
-    "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
-    "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
-    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
-    "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
-    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
     "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
+    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
+    "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
 }
+COMMANDS = {**PIPELINE, **TOOLS}
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml), from its metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("stateloop")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="stateloop", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
+        epilog=f"pipeline, in the DAG's order: {' -> '.join(PIPELINE)}; tools: {', '.join(TOOLS)}. "
+               "`stateloop COMMAND --help` for one command.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -9,26 +9,12 @@ import urllib.request
 
 import pytest
 import yaml
-from dag_helpers import copy_workflow, snakemake
+from dag_helpers import copy_workflow, jobs, snakemake
 from rehearsal_support import dag, mlflow_server
 
 from stateloop.experiments import expand_runs, load_pipeline
 
 pytestmark = pytest.mark.slow
-
-
-def jobs(dry_run_output: str) -> list[dict]:
-    """Jobs of a dry run: rule name, output and resources of each."""
-    out, current = [], None
-    for line in dry_run_output.splitlines():
-        m = re.match(r"^(?:local)?rule (\w+):", line)
-        if m:
-            current = {"rule": m.group(1)}
-            out.append(current)
-        elif current is not None and line.strip().startswith(("output:", "resources:", "wildcards:", "threads:")):
-            key, _, value = line.strip().partition(": ")
-            current[key] = value
-    return out
 
 
 def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):

@@ -3,14 +3,13 @@ self-contained HTML file with every table, figure and the claims, each captioned
 its seeds and what it compares; and the render rules run on the submitting host under SLURM."""
 
 import base64
-import json
 import os
 import re
 import shutil
 import subprocess
 
 import pytest
-from dag_helpers import ROOT
+from dag_helpers import ROOT, embedded, text_of
 from rehearsal_support import dag
 
 from stateloop.experiments import expand_runs, load_pipeline
@@ -22,13 +21,6 @@ EXPERIMENT = {"table1": ["table1"], "table2": ["table1"], "table4": ["table4"], 
               "loop_depth": ["loop_depth"], "state_width": ["state_width"], "state_analysis": ["state_analysis"],
               "gap_vs_tokens": ["loop_depth", "table1", "table4"], "state_diagnostics": ["table4", "loop_depth", "table1"],
               "test_time_depth": ["test_time_depth"]}
-
-
-def embedded(html: str, name: str, script: str):
-    """The JSON a Snakemake 9 report assigns to ``var NAME = ...;`` in its ``<script id=SCRIPT>``
-    (the JavaScript libraries inlined before it hold such lines too)."""
-    start = html.index(f"var {name} = ", html.index(f'<script id="{script}">')) + len(f"var {name} = ")
-    return json.JSONDecoder().raw_decode(html, start)[0]
 
 
 def runs_read(cfg, stem):
@@ -46,10 +38,6 @@ def seeds_in(caption: str, before: str) -> set[int]:
     m = re.search(before + r"(\d+(?:, \d+)*)", caption)
     assert m, (before, caption)
     return {int(s) for s in m.group(1).split(", ")}
-
-
-def text_of(caption_html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", caption_html))
 
 
 @pytest.fixture(scope="module")

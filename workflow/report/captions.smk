@@ -86,3 +86,13 @@ def _figure(path, fmt):
 def _claims(path, fmt):
     return report(path, caption="../report/claims.rst", category="Claims", subcategory=OUTPUTS["claims"].title,
                   labels={"file": fmt})
+
+
+# The landing page (workflow/report/workflow.rst) sees nothing but Snakemake's config, where an
+# experiment of the paper's that takes the paper's models (experiments.PAPER_MODELS) names none.
+# The experiments as this config resolves them go there under a key of their own, added after the
+# config's digest is taken (common.smk): no job's config file and no rerun trigger sees it.
+config["_report_experiments"] = {
+    name: {"scale": exp.scale, "trained": exp.trained, "seeds": ", ".join(map(str, exp.seeds)), "models": ", ".join(exp.models)}
+    for name, exp in PIPE.experiments.items()
+}

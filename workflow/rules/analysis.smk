@@ -13,7 +13,7 @@ rule shapley:
         **job_resources("analyze"),
     params:
         config=job_config,
-        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
@@ -34,7 +34,7 @@ rule interventions:
         **job_resources("analyze"),
     params:
         config=job_config,
-        eval=settings("eval"),  # the held-out set and precision (shared with the held-out PPL)
+        heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
@@ -59,6 +59,7 @@ rule bench_decode:
         config=job_config,
         scale=BENCH_SCALE,
         models=decode_models(),
+        shape=json.dumps(to_dict(PIPE.scales[BENCH_SCALE].model), sort_keys=True) if BENCH_SCALE else "",  # a new shape: re-timed
         bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
                f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"),
     conda:

@@ -8,6 +8,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.experiments import expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
@@ -144,9 +145,15 @@ def job_resources(name, scale=None):
     return {key: (lambda wc, field=field: getattr(stage(scale or wc.scale, name), field)) for key, field in fields.items()}
 
 
-def settings(section):
-    """Params value: the scale's config section ``section`` as JSON."""
-    return lambda wc: json.dumps(to_dict(getattr(PIPE.scales[wc.scale], section)), sort_keys=True)
+def settings(section, keys=None):
+    """Params value: the scale's config section ``section`` as JSON, only its ``keys`` where given
+    (what the job reads of it)."""
+
+    def value(wc):
+        d = to_dict(getattr(PIPE.scales[wc.scale], section))
+        return json.dumps(d if keys is None else {k: d[k] for k in keys}, sort_keys=True)
+
+    return value
 
 
 def run_settings(wc):
@@ -242,6 +249,24 @@ def output_inputs(name):
     if o.bench and BENCH_SCALE is not None:
         files.append(f"results/{BENCH_FILE}")
     return list(dict.fromkeys(files))
+
+
+def render_settings(wc):
+    """Params value of a render job: the config sections its output reads, so that a change
+    reruns the renders that read it and no other. [choice] By section, not key by key: the
+    experiments the output reads (every one for the claims), the whole sections of their scales
+    but ``resources`` (read by no render), ``bench`` where it reads Table 3's timings, and the
+    names and MLflow settings of every scale (the MLflow run it logs to: commands/render.py)."""
+    name = wc.get("table") or wc.get("figure") or "claims"
+    o = OUTPUTS[name]
+    experiments = list(PIPE.experiments) if o.experiment is None else [e for e in o.experiments if e in PIPE.experiments]
+    scales = sorted({PIPE.experiments[e].scale for e in experiments})
+    return json.dumps({
+        "experiments": {e: to_dict(PIPE.experiments[e]) for e in experiments},
+        "scales": {s: {k: v for k, v in to_dict(PIPE.scales[s]).items() if k != "resources"} for s in scales},
+        "bench": to_dict(PIPE.bench) if o.bench else None,
+        "mlflow": {s: [sc.train.mlflow_experiment, sc.train.mlflow_tracking_uri] for s, sc in PIPE.scales.items()},
+    }, sort_keys=True)
 
 
 def render_inputs(wc):

@@ -21,7 +21,7 @@ rule render_table:
     localrule: True
     params:
         config=job_config,
-        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        reads=render_settings,  # the config sections the output reads
         facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"
@@ -42,7 +42,7 @@ rule render_figure:
     localrule: True
     params:
         config=job_config,
-        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        reads=render_settings,  # the config sections the output reads
         facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"
@@ -62,7 +62,7 @@ rule render_claims:
     localrule: True
     params:
         config=job_config,
-        digest=CONFIG_DIGEST,  # cheap jobs: any change of the config redoes them
+        reads=render_settings,  # the config sections the output reads
         facts=report_facts,
     conda:
         "../../envs/stateloop.yaml"

@@ -53,6 +53,11 @@ class HeldoutProtocol:
     precision: str  # eval.precision: "32-true" | "bf16-mixed"
 
 
+# The keys of the ``eval`` section the held-out protocol reads, and so all that the analyses read of
+# it (the DAG reruns them when one of these changes: workflow/rules/analysis.smk).
+HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", "precision")
+
+
 def heldout_protocol(run_dir, config: dict, model, config_file: str | None = None) -> HeldoutProtocol:
     """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: the ``eval`` section
     of the run's scale in ``config_file`` (default: the pipeline config the run was trained from,
@@ -60,8 +65,8 @@ def heldout_protocol(run_dir, config: dict, model, config_file: str | None = Non
     from stateloop.evaluate.resolve import resolve_eval_config
 
     ecfg = resolve_eval_config(run_dir, config_file)
-    seq_len = int(ecfg.max_length or run_seq_len(config, model))
-    return HeldoutProtocol(ecfg.heldout_split, ecfg.heldout_windows, seq_len, ecfg.batch_size, ecfg.precision)
+    split, windows, max_length, batch_size, precision = (getattr(ecfg, key) for key in HELDOUT_KEYS)
+    return HeldoutProtocol(split, windows, int(max_length or run_seq_len(config, model)), batch_size, precision)
 
 
 def _data_dir(config: dict, run_dir) -> str:

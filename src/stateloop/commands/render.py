@@ -58,7 +58,7 @@ def run(args) -> int:
         fig = figures.FIGURES[args.target](cfg, results)
         for path, fmt in ((out, "pdf"), (out.with_suffix(".png"), "png")):
             buf = io.BytesIO()
-            fig.savefig(buf, format=fmt, dpi=150)
+            fig.savefig(buf, format=fmt)  # PNG at style.RC["savefig.dpi"]
             atomic_write_bytes(path, buf.getvalue())
         plt.close(fig)
         written = [out, out.with_suffix(".png")]

@@ -17,21 +17,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
-
-from stateloop.experiments import cells, expand_runs  # noqa: E402
-from stateloop.models.registry import get_spec  # noqa: E402
-from stateloop.report.outputs import DEPTH_FILE  # noqa: E402
-from stateloop.report.stats import paired, relative_pct, t_interval  # noqa: E402
-from stateloop.report.tables import read_json  # noqa: E402
+from stateloop.experiments import cells, expand_runs
+from stateloop.models.registry import get_spec
+from stateloop.report import style
+from stateloop.report.outputs import DEPTH_FILE
+from stateloop.report.stats import paired, relative_pct, t_interval
+from stateloop.report.tables import read_json
 
 EXPERIMENT = "test_time_depth"
-# Okabe-Ito: a palette that colour-blind readers tell apart
-PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"]
 
 
 def curves(cfg, results: Path) -> dict[str, dict[int, dict[int, dict[int, float]]]]:
@@ -78,19 +73,13 @@ def degrades_less(curves_: dict, K: int, model: str = "stateloop", against: str 
     return est, f"PPL at K'={star} vs K={K}: {model} {mean(ours):+.1f}%, {against} {mean(theirs):+.1f}%"
 
 
-
-def _seeds_text(n_seeds: set[int]) -> str:
-    if n_seeds == {1}:
-        return "one seed, no interval"
-    return f"mean and 95% CI over {'/'.join(map(str, sorted(n_seeds)))} seeds"
-
-
 def figure(cfg, results: Path):
     data = curves(cfg, results)
     models = [m for m in cfg.experiments[EXPERIMENT].models if m in data]
     trained = sorted({K for m in models for K in data[m]})
-    colour = {K: PALETTE[i % len(PALETTE)] for i, K in enumerate(trained)}
-    fig, axes = plt.subplots(1, len(models), figsize=(3.4 * len(models), 3.2), sharey=True, squeeze=False)
+    colour = {K: style.SEQUENCE[i % len(style.SEQUENCE)] for i, K in enumerate(trained)}
+    width = style.COLUMN if len(models) == 1 else style.FULL
+    fig, axes = style.subplots(1, len(models), width=width, height=2.6, sharey=True, squeeze=False)
     n_seeds = set()
     for ax, model in zip(axes[0], models):
         for K in sorted(data[model]):
@@ -98,23 +87,20 @@ def figure(cfg, results: Path):
             n_seeds.add(len(by_seed))
             depths = sorted(set.intersection(*(set(c) for c in by_seed.values())))
             ests = [t_interval([c[k] for c in by_seed.values()]) for k in depths]
-            ax.errorbar(depths, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o-", ms=3, lw=1.2,
-                        capsize=2, color=colour[K], label=f"trained K={K}")
+            ax.errorbar(depths, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o-", ms=3, color=colour[K], label=f"trained K={K}")
             if K in depths:
                 e = ests[depths.index(K)]
-                ax.plot([K], [e.mean], marker="*", ms=11, color=colour[K], markeredgecolor="black", zorder=5)
+                ax.plot([K], [e.mean], marker="*", ms=9, color=colour[K], markeredgecolor="black", zorder=5)
         ax.set(title=get_spec(model).label, xlabel="test-time loop depth K'", yscale="log")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # depths are whole iterations
-        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
-            axis(FuncFormatter(lambda v, _: f"{v:g}"))  # plain numbers on the log axis, not 2x10^3
+        style.integer_axis(ax.xaxis)  # depths are whole iterations
+        style.plain_log_axis(ax.yaxis)
         ax.grid(alpha=0.3, lw=0.5)
     axes[0][0].set_ylabel("held-out PPL")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    handles.append(plt.Line2D([], [], marker="*", ms=11, color="grey", markeredgecolor="black", ls=""))
+    handles.append(Line2D([], [], marker="*", ms=9, color="grey", markeredgecolor="black", ls=""))
     labels.append("trained depth")
-    axes[0][-1].legend(handles, labels, fontsize=7)
-    fig.suptitle(f"Test-time depth (this project's study; {_seeds_text(n_seeds)})", fontsize=10)
-    fig.tight_layout()
+    axes[0][-1].legend(handles, labels)
+    fig.suptitle(f"Test-time depth (this project's study; {style.seeds_text(n_seeds)})")
     return fig
 
 

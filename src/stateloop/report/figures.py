@@ -1,8 +1,8 @@
 """Figures 2-4 in the paper's form, with the paper's stated values marked.
 
 Every point of ours is a mean over seeds with its 95% interval as an error bar (band for a
-reference line); the paper's points sit on a twin y-axis of their own (crimson), since its 410M
-models and ours have different perplexity scales.
+reference line); the paper's points sit on a twin y-axis of their own (vermillion stars), since its
+410M models and ours have different perplexity scales. Sizes, fonts and colours: report/style.py.
 
 - loop_depth (Figure 2): held-out PPL against K for Vanilla Looped and StateLoop, and StateLoop's
   advantage (PPL(vanilla) / PPL(StateLoop) - 1, paired by seed); the paper states the advantage
@@ -22,27 +22,23 @@ import dataclasses
 import math
 from pathlib import Path
 
-import matplotlib
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from stateloop.experiments import cells, expand_runs
+from stateloop.models.registry import count_params
+from stateloop.report import depth, style
+from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
+from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference
 
-from stateloop.experiments import cells, expand_runs  # noqa: E402
-from stateloop.models.registry import count_params  # noqa: E402
-from stateloop.report import depth  # noqa: E402
-from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile  # noqa: E402
-from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference  # noqa: E402
-
-PAPER_STYLE = dict(marker="*", s=140, color="crimson", zorder=5)
 # Our runs and the paper's 410M models live on different PPL scales: the paper's points go on a
-# twin y-axis (crimson, right) of their own, never on our axis.
-
+# twin y-axis (style.PAPER, right) of their own, never on our axis.
+PAPER_OPEN = dict(style.PAPER_STAR, color="white", edgecolors=style.PAPER, linewidths=0.8)  # the paper's reference model
 
 
 def _paper_axis(ax, label: str):
     twin = ax.twinx()
-    twin.set_ylabel(label, color="crimson")
-    twin.tick_params(axis="y", colors="crimson")
+    twin.set_ylabel(label, color=style.PAPER)
+    twin.tick_params(axis="y", colors=style.PAPER)
     return twin
 
 
@@ -58,8 +54,12 @@ def _align_zero(ax, twin) -> None:
 
 
 def _seeds_label(groups) -> str:
-    n = sorted({len(rs) for rs in groups})
-    return f"mean and 95% CI over {'/'.join(map(str, n))} seed(s)"
+    return style.seeds_text(len(rs) for rs in groups)
+
+
+def _legend_below(ax, handles, ncol: int = 1):
+    """The legend under the axes (constrained layout makes room), off the data."""
+    return ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
 def loop_depth(cfg, results: Path):
@@ -72,27 +72,29 @@ def loop_depth(cfg, results: Path):
         if needed not in curves:
             raise KeyError(f"experiments.loop_depth.models: {needed} is missing (Figure 2 compares it)")
     Ks = sorted(set(curves["vanilla_looped"]) & set(curves["stateloop"]))
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for model, style in (("vanilla_looped", "o-"), ("stateloop", "s-")):
+    fig, (ax, ax2) = style.subplots(1, 2, width=style.FULL, height=2.7)
+    for model, fmt in (("vanilla_looped", "o-"), ("stateloop", "s-")):
         ks = sorted(curves[model])
         ests = [t_interval(list(curves[model][k].values())) for k in ks]
-        ax.errorbar(ks, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=style, capsize=3, label=model)
-    ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title=f"PPL against loop depth ({_seeds_label(groups)})")
-    ax.legend(fontsize=8)
+        ax.errorbar(ks, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=fmt, color=style.model_colour(model),
+                    label=model)
+    ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title="(a) PPL against loop depth")
+    ax.set_xticks(sorted(set(curves["vanilla_looped"]) | set(curves["stateloop"])))
+    ax.legend()
     # StateLoop's advantage in percent of Vanilla's PPL, paired by seed.
     adv = [paired(curves["vanilla_looped"][k], curves["stateloop"][k], relative_pct) for k in Ks]
-    means = [e.mean for e in adv]
-    ax2.errorbar(Ks, means, yerr=[e.bar for e in adv], fmt="d-", color="tab:green", capsize=3, label="ours (paired by seed)")
-    ax2.axhline(0, color="grey", lw=0.8)
-    ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="StateLoop advantage")
-    twin = _paper_axis(ax2, "paper: PPL(vanilla) - PPL(StateLoop), 410M")
-    twin.scatter([3, 7], [fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
-                          fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **PAPER_STYLE)
+    ax2.errorbar(Ks, [e.mean for e in adv], yerr=[e.bar for e in adv], fmt="s-", color=style.model_colour("stateloop"),
+                 label="ours (paired by seed)")
+    ax2.axhline(0, color=style.GREY, lw=0.6)
+    ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="(b) StateLoop's advantage")
+    twin = _paper_axis(ax2, "paper (410M):\nPPL(vanilla) - PPL(StateLoop)")
+    paper_Ks = [3, 7]
+    twin.scatter(paper_Ks, [fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),
+                            fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K7")], label="paper", **style.PAPER_STAR)
     _align_zero(ax2, twin)
-    for a in (ax, ax2):
-        a.set_xticks(sorted(set(Ks) | set(curves["vanilla_looped"]) | set(curves["stateloop"])))
-    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=8, loc="lower left")
-    fig.tight_layout()
+    ax2.set_xticks(sorted(set(Ks) | set(paper_Ks)))
+    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], loc="lower left")
+    fig.suptitle(f"Held-out PPL against loop depth (ours: {_seeds_label(groups)}; paper: stars, right axis)")
     return fig
 
 
@@ -102,33 +104,40 @@ def state_width(cfg, results: Path):
     if not groups:
         raise KeyError("experiments.state_width.models: stateloop is missing (Figure 3 sweeps its d_s)")
     K, scale = groups[0][0].K, groups[0][0].scale
-    fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    fig, ax = style.subplots(width=style.COLUMN, height=3.0)
     # The overhead is over a vanilla model of the same shape; its PPL is drawn when the config trains one.
     base_params = count_params(dataclasses.replace(groups[0][0].model_config, name="vanilla_looped", d_state=0, options={}))
     vanilla = next((rs for rs in cells(expand_runs(cfg)).values()
                     if rs[0].model == "vanilla_looped" and rs[0].K == K and rs[0].scale == scale), None)
     if vanilla is not None:
         v = t_interval(list(heldout_by_seed(results, vanilla).values()))
-        ax.axhline(v.mean, color="grey", ls="--", label=f"vanilla_looped (K={K})")
+        colour = style.model_colour("vanilla_looped")
+        ax.axhline(v.mean, color=colour, ls="--", lw=0.8, label=f"vanilla_looped (K={K})")
         if v.bar:
-            ax.axhspan(v.lo, v.hi, color="grey", alpha=0.15)
+            ax.axhspan(v.lo, v.hi, color=colour, alpha=0.1, lw=0)
     xs = [100 * (_params(rs[0]) / base_params - 1) for rs in groups]
     ests = [t_interval(list(heldout_by_seed(results, rs).values())) for rs in groups]
-    ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="s-", capsize=3, label="stateloop")
-    for rs, x, e in zip(groups, xs, ests):
-        ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="s-", color=style.model_colour("stateloop"),
+                label="stateloop")
+    # Labels alternate above and below their points' error bars (neighbours at small overheads sit
+    # close), and the margins keep them inside the axes, clear of the title.
+    for n, (rs, x, e) in enumerate(zip(groups, xs, ests)):
+        above = n % 2 == 0
+        ax.annotate(f"d_s={rs[0].d_s}\nPPL {e.mean:.2f}", (x, e.mean + (e.bar if above else -e.bar)), textcoords="offset points",
+                    xytext=(0, 5 if above else -5), ha="center", va="bottom" if above else "top", fontsize=6)
+    ax.margins(x=0.18, y=0.35)
     t4 = reference("table4_ablations")
     pv = float(t4[(t4.variant == "vanilla_looped")].pile_ppl.iloc[0])
     ps = float(t4[(t4.variant == "stateloop")].pile_ppl.iloc[0])
     vp = fact("fig3_state_width", "vanilla_params_m")
     sp = float(t4[(t4.variant == "stateloop")].params_m.iloc[0])
     twin = _paper_axis(ax, "paper: held-out PPL (410M)")
-    twin.scatter([100 * (sp / vp - 1)], [ps], label="paper StateLoop d_s = d", **PAPER_STYLE)
-    twin.scatter([0.0], [pv], marker="*", s=140, color="grey", zorder=5, label="paper vanilla")
+    twin.scatter([100 * (sp / vp - 1)], [ps], label="paper StateLoop d_s = d", **style.PAPER_STAR)
+    twin.scatter([0.0], [pv], label="paper vanilla", **PAPER_OPEN)
+    twin.margins(y=0.35)
     ax.set(xlabel="parameter overhead over vanilla (%)", ylabel="held-out PPL (ours)",
            title=f"State width (K={K}; {_seeds_label(groups)})")
-    ax.legend(handles=ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=7)
-    fig.tight_layout()
+    _legend_below(ax, ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], ncol=2)
     return fig
 
 
@@ -141,34 +150,49 @@ def state_analysis(cfg, results: Path):
     ivs = [read_json(results / "runs" / r.id / "interventions.json") for r in group]
     reads = shs[0]["reads"]
     K = len(reads)
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.0))
-    colors = ["tab:blue"] * (K - 1) + ["tab:orange"]
+    fig, (ax, ax2) = style.subplots(1, 2, width=style.FULL, height=3.0)
+    feedback, terminal = style.SEQUENCE[:2]
     shares = [t_interval([sh["share_pct"][k] for sh in shs]) for k in range(K)]
-    ax.bar(reads, [e.mean for e in shares], yerr=[e.bar for e in shares], capsize=3, color=colors)
+    bars = [e.bar for e in shares] if any(e.bar for e in shares) else None  # one seed: no bar, not a flat cap
+    ax.bar(reads, [e.mean for e in shares], yerr=bars, capsize=2, color=[feedback] * (K - 1) + [terminal])
     fb = t_interval([sh["feedback_share_pct"] for sh in shs])
-    ax.set(ylabel="share of total Shapley value (%)",
-           title=f"(a) state reads: feedback {fb.format(1)}%, terminal {100 - fb.mean:.1f}%")
-    ax.set_xlabel(f"paper (K=7): feedback {fact('fig4a_shapley', 'feedback_reads_share_pct'):.2f}%, "
-                  f"terminal {fact('fig4a_shapley', 'terminal_read_share_pct'):.2f}%; ours: {_seeds_label([group])}",
-                  color="crimson")
-    for kind, style, label in (("replacement", "o-", r"replace $S^{i+1}$ by calibrated $S^i$"),
-                               ("freezing", "s-", r"freeze $S^i$ after boundary $i$")):
+    paper_fb, paper_term = fact("fig4a_shapley", "feedback_reads_share_pct"), fact("fig4a_shapley", "terminal_read_share_pct")
+    ax.set(xlabel="state read", ylabel="share of total Shapley value (%)", title="(a) Shapley values of the state reads")
+    _legend_below(ax, [Patch(color=feedback, label=f"feedback R1-R{K - 1}: {fb.format(1)}% (paper, K=7: {paper_fb:.2f}%)"),
+                       Patch(color=terminal, label=f"terminal R{K}: {100 - fb.mean:.1f}% (paper: {paper_term:.2f}%)")])
+    for (kind, fmt, label), colour in zip((("replacement", "o-", r"replace $S^{i+1}$ by calibrated $S^i$"),
+                                           ("freezing", "s-", r"freeze $S^i$ after boundary $i$")), style.SEQUENCE[2:]):
         idx = [e["i"] for e in ivs[0][kind]]
         ests = [t_interval([{e["i"]: e["ppl"] for e in iv[kind]}[i] for iv in ivs]) for i in idx]
-        ax2.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=style, capsize=3, label=label)
+        ax2.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=fmt, color=colour, label=label)
     held = t_interval([iv["heldout"]["ppl"] for iv in ivs])  # the run's held-out PPL (Table 4), same windows
     h0 = ivs[0]["heldout"]
-    ax2.axhline(held.mean, color="grey", ls="--",
-                label=f"unmodified {held.mean:.2f} (= held-out PPL; {h0['split']}, {h0['windows']} windows)")
+    ax2.axhline(held.mean, color=style.model_colour("stateloop"), ls="--", lw=0.8,
+                label=f"unmodified {held.mean:.2f} (held-out PPL; {h0['split']}, {h0['windows']} windows)")
     ax2.set(xlabel="boundary i", ylabel="held-out PPL (ours)", title="(b) replacement and freezing", yscale="log")
+    style.integer_axis(ax2.xaxis)  # boundaries are whole
+    style.plain_log_axis(ax2.yaxis)
     twin = _paper_axis(ax2, "paper: PPL (410M, K=7)")
     twin.scatter([3, 3], [fact("fig4b_interventions", "replace_S4_with_calibrated_S3_ppl"),
-                          fact("fig4b_interventions", "freeze_at_S3_ppl")], label="paper (i=3)", **PAPER_STYLE)
-    twin.axhline(fact("fig4b_interventions", "unmodified_ppl"), color="crimson", ls=":", lw=0.8)
+                          fact("fig4b_interventions", "freeze_at_S3_ppl")], label="paper (i=3)", **style.PAPER_STAR)
+    twin.axhline(fact("fig4b_interventions", "unmodified_ppl"), color=style.PAPER, ls=":", lw=0.8, label="paper: unmodified")
     twin.set_yscale("log")
-    ax2.legend(handles=ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], fontsize=7)
-    fig.tight_layout()
+    style.plain_log_axis(twin.yaxis)
+    _legend_below(ax2, ax2.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0], ncol=2)
+    fig.suptitle(f"The state of StateLoop (ours: K={K}, {_seeds_label([group])}; paper: stars, right axis)")
     return fig
+
+
+def _comparison_colour(comp) -> str:
+    """A comparison takes the colour of the model it is about: the variant or ablation, or
+    StateLoop against Vanilla Looped, or Vanilla + FFN when StateLoop is set against it."""
+    if comp.model == "stateloop" and comp.against != "vanilla_looped":
+        return style.model_colour(comp.against)
+    return style.model_colour(comp.model)
+
+
+LINESTYLES = ("-", "--", ":", "-.")  # one per loop count where a model's colour repeats
+MARKERS = ("o", "s", "^", "D")
 
 
 def gap_vs_tokens(cfg, results: Path):
@@ -181,27 +205,31 @@ def gap_vs_tokens(cfg, results: Path):
     if not comps:
         raise KeyError("experiments: no PPL comparison to follow over tokens (table1, table4 or loop_depth)")
     groups = [g for g in trends.GROUPS if any(c.group == g for c in comps)]
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.0), squeeze=False)
-    for ax, group in zip(axes[0], groups):
+    Ks = sorted({c.ours[0].K for c in comps})
+    fig, axes = style.subplots(len(groups), 1, width=style.FULL, height=0.4 + 1.7 * len(groups), squeeze=False)
+    seeds = set()
+    for ax, group in zip(axes[:, 0], groups):
         for comp in (c for c in comps if c.group == group):
             curves = trends.gap_curves(results, comp)
             points = trends.pointwise(curves)
             if not points:
                 continue
+            seeds.add(len(curves))
             xs = sorted(points)
             est = trends.slope(curves)
             fit = "no slope (one point)" if est is None else f"slope {est.format()}"
-            line = ax.errorbar(xs, [points[x].mean for x in xs], yerr=[points[x].bar for x in xs], fmt="o-", ms=3,
-                               capsize=2, label=f"{comp.label} ({len(curves)} seeds; {fit})")
+            n = Ks.index(comp.ours[0].K)
+            colour = _comparison_colour(comp)
+            ax.errorbar(xs, [points[x].mean for x in xs], yerr=[points[x].bar for x in xs], fmt=MARKERS[n % 4],
+                        ls=LINESTYLES[n % 4], ms=3, color=colour, label=f"{comp.label} ({fit})")
             lo = [points[x].lo if points[x].bar else points[x].mean for x in xs]
             hi = [points[x].hi if points[x].bar else points[x].mean for x in xs]
-            ax.fill_between(xs, lo, hi, color=line[0].get_color(), alpha=0.12)
-        ax.axhline(0, color="grey", lw=0.8)
+            ax.fill_between(xs, lo, hi, color=colour, alpha=0.12, lw=0)
+        ax.axhline(0, color=style.GREY, lw=0.6)
         ax.set_xscale("log")
-        ax.set(xlabel="training tokens", ylabel="PPL gap, paired by seed (%)", title=group)
-        ax.legend(fontsize=6)
-    fig.suptitle("Paired PPL gap over training (ours; mean and 95% CI over seeds; slope per 10x tokens)", fontsize=9)
-    fig.tight_layout()
+        ax.set(xlabel="training tokens", ylabel="PPL gap (%)", title=group)
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"Paired PPL gap over training (ours; {style.seeds_text(seeds)}; slope per 10x tokens)")
     return fig
 
 
@@ -223,9 +251,11 @@ def state_diagnostics(cfg, results: Path):
     groups = [rs for rs in cells(expand_runs(cfg, experiments)).values() if get_spec(rs[0].model).has_state] if experiments else []
     if not groups:
         raise KeyError("experiments: no trained StateLoop-family run to diagnose (table4, loop_depth or table1)")
-    fig, axes = plt.subplots(1, len(DIAGNOSTIC_PANELS), figsize=(4.2 * len(DIAGNOSTIC_PANELS), 4.2))
+    fig, axes = style.subplots(2, 2, width=style.FULL, height=4.6)
+    axes = list(axes.flat)
     handles = {}  # one legend entry per cell, whichever panels it appears in
-    for n, rs in enumerate(groups):
+    Ks = sorted({rs[0].K for rs in groups})
+    for rs in groups:
         diags = []
         for run in rs:
             path = results / "runs" / run.id / "eval.json"
@@ -234,26 +264,25 @@ def state_diagnostics(cfg, results: Path):
                 raise KeyError(f"{path}: no 'state' diagnostics (evaluated before they were recorded: run `stateloop eval` again)")
             diags.append(state)
         label = f"{rs[0].model} K={rs[0].K}" + (f" d_s={rs[0].d_s}" if rs[0].d_s != groups[0][0].d_s else "")
-        color = f"C{n % 10}"  # the same colour in every panel
+        color = style.model_colour(rs[0].model)  # the same colour in every panel
+        n = Ks.index(rs[0].K)
         for ax, (key, _) in zip(axes, DIAGNOSTIC_PANELS):
             if key not in diags[0]:
                 continue
             idx = diags[0]["states"]
             ests = [t_interval([d[key][j] for d in diags]) for j in range(len(idx))]
-            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o-", ms=3,
-                                         capsize=2, label=label, color=color)
+            handles[label] = ax.errorbar(idx, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=MARKERS[n % 4],
+                                         ls=LINESTYLES[n % 4], ms=3, label=label, color=color)
             if key == "read_ratio":  # the terminal read R_K, a projection of its own
-                ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=40, facecolors="none", edgecolors=color)
+                ax.scatter([idx[-1]], [ests[-1].mean], marker="s", s=30, facecolors="none", edgecolors=color)
     for ax, (key, title) in zip(axes, DIAGNOSTIC_PANELS):
         ax.set(xlabel="state index i (S^i after iteration i - 1)", title=title)
-        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+        style.integer_axis(ax.xaxis)
         if key.startswith("write_rate"):
             ax.set_ylim(bottom=0)
-    fig.legend(handles=list(handles.values()), labels=list(handles), fontsize=7, loc="lower center",
-               ncol=min(len(handles), 6))
+    fig.legend(handles=list(handles.values()), labels=list(handles), loc="outside lower center", ncol=min(len(handles), 4))
     fig.suptitle(f"The state over the iterations (ours, held-out windows; {_seeds_label(groups)}; "
-                 "open square: the terminal read)", fontsize=9)
-    fig.tight_layout(rect=(0, 0.06 * math.ceil(len(handles) / 6), 1, 1))
+                 "open square: the terminal read)")
     return fig
 
 
@@ -268,13 +297,13 @@ def gap_vs_compute(cfg, results: Path):
     if not Ks:
         raise KeyError(f"experiments: no ladder rung ({', '.join(ladder.RUNGS)}) trains {ladder.MODEL}")
     paper = ladder.paper_points()
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, ax = style.subplots(width=style.FULL, height=3.6)
     for n, K in enumerate(Ks):
         tr = ladder.trend(cfg, results, K)
-        color = f"C{n % 10}"
+        color = style.SEQUENCE[n % len(style.SEQUENCE)]
         ests = [t_interval(list(r.gaps.values()), what="paired seeds") for r in tr.rungs]
         xs = [r.flops for r in tr.rungs]
-        ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o", capsize=3, color=color,
+        ax.errorbar(xs, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt="o", color=color,
                     label=f"ours, K={K} ({_seeds_label([list(r.gaps) for r in tr.rungs])})")
         if tr.fit is not None:  # the trend and its band, over our rungs and out to the paper's point
             span = [math.log10(x) for x in xs + ([paper[K][0]] if K in paper else [])]
@@ -285,16 +314,15 @@ def gap_vs_compute(cfg, results: Path):
                     label=f"fit K={K}: slope {tr.slope.format()} per 10x; {tr.crossing_text()}")
             if not math.isnan(t):
                 ax.fill_between([10 ** g for g in grid], [tr.fit.predict(g) - t * tr.fit.se(g) for g in grid],
-                                [tr.fit.predict(g) + t * tr.fit.se(g) for g in grid], color=color, alpha=0.12)
+                                [tr.fit.predict(g) + t * tr.fit.se(g) for g in grid], color=color, alpha=0.12, lw=0)
         if K in paper:
             ax.scatter([paper[K][0]], [paper[K][1]], label=f"paper, K={K} ({'1.4B, Table 1' if K == 4 else '410M, Table 4'})",
-                       edgecolors=color, **PAPER_STYLE)
-    ax.axhline(0, color="grey", lw=0.8)
+                       **dict(style.PAPER_STAR, edgecolors=color, linewidths=1.0))
+    ax.axhline(0, color=style.GREY, lw=0.6)
     ax.set_xscale("log")
     ax.set(xlabel="training FLOPs (forward + backward, the project's count)",
            ylabel="PPL(StateLoop) / PPL(Vanilla Looped) - 1 (%)", title="StateLoop's gap against training compute (ours)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center")
     return fig
 
 
