@@ -1,5 +1,24 @@
 import pytest
-from rehearsal_support import rehearsed
+from dag_helpers import ROOT
+from rehearsal_support import SHARED, needs_shared_data, rehearsed, start
+
+from stateloop.config import load_yaml
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _rehearsals_side_by_side(request, tmp_path_factory):
+    """Start every rehearsal the selected tests read at the session's start, side by side, rather
+    than each when its first test asks: they use the cores while the other tests run."""
+    wanted = []
+    for item in request.session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "smoke_dag" in item.fixturenames:
+            wanted.append("tiny.yaml")
+        if params.get("rehearsal"):
+            wanted.append(params["rehearsal"])
+    for config in dict.fromkeys(wanted):
+        if SHARED.is_dir() or not needs_shared_data(load_yaml(ROOT / "configs" / config)):
+            start(config, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

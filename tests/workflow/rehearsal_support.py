@@ -8,35 +8,80 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from dag_helpers import ROOT, env
 
+from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.evaluate.task_files import default_shared_data
 
 SHARED = default_shared_data()
-_REHEARSALS: dict[str, tuple[Path, subprocess.CompletedProcess, float]] = {}
+TIMEOUT = 1800  # seconds for one rehearsal, from its start (both may run side by side)
 
 
-def rehearse(config: str, out: Path, *snakemake_args, timeout: int = 1500) -> subprocess.CompletedProcess:
-    """``stateloop rehearse configs/CONFIG --out OUT [-- SNAKEMAKE_ARGS]`` in a subprocess."""
+@dataclass
+class Rehearsal:
+    out: Path
+    proc: subprocess.Popen
+    started: float
+    returncode: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+
+
+_REHEARSALS: dict[str, Rehearsal] = {}
+
+
+def rehearse_args(config: str, out: Path, *snakemake_args) -> list[str]:
+    """``stateloop rehearse configs/CONFIG --out OUT [-- SNAKEMAKE_ARGS]``."""
     args = [sys.executable, "-m", "stateloop.cli", "rehearse", f"configs/{config}", "--out", str(out), "--cores", "2"]
-    if snakemake_args:
-        args += ["--", *snakemake_args]
-    return subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout)
+    return args + (["--", *snakemake_args] if snakemake_args else [])
+
+
+def start(config: str, tmp_path_factory) -> None:
+    """Start ``config``'s rehearsal in the background (once per session); its output goes to
+    files beside its folder, so several can run side by side without filling a pipe."""
+    if config in _REHEARSALS:
+        return
+    out = tmp_path_factory.mktemp("rehearsal") / Path(config).stem
+    with open(out.parent / "stdout", "w") as so, open(out.parent / "stderr", "w") as se:
+        proc = subprocess.Popen(rehearse_args(config, out), cwd=ROOT, env=env(), stdout=so, stderr=se, text=True,
+                                start_new_session=True)
+    _REHEARSALS[config] = Rehearsal(out, proc, time.perf_counter())
 
 
 def rehearsed(config: str, tmp_path_factory) -> Path:
-    """The folder of ``config``'s rehearsal, its whole DAG run once per session."""
-    if config not in _REHEARSALS:
-        out = tmp_path_factory.mktemp("rehearsal") / Path(config).stem
-        t0 = time.perf_counter()
-        proc = rehearse(config, out)
-        _REHEARSALS[config] = (out, proc, time.perf_counter() - t0)
-        print(f"\nrehearsal of {config}: {_REHEARSALS[config][2]:.0f} s", file=sys.stderr)
-    out, proc, _ = _REHEARSALS[config]
-    assert proc.returncode == 0, f"rehearsal of {config} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return out
+    """The folder of ``config``'s rehearsal, its whole DAG run once per session (started here
+    unless tests/workflow/conftest.py started it with the others at the session's start)."""
+    start(config, tmp_path_factory)
+    r = _REHEARSALS[config]
+    if r.returncode is None:
+        try:
+            r.returncode = r.proc.wait(timeout=max(1.0, TIMEOUT - (time.perf_counter() - r.started)))
+        except subprocess.TimeoutExpired:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+            r.returncode = r.proc.wait()
+            r.stderr = f"timed out after {TIMEOUT} s\n"
+        r.stdout = (r.out.parent / "stdout").read_text()
+        r.stderr += (r.out.parent / "stderr").read_text()
+        print(f"\nrehearsal of {config}: {time.perf_counter() - r.started:.0f} s", file=sys.stderr)
+    assert r.returncode == 0, f"rehearsal of {config} failed:\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return r.out
+
+
+def needs_shared_data(raw: dict) -> bool:
+    """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
+    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, task_yamls
+
+    local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
+    for scale in raw["scales"].values():
+        data, ev = scale.get("data") or {}, scale.get("eval") or {}
+        if data.get("source", "synthetic") != "synthetic" or data.get("tokenizer", "bpe") != "bpe":
+            return True
+        if any(t not in local_tasks for t in ev.get("tasks", PAPER_TASKS)):
+            return True
+    return False
 
 
 def dag(out: Path, *args, timeout: int = 600) -> subprocess.CompletedProcess:

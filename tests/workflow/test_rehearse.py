@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import yaml
 from dag_helpers import ROOT
-from rehearsal_support import SHARED, dag, rehearsed
+from rehearsal_support import SHARED, dag, needs_shared_data, rehearsed
 
 from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS
@@ -37,25 +37,14 @@ NOT_REHEARSED = {
                  "analyses run in tests/analysis/test_config_splits.py (`stateloop rehearse configs/gpu.yaml` "
                  "rehearses it whole, ~5 min): CI's 20 minutes"),
 }
+# The interrupted rehearsal's training: long enough that the DAG is killed mid-run after its first
+# checkpoint (step 2), short enough that the resumed run costs seconds, not minutes.
+STEPS = 16
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml") if p.name not in NOT_REHEARSED)
 OUTPUTS = [f"results/table{i}.{ext}" for i in (1, 2, 3, 4) for ext in ("csv", "md")] + [
     f"figures/{f}.{ext}" for f in ("loop_depth", "state_width", "state_analysis", "gap_vs_tokens", "state_diagnostics")
     for ext in ("pdf", "png")] + [
     "results/claims.md", "results/claims.csv"]
-
-
-def needs_shared_data(raw: dict) -> bool:
-    """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
-    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, task_yamls
-
-    local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
-    for scale in raw["scales"].values():
-        data, ev = scale.get("data") or {}, scale.get("eval") or {}
-        if data.get("source", "synthetic") != "synthetic" or data.get("tokenizer", "bpe") != "bpe":
-            return True
-        if any(t not in local_tasks for t in ev.get("tasks", PAPER_TASKS)):
-            return True
-    return False
 
 
 @pytest.fixture(scope="session", params=CONFIGS)
@@ -159,7 +148,7 @@ def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     config = prepare(ROOT / "configs/paper.yaml", out)
     cfg = yaml.safe_load(config.read_text())
     train = cfg["scales"]["410m"]["train"]
-    train.update(max_tokens=40 * train["global_batch"] * train["seq_len"])  # 40 steps, a checkpoint every 2
+    train.update(max_tokens=STEPS * train["global_batch"] * train["seq_len"])  # a checkpoint every 2 steps
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
     short = "results/runs/1.4b/vanilla_looped/K4_ds0_seed1234/model.safetensors"
     long_run = out / "results/runs/410m/stateloop/K7_ds32_seed1234"
@@ -185,5 +174,5 @@ def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     summary = json.loads((long_run / "train.json").read_text())
     assert (summary.get("resumed_from_step") or 0) >= 2, summary
     assert summary["world_size"] == 2 and summary["cluster_environment"] == "SLURMEnvironment"
-    assert summary["precision"] == "bf16-mixed" and summary["steps"] == 40
+    assert summary["precision"] == "bf16-mixed" and summary["steps"] == STEPS
     assert (out / short).stat().st_mtime == finished  # the finished run was not redone
