@@ -28,9 +28,10 @@ def shared_data():
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that read the tiny rehearsal (the smoke DAG, built once per process, ~7
     minutes) and the paper config's rehearsal: `shared_dag`. scripts/test.sh runs them in one
-    pytest process and every other test in a second one, side by side on the two cores. Measured
-    in CI: 17.0 and 8.5 minutes with the SLURM cluster tests (2.5 minutes) in the first, which
-    they no longer are (they share no rehearsal)."""
+    pytest process and every other test in a second one, side by side on the two cores, each
+    with one torch thread; tests/workflow/conftest.py starts both rehearsals at once. Measured in
+    CI (2026-12-02, a fresh clone): 19.1 minutes for this half, 21.6 for the other (with the
+    SLURM cluster tests, about 5 minutes of mostly waiting), 23.7 for the whole of .ci/run."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "smoke_dag" in getattr(item, "fixturenames", ()) or params.get("rehearsal") in ("tiny.yaml", "paper.yaml"):
