@@ -237,3 +237,28 @@ def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
     assert main(["render", "table1", "--config", str(other), "--out", "results/table1.csv", "--no-mlflow"]) == 0
     runs = c.search_runs([exp.experiment_id], f"attributes.run_name = '{name}'")
     assert len(runs) == 2 and {r.data.tags["config_file"] for r in runs} == {str(cfg_file), str(other)}
+
+
+def test_the_ui_opens_a_model_training_experiment_and_no_empty_default(empty_db, tmp_path):
+    """MLflow 3's UI opens an experiment in the view of its ``mlflow.experimentKind`` tag; a new
+    sqlite store makes an empty "Default" experiment, which the pipeline never logs to."""
+    from mlflow.entities import ViewType
+
+    uri = _store(empty_db, tmp_path / "results" / "mlflow.db")
+    c = client(uri)
+    listed = {e.name: e for e in c.search_experiments()}  # the UI's list: active experiments
+    assert "Default" not in listed and c.get_experiment("0").lifecycle_stage == "deleted"
+    exp = c.get_experiment(experiment_id(c, "stateloop"))
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+    # an experiment made before the tag existed gets it when a stage next finds it
+    old = c.create_experiment("older")
+    assert "mlflow.experimentKind" not in c.get_experiment(old).tags
+    assert c.get_experiment(experiment_id(c, "older")).tags["mlflow.experimentKind"] == "custom_model_development"
+
+    # a Default that holds runs (someone's own) is left alone, here restored with one run in it
+    c.restore_experiment("0")
+    c.create_run("0")
+    c = client(uri)
+    assert c.get_experiment("0").lifecycle_stage == "active"
+    assert len(c.search_runs(["0"], run_view_type=ViewType.ALL)) == 1

@@ -35,6 +35,9 @@ from stateloop.runs import TRAIN_SUMMARY, code_version
 DEFAULT_DB = Path("results") / "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside a sqlite store
 DEFAULT_EXPERIMENT = "stateloop"  # train.mlflow_experiment's default
+# The MLflow 3 UI opens an experiment in the view its kind tag names; untagged, it guesses, and an
+# experiment of runs with metrics but no traces may open in the GenAI view.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri(*configured: str | None) -> str:
@@ -80,7 +83,20 @@ def client(uri: str):
         c.search_experiments(max_results=1)  # creates / migrates the store now, under the lock
         if _db_path(uri):
             _repoint_artifacts(_db_path(uri))
+            _hide_empty_default(c)
     return c
+
+
+def _hide_empty_default(c) -> None:
+    """Delete (MLflow's soft delete: the UI lists it no more) the "Default" experiment a new
+    sqlite store creates for itself, while it holds no run: every stage logs to its named
+    experiment, so an empty Default would only be the first thing the UI shows. A Default with
+    runs, or on a tracking server, is someone's and left alone."""
+    from mlflow.entities import ViewType
+
+    default = c.get_experiment("0")
+    if default.lifecycle_stage == "active" and not c.search_runs(["0"], max_results=1, run_view_type=ViewType.ALL):
+        c.delete_experiment("0")
 
 
 def _folder_name(experiment: str) -> str:
@@ -124,9 +140,12 @@ def experiment_id(c, name: str) -> str:
 
     exp = c.get_experiment_by_name(name)
     if exp is not None:
+        if any(exp.tags.get(k) != v for k, v in EXPERIMENT_KIND.items()):  # made before the tag was set
+            for k, v in EXPERIMENT_KIND.items():
+                c.set_experiment_tag(exp.experiment_id, k, v)
         return exp.experiment_id
     try:
-        return c.create_experiment(name, artifact_location=artifact_location(c.tracking_uri, name))
+        return c.create_experiment(name, artifact_location=artifact_location(c.tracking_uri, name), tags=EXPERIMENT_KIND)
     except MlflowException:  # created meanwhile by a parallel job
         exp = c.get_experiment_by_name(name)
         if exp is None:
