@@ -73,6 +73,7 @@ def test_depth_sweep_holds_the_trained_depths_number_and_logs_a_curve(make_run, 
     ("hyperloop", ["--set", "eval.K=7"], "eval.K: hyperloop has no meaning at K=7"),
     ("stateloop", ["--set", "eval.K=0"], "eval.K: must be positive or null, got 0"),
     ("stateloop", ["--depths", "0"], "eval.K: the loop depth must be a positive integer, got 0"),
+    ("stateloop", ["--depths", "2", "4", "--set", "eval.K=4"], "--depths: evaluates the depths it names; drop eval.K"),
 ])
 def test_a_depth_without_a_meaning_is_one_line_before_any_work(make_run, capsys, name, args, message):
     run_dir, _ = make_run(name, K=3)
