@@ -153,6 +153,29 @@ def experiment_id(c, name: str) -> str:
         return exp.experiment_id
 
 
+def log_datasets(c, run_id: str, scale: str, shard_sets: dict) -> None:
+    """Each split a run read as an MLflow dataset input (the runs table's Datasets column):
+    ``shard_sets`` maps MLflow's context ("training", "validation") to a data.shards.ShardSet.
+    Name ``<scale>/<split>``; digest the split's fingerprint (its shard files, token counts and
+    checksums in meta.json: equal exactly when the tokens are); source the meta.json; profile
+    the split's token and document counts and its own source (files, hash split). MLflow keeps
+    one input per dataset and context, so a resumed run logs nothing twice."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = []
+    for context, shards in shard_sets.items():
+        split = shards.meta["splits"][shards.split]
+        tokenizer = shards.meta.get("tokenizer")
+        profile = {"split": shards.split, "tokens": split.get("tokens"), "documents": split.get("documents"),
+                   "split_source": split.get("source"), "vocab_size": shards.vocab_size,
+                   "tokenizer": tokenizer.get("kind") if isinstance(tokenizer, dict) else None}
+        dataset = Dataset(name=f"{scale}/{shards.split}", digest=shards.fingerprint(), source_type="local",
+                          source=json.dumps({"uri": str((shards.dir / "meta.json").resolve())}),
+                          profile=json.dumps(profile))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+    c.log_inputs(run_id, datasets=inputs)
+
+
 def standard_tags(command: str) -> dict[str, str]:
     """MLflow's own tags (the UI's "User", "Source", "Git commit") for a run made by ``stateloop COMMAND``."""
     import getpass

@@ -10,6 +10,7 @@ import time
 
 from train_support import cli, resolved
 
+from stateloop.data.shards import ShardSet
 from stateloop.runs import code_version
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import train
@@ -114,3 +115,13 @@ def test_sigkill_after_a_checkpoint_then_resume_logs_every_step_once(tiny_setup,
     assert set(steps) >= set(range(ckpt + 5, last + 11, 5))
     assert {m.step: m.value for m in after if m.step in before} == before  # kept (a gap the killed logger left is filled)
     assert client.get_run(run_id).info.status == "FINISHED"
+
+    # The data it read is the run's dataset input (the UI's Datasets column), once across both attempts.
+    inputs = [(d.dataset, {t.key: t.value for t in d.tags}["mlflow.data.context"])
+              for d in client.get_run(run_id).inputs.dataset_inputs]
+    assert [context for _, context in inputs] == ["training"]  # val_tokens = 0: no validation windows read
+    train_set = next(ds for ds, context in inputs if context == "training")
+    shards = ShardSet(data, "train")
+    assert train_set.name == "t/train" and train_set.digest == shards.fingerprint()
+    assert json.loads(train_set.profile)["tokens"] == len(shards)
+    assert json.loads(train_set.source)["uri"] == str((data / "meta.json").resolve())

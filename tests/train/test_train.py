@@ -50,6 +50,9 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     assert run.data.params["model.d_model"] == "32" and run.data.params["train.max_steps"] == "60"
     assert run.data.params["run.id"] == "t/stateloop/K2_ds32_seed1234" and run.data.params["data.dir"] == str(data.resolve())
     assert run.data.tags["model"] == "stateloop" and run.data.tags["K"] == "2"
+    # the splits it read are its dataset inputs, by MLflow context (tests/train/test_tracking_train.py: once each)
+    assert sorted((d.dataset.name, d.tags[0].value) for d in run.inputs.dataset_inputs) == [
+        ("t/train", "training"), ("t/val", "validation")]
     assert len(history) == 12 and [m.step for m in val] == [20, 40, 60]
     lrs = client.get_metric_history(run.info.run_id, "train/lr")
     assert lrs[0].step == 5 and lrs[0].value == pytest.approx(3e-3)  # step 5 uses eta(4) = peak after 5 warmup steps

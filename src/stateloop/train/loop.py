@@ -71,7 +71,7 @@ from stateloop.runs import (
     resolve_device,
     save_final,
 )
-from stateloop.tracking import Tracker, flatten, tracking_uri
+from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.resolve import open_data, parse_resolved
@@ -406,6 +406,9 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
         val_windows_id = windows_identity(val_windows, tcfg.val_split)
 
     tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero else None
+    if tracker is not None:
+        read = {"training": train_shards, **({"validation": val_shards} if val_shards is not None else {})}
+        log_datasets(tracker.client, tracker.run_id, config["run"]["scale"], read)
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
     flops_seq = None
     if peak:
