@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import constructed_state
 
 from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import ladder
@@ -24,14 +25,7 @@ def _ppl(run) -> float:
 
 
 def _state(run) -> dict:
-    n = run.K - 1 if run.model == "state_only" else run.K
-    out = {"states": list(range(1, n + 1)), "tokens": 512, "state_norm": [i + 0.1 * run.seed for i in range(1, n + 1)]}
-    if run.model != "stateloop_gru":
-        out["write_rate_mean"] = [0.1 * i + 0.01 * run.seed for i in range(1, n + 1)]
-        out["write_rate_sd"] = [0.05] * n
-    if run.model != "state_only":
-        out["read_ratio"] = [0.2 + 0.01 * i for i in range(1, n + 1)]
-    return out
+    return constructed_state(run, tokens=512, read_step=0.01)
 
 
 def _analyses(run, ppl: float) -> tuple[dict, dict]:

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import constructed_state
 
 from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import trends
@@ -187,14 +188,7 @@ def test_the_state_diagnostics_figure_draws_each_cells_mean_over_seeds(tmp_path)
         folder.mkdir(parents=True, exist_ok=True)
         ev = {"heldout": {"ppl": 10.0}, "tasks": {}}
         if run.model != "vanilla_looped":
-            n = run.K - 1 if run.model == "state_only" else run.K
-            state = {"states": list(range(1, n + 1)), "tokens": 100, "state_norm": [i + 0.1 * run.seed for i in range(1, n + 1)]}
-            if run.model != "stateloop_gru":
-                state["write_rate_mean"] = [0.1 * i + 0.01 * run.seed for i in range(1, n + 1)]
-                state["write_rate_sd"] = [0.05] * n
-            if run.model != "state_only":
-                state["read_ratio"] = [0.2] * n
-            ev["state"] = state
+            ev["state"] = constructed_state(run, tokens=100)
         (folder / "eval.json").write_text(json.dumps(ev))
     fig = state_diagnostics(cfg, results)
     axes = dict(zip((k for k, _ in DIAGNOSTIC_PANELS), fig.axes))
