@@ -159,7 +159,8 @@ def log_datasets(c, run_id: str, scale: str, shard_sets: dict) -> None:
     Name ``<scale>/<split>``; digest the split's fingerprint (its shard files, token counts and
     checksums in meta.json: equal exactly when the tokens are); source the meta.json; profile
     the split's token and document counts and its own source (files, hash split). MLflow keeps
-    one input per dataset and context, so a resumed run logs nothing twice."""
+    one input per dataset and context, so a resumed run logs nothing twice, and one dataset per
+    name and digest in an experiment: runs that read the same tokens share it (the first source)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     inputs = []
