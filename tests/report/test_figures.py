@@ -51,6 +51,11 @@ def constructed(tmp_path: Path, seeds=(1, 2, 3)):
         spec["seeds"] = list(seeds)
     raw["experiments"]["test_time_depth"] = {"scale": "smoke", "models": ["vanilla_looped", "stateloop"], "K": [2, 3],
                                              "d_state": [32], "seeds": list(seeds), "test_time_K": [1, 2, 3, 4, 6]}
+    base = raw["scales"]["smoke"]  # a learning-rate bracket: the smoke scale at three peak lrs
+    for i, x in enumerate((1e-3, 3e-3, 9e-3), 1):
+        raw["scales"][f"smoke_lr{i}"] = {**base, "train": {**base["train"], "lr": x, "min_lr": x / 10}}
+        raw["experiments"][f"lr_{i}"] = {"scale": f"smoke_lr{i}", "models": ["vanilla_looped", "stateloop"],
+                                         "K": [2, 3], "d_state": [32], "seeds": list(seeds)}
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -151,7 +156,7 @@ def _close(fig):
 
 
 FIGURE_NAMES = ["loop_depth", "state_width", "state_analysis", "gap_vs_tokens", "state_diagnostics", "gap_vs_compute",
-                "test_time_depth"]
+                "test_time_depth", "lr_sweep"]
 
 
 def test_every_figure_is_drawn_here():

@@ -116,23 +116,25 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
 
 
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
-    """configs/decide.yaml: 15 cells x 4 seeds and 4 more seeds of Table 1's two cells, one training
-    each, seeds spelled in every path;
-    Tables 1 and 4, Figure 2, the gap over training tokens, the state's diagnostics and the claims
-    are its outputs (no Table 2: no lm-eval task)."""
+    """configs/decide.yaml: 15 cells x 4 seeds, 4 more seeds of Table 1's two cells, and the lr
+    bracket's 8 new cells x 3 seeds (its middle lr is Figure 2's runs), one training each, seeds
+    spelled in every path; Tables 1 and 4, Figure 2, the gap over training tokens, the state's
+    diagnostics, the lr bracket and the claims are its outputs (no Table 2: no lm-eval task)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
-    assert len(trains) == len(set(trains)) == 68
+    assert len(trains) == len(set(trains)) == 68 + 24
     assert all(re.search(r"/K\d+_ds\d+_seed[1-8]/model\.safetensors", o) for o in trains)
     assert sum("/K4_ds" in o and "/decide/" in o for o in trains) == 16
     assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds
+    assert sum("/decide_lr_low/" in o or "/decide_lr_high/" in o for o in trains) == 24  # 2 lrs x 2 models x 2 K x 3 seeds
     renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
     assert renders == sorted(["figures/loop_depth.pdf, figures/loop_depth.png", "results/claims.md, results/claims.csv",
                               "results/table1.csv, results/table1.md", "results/table4.csv, results/table4.md",
                               "figures/gap_vs_tokens.pdf, figures/gap_vs_tokens.png",
                               "figures/state_diagnostics.pdf, figures/state_diagnostics.png",
-                              "figures/test_time_depth.pdf, figures/test_time_depth.png"])
+                              "figures/test_time_depth.pdf, figures/test_time_depth.png",
+                              "figures/lr_sweep.pdf, figures/lr_sweep.png"])
 
 
 def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_path):

@@ -14,8 +14,9 @@ resolve: an effect smaller than it could not have been told from 0.
 
 Rows whose source starts with "own" are the project's own questions, not the paper's claims:
 whether each PPL gap shrinks, holds or grows with training tokens (report/trends.py) and with
-training compute along a ladder, with the compute where its trend crosses 0 (report/ladder.py);
-their verdict is the trend's: shrinks / grows / holds (no trend resolved).
+training compute along a ladder, with the compute where its trend crosses 0 (report/ladder.py),
+their verdict the trend's: shrinks / grows / holds (no trend resolved); whether StateLoop's verdict
+against Vanilla Looped holds at every peak lr of a bracket (report/lr.py); and test-time depth.
 """
 
 from __future__ import annotations
@@ -327,6 +328,21 @@ def ladder_rows(cfg) -> list[Claim]:
     return rows
 
 
+LR_SOURCE = f"{OWN_PREFIX}: learning rate (not the paper's)"
+
+
+def lr_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims): does the StateLoop vs Vanilla Looped
+    verdict hold at every peak lr of a bracket (report/lr.py)? One row per K; the effect is the
+    gap with each model at its own best lr."""
+    from stateloop.report import lr
+
+    return [Claim(f"lr_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped at every peak lr tried "
+                  f"(K = {K})", LR_SOURCE, PCT, -1, math.nan, "- (the paper trains at one lr per scale)",
+                  lambda cfg, results, K=K: lr.measure(cfg, results, K), list(lr.experiments(cfg)))
+            for K in lr.loop_counts(cfg)]
+
+
 DEPTH_SOURCE = f"{OWN_PREFIX}: test-time depth (not the paper's)"
 
 
@@ -347,7 +363,7 @@ def depth_rows(cfg) -> list[Claim]:
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    for c in paper_claims() + choice_rows() + token_trend_rows(cfg) + ladder_rows(cfg) + depth_rows(cfg):
+    for c in paper_claims() + choice_rows() + token_trend_rows(cfg) + ladder_rows(cfg) + lr_rows(cfg) + depth_rows(cfg):
         out = c.measure(cfg, results)
         if out is None and c.source.startswith(("choice", "own")):
             continue  # an open choice or an own question the config does not measure
@@ -401,6 +417,8 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "least-squares slope over its validation points, then a t interval over seeds) or log10 training FLOPs "
               "(a compute ladder: least squares over every rung and seed); 'shrinks' = the slope excludes 0 on the "
               "side opposite to the final gap, 'grows' = on the same side, 'holds (no trend resolved)' = its "
-              "interval contains 0; test-time depth: StateLoop's PPL change from its trained K to K* = 2K (or the deepest "
+              "interval contains 0; learning rate: the claim's verdict at each peak lr of the bracket, 'holds at "
+              "every lr tried' or where it changes (ours: each model at its own best lr, paired by seed); test-time "
+              "depth: StateLoop's PPL change from its trained K to K* = 2K (or the deepest "
               "depth evaluated below it) minus Vanilla Looped's, paired by seed.", ""]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ from matplotlib.patches import Patch
 
 from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
-from stateloop.report import depth, style
+from stateloop.report import depth, lr, style
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference
 
@@ -328,4 +328,4 @@ def gap_vs_compute(cfg, results: Path):
 
 FIGURES = {"loop_depth": loop_depth, "state_width": state_width, "state_analysis": state_analysis,
            "gap_vs_tokens": gap_vs_tokens, "state_diagnostics": state_diagnostics, "gap_vs_compute": gap_vs_compute,
-           "test_time_depth": depth.figure}
+           "test_time_depth": depth.figure, "lr_sweep": lr.figure}

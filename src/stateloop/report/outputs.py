@@ -10,6 +10,7 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     state_diagnostics figure table4, loop_depth, table1 (eval.json)    the project's own, not the paper's
     gap_vs_compute  figure   ladder_1 .. ladder_5 (eval.json)          the project's own, not the paper's
     test_time_depth figure test_time_depth (eval_depth.json)       the project's own, not the paper's
+    lr_sweep        figure   lr_1 .. lr_5 (eval.json)                  the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
@@ -74,6 +75,8 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
            also=("ladder_2", "ladder_3", "ladder_4", "ladder_5")),
     Output("test_time_depth", "figure", "test_time_depth",
            "Figure S4: held-out perplexity at test-time loop depths other than trained (ours)", run_files=(DEPTH_FILE,)),
+    Output("lr_sweep", "figure", "lr_1", "Figure S5: held-out perplexity and the paired gap against the peak lr (ours)",
+           also=("lr_2", "lr_3", "lr_4", "lr_5")),
     Output("claims", "claims", None, "The paper's claims, judged", bench=True),
 )}
 
