@@ -177,6 +177,85 @@ def log_datasets(c, run_id: str, scale: str, shard_sets: dict) -> None:
     c.log_inputs(run_id, datasets=inputs)
 
 
+# MLflow refuses these in a logged model's name (and '/' and ':' in a registered model's)
+MODEL_NAME_FORBIDDEN = re.compile(r"[/:.%\"']")
+LOGGED_MODEL_TYPE = "transformers (trust_remote_code)"  # what the artifacts are: a Hugging Face directory
+
+
+def logged_model_name(run_name: str) -> str:
+    """A run id as MLflow allows a logged model's name: tiny/stateloop/K4_ds32_seed1 ->
+    tiny-stateloop-K4_ds32_seed1 (the run id itself is the model's tag ``stateloop.run``)."""
+    return MODEL_NAME_FORBIDDEN.sub("-", run_name)
+
+
+def registered_model_name(template: str, **fields) -> str:
+    """``train.mlflow_register_model`` filled in for one run; one line naming the key when the
+    template names an unknown field or yields a name the registry refuses."""
+    try:
+        name = template.format(**fields)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ConfigError(f"train.mlflow_register_model: {template!r} is not a name with the fields "
+                          f"{{{'}, {'.join(fields)}}} ({type(err).__name__}: {err})") from None
+    if not name.strip() or "/" in name or ":" in name:
+        raise ConfigError(f"train.mlflow_register_model: {template!r} gives {name!r}; a registered model's name "
+                          f"is not empty and has no '/' or ':'")
+    return name
+
+
+def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], tags: dict[str, str],
+              step: int, register: str = "") -> str:
+    """The run's final weights as an MLflow LoggedModel of its experiment, and its id: the Hugging
+    Face directory of export/hf.py (config.json, model.safetensors, the tokenizer files and the
+    modeling code; `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` loads a
+    download of it), linked to the run as its output at ``step``. A READY model this run already
+    logged (a finish redone after a kill) is kept, not logged twice; one a killed attempt left
+    PENDING is marked FAILED. ``register``: also a version of the registered model of that name."""
+    import tempfile
+
+    from mlflow.entities import LoggedModelOutput
+
+    from stateloop.export.hf import export_run
+
+    exp_id = c.get_run(run_id).info.experiment_id
+    mine = c.search_logged_models([exp_id], filter_string=f"source_run_id = '{run_id}'")
+    ready = [m for m in mine if str(m.status) == "READY"]
+    for m in mine:
+        if str(m.status) == "PENDING":
+            c.finalize_logged_model(m.model_id, "FAILED")
+    if ready:
+        model_id = ready[0].model_id
+    else:
+        model = c.create_logged_model(exp_id, name=logged_model_name(run_name), source_run_id=run_id,
+                                      params=params, tags={"stateloop.run": run_name, **tags},
+                                      model_type=LOGGED_MODEL_TYPE)
+        model_id = model.model_id
+        try:
+            with tempfile.TemporaryDirectory(prefix="stateloop-model-") as tmp:
+                c.log_model_artifacts(model_id, str(export_run(run_dir, Path(tmp) / "hf")))
+        except BaseException:
+            c.finalize_logged_model(model_id, "FAILED")
+            raise
+        c.finalize_logged_model(model_id, "READY")
+        c.log_outputs(run_id, [LoggedModelOutput(model_id, step)])
+    if register:
+        _register(c, register, model_id, run_id)
+    return model_id
+
+
+def _register(c, name: str, model_id: str, run_id: str) -> None:
+    """A version of registered model ``name`` for the logged model, unless it has one already."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        c.create_registered_model(name)
+    except MlflowException as err:
+        if "already exists" not in str(err).lower() and getattr(err, "error_code", "") != "RESOURCE_ALREADY_EXISTS":
+            raise
+    if any(v.source == f"models:/{model_id}" for v in c.search_model_versions(f"name = '{name}'")):
+        return
+    c.create_model_version(name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id)
+
+
 def standard_tags(command: str) -> dict[str, str]:
     """MLflow's own tags (the UI's "User", "Source", "Git commit") for a run made by ``stateloop COMMAND``."""
     import getpass
@@ -343,7 +422,7 @@ class Tracker:
     (a changed setting) logs them again: MLflow's latest value of each step is then the new one."""
 
     def __init__(self, uri: str, experiment: str, run_name: str, run_id: str | None = None, tags: dict | None = None,
-                 previous: Path | None = None, exact: bool = True):
+                 previous: Path | None = None, exact: bool = True, system_metrics_s: float = 0.0):
 
         self.uri = uri
         self.client = client(uri)
@@ -356,6 +435,7 @@ class Tracker:
                     self.client.update_run(run_id, status="RUNNING")
             except Exception:  # noqa: BLE001 - the store was moved or reset: start a new run
                 self.run_id = None
+        continued = self.run_id is not None
         self._close_dead_attempt(_run_id_in(previous), run_name)
         self._logged = self._logged_steps() if self.run_id and exact else {}
         if self.run_id is None:
@@ -363,6 +443,17 @@ class Tracker:
             self.run_id = self.client.create_run(exp_id, run_name=run_name,
                                                  tags={**standard_tags("train"), **(tags or {})}).info.run_id
         self._pending: list = []
+        self.monitor = self._system_metrics(system_metrics_s, resumed=continued) if system_metrics_s else None
+
+    def _system_metrics(self, every_s: float, resumed: bool):
+        """MLflow's own monitor of this node (``system/...`` metrics, stepped by sample), in a
+        thread; a resumed run continues its steps."""
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        monitor = SystemMetricsMonitor(self.run_id, sampling_interval=every_s, resume_logging=resumed,
+                                       tracking_uri=self.uri)
+        monitor.start()
+        return monitor
 
     def _close_dead_attempt(self, old: str | None, run_name: str) -> None:
         if not old or old == self.run_id:
@@ -405,6 +496,9 @@ class Tracker:
 
     def finish(self, status: str = "FINISHED") -> None:
         """status: FINISHED, FAILED or KILLED (stopped by a signal, to be continued)."""
+        if self.monitor is not None:
+            self.monitor.finish()  # its last samples, before the run is closed
+            self.monitor = None
         self.flush()
         self.client.set_terminated(self.run_id, status=status)
 

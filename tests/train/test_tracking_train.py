@@ -129,3 +129,99 @@ def test_sigkill_after_a_checkpoint_then_resume_logs_every_step_once(tiny_setup,
     # that logged those tokens (this module's store is shared), a meta.json with the same shards
     source = Path(json.loads(train_set.source)["uri"])
     assert source.name == "meta.json" and ShardSet(source.parent, "train").fingerprint() == shards.fingerprint()
+
+
+def _with_tokenizer(data: Path) -> Path:
+    """The test shards' 64 ids as a word-level tokenizer (id 0 the end-of-document token), so the
+    run can be exported: what an MLflow model of the run holds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from stateloop.data.shards import read_meta, write_meta
+
+    vocab = {"<eos>": 0, **{f"w{i}": i for i in range(1, 64)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<eos>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(["<eos>"])
+    tok.save(str(data / "tokenizer.json"))
+    write_meta(data, {**read_meta(data), "tokenizer": {"file": "tokenizer.json"}})
+    return data
+
+
+def test_a_finished_run_is_an_mlflow_model_with_its_system_metrics(tiny_setup, tmp_path, mlflow_uri):
+    """Issue 23: "Each trained run logs its final weights as an MLflow model (a LoggedModel, with
+    the export's directory ...) so the Models tab lists it; optionally register models by name with
+    a config switch" and "System metrics (MLflow's own monitor) for training runs, on by default".
+    The model's artifacts, downloaded through models:/<id>, load in transformers and give the run's
+    logits; the registry holds one version of it; a second finish logs nothing twice."""
+    import mlflow
+    import torch
+    from mlflow.tracking import MlflowClient
+    from transformers import AutoModelForCausalLM
+
+    from stateloop.runs import load_model
+    from stateloop.tracking import log_model
+
+    cfg_path, data = tiny_setup
+    _with_tokenizer(data)
+    client = MlflowClient(mlflow_uri)
+    run_dir = tmp_path / "run"
+    over = ["train.max_steps=30", "train.val_tokens=0", "train.mlflow_system_metrics_s=0.2",
+            "train.mlflow_register_model='{scale}-{model}-K{K}'"]
+    result = train(resolved(cfg_path, data, overrides=over), run_dir, progress=False)
+    run_id, model_id = result.summary["mlflow_run_id"], result.summary["mlflow_model_id"]
+    exp = client.get_run(run_id).info.experiment_id
+    models = client.search_logged_models([exp], filter_string=f"source_run_id = '{run_id}'")
+    assert [m.model_id for m in models] == [model_id]
+    model = models[0]
+    assert str(model.status) == "READY" and model.name == "t-stateloop-K2_ds32_seed1234"
+    assert model.tags["stateloop.run"] == RUN and model.params["K"] == "2" and model.params["model"] == "stateloop"
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [model_id]
+
+    mlflow.set_tracking_uri(mlflow_uri)
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/{model_id}", dst_path=str(tmp_path / "dl")))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in folder.iterdir()}
+    hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    ours, _ = load_model(run_dir)
+    ids = torch.tensor([[0, 5, 9, 13, 17, 21, 0, 3, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours.eval()(ids).logits, rtol=1e-5, atol=1e-5)
+
+    versions = client.search_model_versions("name = 't-stateloop-K2'")
+    assert [(v.source, v.run_id) for v in versions] == [(f"models:/{model_id}", run_id)]
+    again = log_model(client, run_id, run_dir, RUN, {}, {}, 30, register="t-stateloop-K2")
+    assert again == model_id and len(client.search_logged_models([exp], filter_string=f"source_run_id = '{run_id}'")) == 1
+    assert len(client.search_model_versions("name = 't-stateloop-K2'")) == 1
+
+    cpu = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    assert cpu and all(0 <= m.value <= 100 * 64 for m in cpu) and [m.step for m in cpu] == list(range(len(cpu)))
+
+
+def test_system_metrics_and_the_model_are_off_by_their_keys(tiny_setup, tmp_path, mlflow_uri):
+    """On by default ("System metrics ... for training runs, on by default, off by a config key")."""
+    from mlflow.tracking import MlflowClient
+
+    from stateloop.train.config import TrainConfig
+
+    assert TrainConfig().mlflow_system_metrics_s > 0 and TrainConfig().mlflow_log_model
+
+    cfg_path, data = tiny_setup
+    _with_tokenizer(data)
+    client = MlflowClient(mlflow_uri)
+    over = ["train.max_steps=30", "train.val_tokens=0", "train.mlflow_system_metrics_s=0", "train.mlflow_log_model=false"]
+    result = train(resolved(cfg_path, data, overrides=over), tmp_path / "run", progress=False)
+    run = client.get_run(result.summary["mlflow_run_id"])
+    assert not [k for k in run.data.metrics if k.startswith("system/")]
+    assert "mlflow_model_id" not in result.summary and not run.outputs.model_outputs
+    assert not client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run.info.run_id}'")
+
+
+def test_a_register_name_mlflow_refuses_is_one_line_naming_the_key(tiny_setup):
+    import pytest
+
+    from stateloop.config import ConfigError
+
+    cfg_path, data = tiny_setup
+    for bad, says in (("{scale}/{model}", "has no '/' or ':'"), ("{width}", "is not a name with the fields")):
+        with pytest.raises(ConfigError, match="train.mlflow_register_model") as err:
+            resolved(cfg_path, data, overrides=[f"train.mlflow_register_model='{bad}'"])
+        assert says in str(err.value) and "\n" not in str(err.value)

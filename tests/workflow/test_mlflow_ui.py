@@ -183,3 +183,53 @@ def test_compare_view_overlays_stateloop_and_vanilla(ui, pair):
         assert any(t["name"] == r["name"] and _matches_history(t, history) for t in traces), (r["name"], history)
     assert len({t["card"] for t in traces}) == 1  # one chart, both lines
     assert f"Comparing {len(pair)} Runs" in ui.driver.find_element("tag name", "body").text
+
+
+def _post(ui, path: str, body: dict) -> dict:
+    req = urllib.request.Request(f"{ui.base}/api/2.0/mlflow/{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.load(r)
+
+
+def _logged_models(ui, exp: str) -> list[dict]:
+    return _post(ui, "logged-models/search", {"experiment_ids": [exp], "max_results": 1000}).get("models", [])
+
+
+def test_models_tab_lists_every_trained_runs_model(ui):
+    """Issue 23: "Each trained run logs its final weights as an MLflow model ... so the Models tab
+    lists it". Every training run of the smoke DAG has one READY logged model whose source is that
+    run, and the experiment's Models tab shows each by name."""
+    trained = {str(p.parent.relative_to(ui.root / "results/runs")) for p in (ui.root / "results/runs").glob("*/*/*/train.json")}
+    assert trained
+    for exp in sorted({ui.runs[n]["experiment_id"] for n in trained}):
+        models = _logged_models(ui, exp)
+        by_run = {m["info"]["source_run_id"]: m["info"] for m in models}
+        mine = {n: ui.runs[n]["run_id"] for n in trained if ui.runs[n]["experiment_id"] == exp}
+        assert set(mine.values()) <= set(by_run), sorted(n for n, i in mine.items() if i not in by_run)
+        names = {by_run[i]["name"] for i in mine.values()}
+        assert all(by_run[i]["status"] == "LOGGED_MODEL_READY" for i in mine.values())
+        ui.open(f"experiments/{exp}/models?workflowType=machine_learning", height=600 + 60 * len(names))
+        ui.wait(lambda d, names=names: all(n in d.find_element("tag name", "body").text for n in names) or None,
+                f"the {len(names)} logged models of experiment {exp}")
+
+
+def test_runs_table_fills_the_datasets_and_models_columns(ui, pair):
+    """The runs table's Datasets column names what each training run read (MLflow dataset inputs:
+    ``<scale>/<split>``) and its Models column the run's logged model."""
+    run = pair[0]
+    with urllib.request.urlopen(f"{ui.base}/api/2.0/mlflow/runs/get?run_id={run['run_id']}", timeout=30) as r:
+        got = json.load(r)["run"]
+    datasets = {d["dataset"]["name"] for d in got.get("inputs", {}).get("dataset_inputs", [])}
+    assert any(n.endswith("/train") for n in datasets), got.get("inputs")
+    model = next(m["info"] for m in _logged_models(ui, run["experiment_id"]) if m["info"]["source_run_id"] == run["run_id"])
+    ui.open(f"experiments/{run['experiment_id']}/runs?workflowType=machine_learning", height=600 + 60 * len(ui.runs))
+
+    def row_text(d):
+        rows = d.execute_script("return Array.from(document.querySelectorAll('[role=\"row\"], tr'))"
+                                ".map(r => r.textContent)")
+        return [t for t in rows if run["name"] in t] or None
+
+    rows = ui.wait(lambda d: [t for t in (row_text(d) or []) if all(n in t for n in datasets) and model["name"] in t] or None,
+                   f"{run['name']}'s row naming its datasets {sorted(datasets)} and its model {model['name']}")
+    assert rows

@@ -59,6 +59,15 @@ class TrainConfig:
     log_every: int = 10  # steps between metric logs (MLflow) and progress-bar updates of the loss
     mlflow_experiment: str = "stateloop"
     mlflow_tracking_uri: str = ""  # "": $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/results/mlflow.db
+    # MLflow's own system metrics (CPU, memory, disk, network; GPU where pynvml sees one) of the
+    # training process's node (rank 0), sampled every this many seconds; 0: not logged
+    mlflow_system_metrics_s: float = 10.0
+    # The final weights as an MLflow model of the run (a LoggedModel: the Hugging Face export
+    # directory of `stateloop export`, listed in the UI's Models tab)
+    mlflow_log_model: bool = True
+    # Register each logged model under this name ({scale}, {model}, {K}, {d_s} filled in, e.g.
+    # '{scale}-{model}', quoted in YAML): one version per run; "": not registered
+    mlflow_register_model: str = ""
     peak_tflops: float = 0.0  # per-device peak for MFU; 0: the device's datasheet bf16 rate (train/flops.py)
 
     def __post_init__(self) -> None:
@@ -75,9 +84,13 @@ class TrainConfig:
         for key in ("lr", "eps"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}: must be positive, got {getattr(self, key)}")
-        for key in ("min_lr", "weight_decay", "grad_clip", "peak_tflops"):
+        for key in ("min_lr", "weight_decay", "grad_clip", "peak_tflops", "mlflow_system_metrics_s"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.mlflow_register_model:
+            from stateloop.tracking import registered_model_name
+
+            registered_model_name(self.mlflow_register_model, scale="s", model="m", K=1, d_s=0)  # one line if malformed
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr: the floor {self.min_lr} is above the peak lr {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

@@ -439,7 +439,8 @@ def _tracker(config: dict, tcfg, run_dir: Path, state: dict, inexact: list[str])
     tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
             "code_version": code_version(), "config_file": run["config"]}
     tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
-                      run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE, exact=not inexact)
+                      run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE, exact=not inexact,
+                      system_metrics_s=tcfg.mlflow_system_metrics_s)
     if inexact:
         tracker.client.set_tag(tracker.run_id, "stateloop.inexact_resume", f"from step {state['step']}: {'; '.join(inexact)}"[:5000])
     tracker.log_params(flatten(config))
@@ -607,9 +608,32 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     }
     if run.rank0:
         save_final(run.run_dir, weights, run.config)
+        if tracker is not None and tcfg.mlflow_log_model:
+            summary["mlflow_model_id"] = _log_model(run, tracker, total)  # None: no tokenizer to export with
         atomic_write_json(run.run_dir / TRAIN_SUMMARY, summary)
     fabric.barrier()
     return TrainResult("finished", total, summary, run.store.path(total), rank0=run.rank0)
+
+
+def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
+    """The final weights as the run's MLflow model (tracking.log_model), registered where
+    train.mlflow_register_model names a model."""
+    from stateloop.data.shards import read_meta
+    from stateloop.data.tokenizer import TOKENIZER_FILE
+    from stateloop.tracking import log_model, registered_model_name
+
+    r, tcfg = run.config["run"], run.tcfg
+    data_dir = Path((run.config.get("data") or {}).get("dir") or "")
+    tokenizer = read_meta(data_dir).get("tokenizer") if (data_dir / "meta.json").is_file() else None
+    if not (isinstance(tokenizer, dict) and (data_dir / tokenizer.get("file", TOKENIZER_FILE)).is_file()):
+        warn(f"{data_dir}: no tokenizer file beside the shards, so no MLflow model is logged "
+             "(the export needs one; train.mlflow_log_model)")
+        return None
+    fields = {"scale": r["scale"], "model": r["model"], "K": r["K"], "d_s": r["d_s"]}
+    register = registered_model_name(tcfg.mlflow_register_model, **fields) if tcfg.mlflow_register_model else ""
+    params = {**{k: str(v) for k, v in fields.items()}, "params": str(sum(p.numel() for p in run.raw_model.parameters()))}
+    return log_model(tracker.client, tracker.run_id, run.run_dir, r["id"], params, {"code_version": code_version()},
+                     step, register=register)
 
 
 def _hms(seconds: float) -> str:
