@@ -509,7 +509,7 @@ class Tracker:
 
 def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: str, prefix: str, metrics: dict,
               curves: dict | None = None, params: dict | None = None, tags: dict | None = None,
-              artifact: tuple | None = None) -> str:
+              artifact: tuple | None = None, datasets: dict | None = None) -> str:
     """Log one stage's results into the run's MLflow run (:func:`run_of`: the one train.json names,
     else the run named by the run id) and return its id.
 
@@ -517,7 +517,8 @@ def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: s
     metric ``{prefix}/<name>`` with the index as its step (one chart per curve); ``params`` as
     params (a later call with other values keeps them as ``changed_on_re{command}.<key>`` tags:
     MLflow params cannot change); ``tags`` as tags; ``artifact`` = (a file path or a dict, the
-    artifact path: a folder for a file, a file name for a dict)."""
+    artifact path: a folder for a file, a file name for a dict); ``datasets`` {context: ShardSet}
+    as the run's dataset inputs (:func:`log_datasets`, named by the run id's scale)."""
     import datetime
 
     from mlflow.entities import Metric, RunTag
@@ -531,6 +532,8 @@ def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: s
     run_tags = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
     for start in range(0, max(len(points), 1), 500):
         c.log_batch(mlflow_id, metrics=points[start : start + 500], tags=run_tags if start == 0 else [])
+    if datasets:
+        log_datasets(c, mlflow_id, run_id.split("/")[0], datasets)
     if artifact is not None:
         content, where = artifact
         if isinstance(content, dict):

@@ -77,6 +77,13 @@ def test_logs_into_the_runs_mlflow_run(make_run):
     res = json.loads((run_dir / "eval.json").read_text())
     assert res["mlflow_run_id"] == train_id and res["tasks"] == {} and "state" not in res  # Vanilla: no state
     assert client.get_run(train_id).data.metrics["eval/heldout/ppl"] == pytest.approx(res["heldout"]["ppl"])
+    # The held-out split it read is the run's "evaluation" dataset input (the runs table's Datasets column).
+    from stateloop.data.shards import ShardSet
+
+    inputs = {[t.value for t in d.tags if t.key == "mlflow.data.context"][0]: d.dataset
+              for d in client.get_run(train_id).inputs.dataset_inputs}
+    assert list(inputs) == ["evaluation"] and inputs["evaluation"].name == "test/val"
+    assert inputs["evaluation"].digest == ShardSet(Path(res["data_dir"]), "val").fingerprint()
 
     other, _ = make_run("stateloop_gru")
     ids = []

@@ -319,4 +319,15 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
     curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # {stem}/state/<quantity> at step i
     return log_stage(run_dir, run_id, config, config_file, "eval", stem, results["summary"], curves=curves,
                      params=flatten(results.get("eval_config") or {}, f"{stem}."), tags=tags,
-                     artifact=(results, f"eval/{stem}.json"))
+                     artifact=(results, f"eval/{stem}.json"), datasets=_heldout_input(results))
+
+
+def _heldout_input(results: dict) -> dict:
+    """The held-out split the perplexity read, as the run's "evaluation" dataset input (lm-eval's
+    task data is named in eval.json's tasks, not here)."""
+    from stateloop.data.shards import ShardSet
+
+    split = (results.get("eval_config") or {}).get("heldout_split")
+    if not results.get("data_dir") or not split or not results.get("heldout"):
+        return {}
+    return {"evaluation": ShardSet(Path(results["data_dir"]), split)}
