@@ -183,6 +183,8 @@ TEXT_FIELDS = {
     "train.schedule": "one of a list", "train.val_split": "a key of meta.json's splits",
     "train.mlflow_experiment": "an experiment name; its artifact folder is one component (tested above)",
     "train.mlflow_tracking_uri": "never read from a run folder (tested above)",
+    "train.mlflow_register_model": "a name template of plain {scale}/{model}/{K}/{d_s} fields, no lookups "
+                                   "(tests/train/test_tracking_train.py); used only when training finishes",
     "data.dir": "the run's data, read as data; shard names stay inside it (tested above)",
     "eval.tasks": "names resolved in workflow/tasks/ or lm-eval's own index",
     "eval.precision": "one of a list", "eval.device": "a device name, checked",

@@ -221,7 +221,8 @@ def test_a_register_name_mlflow_refuses_is_one_line_naming_the_key(tiny_setup):
     from stateloop.config import ConfigError
 
     cfg_path, data = tiny_setup
-    for bad, says in (("{scale}/{model}", "has no '/' or ':'"), ("{width}", "is not a name with the fields")):
+    for bad, says in (("{scale}/{model}", "has no '/' or ':'"), ("{width}", "is not a name with the fields"),
+                       ("{model.__class__}", "is not a name with the fields"), ("{scale[0]}", "is not a name with the fields")):
         with pytest.raises(ConfigError, match="train.mlflow_register_model") as err:
             resolved(cfg_path, data, overrides=[f"train.mlflow_register_model='{bad}'"])
         assert says in str(err.value) and "\n" not in str(err.value)
