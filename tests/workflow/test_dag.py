@@ -115,6 +115,30 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
     assert re.search(r"cat (\S+)/train\.log > logs/train/\S+\.log", in_job) and "tee -a" in in_job, in_job
 
 
+def test_a_slurm_job_uses_the_cpus_it_was_given_not_the_submit_hosts_cores(tmp_path, monkeypatch):
+    """Issue 23: "A job submitted to SLURM uses the cores it asked for (today the inner job inherits
+    `--cores` from the submit host's profile)". The plugin starts the rule job with the submit
+    host's --cores (here 1); inside the SLURM job (remote mode, SLURM_JOB_ID set) the job's threads,
+    which Snakemake exports as OMP_NUM_THREADS, are the CPUs SLURM gave it (SLURM_CPUS_ON_NODE = 4,
+    the 4 it asked for), and stay capped at --cores outside one."""
+    work = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
+    cfg["scales"]["smoke"]["resources"]["train"]["cpus_per_task"] = 4
+    (work / "cpus.yaml").write_text(yaml.safe_dump(cfg))
+    target = "results/runs/smoke/vanilla_looped/K2_ds0_seed1234/model.safetensors"
+
+    def threads(*args):
+        out = snakemake(work, *args, "-n", "--cores", "1", target, "--configfile", "cpus.yaml").stdout
+        (job,) = [j for j in jobs(out) if j["rule"] == "train"]
+        return int(job.get("threads", 1)), _resources(job["resources"])["cpus_per_task"]
+
+    assert threads() == (1, 4)  # a local run: at most --cores
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "4")
+    assert threads("--mode", "remote") == (4, 4)
+    assert threads() == (1, 4)  # a local Snakemake inside an allocation keeps its own --cores
+
+
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
     """configs/decide.yaml: 15 cells x 4 seeds, 4 more seeds of Table 1's two cells, and the lr
     bracket's 8 new cells x 3 seeds (its middle lr is Figure 2's runs), one training each, seeds

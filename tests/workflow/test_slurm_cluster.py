@@ -319,7 +319,6 @@ def test_training_job_is_warned_requeued_and_resumes_without_a_retry(cluster, tm
     cmd = [sys.executable, "-m", "snakemake", "results/table1.csv", "--profile", "slurm",
            "--retries", "0",                                  # any failed attempt fails the DAG
            "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1",
-           "--slurm-keep-successful-logs",
            "--configfile", "configs/smoke.yaml", "slice.yaml"]
     run_dir = work / "results/runs" / RUN
     t0 = time.time()
@@ -369,4 +368,7 @@ def test_training_job_is_warned_requeued_and_resumes_without_a_retry(cluster, tm
     # The job's SLURM log was appended to, not truncated, by each restart (--open-mode=append).
     slurm_log = next((work / ".snakemake/slurm_logs/rule_train").rglob(f"{job}.log")).read_text()
     assert slurm_log.count("DUE TO JOB REQUEUE") == 2, slurm_log[-3000:]
+    # The profile keeps SLURM's logs of the jobs that succeeded too (slurm-keep-successful-logs).
+    for rule in ("tokenize", "eval"):
+        assert list((work / f".snakemake/slurm_logs/rule_{rule}").rglob("*.log")), rule
     print(f"SLURM slice: {elapsed:.0f} s")

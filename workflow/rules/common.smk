@@ -15,6 +15,19 @@ from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
 
+# A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was
+# given. The SLURM plugin starts it with the submitting host's --cores (profiles/default's `cores:
+# all`, counted on the login node), and Snakemake caps each job's threads, and so the
+# OMP_NUM_THREADS it sets, at --cores: a job that asked for 32 CPUs would run on the login node's
+# count. SLURM_CPUS_ON_NODE is what SLURM allocated to the job on this node.
+SLURM_JOB_CPUS = (
+    int(os.environ["SLURM_CPUS_ON_NODE"])
+    if workflow.remote_exec and os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_CPUS_ON_NODE", "").isdigit()
+    else None
+)
+if SLURM_JOB_CPUS:
+    workflow.global_resources["_cores"] = SLURM_JOB_CPUS
+
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
 try:
     for _path in workflow.overwrite_configfiles or [CONFIG_NAME]:
@@ -60,6 +73,7 @@ def run_log(stage):
     """The pattern of a run's log of ``stage``: logs/STAGE/{scale}/{model}/K{K}_ds{ds}_seed{seed}.log."""
     return f"logs/{stage}/{RUN_ID_FORM}.log"
 
+
 # A config makes the outputs (stateloop/report/outputs.py) whose experiments it defines
 # (configs/decide.yaml: Tables 1 and 4, Figure 2 and the claims); Table 2 needs the Table 1 scale
 # to evaluate some lm-eval task.
@@ -73,6 +87,7 @@ if BENCH_SCALE is not None and PIPE.experiments["decoding"].trained:
 TABLES = [f for t in of_kind("table") if t in MADE for f in OUTPUTS[t].files]
 FIGURES = [f for t in of_kind("figure") if t in MADE for f in OUTPUTS[t].files]
 CLAIMS = list(OUTPUTS["claims"].files)
+
 
 wildcard_constraints:
     scale="|".join(re.escape(s) for s in PIPE.scales),
@@ -90,6 +105,8 @@ def run_of(wc):
 def all_cores(wc):
     """Threads of a job that must run alone: every core this Snakemake may use (capped at the
     machine's), so the local scheduler starts nothing beside it."""
+    if SLURM_JOB_CPUS:  # a SLURM job: what it was given
+        return SLURM_JOB_CPUS
     try:
         cores = workflow.cores
     except WorkflowError:  # no --cores (a remote executor): the stage's own CPUs
@@ -139,8 +156,7 @@ def job_resources(name, scale=None):
     slurm_extra (the warning before the time limit, the log of every attempt)."""
     if name == "train":
         keys = {"runtime": None, "mem_mb": None, "cpus_per_task": None, **TRAIN_RESOURCE_DEFAULTS, "slurm_extra": None}
-        return {key: (lambda wc, key=key, default=default: train_resources(wc).get(key, default))
-                for key, default in keys.items()}
+        return {key: (lambda wc, key=key, default=default: train_resources(wc).get(key, default)) for key, default in keys.items()}
     fields = {"runtime": "runtime", "mem_mb": "mem_mb", "cpus_per_task": "cpus_per_task", "gpu": "gpus"}
     return {key: (lambda wc, field=field: getattr(stage(scale or wc.scale, name), field)) for key, field in fields.items()}
 
@@ -194,8 +210,12 @@ def train_resources(wc):
     t, res = train_res(wc), stage(wc.scale, "train")
     # 300 s: a full checkpoint of the paper's 1.4B runs, plus the up to 60 s SLURM may send it early
     warning_s = min(300, res.runtime * 15)
-    out = {"runtime": res.runtime, "mem_mb": res.mem_mb, "cpus_per_task": res.cpus_per_task,
-           "slurm_extra": f"--signal=USR1@{warning_s} --open-mode=append"}
+    out = {
+        "runtime": res.runtime,
+        "mem_mb": res.mem_mb,
+        "cpus_per_task": res.cpus_per_task,
+        "slurm_extra": f"--signal=USR1@{warning_s} --open-mode=append",
+    }
     if t.accelerator in ("cuda", "gpu", "auto"):
         out.update(gres=f"gpu:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
     if t.num_nodes * t.devices > 1:
@@ -261,12 +281,15 @@ def render_settings(wc):
     o = OUTPUTS[name]
     experiments = list(PIPE.experiments) if o.experiment is None else [e for e in o.experiments if e in PIPE.experiments]
     scales = sorted({PIPE.experiments[e].scale for e in experiments})
-    return json.dumps({
-        "experiments": {e: to_dict(PIPE.experiments[e]) for e in experiments},
-        "scales": {s: {k: v for k, v in to_dict(PIPE.scales[s]).items() if k != "resources"} for s in scales},
-        "bench": to_dict(PIPE.bench) if o.bench else None,
-        "mlflow": {s: [sc.train.mlflow_experiment, sc.train.mlflow_tracking_uri] for s, sc in PIPE.scales.items()},
-    }, sort_keys=True)
+    return json.dumps(
+        {
+            "experiments": {e: to_dict(PIPE.experiments[e]) for e in experiments},
+            "scales": {s: {k: v for k, v in to_dict(PIPE.scales[s]).items() if k != "resources"} for s in scales},
+            "bench": to_dict(PIPE.bench) if o.bench else None,
+            "mlflow": {s: [sc.train.mlflow_experiment, sc.train.mlflow_tracking_uri] for s, sc in PIPE.scales.items()},
+        },
+        sort_keys=True,
+    )
 
 
 def render_inputs(wc):
