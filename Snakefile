@@ -18,6 +18,7 @@ os.environ.update(STATELOOP_ROOT=workflow.basedir)
 
 report: "workflow/report/workflow.rst"
 
+
 # The default config applies only when none is given: Snakemake would otherwise merge the two.
 if not workflow.overwrite_configfiles:
 

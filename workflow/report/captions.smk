@@ -55,14 +55,17 @@ def report_facts(wildcards, input):
     folders = dict.fromkeys(os.path.dirname(f) for f in input)
     runs = [_RUNS_BY_FOLDER[d] for d in folders if d in _RUNS_BY_FOLDER]
     if wildcards.get("table") and OUTPUTS[wildcards.table].bench:
-        return _facts([], BENCH_SCALE) | {"repeats": PIPE.bench.repeats, "prefill": PIPE.bench.prefill,
-                                           "tokens": PIPE.bench.tokens, "dtype": PIPE.bench.dtype,
-                                           "reference": decode_models().split()[0]}
+        return _facts([], BENCH_SCALE) | {
+            "repeats": PIPE.bench.repeats,
+            "prefill": PIPE.bench.prefill,
+            "tokens": PIPE.bench.tokens,
+            "dtype": PIPE.bench.dtype,
+            "reference": decode_models().split()[0],
+        }
     facts = _facts(runs)
     if not wildcards.get("table") and not wildcards.get("figure"):  # the claims: experiment by experiment
         facts["experiments"] = [
-            {"name": name, **_facts([r for r in runs if name in r.experiments])}
-            for name, exp in PIPE.experiments.items() if exp.trained
+            {"name": name, **_facts([r for r in runs if name in r.experiments])} for name, exp in PIPE.experiments.items() if exp.trained
         ]
         if BENCH_SCALE is not None:
             facts["experiments"].append({"name": "decoding", **_facts([], BENCH_SCALE)})
@@ -74,18 +77,23 @@ def _label(kind, fmt):
 
 
 def _table(path, fmt):
-    return report(path, caption="../report/table.rst", category="Tables",
-                  subcategory=lambda wc: OUTPUTS[wc.table].title, labels=_label("table", fmt))
+    return report(
+        path, caption="../report/table.rst", category="Tables", subcategory=lambda wc: OUTPUTS[wc.table].title, labels=_label("table", fmt)
+    )
 
 
 def _figure(path, fmt):
-    return report(path, caption="../report/figure.rst", category="Figures",
-                  subcategory=lambda wc: OUTPUTS[wc.figure].title, labels=_label("figure", fmt))
+    return report(
+        path,
+        caption="../report/figure.rst",
+        category="Figures",
+        subcategory=lambda wc: OUTPUTS[wc.figure].title,
+        labels=_label("figure", fmt),
+    )
 
 
 def _claims(path, fmt):
-    return report(path, caption="../report/claims.rst", category="Claims", subcategory=OUTPUTS["claims"].title,
-                  labels={"file": fmt})
+    return report(path, caption="../report/claims.rst", category="Claims", subcategory=OUTPUTS["claims"].title, labels={"file": fmt})
 
 
 # The landing page (workflow/report/workflow.rst) sees nothing but Snakemake's config, where an

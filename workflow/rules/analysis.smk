@@ -8,6 +8,8 @@ rule shapley:
         run_path("shapley.json"),
     log:
         run_log("shapley"),
+    conda:
+        "../../envs/stateloop.yaml"
     threads: job_threads("analyze")
     resources:
         **job_resources("analyze"),
@@ -15,11 +17,8 @@ rule shapley:
         config=job_config,
         heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
-        "stateloop analyze shapley {params.run_dir:q}"
-        " --config {params.config:q} --no-progress > {log:q} 2>&1"
+        "stateloop analyze shapley {params.run_dir:q}" " --config {params.config:q} --no-progress > {log:q} 2>&1"
 
 
 rule interventions:
@@ -29,6 +28,8 @@ rule interventions:
         run_path("interventions.json"),
     log:
         run_log("interventions"),
+    conda:
+        "../../envs/stateloop.yaml"
     threads: job_threads("analyze")
     resources:
         **job_resources("analyze"),
@@ -36,11 +37,8 @@ rule interventions:
         config=job_config,
         heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
-        "stateloop analyze interventions {params.run_dir:q}"
-        " --config {params.config:q} --no-progress > {log:q} 2>&1"
+        "stateloop analyze interventions {params.run_dir:q}" " --config {params.config:q} --no-progress > {log:q} 2>&1"
 
 
 # Table 3 is timed alone: the job takes every core Snakemake was given (so no other job of the DAG
@@ -51,6 +49,8 @@ rule bench_decode:
         f"results/{BENCH_FILE}",
     log:
         "logs/bench/decode.log",
+    conda:
+        "../../envs/stateloop.yaml"
     threads: all_cores
     resources:
         **job_resources("bench", scale=BENCH_SCALE),
@@ -60,10 +60,10 @@ rule bench_decode:
         scale=BENCH_SCALE,
         models=decode_models(),
         shape=json.dumps(to_dict(PIPE.scales[BENCH_SCALE].model), sort_keys=True) if BENCH_SCALE else "",  # a new shape: re-timed
-        bench=(f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
-               f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"),
-    conda:
-        "../../envs/stateloop.yaml"
+        bench=(
+            f"--prefill {PIPE.bench.prefill} --tokens {PIPE.bench.tokens} --repeats {PIPE.bench.repeats}"
+            f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"
+        ),
     shell:
         "stateloop bench decode --config {params.config:q} --scale {params.scale:q} --models {params.models}"
         " {params.bench} --threads {threads} --out {output:q} --no-progress > {log:q} 2>&1"

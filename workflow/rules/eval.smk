@@ -5,6 +5,8 @@ rule eval:
         run_path("eval.json"),
     log:
         run_log("eval"),
+    conda:
+        "../../envs/stateloop.yaml"
     threads: job_threads("eval")
     resources:
         **job_resources("eval"),
@@ -13,11 +15,8 @@ rule eval:
         eval=settings("eval"),
         tasks=eval_tasks,
         run_dir=run_dir,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
-        "stateloop eval {params.run_dir:q}"
-        " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
+        "stateloop eval {params.run_dir:q}" " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
 
 
 # Test-time depth (this project's study, not the paper's protocol): a run of an experiment with
@@ -29,6 +28,8 @@ rule eval_depth:
         run_path("eval_depth.json"),
     log:
         run_log("eval_depth"),
+    conda:
+        "../../envs/stateloop.yaml"
     threads: job_threads("eval")
     resources:
         **job_resources("eval"),
@@ -38,8 +39,6 @@ rule eval_depth:
         depths=test_time_depths,
         tasks=test_time_tasks,
         run_dir=run_dir,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
         "stateloop eval {params.run_dir:q} --depths {params.depths}"
         " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"

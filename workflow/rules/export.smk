@@ -13,10 +13,10 @@ rule export:
     log:
         run_log("export"),
     localrule: True  # reads the weights once and writes them again: no cluster job
-    params:
-        run_dir=run_dir,
     conda:
         "../../envs/stateloop.yaml"
+    params:
+        run_dir=run_dir,
     shell:
         "stateloop export {params.run_dir:q} --out {output:q} > {log:q} 2>&1"
 

@@ -19,12 +19,12 @@ rule render_table:
     wildcard_constraints:
         table="|".join(of_kind("table")),
     localrule: True
+    conda:
+        "../../envs/stateloop.yaml"
     params:
         config=job_config,
         reads=render_settings,  # the config sections the output reads
         facts=report_facts,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
         "stateloop render {wildcards.table:q} --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"
 
@@ -40,12 +40,12 @@ rule render_figure:
     wildcard_constraints:
         figure="|".join(of_kind("figure")),
     localrule: True
+    conda:
+        "../../envs/stateloop.yaml"
     params:
         config=job_config,
         reads=render_settings,  # the config sections the output reads
         facts=report_facts,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
         "stateloop render {wildcards.figure:q} --config {params.config:q} --out {output.pdf:q} > {log:q} 2>&1"
 
@@ -60,11 +60,11 @@ rule render_claims:
     log:
         "logs/render/claims.log",
     localrule: True
+    conda:
+        "../../envs/stateloop.yaml"
     params:
         config=job_config,
         reads=render_settings,  # the config sections the output reads
         facts=report_facts,
-    conda:
-        "../../envs/stateloop.yaml"
     shell:
         "stateloop render claims --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"

@@ -6,6 +6,8 @@ rule train:
         summary=run_path("train.json"),
     log:
         run_log("train"),
+    conda:
+        "../../envs/stateloop.yaml"
     threads: job_threads("train")
     resources:
         **job_resources("train"),  # common.smk: train_resources
@@ -16,8 +18,6 @@ rule train:
         launcher=launcher,
         run=run_id,
         run_dir=run_dir,
-    conda:
-        "../../envs/stateloop.yaml"
     # A job reruns when its settings change (params), and Snakemake has deleted model.pt and
     # train.json by then: --restart-on-change makes the training start afresh, saying so, where the
     # folder's checkpoints cannot continue under the new settings (instead of refusing them).
