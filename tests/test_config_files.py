@@ -1,5 +1,6 @@
 """Every shipped config resolves, and the committed JSON schema is the one the dataclasses give."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema
@@ -17,6 +18,57 @@ FIGURE_AND_TABLE_EXPERIMENTS = {"table1", "table4", "loop_depth", "state_width",
 def test_committed_schema_is_generated_from_the_dataclasses():
     assert (ROOT / "workflow/schemas/config.schema.yaml").read_text() == render(), \
         "run: stateloop schema --out workflow/schemas/config.schema.yaml"
+
+
+def test_config_reference_is_generated_and_documents_every_key():
+    """Issue 23: "`config/README.md`-style documentation of every config key (generated from the
+    schema)". configs/README.md is what `stateloop schema --docs` writes; every key of every
+    section has a line of its own, with its default, and the schema carries the same words."""
+    import dataclasses
+    import typing
+
+    from stateloop.commands.schema import _sections, render_docs
+    from stateloop.config import field_docs
+
+    assert (ROOT / "configs/README.md").read_text() == render_docs(), \
+        "run: stateloop schema --out workflow/schemas/config.schema.yaml --docs configs/README.md"
+    text = render_docs()
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    train = schema["properties"]["scales"]["additionalProperties"]["properties"]["train"]["properties"]
+    assert train["lr"]["description"] == "peak learning rate"
+    for path, cls in _sections():
+        docs = field_docs(cls)
+        assert f"## `{path}`" in text
+        for f in dataclasses.fields(cls):
+            if f.init:
+                assert docs.get(f.name), f"{cls.__name__}.{f.name}: no comment describes it (the config reference needs one)"
+                assert f"| `{f.name}` |" in text.split(f"## `{path}`")[1].split("\n## ")[0], (path, f.name)
+    # the sections cover every dataclass a config file can hold
+    seen, todo = set(), [cls for _, cls in _sections()[:1]]
+    while todo:
+        cls = todo.pop()
+        seen.add(cls)
+        for hint in typing.get_type_hints(cls).values():
+            for t in (hint, *typing.get_args(hint)):
+                if dataclasses.is_dataclass(t) and t not in seen:
+                    todo.append(t)
+    from stateloop.experiments import ResourcesConfig
+    assert seen - {cls for _, cls in _sections()} == {ResourcesConfig}  # its keys are the STAGE names
+
+
+def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
+    from stateloop.config import field_docs
+
+    @dataclass
+    class Example:
+        # -- a section rule, not a description --
+        a: int = 1  # the end of its line
+        # above b,
+        # on two lines
+        b: str = "x"  # and its end
+        c: float = 0.5
+
+    assert field_docs(Example) == {"a": "the end of its line", "b": "above b, on two lines and its end", "c": ""}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

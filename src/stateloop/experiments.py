@@ -41,8 +41,8 @@ class StageResources:
     ``--profile slurm``). Training's nodes and GPUs come from the scale's ``train`` section."""
 
     runtime: int = 60  # minutes
-    mem_mb: int = 4000
-    cpus_per_task: int = 2
+    mem_mb: int = 4000  # memory per job
+    cpus_per_task: int = 2  # CPUs per task (the job's threads)
     gpus: int = 0  # GPUs per job of the stages other than train (partitions: profiles/slurm)
 
 
@@ -57,11 +57,11 @@ class ResourcesConfig:
 
 @dataclass
 class ScaleConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model's shape (each run sets name, K, d_state)
+    data: DataConfig = field(default_factory=DataConfig)  # the corpus and tokenizer
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out PPL, lm-eval tasks and the analyses' settings
+    train: TrainConfig = field(default_factory=TrainConfig)  # hardware, batch, optimiser, budget, logging
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)  # what each stage's job asks the scheduler for
     # True only for a scale that is the paper's own (its model shape, data and token budget):
     # then the tables compare absolute numbers (parameters, PPL, latency) with the paper's
     # (ours - paper). At any other scale only scale-free quantities are set beside the paper's:
@@ -85,9 +85,9 @@ PAPER_MODELS = {
 
 @dataclass
 class ExperimentConfig:
-    scale: str
+    scale: str  # the scale (a key of scales) whose settings every run of the experiment takes
     models: list[str] | None = None  # None: PAPER_MODELS of the experiment's name (required for other names)
-    K: list[int] = field(default_factory=lambda: [4])
+    K: list[int] = field(default_factory=lambda: [4])  # loop counts, one run per K
     d_state: list[int] = field(default_factory=lambda: [0])  # used by models with a state; others get 0
     options: dict[str, dict] = field(default_factory=dict)  # model name -> model.options overrides
     # model name -> its own loop counts, replacing K for that model (MeSH and Parcae count core
@@ -105,7 +105,7 @@ class ExperimentConfig:
     # folder's eval_depth.json (`stateloop eval RUN --depths ...`); held-out PPL only, unless
     # test_time_tasks also runs the scale's lm-eval tasks at every K'.
     test_time_K: list[int] = field(default_factory=list)
-    test_time_tasks: bool = False
+    test_time_tasks: bool = False  # also run the lm-eval tasks at every test-time K'
 
     def __post_init__(self) -> None:
         for K in self.test_time_K:
@@ -127,7 +127,7 @@ class BenchConfig:
     prefill: int = 1024  # prompt tokens P
     tokens: int = 1024  # generated tokens N
     repeats: int = 5  # timed runs per model
-    warmup: int = 1
+    warmup: int = 1  # untimed runs per model before the timed ones
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     # token: all models decode in lockstep, one token each in turn, so every model sees the same
     # machine state (the job also runs alone: workflow/rules/analysis.smk); run: whole runs
@@ -146,9 +146,9 @@ class BenchConfig:
 
 @dataclass
 class PipelineConfig:
-    scales: dict[str, ScaleConfig]
-    experiments: dict[str, ExperimentConfig] = field(default_factory=dict)
-    bench: BenchConfig = field(default_factory=BenchConfig)
+    scales: dict[str, ScaleConfig]  # scale name -> its settings
+    experiments: dict[str, ExperimentConfig] = field(default_factory=dict)  # experiment name -> its runs
+    bench: BenchConfig = field(default_factory=BenchConfig)  # Table 3's decoding benchmark
 
 
 @dataclass

@@ -79,9 +79,9 @@ class SyntheticConfig:
     """Settings of the offline generator (:mod:`stateloop.data.synthetic`). Each split is drawn
     from its own seed namespace, so held-out documents never come from the training stream."""
 
-    train_docs: int = 20000
-    val_docs: int = 500
-    test_docs: int = 500
+    train_docs: int = 20000  # documents of the train split
+    val_docs: int = 500  # ... of the val split
+    test_docs: int = 500  # ... of the test split
     # Relative weight of each episode kind in a document (see the generator's docstring).
     mix: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in SYNTHETIC_KINDS})
     max_hops: int = 4  # longest chain of variable bindings / relations to follow
@@ -131,7 +131,7 @@ class DataConfig:
     shard_tokens: int = 1 << 27  # tokens per shard file (2^27 = 256 MiB at uint16)
     workers: int = 1  # encoding processes (0: encode in the main process); output never depends on it
     seed: int = 0  # seeds the synthetic generator and the held-out hash
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # the generator's sizes (source: synthetic)
 
     @property
     def val_description(self) -> str:

@@ -18,33 +18,33 @@ class ModelConfig:
     ``options`` and are checked against the variant's own options dataclass (see registry)."""
 
     name: str = "vanilla_looped"  # registry name (one spelling everywhere)
-    vocab_size: int = 50432  # GPT-NeoX-20B's 50,277 ids padded to a multiple of 128
+    vocab_size: int = 50432  # vocabulary size (the default: GPT-NeoX-20B's 50,277 ids padded to a multiple of 128)
     n_layers: int = 24  # layers in the shared backbone T
-    d_model: int = 2048  # d
+    d_model: int = 2048  # d, the model width
     d_ff: int = 5504  # SwiGLU width f
-    n_heads: int = 32
-    head_dim: int = 64
+    n_heads: int = 32  # attention heads of the backbone
+    head_dim: int = 64  # width of each attention head
     K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
     d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
-    max_seq_len: int = 2048
+    max_seq_len: int = 2048  # longest sequence (RoPE tables, position checks)
     rope_theta: float = 10000.0  # [assume] the paper does not give RoPE's base; LLaMA's 10,000
     norm_eps: float = 1e-5  # [assume] the paper does not give RMSNorm's epsilon; LLaMA-2's 1e-5 (every RMSNorm)
-    init_std: float = 0.02
+    init_std: float = 0.02  # std of the normal init of embeddings and input projections
     # Causal attention mixer over the state (eq. 8).
-    mixer_heads: int = 32
-    mixer_head_dim: int = 64
+    mixer_heads: int = 32  # heads of the attention mixer
+    mixer_head_dim: int = 64  # width of each head of the attention mixer
     # Mamba-2 mixer over the state (eq. 9).
-    mamba_expand: int = 2
-    mamba_d_state: int = 128
-    mamba_d_conv: int = 4
-    mamba_head_dim: int = 64
-    mamba_n_groups: int = 8
-    mamba_chunk_size: int = 64
+    mamba_expand: int = 2  # Mamba-2 inner width = expand x d_s
+    mamba_d_state: int = 128  # Mamba-2 SSM state size per head
+    mamba_d_conv: int = 4  # Mamba-2 causal depthwise conv1d width
+    mamba_head_dim: int = 64  # Mamba-2 head width (heads = expand x d_s / head_dim)
+    mamba_n_groups: int = 8  # Mamba-2 groups sharing B and C
+    mamba_chunk_size: int = 64  # chunk length of the SSD scan
     mamba_prenorm: bool = True  # [choice] pre-RMSNorm before the Mamba-2 block; the paper's count rounds the same either way
     # Kernel selection: "auto" uses flash-attn / mamba_ssm on CUDA when importable, "torch" never does,
     # "kernel" requires them and fails loudly.
-    attn_impl: str = "auto"
-    ssd_impl: str = "auto"
+    attn_impl: str = "auto"  # attention: auto | torch | kernel (flash-attn)
+    ssd_impl: str = "auto"  # Mamba-2 scan: auto | torch | kernel (mamba_ssm)
     # [choice] Init of the state reads W_{s->z}, W_{s->out} (the paper gives only the cell's).
     # "residual": N(0, init_std / sqrt(2N)) like the backbone's residual-output projections, since
     # each read is added to the residual stream (Z^{k+1} = H^k + R_{k+1}, the head's H^{K-1} + R_K); "input":

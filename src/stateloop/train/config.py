@@ -42,9 +42,9 @@ class TrainConfig:
     min_lr: float = 3e-5  # floor the cosine decays to
     warmup_steps: int = 0  # linear warmup from lr/warmup_steps to lr
     schedule: str = "cosine"  # cosine: warmup then cosine decay to min_lr; constant: warmup then lr
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    eps: float = 1e-8
+    weight_decay: float = 0.1  # AdamW decoupled weight decay (matrices only)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW (beta1, beta2)
+    eps: float = 1e-8  # AdamW epsilon
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping (the norm is still logged)
     # -- budget -----------------------------------------------------------------------------------
     max_tokens: int = 0  # token budget; steps = max_tokens // (global_batch * seq_len)
@@ -55,9 +55,9 @@ class TrainConfig:
     val_split: str = "val"  # the shard split validation reads
     checkpoint_every: int = 1000  # steps between periodic checkpoints (0: only on signals and at the end)
     keep_checkpoints: int = 2  # newest complete checkpoints kept (>= 2, so a corrupt one has a fallback)
-    seed: int = 1234
+    seed: int = 1234  # init and data order (an experiment's seeds replace it)
     log_every: int = 10  # steps between metric logs (MLflow) and progress-bar updates of the loss
-    mlflow_experiment: str = "stateloop"
+    mlflow_experiment: str = "stateloop"  # MLflow experiment of the runs
     mlflow_tracking_uri: str = ""  # "": $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/results/mlflow.db
     # MLflow's own system metrics (CPU, memory, disk, network; GPU where pynvml sees one) of the
     # training process's node (rank 0), sampled every this many seconds; 0: not logged
