@@ -192,6 +192,35 @@ def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
     assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
 
 
+def test_the_gpu_ladder_plans_its_rungs_on_one_gpu_each(tmp_path):
+    """Issue 22: "The same ladder for one GPU (on configs/gpu.yaml's data and tokenizer, rungs up
+    to its ~110M model), with `stateloop plan` figures for its cost". configs/ladder_gpu.yaml: 3
+    rungs x 2 models x K = 4, 7 x 3 seeds on one GPU each, gpu.yaml's data and tokenizer, its
+    largest rung gpu.yaml's own shape and budget; the plan prints each run's GPU-hours."""
+    import subprocess
+    import sys
+
+    work = copy_workflow(tmp_path)
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/ladder_gpu.yaml").stdout)
+    trains = [j for j in planned if j["rule"] == "train"]
+    assert len(trains) == len({j["output"] for j in trains}) == 36
+    assert {re.search(r"runs/(gpu_ladder_\w)/", j["output"]).group(1) for j in trains} == {
+        "gpu_ladder_s", "gpu_ladder_m", "gpu_ladder_l"}
+    assert all("gres=gpu:1" in j["resources"] for j in trains)
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
+    ladder, gpu = (yaml.safe_load((work / f"configs/{n}.yaml").read_text())["scales"] for n in ("ladder_gpu", "gpu"))
+    assert all(s["data"] == gpu["gpu"]["data"] for s in ladder.values())
+    largest = ladder["gpu_ladder_l"]
+    assert {k: largest["model"][k] for k in ("d_model", "n_layers", "d_ff")} == \
+        {k: gpu["gpu"]["model"][k] for k in ("d_model", "n_layers", "d_ff")}
+    assert largest["train"]["max_tokens"] == gpu["gpu"]["train"]["max_tokens"]
+    plan = subprocess.run([sys.executable, "-m", "stateloop.cli", "plan", "--config", "configs/ladder_gpu.yaml"],
+                          cwd=work, capture_output=True, text=True, check=True).stdout
+    hours = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\s+(ladder_\d)\s+12 runs\s+\S+ FLOPs\s+([\d.]+) GPU-h", plan, re.M)}
+    assert set(hours) == {"ladder_1", "ladder_2", "ladder_3"} and hours["ladder_1"] < hours["ladder_2"] < hours["ladder_3"]
+
+
 def test_decoding_benchmark_runs_alone(tmp_path):
     """Table 3 is timed with no other job beside it: locally it takes every core Snakemake has,
     under SLURM a whole node."""

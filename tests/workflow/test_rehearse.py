@@ -32,6 +32,9 @@ NOT_REHEARSED = {
     "ladder.yaml": ("its rungs run decide's code paths at three shapes (the tiny rehearsal covers them); its DAG "
                     "is planned in test_dag and its figure and claims rows tested in tests/report/test_ladder.py: "
                     "CI's 20 minutes"),
+    "ladder_gpu.yaml": ("gpu.yaml's stages and data at three shapes, with ladder.yaml's outputs: gpu.yaml's "
+                        "reasons and ladder.yaml's; its DAG and cost are planned in test_dag "
+                        "(`stateloop rehearse configs/ladder_gpu.yaml` rehearses it whole): CI's 20 minutes"),
     "gpu.yaml": ("the paper rehearsal runs the same stages on hub-layout data with the paper's lm-eval tasks; "
                  "its FineWeb-Edu mirror is tested in tests/rehearse/test_mirrors.py, its DAG planned and its "
                  "analyses run in tests/analysis/test_config_splits.py (`stateloop rehearse configs/gpu.yaml` "
