@@ -225,10 +225,14 @@ def test_runs_table_fills_the_datasets_and_models_columns(ui, pair):
     model = next(m["info"] for m in _logged_models(ui, run["experiment_id"]) if m["info"]["source_run_id"] == run["run_id"])
     ui.open(f"experiments/{run['experiment_id']}/runs?workflowType=machine_learning", height=600 + 60 * len(ui.runs))
 
+    # ag-grid draws one table row as several elements (the pinned run-name column and the scrolled
+    # columns), each carrying the row's id (the MLflow run id) in ``row-id``: join them by that id
     def row_text(d):
-        rows = d.execute_script("return Array.from(document.querySelectorAll('[role=\"row\"], tr'))"
-                                ".map(r => r.textContent)")
-        return [t for t in rows if run["name"] in t] or None
+        rows = d.execute_script(
+            "const by = {}; document.querySelectorAll('[role=\"row\"]').forEach(r => {"
+            " const k = r.getAttribute('row-id') || r.getAttribute('aria-rowindex') || '';"
+            " by[k] = (by[k] || '') + ' ' + r.textContent; }); return by;")
+        return [t for t in rows.values() if run["name"] in t] or None
 
     rows = ui.wait(lambda d: [t for t in (row_text(d) or []) if all(n in t for n in datasets) and model["name"] in t] or None,
                    f"{run['name']}'s row naming its datasets {sorted(datasets)} and its model {model['name']}")
