@@ -74,7 +74,7 @@ def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_resolves_and_matches_the_schema(path):
     cfg = load_pipeline(path)
-    if path.name not in ("decide.yaml", "ladder.yaml", "ladder_gpu.yaml"):  # the claims scale: Tables 1, 4 and Figure 2; a ladder: its rungs
+    if path.name not in ("decide.yaml", "ladder.yaml", "ladder_gpu.yaml"):  # decide: Tables 1, 4, Figure 2; ladders: rungs
         assert FIGURE_AND_TABLE_EXPERIMENTS <= set(cfg.experiments)
         assert not cfg.experiments["decoding"].trained
     runs = expand_runs(cfg)

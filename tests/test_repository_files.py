@@ -2,10 +2,10 @@
 "Cite this repository") and .snakemake-workflow-catalog.yml (the Snakemake workflow catalog)."""
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
