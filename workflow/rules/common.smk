@@ -20,11 +20,8 @@ from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_b
 # all`, counted on the login node), and Snakemake caps each job's threads, and so the
 # OMP_NUM_THREADS it sets, at --cores: a job that asked for 32 CPUs would run on the login node's
 # count. SLURM_CPUS_ON_NODE is what SLURM allocated to the job on this node.
-SLURM_JOB_CPUS = (
-    int(os.environ["SLURM_CPUS_ON_NODE"])
-    if workflow.remote_exec and os.environ.get("SLURM_JOB_ID") and os.environ.get("SLURM_CPUS_ON_NODE", "").isdigit()
-    else None
-)
+_slurm_cpus = os.environ.get("SLURM_CPUS_ON_NODE", "")
+SLURM_JOB_CPUS = int(_slurm_cpus) if workflow.remote_exec and os.environ.get("SLURM_JOB_ID") and _slurm_cpus.isdigit() else None
 if SLURM_JOB_CPUS:
     workflow.global_resources["_cores"] = SLURM_JOB_CPUS
 
