@@ -27,8 +27,7 @@ def test_config_reference_is_generated_and_documents_every_key():
     import dataclasses
     import typing
 
-    from stateloop.commands.schema import _sections, render_docs
-    from stateloop.config import field_docs
+    from stateloop.commands.schema import _sections, field_docs, render_docs
 
     assert (ROOT / "configs/README.md").read_text() == render_docs(), \
         "run: stateloop schema --out workflow/schemas/config.schema.yaml --docs configs/README.md"
@@ -57,7 +56,7 @@ def test_config_reference_is_generated_and_documents_every_key():
 
 
 def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
-    from stateloop.config import field_docs
+    from stateloop.commands.schema import field_docs
 
     @dataclass
     class Example:

@@ -9,7 +9,6 @@ how a run's config resolves: ``train/resolve.py``.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import math
 import re
@@ -201,76 +200,3 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data
-
-
-# ----------------------------------------------------------------------------------------------
-# JSON Schema (workflow/schemas/config.schema.yaml is generated from the dataclasses)
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """Each field's documentation, read from the dataclass's source: the comment lines right above
-    the field (not a ``# -- section --`` rule) and the comment at the end of its line, joined.
-    These comments are the one place a config key is described: the schema's descriptions and
-    configs/README.md (``stateloop schema --docs``) are generated from them."""
-    import inspect
-    import io
-    import textwrap
-    import tokenize
-
-    src = textwrap.dedent(inspect.getsource(cls))
-    lines = src.splitlines()
-    comments = {tok.start[0]: tok.string.lstrip("#").strip()
-                for tok in tokenize.generate_tokens(io.StringIO(src).readline) if tok.type == tokenize.COMMENT}
-    (node,) = ast.parse(src).body
-    docs = {}
-    for stmt in node.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-            continue
-        above, n = [], stmt.lineno - 1
-        while n >= 1 and lines[n - 1].lstrip().startswith("#") and not lines[n - 1].lstrip().startswith("# --"):
-            above.insert(0, comments[n])
-            n -= 1
-        after = [comments[i] for i in range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
-                 if i in comments and not lines[i - 1].lstrip().startswith("#")]
-        docs[stmt.target.id] = " ".join(above + after)
-    return docs
-
-
-def json_schema(tp: Any) -> dict:
-    """JSON Schema of a dataclass tree; unknown keys are not allowed, as in :func:`from_dict`.
-    Each property's ``description`` is its field's comment (:func:`field_docs`)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return {}
-    if origin in (typing.Union, types.UnionType):
-        return {"anyOf": [json_schema(a) for a in typing.get_args(tp)]}
-    if tp is type(None):
-        return {"type": "null"}
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        docs = field_docs(tp)
-        props = {}
-        required = []
-        for f in dataclasses.fields(tp):
-            if not f.init:
-                continue
-            props[f.name] = json_schema(hints[f.name])
-            if docs.get(f.name):
-                props[f.name] = {"description": docs[f.name], **props[f.name]}
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                required.append(f.name)
-        out = {"type": "object", "properties": props, "additionalProperties": False}
-        if required:
-            out["required"] = required
-        return out
-    if origin in (list, tuple) or tp is list:
-        args = typing.get_args(tp)
-        return {"type": "array", "items": json_schema(args[0])} if args else {"type": "array"}
-    if origin is dict or tp is dict:
-        args = typing.get_args(tp)
-        return {"type": "object", "additionalProperties": json_schema(args[1])} if args else {"type": "object"}
-    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
-    if tp in simple:
-        # YAML writes some numbers as strings (3e-4) and names as numbers (410m is a string, 410 is not)
-        return {"type": {float: ["number", "string"], str: ["string", "number"]}.get(tp, simple[tp])}
-    raise TypeError(f"no JSON schema for {tp}")
