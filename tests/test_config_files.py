@@ -55,6 +55,15 @@ def test_config_reference_is_generated_and_documents_every_key():
     assert seen - {cls for _, cls in _sections()} == {ResourcesConfig}  # its keys are the STAGE names
 
 
+def test_schema_command_writes_the_schema_and_the_reference(tmp_path):
+    """`stateloop schema --out S --docs D`, the command the generated files name, writes both."""
+    from stateloop.cli import main
+    from stateloop.commands.schema import render, render_docs
+
+    assert main(["schema", "--out", str(tmp_path / "s.yaml"), "--docs", str(tmp_path / "README.md")]) == 0
+    assert (tmp_path / "s.yaml").read_text() == render() and (tmp_path / "README.md").read_text() == render_docs()
+
+
 def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
     from stateloop.commands.schema import field_docs
 

@@ -196,9 +196,9 @@ def registered_model_name(template: str, **fields) -> str:
     try:
         # plain {field} names only: no attribute or index lookups ("{model.__class__}"), so a saved
         # config's template reads nothing but the four values given here
-        named = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-        if any(f not in fields for f in named):
-            raise KeyError(next(f for f in named if f not in fields))
+        unknown = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f not in fields]
+        if unknown:
+            raise KeyError(unknown[0])
         name = template.format(**fields)
     except (KeyError, IndexError, ValueError) as err:
         raise ConfigError(f"train.mlflow_register_model: {template!r} is not a name with the fields "

@@ -107,7 +107,6 @@ def _type_name(tp) -> str:
 
 
 def _default(f) -> str:
-    import dataclasses
     import json
 
     if f.default is not dataclasses.MISSING:
@@ -137,9 +136,7 @@ def _sections():
 
 
 def render_docs() -> str:
-    import dataclasses
     import inspect
-    import typing
 
     out = ["# Config reference",
            "",
