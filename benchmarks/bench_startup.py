@@ -25,8 +25,14 @@ from stateloop import tracking
 tracking.client(f"sqlite:///{sys.argv[1]}").search_experiments(max_results=1)
 """
 
+OPTIMIZER = "import torch; torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())"
+
 ITEMS = {  # label -> python code run with `python -c`
     "python + torch": "import torch",
+    # torch.optim.Optimizer.__init__ goes through torch._disable_dynamo, whose first call imports
+    # torch._dynamo (and sympy): every torch training process pays this, with Fabric or without
+    "python + torch + one AdamW (imports torch._dynamo)": OPTIMIZER,
+    "python + torch + one AdamW + lightning_fabric": OPTIMIZER + "; import lightning_fabric",
     "lightning_fabric": "import lightning_fabric",
     "mlflow": "import mlflow",
     "stateloop.train.loop (the train command's module)": "import stateloop.train.loop",
@@ -39,28 +45,50 @@ ITEMS = {  # label -> python code run with `python -c`
 }
 
 
-def run(code: str, *args: str) -> float:
-    """CPU seconds of one fresh ``python -c code``."""
+def run(code: str, *args: str, argv: list[str] | None = None) -> float:
+    """CPU seconds of one fresh ``python -c code`` (or of the command ``argv``)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", code, *args], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(argv or [sys.executable, "-c", code, *args], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+JOB = "a whole `stateloop train` job of 1 step (tiny run, existing store)"
+JOB_OFF = "the same job with train.mlflow_tracking=false (no MLflow)"
+
+
+def train_job(tmp: str, rep: int, *overrides: str) -> list[str]:
+    """The DAG's training command for one step of a tiny run, in its own folder, against the
+    store of the store rows (created by then)."""
+    return [sys.executable, "-m", "stateloop.cli", "train", "--config", "configs/tiny.yaml", "tiny/stateloop/K4_ds64_seed1234",
+            "--data-dir", os.path.join(tmp, "data"), "--out", os.path.join(tmp, f"run{rep}{len(overrides)}"), "--no-progress",
+            "train.max_steps=1", "train.val_tokens=2048", f"train.mlflow_tracking_uri=sqlite:///{tmp}/mlflow{rep}.db",
+            *overrides]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-job", action="store_true", help="skip the two whole training jobs (they tokenize the tiny corpus first)")
     args = ap.parse_args()
-    cpu = {k: [] for k in ITEMS}
+    items = list(ITEMS) + ([] if args.no_job else [JOB, JOB_OFF])
+    cpu = {k: [] for k in items}
     with tempfile.TemporaryDirectory() as tmp:
+        if not args.no_job:
+            subprocess.run([sys.executable, "-m", "stateloop.cli", "tokenize", "--config", "configs/tiny.yaml", "--scale", "tiny",
+                            "--out", os.path.join(tmp, "data"), "--no-progress"], check=True, stdout=subprocess.DEVNULL)
         for rep in range(args.repeats):
             db = os.path.join(tmp, f"mlflow{rep}.db")
             for label, code in ITEMS.items():  # the new store's item comes first and creates db
                 cpu[label].append(run(code, *((db,) if code is STORE else ())))
+            if not args.no_job:
+                cpu[JOB].append(run("", argv=train_job(tmp, rep)))
+                cpu[JOB_OFF].append(run("", argv=train_job(tmp, rep, "train.mlflow_tracking=false")))
     print(f"{sys.executable}; {args.repeats} repeats, median CPU seconds (user + system) of a fresh process; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'what':<58} {'CPU s':>7}")
-    for label in ITEMS:
+    for label in items:
         print(f"{label:<58} {statistics.median(cpu[label]):>7.2f}")
     print("(each row includes starting Python; the store rows include importing mlflow and stateloop.tracking)")
     return 0

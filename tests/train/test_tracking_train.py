@@ -226,3 +226,31 @@ def test_a_register_name_mlflow_refuses_is_one_line_naming_the_key(tiny_setup):
         with pytest.raises(ConfigError, match="train.mlflow_register_model") as err:
             resolved(cfg_path, data, overrides=[f"train.mlflow_register_model='{bad}'"])
         assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_setup, tmp_path):
+    """train.mlflow_tracking: false is the one key that takes MLflow out of a training job: no
+    import (about 3.5 CPU-s of a job's fixed cost, benchmarks/bench_startup.py), no store, no run;
+    the run folder is complete without it."""
+    import subprocess
+    import sys
+
+    from train_support import ROOT
+
+    cfg_path, data = tiny_setup
+    store = tmp_path / "never" / "mlflow.db"
+    probe = ("import sys, runpy; sys.argv = ['stateloop'] + sys.argv[1:]\n"
+             "try:\n    runpy.run_module('stateloop.cli', run_name='__main__')\n"
+             "except SystemExit as e:\n    assert not e.code, e.code\n"
+             "print('mlflow imported:', any(m == 'mlflow' or m.startswith('mlflow.') for m in sys.modules))\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
+    done = subprocess.run([sys.executable, "-c", probe, "train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234",
+                           "--data-dir", str(data), "--out", str(tmp_path / "run"), "--no-progress", "train.max_steps=4",
+                           "train.mlflow_tracking=false"], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "mlflow imported: False" in done.stdout
+    assert not store.parent.exists()
+    summary = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert summary["steps"] == 4 and summary["mlflow_run_id"] is None and "mlflow_model_id" not in summary
+    assert not (tmp_path / "run" / "mlflow.json").exists()

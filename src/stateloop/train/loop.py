@@ -405,7 +405,7 @@ def setup(config: dict, run_dir: Path, shards) -> Run:
                               f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
         val_windows_id = windows_identity(val_windows, tcfg.val_split)
 
-    tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero else None
+    tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero and tcfg.mlflow_tracking else None
     if tracker is not None:
         read = {"training": train_shards, **({"validation": val_shards} if val_shards is not None else {})}
         log_datasets(tracker.client, tracker.run_id, config["run"]["scale"], read)
