@@ -45,11 +45,10 @@ ITEMS = {  # label -> python code run with `python -c`
 }
 
 
-def run(code: str, *args: str, argv: list[str] | None = None) -> float:
-    """CPU seconds of one fresh ``python -c code`` (or of the command ``argv``)."""
+def run(argv: list[str]) -> float:
+    """CPU seconds of one fresh process running ``argv``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv or [sys.executable, "-c", code, *args], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -81,10 +80,10 @@ def main() -> int:
         for rep in range(args.repeats):
             db = os.path.join(tmp, f"mlflow{rep}.db")
             for label, code in ITEMS.items():  # the new store's item comes first and creates db
-                cpu[label].append(run(code, *((db,) if code is STORE else ())))
+                cpu[label].append(run([sys.executable, "-c", code, *((db,) if code is STORE else ())]))
             if not args.no_job:
-                cpu[JOB].append(run("", argv=train_job(tmp, rep)))
-                cpu[JOB_OFF].append(run("", argv=train_job(tmp, rep, "train.mlflow_tracking=false")))
+                cpu[JOB].append(run(train_job(tmp, rep)))
+                cpu[JOB_OFF].append(run(train_job(tmp, rep, "train.mlflow_tracking=false")))
     print(f"{sys.executable}; {args.repeats} repeats, median CPU seconds (user + system) of a fresh process; "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'what':<58} {'CPU s':>7}")

@@ -230,8 +230,9 @@ def test_a_register_name_mlflow_refuses_is_one_line_naming_the_key(tiny_setup):
 
 def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_setup, tmp_path):
     """train.mlflow_tracking: false is the one key that takes MLflow out of a training job: no
-    import (about 3.5 CPU-s of a job's fixed cost, benchmarks/bench_startup.py), no store, no run;
+    import (about 3 CPU-s of a job's fixed cost, benchmarks/bench_startup.py), no store, no run;
     the run folder is complete without it."""
+    import os
     import subprocess
     import sys
 
@@ -243,7 +244,7 @@ def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_s
              "try:\n    runpy.run_module('stateloop.cli', run_name='__main__')\n"
              "except SystemExit as e:\n    assert not e.code, e.code\n"
              "print('mlflow imported:', any(m == 'mlflow' or m.startswith('mlflow.') for m in sys.modules))\n")
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
            "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     done = subprocess.run([sys.executable, "-c", probe, "train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234",
                            "--data-dir", str(data), "--out", str(tmp_path / "run"), "--no-progress", "train.max_steps=4",

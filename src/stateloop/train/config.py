@@ -57,9 +57,10 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest complete checkpoints kept (>= 2, so a corrupt one has a fallback)
     seed: int = 1234  # init and data order (an experiment's seeds replace it)
     log_every: int = 10  # steps between metric logs (MLflow) and progress-bar updates of the loss
-    # Track the run in MLflow (params, metrics, system metrics, the model); false: no MLflow at
-    # all, not even its import (about 3.5 CPU-s per job: benchmarks/bench_startup.py); the run
-    # folder's train.json, train.log and checkpoints are written either way
+    # Track the training run in MLflow (params, metrics, system metrics, the model); false: the
+    # training job uses no MLflow at all, not even its import (about 3 CPU-s per job:
+    # benchmarks/bench_startup.py), and writes its run folder as always; the later stages still
+    # log unless given --no-mlflow
     mlflow_tracking: bool = True
     mlflow_experiment: str = "stateloop"  # MLflow experiment of the runs
     mlflow_tracking_uri: str = ""  # "": $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/results/mlflow.db
