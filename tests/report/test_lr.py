@@ -122,12 +122,12 @@ def _write_flat(cfg, results: Path) -> None:
 
 
 def test_the_decide_config_brackets_its_own_lr_with_the_same_grid_for_both_models():
-    """lr_2 is decide's own lr, its runs Figure 2's (no retraining); lr_1 and lr_3 are a third and
-    three times it, min_lr a tenth of the peak; the scales differ in nothing else."""
+    """lr_2 is decide's own lr, its runs Figure 2's (no retraining); lr_1, lr_3 and lr_4 are a third,
+    three and nine times it, min_lr a tenth of the peak; the scales differ in nothing else."""
     cfg = load_pipeline(ROOT / "configs" / "decide.yaml")
-    assert lr.experiments(cfg) == ["lr_1", "lr_2", "lr_3"] and lr.loop_counts(cfg) == [4, 7]
+    assert lr.experiments(cfg) == ["lr_1", "lr_2", "lr_3", "lr_4"] and lr.loop_counts(cfg) == [4, 7]
     peaks = [lr.lr_of(cfg, e) for e in lr.experiments(cfg)]
-    assert peaks == pytest.approx([1e-3, 3e-3, 9e-3])
+    assert peaks == pytest.approx([1e-3, 3e-3, 9e-3, 2.7e-2])
     scales = [cfg.scales[cfg.experiments[e].scale] for e in lr.experiments(cfg)]
     assert all(s.train.min_lr == pytest.approx(s.train.lr / 10) for s in scales)
     from dataclasses import replace
