@@ -1,4 +1,4 @@
-"""The learning-rate bracket (report/lr.py, configs/decide.yaml's lr_1..lr_3): each lr's paired gap
+"""The learning-rate bracket (report/lr.py, configs/decide.yaml's lr_1..lr_4): each lr's paired gap
 and claim verdict, each model's best lr, the row's verdict (holding at every lr, or changing), on
 constructed perplexities whose answers are known; and the bracket the decide config plans.
 
