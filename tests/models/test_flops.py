@@ -128,3 +128,26 @@ def test_decode_flops_equal_the_counted_step(name, shape):
         d, K, L, d_s = c.d_model, c.K, c.n_layers, c.d_state
         expected = K * L * layer(c, 1, 25) + 2 * d * c.vocab_size + K * (2 * d * 2 * d_s + 2 * d_s * d)
         assert decode_flops_per_token(c, 24) == expected
+
+
+def test_a_shape_is_counted_once_per_process_and_each_shape_apart(monkeypatch):
+    """`stateloop plan` counts every run of a config, and its seeds repeat shapes: a repeated
+    (config, seq_len) reuses the count, while a changed K, width or sequence length is counted
+    anew and gives its own figure (a cache keyed on too little would hand one shape's count to
+    another)."""
+    from stateloop.models import flops
+
+    calls = []
+    count = flops._count_profile
+    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(flops, "_count_profile", lambda cfg, T: calls.append((cfg.K, cfg.d_state, T)) or count(cfg, T))
+    base = config("stateloop", SHAPES["A"]["shape"])
+    first = flops.compute_profile(base, 16)
+    assert flops.compute_profile(config("stateloop", SHAPES["A"]["shape"]), 16) == first and len(calls) == 1
+    deeper = flops.compute_profile(config("stateloop", {**SHAPES["A"]["shape"], "K": 4}), 16)
+    wider = flops.compute_profile(config("stateloop", {**SHAPES["A"]["shape"], "d_state": 32}), 16)
+    longer = flops.compute_profile(base, 24)
+    assert calls == [(3, 16, 16), (4, 16, 16), (3, 32, 16), (3, 16, 24)]
+    assert deeper.flops_per_token > first.flops_per_token and wider.flops_per_token > first.flops_per_token
+    assert longer.flops_per_token > first.flops_per_token  # attention's T x T grows per token
+    assert first == count(base, 16)

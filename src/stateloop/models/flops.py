@@ -23,6 +23,7 @@ FLOPs per Mamba-2 step, W = 4 taps of C = d_in + 2GN channels: under 0.5% of tha
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +36,7 @@ from stateloop.models.registry import build_model
 aten = torch.ops.aten
 
 
-@dataclass
+@dataclass(frozen=True)
 class ComputeProfile:
     flops_per_token: float  # training (forward + backward) matmul FLOPs per real token
     layer_applications_per_token: float  # decoder-layer applications per real token (unrolled depth)
@@ -69,9 +70,23 @@ def _meta_model(cfg):
     return build_model(cfg, device="meta")
 
 
+# compute_profile's counts by (config, seq_len): a count takes seconds at a deep shape (the meta
+# forward and backward under the counter: about 1.9 CPU-s for a 12-layer, K = 7 model), and the
+# runs of a config repeat shapes (every seed of a cell has the same model config), so `stateloop
+# plan` over configs/ladder_gpu.yaml's 36 runs counts 12 shapes, not 36.
+_PROFILES: dict[tuple[str, int], ComputeProfile] = {}
+
+
 def compute_profile(cfg, seq_len: int) -> ComputeProfile:
     """Training FLOPs (forward and the loss's backward) and layer applications per token of one
-    sequence of ``seq_len`` tokens."""
+    sequence of ``seq_len`` tokens; counted once per process for each (config, ``seq_len``)."""
+    key = (json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr), seq_len)
+    if key not in _PROFILES:
+        _PROFILES[key] = _count_profile(cfg, seq_len)
+    return _PROFILES[key]
+
+
+def _count_profile(cfg, seq_len: int) -> ComputeProfile:
     model = _meta_model(cfg)
     positions = [0]
 
