@@ -60,7 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, warm: bool = True) -> int:
+    """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None). A command started from a shell in a
+    local DAG runs in a child of the DAG's warm server where there is one (stateloop/warm.py)."""
+    if argv is None and warm:
+        from stateloop.warm import delegate
+
+        code = delegate()
+        if code is not None:
+            return code
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # `train --config C RUN --data-dir D key=value`: argparse fills RUN and the (still empty)

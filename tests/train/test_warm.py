@@ -1,0 +1,165 @@
+"""Warm starts (stateloop/warm.py): a `stateloop` command served by a child of the warm server is
+the command run in a fresh process: the same weights bit for bit, the same output, exit status and
+signals; a request the child could not stand for runs in its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from train_support import ROOT, assert_bitwise_equal, weights, write_config, write_shards
+
+from stateloop import warm
+from stateloop.train.checkpoint import CheckpointStore
+from stateloop.train.loop import REQUEUE_EXIT
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm starts are Linux only")
+RUN = "t/stateloop/K2_ds32_seed1234"
+
+
+def cli(args: list[str], cwd: Path, env_extra: dict | None = None) -> subprocess.Popen:
+    """``python -m stateloop.cli ...`` as train_support's ``cli`` runs it, less pytest's variable
+    naming the current test (which the server, started once for the module, could not match)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", **(env_extra or {}))
+    return subprocess.Popen([sys.executable, "-m", "stateloop.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A warm server started as the Snakefile's onstart starts it, in a folder with tiny shards and
+    config; yields (folder, server log). The commands' environment is what `cli` gives them."""
+    home = tmp_path_factory.mktemp("warm")
+    write_shards(home / "data")
+    write_config(home / "cfg.yaml")
+    saved = {k: os.environ.get(k) for k in ("PYTHONPATH", "OMP_NUM_THREADS", "MLFLOW_TRACKING_URI")}
+    os.environ.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("PYTEST_CURRENT_TEST", None)  # pytest sets it again for each test
+    cwd = os.getcwd()
+    os.chdir(home)
+    log = home / "warm.log"
+    try:
+        proc = warm.start(log)
+        _wait(lambda: os.path.exists(os.environ[warm.ENV]) or proc.poll() is not None, 300, "the server to listen")
+        assert proc.poll() is None, log.read_text()
+        yield home, log
+    finally:
+        os.chdir(cwd)
+        warm.stop(proc)
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert proc.returncode is not None
+
+
+def _train_args(home: Path, out: str, *extra: str) -> list[str]:
+    return ["train", "--config", "cfg.yaml", RUN, "--data-dir", "data", "--out", out, "--no-progress",
+            f"train.mlflow_tracking_uri=sqlite:///{home}/mlflow.db", *extra]
+
+
+def _entries(log: Path, kind: str) -> list[str]:
+    return [line for line in log.read_text().splitlines() if kind in line]
+
+
+def test_a_served_training_is_bitwise_the_fresh_process(served):
+    home, log = served
+    fresh = cli(_train_args(home, "fresh"), cwd=home, env_extra={warm.ENV: "off"})
+    out_fresh, err_fresh = fresh.communicate(timeout=300)
+    assert fresh.returncode == 0, err_fresh
+    n = len(_entries(log, "started: train"))
+    proc = cli(_train_args(home, "served"), cwd=home)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert len(_entries(log, "started: train")) == n + 1, "the command was not served"
+    assert_bitwise_equal(weights(home / "served"), weights(home / "fresh"))
+    # the job's own output reaches the command's streams (the summary line names its run folder)
+    assert out.replace("served", "X").split(", ")[:4] == out_fresh.replace("fresh", "X").split(", ")[:4]
+    assert "stateloop train: step 12/12" in err
+    fresh_summary = json.loads((home / "fresh" / "train.json").read_text())
+    served_summary = json.loads((home / "served" / "train.json").read_text())
+    assert served_summary["val_curve"] == fresh_summary["val_curve"]
+
+
+def test_errors_and_exit_status_pass_through(served):
+    home, log = served
+    args = ["train", "--config", "missing.yaml", RUN, "--data-dir", "data", "--out", "x"]
+    fresh = cli(args, cwd=home, env_extra={warm.ENV: "off"})
+    proc = cli(args, cwd=home)
+    assert (proc.communicate(timeout=120), proc.returncode) == (fresh.communicate(timeout=120), fresh.returncode)
+    assert proc.returncode == 2
+    assert any('"exit": 2' in line for line in _entries(log, "ended"))
+
+
+def test_sigterm_reaches_the_served_job(served):
+    """The train command answers SIGTERM with a complete checkpoint and exit status 75 (requeue):
+    sent to the command's process, it reaches the job in the server's child."""
+    home, _ = served
+    proc = cli(_train_args(home, "term", "train.max_steps=400", "train.checkpoint_every=4"), cwd=home)
+    store = CheckpointStore(home / "term" / "checkpoints")
+    _wait(lambda: any(store.sidecar(store.path(s)).is_file() for s in store.steps()) or proc.poll() is not None,
+          180, "a checkpoint")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == REQUEUE_EXIT, err
+    assert not (home / "term" / "model.safetensors").exists()
+
+
+def test_a_killed_command_stops_its_served_job(served):
+    home, log = served
+    proc = cli(_train_args(home, "killed", "train.max_steps=400", "train.checkpoint_every=4"), cwd=home)
+    store = CheckpointStore(home / "killed" / "checkpoints")
+    _wait(lambda: bool(store.steps()) or proc.poll() is not None, 180, "training to start")
+    pid = int(_entries(log, "started: train")[-1].split()[1])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    _wait(lambda: any(line.startswith(f"job {pid} ended") for line in log.read_text().splitlines()), 120,
+          "the orphaned job to stop")
+    ended = next(line for line in log.read_text().splitlines() if line.startswith(f"job {pid} ended"))
+    assert f'"exit": {REQUEUE_EXIT}' in ended  # stopped as SIGTERM stops it, checkpoint written
+
+
+def test_a_command_with_another_environment_runs_in_its_own_process(served):
+    home, log = served
+    args = ["params", "--config", "cfg.yaml"]
+    fresh = cli(args, cwd=home, env_extra={warm.ENV: "off"})
+    other = cli(args, cwd=home, env_extra={"HF_HUB_OFFLINE": "1"})
+    same = cli(args, cwd=home)
+    expected = fresh.communicate(timeout=120)[0]
+    assert fresh.returncode == 0 and expected.count("\n") > 4
+    assert other.communicate(timeout=120)[0] == expected and other.returncode == 0
+    assert same.communicate(timeout=120)[0] == expected and same.returncode == 0
+    assert any("environment differs in HF_HUB_OFFLINE" in line for line in _entries(log, "refused"))
+    assert _entries(log, "started: params")
+
+
+def test_the_server_stops_when_its_parent_is_gone(tmp_path):
+    parent = subprocess.Popen(["sleep", "600"])
+    sock = tmp_path / "s"
+    env = {**os.environ, **warm.SERVER_ENV, "PYTHONPATH": str(ROOT / "src"),
+           "STATELOOP_WARM_BASE_ENV": json.dumps(dict(os.environ))}
+    code = "import sys; del sys.path[0]; from stateloop.warm import main; sys.exit(main())"
+    server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(parent.pid)], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait(lambda: sock.exists() or server.poll() is not None, 300, "the server to listen")
+    assert server.poll() is None
+    parent.kill()
+    parent.wait()
+    out, _ = server.communicate(timeout=60)
+    assert server.returncode == 0 and "is gone: stopping" in out, out
+    assert not sock.exists()
