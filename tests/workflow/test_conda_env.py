@@ -151,7 +151,7 @@ def test_snakemake_hands_conda_an_env_that_installs_this_checkout(tmp_path):
 
 
 def test_env_file_without_the_variable_fails_loudly(tmp_path):
-    """Run by hand without STATELOOP_ROOT (the README says to set it), pip stops naming the line
+    """Run by hand without STATELOOP_ROOT (docs/cluster.md says to set it), pip stops naming the line
     instead of installing something else."""
     spec = yaml.safe_load((ROOT / "envs" / "stateloop.yaml").read_text())
     pip_lines = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))

@@ -4,7 +4,7 @@
 test_dag.py's test_mlflow_server_lists_every_run starts it); selenium drives /usr/bin/chromium
 through /usr/bin/chromedriver (no driver download) and reads what the React app rendered: the runs
 list, a StateLoop run's train/loss chart, one of its artifacts, and the compare view of StateLoop
-and Vanilla that the README's screenshot shows (scripts/mlflow-screenshot.py, whose helpers this
+and Vanilla that docs/usage.md's screenshot shows (scripts/mlflow-screenshot.py, whose helpers this
 test uses). ``bash scripts/install-browser.sh`` installs the browser and selenium. On a failure
 the page's screenshot is saved and its path is in the message.
 """
@@ -76,7 +76,7 @@ def ui(smoke_dag, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(ui):
-    """The runs the README compares: StateLoop and Vanilla at the largest K, one seed."""
+    """The runs docs/usage.md's screenshot compares: StateLoop and Vanilla at the largest K, one seed."""
     return [ui.runs[n] for n in shot.default_pair(sorted(ui.runs))]
 
 
@@ -172,7 +172,7 @@ def _json_or_none(text: str):
 
 
 def test_compare_view_overlays_stateloop_and_vanilla(ui, pair):
-    """The view the README's screenshot shows: train/loss of StateLoop and Vanilla in one chart."""
+    """The view docs/usage.md's screenshot shows: train/loss of StateLoop and Vanilla in one chart."""
     names = [r["name"] for r in pair]
     assert "/stateloop/" in names[0] and "/vanilla_looped/" in names[1], names
     ui.open(shot.compare_url(ui.base, [r["run_id"] for r in pair], [r["experiment_id"] for r in pair],
