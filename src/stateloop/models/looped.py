@@ -181,8 +181,9 @@ class LoopedLM(nn.Module):
 
 
 class StateLoopLM(LoopedLM):
-    """StateLoop and its ablations: eqs. (1)-(12), (14). See the module docstring. The state width
-    d_s is checked once, by the registry (models/registry.py: positive; state only: d_s = d)."""
+    """StateLoop and its ablations: eqs. (1)-(11), (14) (the loss (12) is train/loop.py's). See the
+    module docstring. The state width d_s is checked once, by the registry (models/registry.py:
+    positive; state only: d_s = d)."""
 
     def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
         super().__init__(cfg)

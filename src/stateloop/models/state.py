@@ -14,7 +14,7 @@ paper's notation and equation numbers (Sec. 3; models/looped.py maps all of (1)-
 
 Eq. (6) is a gated, input-selective diagonal SSM along the *iteration* axis: each channel c
 keeps a fraction g^k_c of its old value and writes the rest, eta^k_c, from the proposal. With
-S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S^1 of every model). At
+S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S~^1 of every model). At
 initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
 eta_c = 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
 
