@@ -15,10 +15,10 @@ def test_state_cell_is_eq6_by_hand():
     U = H * torch.rsqrt(H.pow(2).mean(-1, keepdim=True) + 1e-5)  # RMSNorm_h with unit gain (2)
     P = U @ cell.W_u.weight.T  # (5)
     delta = torch.log1p(torch.exp(U @ cell.W_delta.weight.T + cell.b_delta))  # softplus
-    a = torch.exp(-delta * torch.exp(cell.A_log))
+    g = torch.exp(-delta * torch.exp(cell.A_log))
     with torch.no_grad():
-        assert torch.allclose(cell(S, H), a * S + (1 - a) * P, atol=1e-6)  # S^{k+1}, (6)
-        assert torch.allclose(cell(None, H), (1 - a) * P, atol=1e-6)  # S^0 = 0
+        assert torch.allclose(cell(S, H), g * S + (1 - g) * P, atol=1e-6)  # S^{k+1}, (6)
+        assert torch.allclose(cell(None, H), (1 - g) * P, atol=1e-6)  # S^0 = 0
 
 
 def test_mamba2_decode_steps_equal_full_forward():

@@ -1,5 +1,5 @@
 """The state's diagnostics hook (models/looped.py ``diagnostics``, evaluate/diagnostics.py): the
-write rate 1 - a^k of eq. (6), the reads' norm against the backbone output they are added to
+write rate eta^k = 1 - g^k of eq. (6), the reads' norm against the backbone output they are added to
 (Z^{k+1} = H^k + R_{k+1}; the terminal read H^{K-1} + R_K) and the state's norm, recomputed here
 by hand from the states the forward returns and the cell's parameters; and the forward's numbers
 unchanged by the hook."""
@@ -47,8 +47,8 @@ def test_stateloop_diagnostics_by_hand():
             H = model.backbone(Z, rope, None)
             U = _rms_norm(H, cell.norm_h)
             delta = F.softplus(U @ cell.W_delta.weight.T + cell.b_delta)
-            g = torch.exp(-delta * torch.exp(cell.A_log))  # the paper's retention g^k (the code's a)
-            per_channel = (1 - g).mean(dim=(0, 1))
+            g = torch.exp(-delta * torch.exp(cell.A_log))  # the retention g^k of (6)
+            per_channel = (1 - g).mean(dim=(0, 1))  # the write rate eta^k = 1 - g^k
             assert s["write_rate_mean"][k] == pytest.approx(per_channel.mean().item(), rel=1e-9)
             assert s["write_rate_sd"][k] == pytest.approx(per_channel.std(unbiased=False).item(), rel=1e-9)
             assert s["write_rate_max"][k] == pytest.approx(per_channel.max().item(), rel=1e-9)

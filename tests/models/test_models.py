@@ -84,3 +84,16 @@ def test_unknown_model_and_options_fail_with_the_key():
         build_model(tiny_config("vanilla_looped", options={"width": 3}))
     with pytest.raises(ConfigError, match="model.options.d_fff"):
         build_model(tiny_config("vanilla_looped_ffn", options={"d_fff": 3}))
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if MODELS[n].has_state])
+def test_the_state_width_is_refused_before_a_build(name):
+    """d_s is checked once, by the registry, before any module is made: every model with a state
+    refuses d_s = 0, and state only ("X^k in R^{n x d} has the backbone width") any d_s != d."""
+    from stateloop.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"model\.d_state: .*positive state width"):
+        build_model(tiny_config(name, d_state=0), device="meta")
+    if name == "state_only":
+        with pytest.raises(ConfigError, match=r"model\.d_state: state_only keeps the state at the model width d=32, got 16"):
+            build_model(tiny_config(name, d_state=16), device="meta")

@@ -95,8 +95,8 @@ def test_state_is_float32_under_autocast(name):
 def test_slow_channels_survive_bf16_autocast():
     """Paper, Sec. 3: lambda is log-spaced in [0.01, 4] and softplus(b_Delta) = 0.3 at init, so the
     slowest channel writes 1 - exp(-0.003) = 0.3% of the proposal per iteration. Over K = 7
-    iterations of a constant proposal P, eq. (6) from S^0 = 0 gives S^7 = (1 - a^7) P. Under bf16 autocast the
-    state must follow it for the P and a that autocast computes (to float32 rounding); the same
+    iterations of a constant proposal P, eq. (6) from S^0 = 0 gives S^7 = (1 - g^7) P. Under bf16 autocast the
+    state must follow it for the P and g that autocast computes (to float32 rounding); the same
     update with a bf16 state, computed alongside, is off by tens of percent, which is why the
     state is float32."""
     d, K = 16, 7
@@ -105,20 +105,20 @@ def test_slow_channels_survive_bf16_autocast():
     cell.reset_parameters(0.3)
     H = torch.randn(1, 3, d)  # the same backbone output H^k at every iteration
     with torch.no_grad():
-        a64 = cell.gates(H)[1].double()
+        g64 = cell.gates(H)[1].double()
         with torch.autocast("cpu", dtype=torch.bfloat16):  # the proposal and gate autocast computes
-            P_ac, a_ac = (t.double() for t in cell.gates(H))
-        expected = (1 - a_ac**K) * P_ac  # constant H: the same P and a at every iteration
+            P_ac, g_ac = (t.double() for t in cell.gates(H))
+        expected = (1 - g_ac**K) * P_ac  # constant H: the same P and g at every iteration
         S = None
         S_bf16 = torch.zeros_like(H, dtype=torch.bfloat16)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             for _ in range(K):
                 S = cell(S, H)
-                P, a = cell.gates(H)
-                S_bf16 = torch.lerp(P.to(torch.bfloat16), S_bf16, a.to(torch.bfloat16))
+                P, g = cell.gates(H)
+                S_bf16 = torch.lerp(P.to(torch.bfloat16), S_bf16, g.to(torch.bfloat16))
     slow = 0  # lambda = 0.01: the slowest channel
     assert math.isclose(math.exp(cell.A_log[slow].item()), LAMBDA_RANGE[0], rel_tol=1e-6)
-    assert math.isclose(1 - a64[0, 0, slow].item(), 1 - math.exp(-DELTA_INIT * LAMBDA_RANGE[0]), rel_tol=1e-3)
+    assert math.isclose(1 - g64[0, 0, slow].item(), 1 - math.exp(-DELTA_INIT * LAMBDA_RANGE[0]), rel_tol=1e-3)
     assert S.dtype == torch.float32
     rel = ((S.double() - expected) / expected)[..., slow].abs().max().item()
     rel_bf16 = ((S_bf16.double() - expected) / expected)[..., slow].abs().max().item()

@@ -39,11 +39,11 @@ def test_eq6_against_hand_computation():
     for c in range(3):
         P = Wu[c][0] * U[0] + Wu[c][1] * U[1]
         delta = _softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c])
-        a = math.exp(-delta * lam[c])
-        expected.append(a * s0[c] + (1 - a) * P)
+        g = math.exp(-delta * lam[c])
+        expected.append(g * s0[c] + (1 - g) * P)
     got = cell(S, H)[0, 0].tolist()  # S^{k+1}
     assert got == pytest.approx(expected, abs=1e-12)
-    # S^0 = 0: the first update writes (1 - a) P only
+    # S^0 = 0: the first update writes (1 - g) P only
     assert cell(None, H)[0, 0].tolist() == pytest.approx(
         [e - math.exp(-_softplus(Wd[c][0] * U[0] + Wd[c][1] * U[1] + bd[c]) * lam[c]) * s0[c] for c, e in enumerate(expected)],
         abs=1e-12,
@@ -123,7 +123,7 @@ def test_forward_composes_the_equations(name):
 
 
 def test_reset_state_forgets_previous_iterations():
-    """With the reset (eq. 14), S^{k+1} is (1 - a^k) P^k of iteration k alone."""
+    """With the reset (eq. 14), S^{k+1} = eta^k P^k = (1 - g^k) P^k of iteration k alone."""
     model = build_model(tiny_config("reset_state")).eval()
     idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
     captured = []
@@ -132,8 +132,8 @@ def test_reset_state_forgets_previous_iterations():
         out = model(idx, return_states=True)
     handle.remove()
     for H, S in zip(captured, out.states):  # H^k, S^{k+1}
-        P, a = model.cell.gates(H)
-        assert torch.allclose(S, (1 - a) * P, atol=1e-6)
+        P, g = model.cell.gates(H)
+        assert torch.allclose(S, (1 - g) * P, atol=1e-6)
 
 
 def test_state_only_follows_eq13():
@@ -162,8 +162,8 @@ def test_state_only_follows_eq13():
         U = H / torch.sqrt(H.pow(2).mean(-1, keepdim=True) + cell.norm_h.eps) * cell.norm_h.weight
         P = U @ cell.W_u.weight.T
         delta = torch.nn.functional.softplus(U @ cell.W_delta.weight.T + cell.b_delta)
-        a = torch.exp(-delta * torch.exp(cell.A_log))
-        return a * X_prev + (1 - a) * P
+        g = torch.exp(-delta * torch.exp(cell.A_log))
+        return g * X_prev + (1 - g) * P
 
     with torch.no_grad():
         E = model.embed.weight[idx] * math.sqrt(cfg.d_model)
@@ -277,18 +277,18 @@ def test_fused_projections_follow_every_parameter_change():
 
     for step in range(3):
         with torch.inference_mode():
-            P, a = cell.gates(H)
+            P, g = cell.gates(H)
         with torch.no_grad():
-            P_ref, a_ref = by_hand()
+            P_ref, g_ref = by_hand()
             torch.testing.assert_close(P, P_ref)
-            torch.testing.assert_close(a, a_ref)
-            torch.testing.assert_close(cell.gates(H)[1], a_ref)  # with gradients off but no inference mode
+            torch.testing.assert_close(g, g_ref)
+            torch.testing.assert_close(cell.gates(H)[1], g_ref)  # with gradients off but no inference mode
             for p in (cell.W_u.weight, cell.W_delta.weight, cell.b_delta, cell.A_log):
                 p.add_(0.1 * torch.randn_like(p))  # in place, as an optimizer step
     cell.double()
     H = H.double()
     with torch.inference_mode():
-        P, a = cell.gates(H)
+        P, g = cell.gates(H)
     with torch.no_grad():
-        assert P.dtype == a.dtype == torch.float64
-        torch.testing.assert_close(a, by_hand()[1])
+        assert P.dtype == g.dtype == torch.float64
+        torch.testing.assert_close(g, by_hand()[1])

@@ -4,7 +4,8 @@ Notation: the paper's (Sec. 3). Iterations are counted from 0, H^k is the output
 application k, Z^k its input, and E = sqrt(d) W_E[x] the scaled input embeddings. The state
 after iteration k is S^{k+1} and the read taken from it R_{k+1}, so states and reads are
 numbered 1..K, as in Figure 4 ("R1..R7", "S3", "S4" at K = 7). Equation numbers are the paper's
-(1)-(15): (1) the start, (2), (5), (6) the update, (3) update, mixer and read norm N^{k+1},
+(1)-(15): (1) the start, (2), (5), (6) the update (retention g^k, write rate eta^k = 1 - g^k),
+(3) update, mixer and the state read N^{k+1},
 (4) the feedback read, (7)-(9) the mixers, (10) the terminal read, (11) the head, (12) the loss
 (train/loop.py, evaluate/perplexity.py), (13) state only, (14) reset, (15) the calibration
 (analysis/interventions.py). The paper writes a read as N^{k+1} W^T with N^{k+1} =
@@ -18,12 +19,14 @@ Vanilla Looped (Universal-Transformer style):
 StateLoop adds one persistent state S in R^{d_s} per token. With Z^0 = E and S^0 = 0 (eq. 1),
 for k = 0..K-1:
 
-    H^k     = T(Z^k)                                    backbone application k; H^0 = T(E) (1)
-    S^{k+1} = Update(S^k, H^k)                          eqs. (2), (3), (5), (6): models/state.py
-    S^{k+1} = Mixer(S^{k+1})                            eqs. (3), (7)-(9): models/mixers.py
-    R_{k+1} = W_{s->z} RMSNorm_s(S^{k+1}),  Z^{k+1} = H^k + R_{k+1}     (k < K-1) feedback read (3), (4)
-    Y       = H^{K-1} + R_K,  R_K = W_{s->out} RMSNorm_s(S^K)           terminal read (10)
-    logits  = W_o RMSNorm_f(Y)                                          head (11); loss (12)
+    H^k      = T(Z^k)                                   backbone application k; H^0 = T(E) (1), (4)
+    U^k      = RMSNorm_h(H^k)                           (2)
+    S~^{k+1} = V_phi(S^k, U^k)                          update (3), (5), (6): models/state.py
+    S^{k+1}  = X_psi(S~^{k+1})                          mixer (3), (7)-(9): models/mixers.py
+    N^{k+1}  = RMSNorm_s(S^{k+1})                       the state read (3)
+    R_{k+1}  = W_{s->z} N^{k+1},  Z^{k+1} = H^k + R_{k+1}             (k < K-1) feedback read (4)
+    Y        = H^{K-1} + R_K,  R_K = W_{s->out} N^K                   terminal read (10)
+    logits   = W_o RMSNorm_f(Y)                                       head (11); loss (12)
 
 Extra parameters: W_u, W_Delta (d_s x d), b_Delta, A_log (d_s), W_{s->z}, W_{s->out} (d x d_s),
 RMSNorm_h (d), RMSNorm_s (d_s): 4 d d_s + 3 d_s + d.
@@ -38,7 +41,7 @@ Ablations (Table 4):
   backbone output H^{K-1} through the final norm and head: no reads, no W_{s->z} / W_{s->out}.
   Parameters: W_u, W_Delta, b_Delta, A_log, RMSNorm_h (409.00M at 410M, the paper's count).
 - ``reset_state`` (eq. 14, left): S^k is replaced by 0 before every update, so nothing persists
-  across iterations: S^{k+1} = (1 - a^k) P^k.
+  across iterations: S^{k+1} = eta^k P^k, with eta^k = 1 - g^k the write rate of eq. (6).
 - ``stateloop_gru``: a GRU cell replaces eq. (6); P^k, feedback and readout unchanged.
 
 Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
@@ -50,8 +53,8 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   keys and ``states`` are those of its gated state X^1..X^{K-1}.
 - ``diagnostics`` (a dict): each forward adds, for every state S^i it makes (i = 1..K; X^1..X^{K-1}
   for ``state_only``), sums over its tokens to ``diagnostics[i]`` (evaluate/diagnostics.py
-  summarises them): ``tokens``; ``write_rate``, the per-channel sum of 1 - a^{i-1}, the fraction of
-  each channel the proposal overwrites (eq. 6's update only; a^k is the paper's retention g^k);
+  summarises them): ``tokens``; ``write_rate``, the per-channel sum of eta^{i-1} = 1 - g^{i-1}, the
+  fraction of each channel the proposal overwrites (eq. 6's update only; g^k is the retention);
   ``state_norm``, of ||S^i||; ``read_ratio``, of ||R_i|| / ||H^{i-1}||, the read against the
   backbone output it is added to (R_K is the terminal read; models with reads). Everything is
   recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
@@ -72,7 +75,7 @@ from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
 from stateloop.models.kernels import upcast
 from stateloop.models.mixers import build_mixer
-from stateloop.models.state import GRUStateCell, SelectiveStateCell
+from stateloop.models.state import build_cell
 
 
 @dataclass
@@ -178,19 +181,16 @@ class LoopedLM(nn.Module):
 
 
 class StateLoopLM(LoopedLM):
-    """StateLoop and its ablations: eqs. (1)-(11), (14). See the module docstring."""
+    """StateLoop and its ablations: eqs. (1)-(11), (14) (the loss (12) is train/loop.py's). See the
+    module docstring. The state width d_s is checked once, by the registry (models/registry.py:
+    positive; state only: d_s = d)."""
 
     def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
         super().__init__(cfg)
         d, d_s = cfg.d_model, cfg.d_state
-        if d_s <= 0:
-            raise ValueError(f"{cfg.name}: d_state must be positive")
         self.reset, self.has_reads = reset, reads
-        cells = {"ssm": SelectiveStateCell, "gru": GRUStateCell}
-        if update not in cells:
-            raise ValueError(f"{cfg.name}: unknown state update {update!r} (known: {', '.join(cells)})")
-        self.cell = cells[update](d, d_s, cfg.norm_eps)
-        self.mixer = build_mixer(mixer, cfg)
+        self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
+        self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
@@ -199,8 +199,9 @@ class StateLoopLM(LoopedLM):
             self.W_sz.residual_out = self.W_sout.residual_out = cfg.read_init == "residual"
 
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
-        """N W^T with N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
-        R = W(self.norm_s(S).to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
+        """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
+        N = self.norm_s(S)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
+        R = W(N.to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
         if keep is not None:
             R = R * keep
         return R
@@ -279,9 +280,7 @@ class StateOnlyLM(StateLoopLM):
     backbone output H^{K-1}."""
 
     def __init__(self, cfg):
-        super().__init__(cfg, reads=False)
-        if cfg.d_state != cfg.d_model:
-            raise ValueError(f"{cfg.name}: the state-only state is the backbone input, so d_state must equal d_model")
+        super().__init__(cfg, reads=False)  # d_s = d: checked by the registry (models/registry.py)
 
     def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
              diagnostics: dict | None = None) -> ModelOutput:

@@ -1,9 +1,10 @@
-"""Token-axis mixers acting on the updated state S^{k+1} of iteration k (one weight set shared by
-all iterations; the paper's notation, models/looped.py):
+"""Token-axis mixers X_psi of eq. (3), S^{k+1} = X_psi(S~^{k+1}), acting on the updated state
+S~^{k+1} of iteration k (one weight set shared by all iterations; the paper's notation,
+models/looped.py):
 
-    identity (eq. 7):   S^{k+1} <- S^{k+1}
-    attention (eq. 8):  S^{k+1} <- S^{k+1} + Attn(RMSNorm(S^{k+1}))      causal, RoPE, no FFN
-    Mamba-2 (eq. 9):    S^{k+1} <- S^{k+1} + Mamba2(RMSNorm(S^{k+1}))    SSD block along the tokens
+    identity (eq. 7):   S^{k+1} = S~^{k+1}
+    attention (eq. 8):  S^{k+1} = S~^{k+1} + Attn(RMSNorm_m(S~^{k+1}))      causal, RoPE, no FFN
+    Mamba-2 (eq. 9):    S^{k+1} = S~^{k+1} + Mamba2(RMSNorm(S~^{k+1}))      SSD block along the tokens
 
 The mixed state is the persistent state: it is what the reads see and what the next
 iteration's update (eq. 6) starts from. It stays in float32 (models/state.py: the residual sum
@@ -26,6 +27,8 @@ from stateloop.models.kernels import causal_conv1d, conv1d_step, gated_rms_norm,
 
 
 class IdentityMixer(nn.Module):
+    """Eq. (7): S^{k+1} = X_id(S~^{k+1}) = S~^{k+1}, StateLoop's mixer."""
+
     def forward(self, S: torch.Tensor, rope: Rotary, cache=None) -> torch.Tensor:
         return S
 
@@ -190,6 +193,8 @@ class Mamba2Mixer(nn.Module):
 
 
 def build_mixer(kind: str, cfg) -> nn.Module:
+    """The mixer X_psi of eq. (3) named ``kind``, for the model shape ``cfg``: the mixers' registry
+    (the state cells' is :func:`~stateloop.models.state.build_cell`)."""
     if kind == "identity":
         return IdentityMixer()
     if kind == "attn":

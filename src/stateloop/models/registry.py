@@ -53,6 +53,8 @@ class ModelSpec:
         return from_dict(self.options, cfg.options, "model.options")
 
     def check(self, cfg: ModelConfig) -> None:
+        """The config's checks before a build. The state width d_s is checked here only (positive;
+        state only's d_s = d in its ``validate``): the model classes and cells take it as given."""
         if self.has_state and cfg.d_state <= 0:
             raise ConfigError(f"model.d_state: {self.name} needs a positive state width d_s")
         opts = self.parse_options(cfg)
@@ -104,7 +106,7 @@ _SPECS = [
     ModelSpec("reset_state", lambda cfg, _: StateLoopLM(cfg, reset=True), "Reset state", True,
               description="the state is reset before every update (eq. 14)", cls=StateLoopLM),
     ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
-              description="a GRU cell replaces the selective-SSM update", cls=StateLoopLM),
+              description="a GRU cell replaces the selective-SSM update (eq. 6)", cls=StateLoopLM),
     # The paper's baselines (models/baselines/, docs/baselines.md).
     ModelSpec("hyperloop", lambda cfg, o: HyperloopLM(cfg, o), "Hyperloop", False,
               HyperloopOptions, validate=check_hyperloop,

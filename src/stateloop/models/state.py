@@ -1,19 +1,25 @@
-"""State update cells: how the persistent state S absorbs the output H^k of iteration k.
+"""State update cells V_phi: how the persistent state S absorbs the output H^k of iteration k.
 
-All cells map (S^k, H^k) -> S^{k+1}, k = 0..K-1 (iterations counted from 0, S^0 = 0), with S in
-R^{B x T x d_s} (one state per token) and H in R^{B x T x d}. The paper's notation and equation
-numbers (Sec. 3; models/looped.py maps all of (1)-(15) to the code):
+Every cell is the update of eq. (3), S~^{k+1} = V_phi(S^k, U^k), k = 0..K-1 (iterations counted
+from 0, S^0 = 0 by eq. (1)), with S in R^{B x T x d_s} (one state per token) and H in
+R^{B x T x d}; the mixer of eq. (3) (models/mixers.py) then makes S^{k+1} from S~^{k+1}. The
+paper's notation and equation numbers (Sec. 3; models/looped.py maps all of (1)-(15) to the code):
 
-    U^k     = RMSNorm_h(H^k)                                          (2)
-    P^k     = U^k W_u^T                  proposal, d_s wide            (5)
-    Delta^k = softplus(U^k W_Delta^T + b_Delta)  step sizes
-    S^{k+1} = exp(-Delta^k * lambda) * S^k
-              + (1 - exp(-Delta^k * lambda)) * P^k,  lambda = exp(A_log)    (6)
+    U^k      = RMSNorm_h(H^k)                                                        (2)
+    P^k      = U^k W_u^T                    proposal, d_s wide                       (5)
+    Delta^k  = softplus(U^k W_Delta^T + b_Delta),  lambda = exp(A_log)              (6)
+    g^k      = exp(-lambda * Delta^k)       retention gate
+    eta^k    = 1 - g^k                      write gate (the write rate)
+    S~^{k+1} = g^k * S^k + eta^k * P^k                                               (6)
 
 Eq. (6) is a gated, input-selective diagonal SSM along the *iteration* axis: each channel c
-keeps a fraction exp(-Delta lambda_c) of its old value and writes the rest from the proposal.
-At initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
-1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
+keeps a fraction g^k_c of its old value and writes the rest, eta^k_c, from the proposal. With
+S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S~^1 of every model). At
+initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
+eta_c = 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
+
+:func:`build_cell` is the cells' registry, beside them as
+:func:`~stateloop.models.mixers.build_mixer` is beside the mixers: ``ssm`` (eq. 6) and ``gru``.
 
 The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
 P^k, with S^k as its hidden state.
@@ -23,7 +29,7 @@ run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also unde
 and in a model cast to bf16 for inference, and eq. (6) is evaluated in that dtype. S is a
 recurrence over the K iterations whose slow channels move by tiny steps: at init the slowest
 channel writes 1 - exp(-0.3 * 0.01) = 0.003 of its value per iteration, less than bf16's spacing
-just below 1 (2^-8 = 0.0039), so in bf16 the retention a^k would round to 1 or to 0.996 and
+just below 1 (2^-8 = 0.0039), so in bf16 the retention g^k would round to 1 or to 0.996 and
 S^k - P^k would cancel to bf16 noise (tests/models/test_precision.py measures both). This is
 the same contract as Mamba's SSM state. Matmuls that read the state (reads, mixers) run in the
 dtype of their weights or autocast's, as every other matmul does.
@@ -73,12 +79,13 @@ class SelectiveStateCell(nn.Module):
             self.A_log.copy_(lam.log())
 
     def gates(self, H: torch.Tensor):
-        """Proposal P^k and retention a^k = exp(-Delta^k lambda) for the output H^k of iteration k."""
+        """Proposal P^k (eq. 5) and retention g^k = exp(-lambda Delta^k) (eq. 6) for the output H^k of
+        iteration k."""
         U = self.norm_h(H)  # (2)
         W, b, neg_lambda = self._fused()
         P, pre = F.linear(U, W, b).split(self.A_log.numel(), dim=-1)  # (5) and Delta^k's pre-activation, one matmul
-        a = torch.exp(F.softplus(upcast(pre)) * neg_lambda)  # (6): exp(-Delta^k lambda)
-        return P, a
+        g = torch.exp(F.softplus(upcast(pre)) * neg_lambda)  # (6): g^k = exp(-lambda Delta^k)
+        return P, g
 
     def _fused(self):
         """[W_u; W_Delta], [0; b_Delta] and -lambda: both projections of the same U^k run as one
@@ -104,25 +111,26 @@ class SelectiveStateCell(nn.Module):
         return torch.cat([self.W_u.weight, self.W_delta.weight]), b, -torch.exp(upcast(self.A_log))
 
     def write_rate(self, H: torch.Tensor) -> torch.Tensor:
-        """1 - a^k: the fraction of each channel overwritten by the proposal."""
+        """eta^k = 1 - g^k (eq. 6): the fraction of each channel overwritten by the proposal."""
         return 1.0 - self.gates(H)[1]
 
     def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
-        """(S^k, H^k) -> S^{k+1}; S = None is S^0 = 0."""
-        P, a = self.gates(H)
-        P, a = upcast(P), upcast(a)  # the state's dtype (module docstring)
+        """(S^k, H^k) -> S~^{k+1} of eq. (3); S = None is S^k = 0."""
+        P, g = self.gates(H)
+        P, g = upcast(P), upcast(g)  # the state's dtype (module docstring)
         # One fused op each (this runs K times per decoded token):
-        if S is None:  # S^0 = 0:  S^1 = (1 - a) P = P - a P
-            return torch.addcmul(P, a, P, value=-1.0)
-        return torch.lerp(P, S.to(P.dtype), a)  # (6): P + a (S^k - P) = a S^k + (1 - a) P
+        if S is None:  # S^k = 0 (S^0, or the reset of (14)):  eta P = (1 - g) P = P - g P
+            return torch.addcmul(P, g, P, value=-1.0)
+        return torch.lerp(P, S.to(P.dtype), g)  # (6): P + g (S^k - P) = g S^k + eta P
 
 
 class GRUStateCell(nn.Module):
-    """GRU update (Table 4): S^{k+1} = GRU(P^k, S^k) with P^k = W_u RMSNorm_h(H^k).
+    """GRU update (Table 4): S~^{k+1} = GRU(P^k, S^k) with P^k = U^k W_u^T, U^k = RMSNorm_h(H^k)
+    (eqs. 5, 2).
 
     torch.nn.GRUCell(d_s, d_s) with gates r, z and candidate n:
         r = sigma(W_ir P + b_ir + W_hr S + b_hr),  z = sigma(W_iz P + b_iz + W_hz S + b_hz)
-        n = tanh(W_in P + b_in + r * (W_hn S + b_hn)),  S^{k+1} = (1 - z) * n + z * S^k
+        n = tanh(W_in P + b_in + r * (W_hn S + b_hn)),  S~^{k+1} = (1 - z) * n + z * S^k
     Parameters: RMSNorm_h (d), W_u (d_s x d), 6 d_s^2 weights and 6 d_s biases.
     """
 
@@ -137,9 +145,20 @@ class GRUStateCell(nn.Module):
         self.gru.reset_parameters()  # PyTorch default: U(-1/sqrt(d_s), 1/sqrt(d_s))
 
     def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
-        """(S^k, H^k) -> S^{k+1}. The GRU's arithmetic runs in its weights' dtype (or autocast's,
+        """(S^k, H^k) -> S~^{k+1}. The GRU's arithmetic runs in its weights' dtype (or autocast's,
         as torch's GRU cell does); the state it returns is kept in the wide dtype like eq. (6)'s."""
-        P = self.W_u(self.norm_h(H))
+        P = self.W_u(self.norm_h(H))  # (2), (5)
         shape = P.shape
         h = None if S is None else S.reshape(-1, shape[-1]).to(P.dtype)
         return upcast(self.gru(P.reshape(-1, shape[-1]), h).view(shape))
+
+
+CELLS = {"ssm": SelectiveStateCell, "gru": GRUStateCell}
+
+
+def build_cell(kind: str, cfg) -> nn.Module:
+    """The state update V_phi of eq. (3) named ``kind``, for the model shape ``cfg`` (d, d_s;
+    d_s is checked by the registry, models/registry.py)."""
+    if kind not in CELLS:
+        raise ValueError(f"{cfg.name}: unknown state update {kind!r} (known: {', '.join(CELLS)})")
+    return CELLS[kind](cfg.d_model, cfg.d_state, cfg.norm_eps)
