@@ -171,7 +171,7 @@ def test_paper_task_names_are_lm_evals_own(tmp_path):
     type the tables assume; each has its reported metric."""
     from stateloop.evaluate import metrics
     from stateloop.evaluate.config import PAPER_TASKS, EvalConfig
-    from stateloop.evaluate.tasks import prepare_tasks
+    from stateloop.evaluate.tasks.prepare import prepare_tasks
 
     prepared = prepare_tasks(PAPER_TASKS, tmp_path / "work", EvalConfig())
     assert prepared.builtin == PAPER_TASKS
@@ -237,7 +237,7 @@ def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
 def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
     """Issue 26: "Tracebacks to turn into one line: eval --device cuda without CUDA; stateloop
     lm-eval with max_length=-1, batch_size=0, or an unknown task"; "--num_fewshot -1" was accepted."""
-    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR
+    from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR
 
     if case == "eval-device-cuda" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -182,7 +182,7 @@ def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, 
     from lm_eval.__main__ import cli_evaluate
     from test_lm_cli import assert_synth_mc_equals_the_pipelines
 
-    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR
+    from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR
 
     run_dir, _ = make_run("stateloop_mamba2")
     export = hf.export_run(run_dir, tmp_path / "export")

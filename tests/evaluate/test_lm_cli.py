@@ -17,7 +17,7 @@ from stateloop.cli import main
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.harness import run_tasks
 from stateloop.evaluate.lm import StateLoopEvalLM, largest_batch, parse_batch_size
-from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, task_yamls
+from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
 
 
 def lm_eval_cli(monkeypatch, run_dir: Path, elsewhere: Path, *args: str) -> dict:
@@ -113,7 +113,8 @@ def test_every_local_yaml_reads_the_docs_stateloop_eval_prepares(make_run, data_
     from lm_eval.tasks import TaskManager
 
     from stateloop.data.shards import read_meta
-    from stateloop.evaluate.tasks import SHARED_SOURCES, prepare_tasks
+    from stateloop.evaluate.tasks.files import SHARED_SOURCES
+    from stateloop.evaluate.tasks.prepare import prepare_tasks
 
     for folder in SHARED_SOURCES.values():
         if not (shared_data / folder).is_dir():

@@ -130,7 +130,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(name, tmp_path, capsys)
 def test_an_offline_lm_eval_task_without_the_shared_data_names_the_folder(tmp_path, monkeypatch):
     """The `*_local` task YAMLs read $STATELOOP_SHARED/data; where it is absent, one line names
     the folder and the variable (lm-eval's CLI prints it as the error)."""
-    from stateloop.evaluate.tasks import local_dataset
+    from stateloop.evaluate.tasks.hooks import local_dataset
 
     monkeypatch.setenv("STATELOOP_SHARED", str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError) as err:

@@ -18,7 +18,7 @@ import pytest
 from train_support import ROOT, assert_bitwise_equal, resolved, weights, write_config, write_shards
 
 from stateloop.cli import main
-from stateloop.train import loop
+from stateloop.train import loop, signals
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT, train
 
@@ -228,7 +228,7 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(setup, tmp_path, monkeypatch,
     """The first Ctrl-C asks for a checkpoint; a second one, before the step ends, stops without
     waiting for it: the command prints one line and exits 130, as a shell reports SIGINT."""
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN where the test runs in a background job
-    stop = loop.StopRequest()
+    stop = signals.StopRequest()
     stop.install()
     try:
         os.kill(os.getpid(), signal.SIGINT)

@@ -2,7 +2,7 @@
 
 The defaults are the paper's evaluation (Tables 1 and 2): held-out token perplexity, lm-eval's own
 tasks at zero and five shots. The small scales set ``tasks`` to the offline tasks of
-``workflow/tasks/`` (see :mod:`stateloop.evaluate.tasks`) and ``task_data`` to their folders.
+``workflow/tasks/`` (see :mod:`stateloop.evaluate.tasks.prepare`) and ``task_data`` to their folders.
 """
 
 from __future__ import annotations

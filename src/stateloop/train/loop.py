@@ -26,12 +26,11 @@ leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors
 
 Exit paths:
 - finished: final checkpoint, model.safetensors (runs.save_final, resolved config inside), train.json;
-- SIGTERM / SIGUSR1 / SIGINT (SLURM preemption or time limit; Ctrl-C; SLURM sends SIGUSR1 to the
-  job steps N s before the time limit, ``--signal=USR1@N``, and ``stateloop train`` then also
-  requeues the job, train/slurm.py):
-  the handler only sets a flag; at the next step boundary every rank saves a checkpoint and the
-  command exits with :data:`REQUEUE_EXIT` = 75 (EX_TEMPFAIL, "try again"): run the same command
-  again (or let the scheduler requeue it) and it resumes;
+- SIGTERM / SIGUSR1 / SIGINT (train/signals.py, which owns every signal: what each one means,
+  and the SLURM requeue after SLURM's warning): the handler only sets a flag; at the next step
+  boundary every rank saves a checkpoint and the command exits with :data:`REQUEUE_EXIT` = 75
+  (EX_TEMPFAIL, "try again"): run the same command again (or let the scheduler requeue it) and
+  it resumes;
 - a non-finite loss or gradient norm: :class:`NonFiniteLoss` names the step before the optimiser
   moves; the last good checkpoint stays as it is.
 """
@@ -43,7 +42,6 @@ import fcntl
 import math
 import os
 import shutil
-import signal
 import socket
 import sys
 import time
@@ -77,8 +75,8 @@ from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.resolve import open_data, parse_resolved
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
+from stateloop.train.signals import REQUEUE_EXIT, StopRequest
 
-REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 NONFINITE_EXIT = 3  # the loss or gradient norm became NaN/inf
 # Without a progress bar (--no-progress: the DAG's logs, SLURM's output files) a line with step,
 # tokens, loss, tok/s and ETA goes to stderr at the first log step, then every this many seconds
@@ -97,46 +95,6 @@ class TrainResult:
     summary: dict = field(default_factory=dict)
     checkpoint: Path | None = None
     rank0: bool = True  # False in the other processes of a multi-device run (they print nothing)
-
-
-# ----------------------------------------------------------------------------------------------
-# Signals: set a flag only; the loop acts on it at the next step boundary.
-
-
-class StopRequest:
-    """SIGTERM, SIGUSR1 and Ctrl-C (SIGINT) ask for a checkpoint at the next step boundary; a
-    second Ctrl-C stops at once (KeyboardInterrupt), keeping the previous checkpoint."""
-
-    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
-
-    def __init__(self):
-        self.signal: str | None = None
-        self._previous: dict = {}
-
-    def _handle(self, signum, _frame):
-        name = signal.Signals(signum).name
-        if name == "SIGINT" and self.signal == "SIGINT":
-            raise KeyboardInterrupt
-        self.signal = name
-        if name == "SIGINT":
-            warn("Ctrl-C: writing a checkpoint at the end of this step (Ctrl-C again to stop without one)")
-
-    def install(self) -> None:
-        if hasattr(signal, "SIGUSR1") and _main_thread():
-            for name in self.SIGNALS:
-                sig = getattr(signal, name)
-                self._previous[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 # ----------------------------------------------------------------------------------------------

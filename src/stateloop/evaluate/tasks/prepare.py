@@ -1,4 +1,4 @@
-"""Offline lm-eval tasks: the YAMLs of ``workflow/tasks/`` made runnable for one evaluation.
+"""The YAMLs of ``workflow/tasks/`` made runnable for one evaluation (``stateloop eval``).
 
 lm-eval resolves a local task's ``dataset_kwargs.data_files`` against the *current directory*,
 not the YAML's folder. So the YAMLs in ``workflow/tasks/`` name their files relative to the
@@ -15,10 +15,7 @@ with every path made absolute. A task's data folder is
   of WikiText is);
 - otherwise (``lambada_openai_local``, or any YAML you add): ``eval.task_data[task]``, the
   source folder itself; a YAML whose data files are all absolute paths (as
-  :mod:`stateloop.rehearse.tasks` writes them) needs no ``task_data``.
-
-The task folder and its YAMLs, the shared data folder and the readers of its files that a
-rehearsal uses too live in :mod:`stateloop.evaluate.task_files`.
+  :mod:`stateloop.evaluate.tasks.rehearsal` writes them) needs no ``task_data``.
 
 A local YAML may ``include:`` another one (a relative include is made absolute, as its copy is
 written elsewhere), e.g. lm-eval's own YAML of a task with only its data source overridden; its
@@ -29,38 +26,25 @@ folder, which lets them override the built-ins (checked after indexing).
 
 Tasks not in ``workflow/tasks/`` are lm-eval's own (downloaded from the Hugging Face Hub).
 
-lm-eval's command line runs the same YAMLs directly, from any folder::
-
-    stateloop lm-eval --model stateloop --model_args pretrained=RUN_DIR --tasks piqa_local \
-        --include_path workflow/tasks
-
-Each YAML names a ``custom_dataset`` hook of this module (:func:`local_dataset`), which lm-eval
-calls instead of loading the relative ``data_files``: it prepares the task's data exactly as
-above into a temporary folder, with ``$STATELOOP_SHARED/data/...`` (default: ``../shared``
-beside the checkout) as the source folder, EvalConfig's defaults (``seed``, ``fewshot_pool`` and
-``synthetic_examples`` can be set through lm-eval's ``--metadata``) and, for the synthetic
-tasks, the generator settings of the evaluated run's data (lm-eval passes ``--model_args``, so
-``pretrained=RUN_DIR``, along). :func:`prepare_tasks` drops the hook from its written copies.
+lm-eval's own command line prepares the same data through each YAML's ``custom_dataset`` hook
+(:mod:`stateloop.evaluate.tasks.hooks`); :func:`prepare_tasks` drops the hook from its written
+copies.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.data.config import SyntheticConfig
-from stateloop.data.shards import read_meta
 from stateloop.data.synthetic import task_examples
 from stateloop.evaluate.config import EvalConfig
-from stateloop.evaluate.task_files import (
+from stateloop.evaluate.tasks.files import (
     DEFAULT_TASK_DIR,
     FunctionTag,
-    default_shared_data,
     dump_task_yaml,
     load_task_yaml,
     piqa_dev,
@@ -69,7 +53,6 @@ from stateloop.evaluate.task_files import (
     wikitext_pages,
     write_jsonl,
 )
-from stateloop.runs import has_final_weights, saved_config
 
 # The synthetic generator's splits: the few-shot pool and the held-out examples.
 SYNTH_FEWSHOT_SPLIT = "train"
@@ -131,61 +114,6 @@ PREPARERS: dict[str, Preparer] = {
 
 
 # ----------------------------------------------------------------------------------------------
-# lm-eval's `custom_dataset` hook: the YAMLs run directly by lm-eval's command line
-
-# local task -> its source folder under $STATELOOP_SHARED/data
-SHARED_SOURCES = {"lambada_openai_local": "lambada-openai", "piqa_local": "piqa", "wikitext_local": "wikitext-2"}
-METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig keys read from --metadata
-
-
-def _run_data_meta(metadata: dict) -> dict | None:
-    """meta.json of the data of the run named by ``pretrained=`` (or ``run_dir=``), if it is one."""
-    run_dir = metadata.get("pretrained") or metadata.get("run_dir")
-    if not isinstance(run_dir, str) or not has_final_weights(run_dir):
-        return None
-    data = saved_config(run_dir).get("data") or {}
-    return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def local_dataset(task: str) -> Callable:
-    """lm-eval's ``custom_dataset`` for local ``task`` (module docstring): called with the task's
-    metadata (``--model_args`` and ``--metadata`` merged in) and its ``dataset_kwargs``."""
-    def load(data_files=None, **metadata):
-        import datasets
-
-        where = f"local task {task}"
-        if not isinstance(data_files, dict):
-            raise ConfigError(f"{where}: dataset_kwargs.data_files must map splits to files")
-        cfg = EvalConfig(**{k: int(metadata[k]) for k in METADATA_SETTINGS if k in metadata})
-        source = default_shared_data() / SHARED_SOURCES[task] if task in SHARED_SOURCES else None
-        if source is not None and not source.is_dir():
-            raise FileNotFoundError(f"{source}: data folder of {task} not found (set STATELOOP_SHARED to the folder holding data/)")
-        prep = PREPARERS.get(task)
-        with tempfile.TemporaryDirectory(prefix=f"stateloop-{task}-") as tmp:
-            folder = prep.prepare(Path(tmp), cfg, source, _run_data_meta(metadata)) if prep is not None else source
-            files = _absolute_data_files(data_files, folder, where)
-            return datasets.DatasetDict({split: datasets.Dataset.from_list(
-                [row for path in (paths if isinstance(paths, list) else [paths]) for row in _read_jsonl(path)])
-                for split, paths in files.items()})
-
-    load.__name__ = load.__qualname__ = f"{task}_dataset"
-    return load
-
-
-# The hooks the YAMLs of workflow/tasks/ name (`custom_dataset: !function stateloop.evaluate.tasks.<name>`).
-synth_mc_dataset = local_dataset("synth_mc")
-synth_cloze_dataset = local_dataset("synth_cloze")
-lambada_openai_local_dataset = local_dataset("lambada_openai_local")
-piqa_local_dataset = local_dataset("piqa_local")
-wikitext_local_dataset = local_dataset("wikitext_local")
-
-
-# ----------------------------------------------------------------------------------------------
 # A task manager over the chosen tasks
 
 
@@ -197,16 +125,16 @@ class PreparedTasks:
     output_types: dict[str, str]  # task -> lm-eval output_type
 
 
-def _absolute_data_files(spec, folder: Path, where: str):
+def absolute_data_files(spec, folder: Path, where: str):
     if isinstance(spec, str):
         path = Path(spec) if Path(spec).is_absolute() else folder / spec
         if not path.is_file():
             raise FileNotFoundError(f"{path}: data file of {where} not found")
         return str(path.resolve())
     if isinstance(spec, list):
-        return [_absolute_data_files(s, folder, where) for s in spec]
+        return [absolute_data_files(s, folder, where) for s in spec]
     if isinstance(spec, dict):
-        return {k: _absolute_data_files(v, folder, where) for k, v in spec.items()}
+        return {k: absolute_data_files(v, folder, where) for k, v in spec.items()}
     raise ConfigError(f"{where}: dataset_kwargs.data_files must be a path, list or mapping")
 
 
@@ -290,7 +218,7 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_
             raise FileNotFoundError(f"{source}: data folder of {name} not found (eval.task_data.{name})")
         folder = prep.prepare(work_dir / name, cfg, source, data_meta) if prep is not None else source
         if "data_files" in kwargs:
-            kwargs["data_files"] = _absolute_data_files(kwargs["data_files"], folder or available[name].parent, where)
+            kwargs["data_files"] = absolute_data_files(kwargs["data_files"], folder or available[name].parent, where)
             spec["dataset_kwargs"] = kwargs
         # lm-eval imports `!function` modules relative to the YAML: keep each task's YAML beside them.
         out = (folder if any(isinstance(v, FunctionTag) for v in spec.values()) and prep is not None else yaml_dir) / f"{name}.yaml"

@@ -1,0 +1,133 @@
+"""The files of the offline lm-eval tasks: their YAMLs and the shared data they read.
+
+Every module of the package reads them: :mod:`~stateloop.evaluate.tasks.prepare` makes the YAMLs
+of ``workflow/tasks/`` runnable for one evaluation, :mod:`~stateloop.evaluate.tasks.hooks` hooks
+them into lm-eval's own command line, and a rehearsal (:mod:`stateloop.rehearse.run`,
+:mod:`~stateloop.evaluate.tasks.rehearsal`) copies them beside lm-eval's own tasks that it writes
+over small excerpts of the same shared files. This module imports none of them (nor lm-eval), so
+that each, and the test suite, imports it at the top of its file:
+
+- the checkout (:data:`REPO`) and its local task folder (:data:`DEFAULT_TASK_DIR`), whose YAMLs
+  are read and written with lm-eval's ``!function`` tags kept as they are (:func:`task_yamls`,
+  :func:`read_task_yaml`, :func:`dump_task_yaml`);
+- the shared data folder (:func:`default_shared_data`: ``$STATELOOP_SHARED/data``, by default
+  ``../shared/data`` beside the checkout), the folder in it of each local task's source
+  (:data:`SHARED_SOURCES`) and readers of the files in it that both sides use: PIQA's dev split
+  with its labels (:func:`piqa_dev`) and WikiText's articles (:func:`wikitext_pages`);
+- :func:`write_jsonl`, the JSON-lines files both write their task data as.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import yaml
+
+from stateloop.config import ConfigError
+from stateloop.runs import atomic_write_bytes
+
+REPO = Path(__file__).resolve().parents[4]
+DEFAULT_TASK_DIR = REPO / "workflow" / "tasks"
+# local task -> its source folder under default_shared_data()
+SHARED_SOURCES = {"lambada_openai_local": "lambada-openai", "piqa_local": "piqa", "wikitext_local": "wikitext-2"}
+
+
+def default_shared_data() -> Path:
+    return Path(os.environ.get("STATELOOP_SHARED", REPO.parent / "shared")) / "data"
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML with lm-eval's `!function module.name` tags kept as they are
+
+
+class FunctionTag(str):
+    """The text of a ``!function`` tag (resolved by lm-eval relative to the YAML's folder)."""
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Loader.add_constructor("!function", lambda loader, node: FunctionTag(loader.construct_scalar(node)))
+_Dumper.add_representer(FunctionTag, lambda dumper, data: dumper.represent_scalar("!function", str(data)))
+
+
+def load_task_yaml(path: str | Path):
+    """The content of a YAML file, ``!function`` tags as :class:`FunctionTag`."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_Loader)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
+
+
+def dump_task_yaml(spec: dict) -> str:
+    """``spec`` as YAML, its :class:`FunctionTag` values as ``!function`` tags again."""
+    return yaml.dump(spec, Dumper=_Dumper, sort_keys=False)
+
+
+def read_task_yaml(path: Path) -> dict:
+    data = load_task_yaml(path)
+    if not isinstance(data, dict) or "task" not in data:
+        raise ConfigError(f"{path}: not an lm-eval task (no `task:` key)")
+    return data
+
+
+def task_yamls(task_dir: Path) -> dict[str, Path]:
+    """Task name -> YAML file, for every task in ``task_dir``."""
+    out = {}
+    for path in sorted(task_dir.glob("*.yaml")):
+        name = read_task_yaml(path)["task"]
+        if name in out:
+            raise ConfigError(f"{path}: task {name!r} is also defined in {out[name]}")
+        out[name] = path
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The shared data files
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    """``rows`` as UTF-8 JSON lines, written atomically (parent folders made)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode())
+
+
+def piqa_dev(folder: Path, hint: str) -> list[dict]:
+    """PIQA's original dev split in ``folder``: ``valid.jsonl`` (goal, sol1, sol2) with the
+    ``label`` of each question from ``valid-labels.lst`` (one 0/1 per line), which that split
+    keeps in a separate file. ``hint`` says, in the error for a missing file, where it belongs."""
+    docs_path, labels_path = folder / "valid.jsonl", folder / "valid-labels.lst"
+    for p in (docs_path, labels_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"{p}: missing ({hint})")
+    docs = [json.loads(line) for line in docs_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    labels = [int(x) for x in labels_path.read_text(encoding="utf-8").split()]
+    if len(docs) != len(labels):
+        raise ConfigError(f"{labels_path}: {len(labels)} labels for {len(docs)} questions in {docs_path}")
+    return [{**d, "label": y} for d, y in zip(docs, labels)]
+
+
+_HEADING = re.compile(r"^ = [^=].* = $")
+
+
+def wikitext_pages(text: str) -> list[str]:
+    """Articles of a WikiText token file: a new one starts at every top-level heading line
+    (`` = Title = ``); each keeps its lines (with their newlines) as in the file."""
+    pages, current = [], []
+    for line in text.splitlines(keepends=True):
+        if _HEADING.match(line.rstrip("\n")) and any(l.strip() for l in current):
+            pages.append("".join(current))
+            current = []
+        current.append(line)
+    if any(l.strip() for l in current):
+        pages.append("".join(current))
+    return pages
