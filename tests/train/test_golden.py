@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import platform
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -86,9 +87,12 @@ def test_loss_curves_equal_the_golden_file(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     torch.set_num_threads(1)
     curves = _curves(tmp_path)
-    assert curves.keys() == golden["curves"].keys()
-    for run, curve in curves.items():
-        assert curve == golden["curves"][run], f"{run}: {curve} != golden {golden['curves'][run]}"
+    assert golden["curves"].keys() <= curves.keys(), "a recorded run is no longer trained"
+    new = sorted(curves.keys() - golden["curves"].keys())
+    if new:  # a model added since: `--record` adds it (docs/adding-a-model.md)
+        warnings.warn(f"not in this machine's golden recording (run with --record): {', '.join(new)}", stacklevel=1)
+    for run, curve in golden["curves"].items():
+        assert curves[run] == curve, f"{run}: {curves[run]} != golden {curve}"
 
 
 if __name__ == "__main__" and "--record" in sys.argv:

@@ -6,7 +6,7 @@ turns those sums into means over every token of every window (the project's own 
 paper's; [choice] each is a mean over tokens of a per-token quantity):
 
 - ``write_rate_mean``, ``write_rate_sd``, ``write_rate_min``, ``write_rate_max``: the write rate
-  1 - a^{i-1} of eq. (6) (a^k = exp(-Delta^k lambda), the paper's retention g^k) of each channel,
+  eta^{i-1} = 1 - g^{i-1} of eq. (6) (g^k = exp(-lambda Delta^k), the retention) of each channel,
   averaged over tokens, then its mean, standard deviation (population), minimum and maximum over
   the d_s channels: near 0 the state keeps its value, near 1 it is overwritten every iteration;
 - ``read_ratio``: ||R_i|| / ||H^{i-1}||, the norm of the read against that of the backbone output

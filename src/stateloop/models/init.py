@@ -15,7 +15,7 @@ following the LLaMA / GPT-2 convention that the baselines' recipes also use):
   open): "residual" (default) N(0, init_std / sqrt(2 N)) like the residual-output projections,
   because each read is a term added to the residual stream, the role W_o and W_down play; "input"
   N(0, init_std) like input projections, under which each read adds at init a term as large as
-  the embedding itself. Both were trained with seeds (README, "The read projections' init").
+  the embedding itself. Both were trained with seeds (docs/results.md, "The read projections' init").
 - GRU cell: PyTorch's default U(-1/sqrt(d_s), 1/sqrt(d_s)).
 - Mamba-2 mixer: mamba_ssm's init (dt log-uniform in [1e-3, 1e-1], A uniform in [1, 16], D = 1,
   convolution with PyTorch's default).
