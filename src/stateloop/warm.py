@@ -46,6 +46,9 @@ import time
 from pathlib import Path
 
 ENV = "STATELOOP_WARM"
+# [choice] The Snakefile starts a server for a call that runs at least this many jobs: the server's
+# imports cost about two jobs' worth, and the first jobs start before it listens.
+MIN_JOBS = 4
 OFF = ("", "0", "off", "false", "no")
 # Set per job by Snakemake (threads, resources' tmpdir) or by the shell that runs the job line
 # (a non-interactive bash drops the prompts). None is read when a library is imported.

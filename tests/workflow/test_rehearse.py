@@ -139,6 +139,29 @@ def test_rehearsal_evaluated_the_configs_tasks_by_their_names_and_its_table3_dty
     assert bench["settings"]["dtype"] == want
 
 
+def test_rehearsal_jobs_ran_in_the_warm_server(rehearsal):
+    """The DAG's jobs ran in children of its warm server (stateloop/warm.py), each ended with status 0;
+    the only jobs it refused are those started under (the stand-in) srun, whose environment is
+    SLURM's; and a call with fewer jobs than warm.MIN_JOBS starts no server."""
+    from stateloop import warm
+
+    name, _, out = rehearsal
+    log = out / ".snakemake" / "stateloop-warm.log"
+    lines = log.read_text().splitlines()
+    assert sum(line.startswith("serving on") for line in lines) == 1, lines[:3]
+    started = [line.split(" started: ")[1].split()[0] for line in lines if " started: " in line]
+    ended = [line for line in lines if " ended: " in line]
+    assert len(ended) == len(started) and all('{"exit": 0}' in line for line in ended), ended
+    evals = len(list((out / "results/runs").glob("*/*/*/eval.json")))  # they start after the server listens
+    assert started.count("eval") >= evals - 2, f"{started.count('eval')} of {evals} eval jobs served"
+    refused = [line for line in lines if line.startswith("refused")]
+    assert all("SLURM_" in line and " train " in line for line in refused), refused
+    assert warm.MIN_JOBS > 1
+    proc = dag(out, "results/table1.md", "--force")  # one job
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum(line.startswith("serving on") for line in log.read_text().splitlines()) == 1
+
+
 def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     """configs/paper.yaml's training as rehearsed (2 "nodes" under srun, DDP over gloo, bf16
     autocast, accumulation 2): the DAG is killed once a checkpoint exists, and the rerun resumes

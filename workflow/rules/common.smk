@@ -45,16 +45,23 @@ CONFIG_DIGEST = hashlib.sha256(_text).hexdigest()[:16]
 CONFIGFILE = f"results/configs/{CONFIG_DIGEST}.yaml"
 
 
-# Local runs start a warm server (stateloop/warm.py): it imports torch, Fabric, MLflow and lm-eval
-# once, and each job's `stateloop` command runs in a child forked from it instead of importing them
-# again (about 5 CPU-seconds a job). STATELOOP_WARM=off turns it off; SLURM jobs never use one.
+# Local runs of a few jobs or more start a warm server (stateloop/warm.py): it imports torch,
+# Fabric, MLflow and lm-eval once (about 10 CPU-seconds), and each job's `stateloop` command runs in
+# a child forked from it instead of importing them again (about 5 CPU-seconds a job).
+# STATELOOP_WARM=off turns it off; SLURM jobs never use one.
 WARM = []
+
+
+def jobs_to_run():
+    """The jobs of this call with a shell command (Snakemake's DAG; all of them where it is not there)."""
+    dag = getattr(workflow, "dag", None)
+    return warm.MIN_JOBS if dag is None else sum(1 for job in dag.needrun_jobs() if job.rule.shellcmd)
 
 
 onstart:
     if not os.path.exists(CONFIGFILE):
         atomic_write_bytes(CONFIGFILE, _text)
-    if workflow.local_exec and not workflow.remote_exec:
+    if workflow.local_exec and not workflow.remote_exec and jobs_to_run() >= warm.MIN_JOBS:
         WARM.append(warm.start(".snakemake/stateloop-warm.log"))
 
 
