@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from stateloop.commands.schema import render
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -51,7 +51,7 @@ def test_config_reference_is_generated_and_documents_every_key():
             for t in (hint, *typing.get_args(hint)):
                 if dataclasses.is_dataclass(t) and t not in seen:
                     todo.append(t)
-    from stateloop.experiments import ResourcesConfig
+    from stateloop.pipeline import ResourcesConfig
     assert seen - {cls for _, cls in _sections()} == {ResourcesConfig}  # its keys are the STAGE names
 
 
@@ -107,7 +107,7 @@ def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_
     "R1..R6"). An experiment of one of those names without `models:` compares them, a `models:`
     list replaces them, and another name without one is a one-line error."""
     from stateloop.config import ConfigError
-    from stateloop.experiments import PAPER_MODELS, pipeline_from_dict
+    from stateloop.pipeline import PAPER_MODELS, pipeline_from_dict
     from stateloop.report.tables import reference
 
     assert PAPER_MODELS["table1"] == reference("table1_ppl")["model"].tolist()

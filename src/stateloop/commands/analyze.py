@@ -155,7 +155,7 @@ def _eval_setup(args, run_dir, config, model, device) -> tuple[torch.nn.Module, 
     import torch
 
     from stateloop.analysis import common
-    from stateloop.analysis.latency import DTYPES
+    from stateloop.analysis.bench_decode import DTYPES
     from stateloop.config import ConfigError
 
     evalp = common.heldout_protocol(run_dir, config, model, args.config)

@@ -53,7 +53,7 @@ def _scale_model(args):
 
     base = ModelConfig()
     if args.config:
-        from stateloop.experiments import load_pipeline
+        from stateloop.pipeline import load_pipeline
 
         if not args.scale:
             raise ConfigError("--scale: required with --config")
@@ -72,30 +72,30 @@ def _scale_model(args):
 def run(args) -> int:
     import torch
 
-    from stateloop.analysis import latency
+    from stateloop.analysis import bench_decode
     from stateloop.runs import atomic_write_json, resolve_device, resolve_run_arg
 
     run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = latency.resolve_dtype(args.dtype, device)
+    dtype = bench_decode.resolve_dtype(args.dtype, device)
     specs = list(args.models)
     if not specs and not run_dirs:
-        specs = [f"{name}:{K}" for name, K in latency.TABLE3_ROWS]
-    rows = [latency.run_row(d, device, dtype) for d in run_dirs]
+        specs = [f"{name}:{K}" for name, K in bench_decode.table3_rows()]
+    rows = [bench_decode.run_row(d, device, dtype) for d in run_dirs]
     if specs:
         shape = _scale_model(args)
         for i, spec in enumerate(specs):
             torch.manual_seed(args.seed + i)
-            rows.append(latency.untrained_row(shape, spec, device, dtype))
-    latency.check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
-    print(f"bench decode: {len(rows)} models on {latency.device_name(device)}, {str(dtype).replace('torch.', '')}, "
+            rows.append(bench_decode.untrained_row(shape, spec, device, dtype))
+    bench_decode.check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
+    print(f"bench decode: {len(rows)} models on {bench_decode.device_name(device)}, {str(dtype).replace('torch.', '')}, "
           f"P={args.prefill} N={args.tokens}, {args.warmup} warm-up + {args.repeats} timed runs each", file=sys.stderr)
-    result = latency.bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
+    result = bench_decode.bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
                                   args.reference, args.seed, progress=not args.no_progress,
                                   interleave=args.interleave)
     atomic_write_json(args.out, result)
-    print(latency.format_table(result))
+    print(bench_decode.format_table(result))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

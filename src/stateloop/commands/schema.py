@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
 def render() -> str:
     import yaml
 
-    from stateloop.experiments import PipelineConfig
+    from stateloop.pipeline import PipelineConfig
 
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "stateloop pipeline config",
               **json_schema(PipelineConfig)}
@@ -124,8 +124,8 @@ def _sections():
     """(path, dataclass) for every section of a pipeline config, in the order a config file has them."""
     from stateloop.data.config import DataConfig, SyntheticConfig
     from stateloop.evaluate.config import EvalConfig
-    from stateloop.experiments import BenchConfig, ExperimentConfig, PipelineConfig, ScaleConfig, StageResources
     from stateloop.models.config import ModelConfig
+    from stateloop.pipeline import BenchConfig, ExperimentConfig, PipelineConfig, ScaleConfig, StageResources
     from stateloop.train.config import TrainConfig
 
     return [("(top level)", PipelineConfig), ("scales.SCALE", ScaleConfig), ("scales.SCALE.model", ModelConfig),

@@ -65,7 +65,7 @@ def resolve(args):
     if args.config or args.scale:
         if not (args.config and args.scale):
             raise ConfigError("--config and --scale go together")
-        from stateloop.experiments import load_pipeline
+        from stateloop.pipeline import load_pipeline
 
         cfg = load_pipeline(args.config)
         if args.scale not in cfg.scales:
@@ -105,7 +105,7 @@ def run(args) -> int:
     data, model_vocab = resolve(args)
     meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
     if args.config and args.scale:  # a corpus too small to train on: said now, not at training time
-        from stateloop.experiments import load_pipeline
+        from stateloop.pipeline import load_pipeline
 
         window = load_pipeline(args.config).scales[args.scale].train.seq_len + 1
         tokens = ((meta.get("splits") or {}).get("train") or {}).get("tokens", 0)

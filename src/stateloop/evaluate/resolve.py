@@ -16,7 +16,7 @@ from pathlib import Path
 
 from stateloop.config import ConfigError, from_dict, merge, to_dict
 from stateloop.evaluate.config import EvalConfig
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_pipeline
 from stateloop.runs import run_id_of, saved_config
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)

@@ -39,7 +39,7 @@ def parse_run_id(run_id: str) -> tuple[str, str, int, int, int]:
 def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
                 data_dir: str | Path | None = None) -> dict:
     """The resolved config dict of run ``run_id`` of the pipeline config ``config_path``."""
-    from stateloop.experiments import expand_runs, load_pipeline, run_model_config
+    from stateloop.pipeline import expand_runs, load_pipeline, run_model_config
 
     pipeline = load_pipeline(config_path)
     scale_name, model_name, K, d_s, seed = parse_run_id(run_id)
