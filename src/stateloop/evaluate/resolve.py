@@ -1,6 +1,6 @@
 """The eval settings a run is evaluated with: ``stateloop eval`` and the analyses (whose held-out
 set is the held-out perplexity's) read them here, as training reads its run's config through
-train/resolve.py.
+pipeline.resolve_run.
 
 A run folder is data, never code: it may come from someone else. [choice] The settings that name
 code to import or files to read (:data:`LOCAL_ONLY`: the local task folder, whose YAMLs name

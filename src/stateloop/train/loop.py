@@ -58,6 +58,7 @@ from stateloop.config import ConfigError, load_yaml
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
+from stateloop.pipeline import RunConfig
 from stateloop.runs import (
     FINAL_WEIGHTS,
     LEGACY_WEIGHTS,
@@ -265,13 +266,15 @@ def run_lock(run_dir: Path):
         os.close(fd)
 
 
-def train(config: dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
-    """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank.
+def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
+    """Train (or resume) the run of a resolved config (pipeline.resolve_run's, or a saved one) in
+    ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
     folder's lock (:func:`run_lock`) for the whole training: :func:`setup`, :func:`fit`,
     :func:`finish`. ``restart``: see :func:`check_run_folder`."""
-    mcfg, tcfg = parse_resolved(config)
+    run_config = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    config, mcfg, tcfg = run_config.as_dict(), run_config.model, run_config.train
     shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by setup
     conflict = check_run_folder(Path(run_dir), config, restart)
     with run_lock(Path(run_dir)):
