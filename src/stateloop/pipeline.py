@@ -22,7 +22,9 @@ cell's mean and 95% confidence interval over its seeds (``stateloop.report.stats
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,10 +194,29 @@ class Run:
 
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
+    """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read
+    and checked once per process while it is unchanged; each caller gets its own copy."""
+    if overrides or not Path(path).is_file():
+        return _read_pipeline(str(path), overrides)
+    stat = Path(path).stat()
+    return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_file_once(path: str, mtime_ns: int, size: int) -> PipelineConfig:
+    return _read_pipeline(path)
+
+
+def _read_pipeline(path: str, overrides: dict | None = None) -> PipelineConfig:
     data = load_yaml(path)
     if overrides:
         data = merge(data, overrides)
-    return pipeline_from_dict(data, str(path))
+    return pipeline_from_dict(data, path)
+
+
+def load_scale(path: str | Path, name: str) -> ScaleConfig:
+    """Scale ``name`` of the pipeline config file ``path``; one line naming it when it is not defined."""
+    return scale_of(load_pipeline(path), name, f"{path}: scales.{name}: not defined")
 
 
 def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:

@@ -50,17 +50,13 @@ def _scale_model(args):
     defaults, which are the paper's 1.4B shape) with --set overrides."""
     from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
     from stateloop.models.config import ModelConfig
+    from stateloop.pipeline import load_scale
 
     base = ModelConfig()
     if args.config:
-        from stateloop.pipeline import load_pipeline
-
         if not args.scale:
             raise ConfigError("--scale: required with --config")
-        scales = load_pipeline(args.config).scales
-        if args.scale not in scales:
-            raise ConfigError(f"--scale: {args.config} has no scale {args.scale!r} (defined: {', '.join(scales)})")
-        base = scales[args.scale].model
+        base = load_scale(args.config, args.scale).model
     elif args.scale:
         raise ConfigError("--scale: needs --config")
     overrides = parse_dotlist(args.set)
