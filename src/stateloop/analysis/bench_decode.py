@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import platform
 import statistics
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
-from stateloop.config import ConfigError
+from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
-from stateloop.pipeline import PAPER_MODELS, ScaleConfig, run_model_config
-from stateloop.runs import code_version, load_model
+from stateloop.pipeline import PAPER_MODELS, ScaleConfig, load_scale, run_model_config
+from stateloop.runs import atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -345,3 +347,77 @@ def format_table(result: dict) -> str:
                      f"{r['throughput_tok_s']['mean']:>9.2f} {r['latency_change_pct']:>+7.2f}%"
                      + (f" {r['flops_change_pct']:>+9.2f}%" if "flops_change_pct" in r else ""))
     return "\n".join(lines)
+
+# ----------------------------------------------------------------------------------------------
+# The stage: what `stateloop bench decode` runs (commands/bench.py parses its flags)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One benchmark as asked for (``stateloop bench decode``'s flags, defaults the paper's protocol)."""
+
+    runs: list[str] = field(default_factory=list)  # trained runs (runs.resolve_run_arg)
+    models: list[str] = field(default_factory=list)  # untrained shapes name[:K[:d_s]]
+    config: str | None = None
+    scale: str | None = None
+    set: list[str] = field(default_factory=list)  # model.KEY=VALUE shape overrides
+    prefill: int = 1024
+    tokens: int = 1024
+    repeats: int = 5
+    warmup: int = 1
+    dtype: str = "auto"
+    device: str = "auto"
+    threads: int | None = None
+    interleave: str = "run"
+    reference: str | None = None
+    seed: int = 0
+    out: str = ""
+    no_progress: bool = False
+
+    @classmethod
+    def of(cls, args) -> Request:
+        """The request of parsed flags (an argparse namespace)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+def _scale_model(args: Request) -> ModelConfig:
+    """The ModelConfig untrained rows are built from: the scale's model section (or the
+    defaults, which are the paper's 1.4B shape) with --set overrides."""
+    base = ModelConfig()
+    if args.config:
+        if not args.scale:
+            raise ConfigError("--scale: required with --config")
+        base = load_scale(args.config, args.scale).model
+    elif args.scale:
+        raise ConfigError("--scale: needs --config")
+    overrides = parse_dotlist(args.set)
+    if set(overrides) - {"model"}:
+        raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
+    return from_dict(ModelConfig, merge(to_dict(base), overrides.get("model", {})), "model")
+
+
+def run_stage(args: Request) -> int:
+    """``stateloop bench decode``: build the rows, time them, write the JSON and print the table."""
+    run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    specs = list(args.models)
+    if not specs and not run_dirs:
+        specs = [f"{name}:{K}" for name, K in table3_rows()]
+    rows = [run_row(d, device, dtype) for d in run_dirs]
+    if specs:
+        shape = _scale_model(args)
+        for i, spec in enumerate(specs):
+            torch.manual_seed(args.seed + i)
+            rows.append(untrained_row(shape, spec, device, dtype))
+    check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
+    print(f"bench decode: {len(rows)} models on {device_name(device)}, {str(dtype).replace('torch.', '')}, "
+          f"P={args.prefill} N={args.tokens}, {args.warmup} warm-up + {args.repeats} timed runs each", file=sys.stderr)
+    result = bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
+                          args.reference, args.seed, progress=not args.no_progress, interleave=args.interleave)
+    atomic_write_json(args.out, result)
+    print(format_table(result))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0

@@ -12,8 +12,6 @@ overrides); with neither, Table 3's rows at the chosen shape. Examples::
 
 from __future__ import annotations
 
-import sys
-
 from stateloop.commands import RUN_HELP
 from stateloop.report.outputs import BENCH_FILE
 
@@ -45,53 +43,7 @@ def add_arguments(p) -> None:
     d.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _scale_model(args):
-    """The ModelConfig untrained rows are built from: the scale's model section (or the
-    defaults, which are the paper's 1.4B shape) with --set overrides."""
-    from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
-    from stateloop.models.config import ModelConfig
-    from stateloop.pipeline import load_scale
-
-    base = ModelConfig()
-    if args.config:
-        if not args.scale:
-            raise ConfigError("--scale: required with --config")
-        base = load_scale(args.config, args.scale).model
-    elif args.scale:
-        raise ConfigError("--scale: needs --config")
-    overrides = parse_dotlist(args.set)
-    if set(overrides) - {"model"}:
-        raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
-    return from_dict(ModelConfig, merge(to_dict(base), overrides.get("model", {})), "model")
-
-
 def run(args) -> int:
-    import torch
+    from stateloop.analysis.bench_decode import Request, run_stage
 
-    from stateloop.analysis import bench_decode
-    from stateloop.runs import atomic_write_json, resolve_device, resolve_run_arg
-
-    run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = bench_decode.resolve_dtype(args.dtype, device)
-    specs = list(args.models)
-    if not specs and not run_dirs:
-        specs = [f"{name}:{K}" for name, K in bench_decode.table3_rows()]
-    rows = [bench_decode.run_row(d, device, dtype) for d in run_dirs]
-    if specs:
-        shape = _scale_model(args)
-        for i, spec in enumerate(specs):
-            torch.manual_seed(args.seed + i)
-            rows.append(bench_decode.untrained_row(shape, spec, device, dtype))
-    bench_decode.check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
-    print(f"bench decode: {len(rows)} models on {bench_decode.device_name(device)}, {str(dtype).replace('torch.', '')}, "
-          f"P={args.prefill} N={args.tokens}, {args.warmup} warm-up + {args.repeats} timed runs each", file=sys.stderr)
-    result = bench_decode.bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
-                                  args.reference, args.seed, progress=not args.no_progress,
-                                  interleave=args.interleave)
-    atomic_write_json(args.out, result)
-    print(bench_decode.format_table(result))
-    print(f"wrote {args.out}", file=sys.stderr)
-    return 0
+    return run_stage(Request.of(args))
