@@ -312,6 +312,12 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
     return list(runs.values())
 
 
+def decoding_specs(cfg: PipelineConfig) -> list[str]:
+    """Table 3's rows of a config: its decoding experiment's (untrained) shapes as name:K[:d_s],
+    d_s only for a model with a state."""
+    return [f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in expand_runs(cfg, ["decoding"])]
+
+
 def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
     """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked by
     the model's class when the config is loaded (no model is built): a depth MeSH or Hyperloop

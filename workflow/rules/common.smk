@@ -10,7 +10,7 @@ from snakemake.utils import validate
 
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
-from stateloop.pipeline import expand_runs, pipeline_from_dict
+from stateloop.pipeline import decoding_specs, expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
@@ -242,11 +242,8 @@ def test_time_tasks(wc):
 
 
 def decode_models():
-    """Table 3's rows: the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
-    if BENCH_SCALE is None:
-        return ""
-    shapes = expand_runs(PIPE, ["decoding"])
-    return " ".join(f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in shapes)
+    """Params value: Table 3's rows, the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
+    return " ".join(decoding_specs(PIPE)) if BENCH_SCALE is not None else ""
 
 
 def output_inputs(name):

@@ -36,7 +36,16 @@ from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_di
 from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
-from stateloop.pipeline import PAPER_MODELS, ScaleConfig, load_scale, run_model_config
+from stateloop.pipeline import (
+    PAPER_MODELS,
+    BenchConfig,
+    PipelineConfig,
+    ScaleConfig,
+    decoding_specs,
+    load_pipeline,
+    load_scale,
+    run_model_config,
+)
 from stateloop.runs import atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -361,14 +370,15 @@ class Request:
     config: str | None = None
     scale: str | None = None
     set: list[str] = field(default_factory=list)  # model.KEY=VALUE shape overrides
-    prefill: int = 1024
-    tokens: int = 1024
-    repeats: int = 5
-    warmup: int = 1
-    dtype: str = "auto"
+    # BENCH_KEYS: None takes the config's bench section (pipeline.BenchConfig; its defaults without --config)
+    prefill: int | None = None
+    tokens: int | None = None
+    repeats: int | None = None
+    warmup: int | None = None
+    dtype: str | None = None
     device: str = "auto"
     threads: int | None = None
-    interleave: str = "run"
+    interleave: str | None = None
     reference: str | None = None
     seed: int = 0
     out: str = ""
@@ -380,16 +390,43 @@ class Request:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
-def _scale_model(args: Request) -> ModelConfig:
+BENCH_KEYS = ("prefill", "tokens", "repeats", "warmup", "dtype", "interleave")  # flags that override the bench section
+
+
+def _bench_settings(args: Request, pipeline: PipelineConfig | None) -> BenchConfig:
+    """The config's ``bench:`` section (BenchConfig's defaults without --config), then the flags given."""
+    flags = {key: getattr(args, key) for key in BENCH_KEYS if getattr(args, key) is not None}
+    return from_dict(BenchConfig, merge(to_dict(pipeline.bench) if pipeline else {}, flags), "bench")
+
+
+def _bench_scale(args: Request, pipeline: PipelineConfig | None) -> str | None:
+    """The scale whose shape untrained rows take: --scale, else the config's decoding experiment's."""
+    if pipeline is None:
+        if args.scale:
+            raise ConfigError("--scale: needs --config")
+        return None
+    if args.scale:
+        return args.scale
+    if "decoding" not in pipeline.experiments:
+        raise ConfigError(f"--scale: required with --config ({args.config} has no decoding experiment)")
+    return pipeline.experiments["decoding"].scale
+
+
+def _specs(args: Request, pipeline: PipelineConfig | None) -> list[str]:
+    """The untrained rows: --models; without them and without --runs, the config's decoding
+    experiment (unless --scale picks another scale), else Table 3's rows."""
+    if args.models or args.runs:
+        return list(args.models)
+    if pipeline is not None and not args.scale and "decoding" in pipeline.experiments:
+        return decoding_specs(pipeline)
+    return [f"{name}:{K}" for name, K in table3_rows()]
+
+
+def _scale_model(args: Request, pipeline: PipelineConfig | None) -> ModelConfig:
     """The ModelConfig untrained rows are built from: the scale's model section (or the
     defaults, which are the paper's 1.4B shape) with --set overrides."""
-    base = ModelConfig()
-    if args.config:
-        if not args.scale:
-            raise ConfigError("--scale: required with --config")
-        base = load_scale(args.config, args.scale).model
-    elif args.scale:
-        raise ConfigError("--scale: needs --config")
+    scale = _bench_scale(args, pipeline)
+    base = load_scale(args.config, scale).model if scale else ModelConfig()
     overrides = parse_dotlist(args.set)
     if set(overrides) - {"model"}:
         raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
@@ -399,24 +436,24 @@ def _scale_model(args: Request) -> ModelConfig:
 def run_stage(args: Request) -> int:
     """``stateloop bench decode``: build the rows, time them, write the JSON and print the table."""
     run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
+    pipeline = load_pipeline(args.config) if args.config else None
+    bench = _bench_settings(args, pipeline)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    specs = list(args.models)
-    if not specs and not run_dirs:
-        specs = [f"{name}:{K}" for name, K in table3_rows()]
+    dtype = resolve_dtype(bench.dtype, device)
+    specs = _specs(args, pipeline)
     rows = [run_row(d, device, dtype) for d in run_dirs]
     if specs:
-        shape = _scale_model(args)
+        shape = _scale_model(args, pipeline)
         for i, spec in enumerate(specs):
             torch.manual_seed(args.seed + i)
             rows.append(untrained_row(shape, spec, device, dtype))
-    check_settings(rows, args.prefill, args.tokens, args.repeats, args.warmup, args.interleave)  # before any output
+    check_settings(rows, bench.prefill, bench.tokens, bench.repeats, bench.warmup, bench.interleave)  # before any output
     print(f"bench decode: {len(rows)} models on {device_name(device)}, {str(dtype).replace('torch.', '')}, "
-          f"P={args.prefill} N={args.tokens}, {args.warmup} warm-up + {args.repeats} timed runs each", file=sys.stderr)
-    result = bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, device,
-                          args.reference, args.seed, progress=not args.no_progress, interleave=args.interleave)
+          f"P={bench.prefill} N={bench.tokens}, {bench.warmup} warm-up + {bench.repeats} timed runs each", file=sys.stderr)
+    result = bench_decode(rows, bench.prefill, bench.tokens, bench.repeats, bench.warmup, device,
+                          args.reference, args.seed, progress=not args.no_progress, interleave=bench.interleave)
     atomic_write_json(args.out, result)
     print(format_table(result))
     print(f"wrote {args.out}", file=sys.stderr)

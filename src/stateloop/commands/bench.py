@@ -3,9 +3,12 @@
 Models come from trained runs (``--runs RUN ...``; each RUN a run folder or a run id, as in every
 command that addresses runs: runs.resolve_run_arg), or are built untrained from a shape
 (``--models name:K[:d_s] ...`` at ``--scale`` of ``--config``, with ``--set model.key=value``
-overrides); with neither, Table 3's rows at the chosen shape. Examples::
+overrides); with neither, the shapes of the decoding experiment of ``--config`` at its scale (with
+``--scale``, or without ``--config``: Table 3's rows at that shape). The timing protocol is the
+``bench:`` section of ``--config`` (pipeline.BenchConfig; its defaults without it), which the flags
+``--prefill`` ... ``--interleave`` override. Examples::
 
-    stateloop bench decode --config configs/paper.yaml --scale 1.4b            # Table 3, GPU, bf16
+    stateloop bench decode --config configs/paper.yaml          # Table 3 as the config sets it (bench:, decoding)
     stateloop bench decode --set model.d_model=128 model.d_ff=344 model.n_heads=2 \\
         --models vanilla_looped:4 stateloop:4:128 --prefill 64 --tokens 64 --out bench.json
 """
@@ -23,19 +26,21 @@ def add_arguments(p) -> None:
     d.add_argument("--runs", nargs="+", default=[], metavar="RUN",
                    help=f"trained runs to time, each {RUN_HELP}")
     d.add_argument("--models", nargs="+", default=[], metavar="SPEC",
-                   help="untrained models name[:K[:d_s]] (default without --runs: Table 3's rows)")
-    d.add_argument("--config", help="pipeline config whose --scale gives the shape of untrained models")
-    d.add_argument("--scale", help="scale of --config (required with --config)")
+                   help="untrained models name[:K[:d_s]] (default without --runs: the --config's decoding experiment, "
+                        "else Table 3's rows)")
+    d.add_argument("--config", help="pipeline config: its bench: section, its decoding experiment's shapes and scale")
+    d.add_argument("--scale", help="scale of --config whose shape untrained models take (default: the decoding experiment's)")
     d.add_argument("--set", nargs="+", default=[], metavar="model.KEY=VALUE", help="shape overrides for untrained models")
-    d.add_argument("--prefill", type=int, default=1024, help="prompt tokens P (paper: 1024)")
-    d.add_argument("--tokens", type=int, default=1024, help="generated tokens N (paper: 1024)")
-    d.add_argument("--repeats", type=int, default=5, help="timed runs per model (paper: 5)")
-    d.add_argument("--warmup", type=int, default=1, help="untimed warm-up runs per model")
-    d.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, else float32), float32, bfloat16, float16")
+    # The next six override bench.* of --config (BenchConfig's defaults without it: the paper's protocol)
+    d.add_argument("--prefill", type=int, help="prompt tokens P (paper: 1024)")
+    d.add_argument("--tokens", type=int, help="generated tokens N (paper: 1024)")
+    d.add_argument("--repeats", type=int, help="timed runs per model (paper: 5)")
+    d.add_argument("--warmup", type=int, help="untimed warm-up runs per model (default 1)")
+    d.add_argument("--dtype", help="auto (default: bfloat16 on CUDA, else float32), float32, bfloat16, float16")
     d.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     d.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
-    d.add_argument("--interleave", choices=["run", "token"], default="run",
-                   help="run: whole runs round-robin across models (paper protocol); token: models decode in "
+    d.add_argument("--interleave", choices=["run", "token"],
+                   help="run: whole runs round-robin across models (paper protocol); token (default): models decode in "
                         "lockstep, one token each in turn, synced per step (robust ratios on a busy CPU)")
     d.add_argument("--reference", help="row label the relative latency is taken against (default: the first row)")
     d.add_argument("--seed", type=int, default=0, help="seed of the prompt and of untrained weights")
