@@ -1,6 +1,6 @@
 """The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
 
-``train(config, run_dir)`` trains one run from its resolved config (train/resolve.py) and
+``train(config, run_dir)`` trains one run from its resolved config (pipeline.resolve_run) and
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
@@ -75,7 +75,7 @@ from stateloop.runs import (
 from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
-from stateloop.train.resolve import open_data, parse_resolved
+from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
 
@@ -283,7 +283,7 @@ def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, 
             shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)
             for name in (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY):
                 (Path(run_dir) / name).unlink(missing_ok=True)
-        run = setup(config, Path(run_dir), shards)
+        run = setup(run_config, Path(run_dir), shards)
         stop, meter = StopRequest(), Progress(run, progress)
         stop.install()
         status = "FAILED"
@@ -344,9 +344,9 @@ class Run:
         return self.elapsed_before + time.perf_counter() - self.t_start
 
 
-def setup(config: dict, run_dir: Path, shards) -> Run:
+def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
 
-    mcfg, tcfg = parse_resolved(config)
+    config, mcfg, tcfg = run_config.as_dict(), run_config.model, run_config.train
     train_shards, val_shards = shards
     fabric, precision = build_fabric(tcfg)
     fabric.launch()

@@ -12,14 +12,7 @@ from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.models.config import ModelConfig
-from stateloop.pipeline import RunConfig
 from stateloop.train.config import TrainConfig
-
-
-def parse_resolved(config: dict) -> tuple[ModelConfig, TrainConfig]:
-    """The typed model and train sections of a resolved config (as written to config.yaml)."""
-    run_config = RunConfig.read(config)
-    return run_config.model, run_config.train
 
 
 def open_data(config: dict, mcfg: ModelConfig, tcfg: TrainConfig):
