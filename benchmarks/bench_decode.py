@@ -34,7 +34,7 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stateloop.analysis.latency import BenchModel, bench_decode
+from stateloop.analysis.bench_decode import BenchModel, bench_decode
 from stateloop.models.cache import ModelCache
 from stateloop.models.config import ModelConfig
 from stateloop.models.flops import decode_flops_per_token

@@ -108,18 +108,18 @@ def main() -> None:
         args.overrides, args.run = [args.run, *args.overrides], p.get_default("run")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from stateloop.train.resolve import resolve_run
+    from stateloop.pipeline import resolve_run
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp / 'mlflow.db'}"
-        probe = resolve_run(args.config, args.run, args.overrides + ["train.max_steps=1"], tmp)
+        probe = resolve_run(args.config, args.run, args.overrides + ["train.max_steps=1"], tmp).as_dict()
         data = make_shards(tmp / "data", probe["model"]["vocab_size"], 2_000_000)
         log_every = probe["train"]["log_every"]
         if args.steps <= log_every:  # the first log_every steps are warm-up in both loops
             p.error(f"--steps: more than train.log_every = {log_every} steps are needed, got {args.steps}")
         overrides = args.overrides + [f"train.max_steps={args.steps}", "train.val_tokens=0", "train.checkpoint_every=0"]
-        config = resolve_run(args.config, args.run, overrides, data)
+        config = resolve_run(args.config, args.run, overrides, data).as_dict()
         t = config["train"]
         print(f"run {args.run}: micro_batch {t['micro_batch']} x seq {t['seq_len']}, global batch {t['global_batch']} "
               f"(accumulation {t['global_batch'] // t['micro_batch']}), {args.steps} steps, log every {log_every}, "

@@ -41,7 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 
 def load_paper(smoke: bool):
     from stateloop.config import load_yaml
-    from stateloop.experiments import pipeline_from_dict
+    from stateloop.pipeline import pipeline_from_dict
 
     raw = load_yaml(ROOT / "configs" / "paper.yaml")
     if smoke:
@@ -63,9 +63,9 @@ def gpu_tests(timeout: int) -> dict:
 
 def train_bench(cfg, micro: int, seq: int, steps: int, warmup: int, device: torch.device) -> dict:
     """Step time of the 410M vanilla_looped and stateloop at K = 7, alternating A B B A."""
-    from stateloop.experiments import expand_runs
     from stateloop.models.flops import compute_profile
     from stateloop.models.registry import build_model
+    from stateloop.pipeline import expand_runs
     from stateloop.train.flops import peak_flops
 
     runs = {r.model: r for r in expand_runs(cfg, ["table4"]) if r.model in ("vanilla_looped", "stateloop")}
@@ -109,8 +109,8 @@ def train_bench(cfg, micro: int, seq: int, steps: int, warmup: int, device: torc
 
 
 def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device) -> dict:
-    from stateloop.analysis.latency import bench_decode, untrained_row
-    from stateloop.experiments import expand_runs
+    from stateloop.analysis.bench_decode import bench_decode, untrained_row
+    from stateloop.pipeline import expand_runs
 
     exp = cfg.experiments["decoding"]
     scale_model = cfg.scales[exp.scale].model

@@ -121,18 +121,21 @@ def recorded(tmp_path, monkeypatch):
 
     def resolve_run(config_path, run_id, overrides=None, data_dir=None):
         seen.append({"id": run_id, "overrides": list(overrides or [])})
-        return {"run": {"id": run_id}}
+        return RunConfig(RunSection(run_id), ModelConfig(), TrainConfig(), DataSection())
 
     def train(config, out, progress=True, restart=False):
         seen[-1]["folder"] = Path(out).resolve()
         raise ConfigError("recorded")
 
+    import stateloop.pipeline
     import stateloop.train.loop
-    import stateloop.train.resolve
     import stateloop.train.slurm
+    from stateloop.models.config import ModelConfig
+    from stateloop.pipeline import DataSection, RunConfig, RunSection
+    from stateloop.train.config import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
-    monkeypatch.setattr(stateloop.train.resolve, "resolve_run", resolve_run)
+    monkeypatch.setattr(stateloop.pipeline, "resolve_run", resolve_run)
     monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda config: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     return seen

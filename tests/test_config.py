@@ -6,8 +6,8 @@ import re
 import pytest
 
 from stateloop.config import ConfigError, from_dict, parse_dotlist
-from stateloop.experiments import cells, expand_runs, load_pipeline
 from stateloop.models.config import ModelConfig
+from stateloop.pipeline import cells, expand_runs, load_pipeline
 
 
 def test_unknown_key_names_the_path():
@@ -119,7 +119,7 @@ def test_a_split_no_stage_makes_fails_at_load_naming_the_key():
     import pytest
 
     from stateloop.config import ConfigError, load_yaml
-    from stateloop.experiments import pipeline_from_dict
+    from stateloop.pipeline import pipeline_from_dict
 
     raw = load_yaml(Path(__file__).resolve().parents[1] / "configs" / "paper.yaml")
     raw["scales"]["410m"]["data"].pop("val_split")

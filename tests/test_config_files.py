@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 import yaml
 
-from stateloop.commands.schema import render
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.schema import render
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -27,7 +27,7 @@ def test_config_reference_is_generated_and_documents_every_key():
     import dataclasses
     import typing
 
-    from stateloop.commands.schema import _sections, field_docs, render_docs
+    from stateloop.schema import _sections, field_docs, render_docs
 
     assert (ROOT / "configs/README.md").read_text() == render_docs(), \
         "run: stateloop schema --out workflow/schemas/config.schema.yaml --docs configs/README.md"
@@ -51,21 +51,21 @@ def test_config_reference_is_generated_and_documents_every_key():
             for t in (hint, *typing.get_args(hint)):
                 if dataclasses.is_dataclass(t) and t not in seen:
                     todo.append(t)
-    from stateloop.experiments import ResourcesConfig
+    from stateloop.pipeline import ResourcesConfig
     assert seen - {cls for _, cls in _sections()} == {ResourcesConfig}  # its keys are the STAGE names
 
 
 def test_schema_command_writes_the_schema_and_the_reference(tmp_path):
     """`stateloop schema --out S --docs D`, the command the generated files name, writes both."""
     from stateloop.cli import main
-    from stateloop.commands.schema import render, render_docs
+    from stateloop.schema import render, render_docs
 
     assert main(["schema", "--out", str(tmp_path / "s.yaml"), "--docs", str(tmp_path / "README.md")]) == 0
     assert (tmp_path / "s.yaml").read_text() == render() and (tmp_path / "README.md").read_text() == render_docs()
 
 
 def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
-    from stateloop.commands.schema import field_docs
+    from stateloop.schema import field_docs
 
     @dataclass
     class Example:
@@ -107,7 +107,7 @@ def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_
     "R1..R6"). An experiment of one of those names without `models:` compares them, a `models:`
     list replaces them, and another name without one is a one-line error."""
     from stateloop.config import ConfigError
-    from stateloop.experiments import PAPER_MODELS, pipeline_from_dict
+    from stateloop.pipeline import PAPER_MODELS, pipeline_from_dict
     from stateloop.report.tables import reference
 
     assert PAPER_MODELS["table1"] == reference("table1_ppl")["model"].tolist()

@@ -199,7 +199,7 @@ def test_parallel_jobs_on_one_sqlite_store_lose_nothing(tmp_path):
 
 
 def _fake_evals(cfg, results: Path) -> None:
-    from stateloop.experiments import expand_runs
+    from stateloop.pipeline import expand_runs
 
     for i, run in enumerate(expand_runs(cfg)):
         folder = results / "runs" / run.id
@@ -211,7 +211,7 @@ def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
     from mlflow.tracking import MlflowClient
 
     from stateloop.cli import main
-    from stateloop.experiments import load_pipeline
+    from stateloop.pipeline import load_pipeline
 
     uri = _store(empty_db, here / "results" / "mlflow.db")
     cfg_file = _smoke_config(here / "results" / "configs" / "abc.yaml")

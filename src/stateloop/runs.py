@@ -35,9 +35,12 @@ from stateloop.models.config import ModelConfig
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch
 
+# The run id, spelled here once: a cell (every seed of one shape) and the seed, always last.
+RUN_CELL_FORM = "{scale}/{model}/K{K}_ds{ds}"
+RUN_ID_FORM = RUN_CELL_FORM + "_seed{seed}"
+_ID_FIELDS = {"scale": r"[^/\s]+", "model": r"[a-z0-9_]+", "K": r"\d+", "ds": r"\d+", "seed": r"\d+"}
 # Matched whole (fullmatch): a pattern ending in $ would also match before a final newline.
-RUN_ID = re.compile(r"(?P<scale>[^/\s]+)/(?P<model>[a-z0-9_]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)")
-RUN_ID_FORM = "{scale}/{model}/K{K}_ds{ds}_seed{seed}"
+RUN_ID = re.compile(re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m[1]}>{_ID_FIELDS[m[1]]})", RUN_ID_FORM))
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
 FINAL_WEIGHTS = "model.safetensors"

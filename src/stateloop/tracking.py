@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from stateloop.config import ConfigError
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_pipeline
 from stateloop.runs import TRAIN_SUMMARY, code_version
 
 DEFAULT_DB = Path("results") / "mlflow.db"

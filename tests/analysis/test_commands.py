@@ -116,7 +116,7 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
     state = 2 * (2 * 32 * 2 * 32 + 2 * 32 * 32)  # K = 2 iterations of W_u, W_Delta (d x d_s each) and a read (d_s x d)
     assert rows["stateloop:K2:ds32"]["flops_change_pct"] == pytest.approx(100 * state / (2 * app + head))
     if interleave == "token":  # Table 3 and the claims row print the floor beside the change
-        from stateloop.experiments import ExperimentConfig, PipelineConfig, ScaleConfig
+        from stateloop.pipeline import ExperimentConfig, PipelineConfig, ScaleConfig
         from stateloop.report.claims import _state_branch_latency
         from stateloop.report.outputs import BENCH_FILE
         from stateloop.report.tables import table3
@@ -130,6 +130,30 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
         assert any("flops_floor_pct" in n for n in notes)
         _, detail = _state_branch_latency(cfg, tmp_path)
         assert "stateloop K=2: " in detail and f"(FLOP floor {rows['stateloop:K2:ds32']['flops_change_pct']:+.1f}%)" in detail
+
+
+def test_bench_decode_reads_its_shapes_and_protocol_from_the_config(tmp_path):
+    """Given only ``--config``, bench decode times the config's decoding experiment (its scale's
+    shape, its models and loop counts) under the config's ``bench:`` section, as the DAG's
+    bench_decode job runs it; a flag still overrides one setting."""
+    import yaml
+
+    shape = {k.split("=")[0].removeprefix("model."): yaml.safe_load(k.split("=")[1]) for k in TINY_SHAPE}
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "scales": {"t": {"model": shape}},
+        "experiments": {"decoding": {"scale": "t", "trained": False, "models": ["vanilla_looped", "stateloop"],
+                                     "K": [2], "K_by_model": {"vanilla_looped": [2, 3]}, "d_state": [16]}},
+        "bench": {"prefill": 5, "tokens": 3, "repeats": 2, "warmup": 0, "dtype": "float32", "interleave": "run"},
+    }))
+    out = tmp_path / "bench.json"
+    assert main(["bench", "decode", "--config", str(cfg), "--device", "cpu", "--no-progress", "--out", str(out),
+                 "--repeats", "1"]) == 0
+    res = json.loads(out.read_text())
+    assert [r["label"] for r in res["rows"]] == ["vanilla_looped:K2", "vanilla_looped:K3", "stateloop:K2:ds16"]
+    s = res["settings"]
+    assert (s["prefill_tokens"], s["new_tokens"], s["runs"], s["warmup"], s["interleave"]) == (5, 3, 1, 0, "run")
+    assert res["rows"][0]["params"] < res["rows"][2]["params"]
 
 
 def test_bench_decode_run_folders_and_errors(tiny_run, tmp_path, capsys):

@@ -25,8 +25,8 @@ from dag_helpers import copy_workflow, snakemake
 from stateloop.cli import main
 from stateloop.config import to_dict
 from stateloop.data.shards import ShardWriter, sha256_file, token_dtype, write_meta
-from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.models.registry import build_model, get_spec
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.runs import save_final
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import tokenize
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 PILE = "monology/pile-uncopyrighted"

@@ -148,7 +148,7 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
 def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
     from stateloop.config import ConfigError
     from stateloop.evaluate.resolve import resolve_eval_config
-    from stateloop.experiments import load_pipeline
+    from stateloop.pipeline import load_pipeline
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc], shots: [0], limit: 4}\n")

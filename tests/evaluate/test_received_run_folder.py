@@ -199,11 +199,11 @@ def test_every_text_field_of_a_saved_config_is_classified():
 
     from stateloop.evaluate.config import EvalConfig
     from stateloop.models.config import ModelConfig
+    from stateloop.pipeline import resolve_run
     from stateloop.train.config import TrainConfig
-    from stateloop.train.resolve import resolve_run
 
     root = Path(__file__).resolve().parents[2]
-    config = resolve_run(root / "configs" / "tiny.yaml", "tiny/stateloop/K3_ds64_seed1234", data_dir="data/tiny")
+    config = resolve_run(root / "configs" / "tiny.yaml", "tiny/stateloop/K3_ds64_seed1234", data_dir="data/tiny").as_dict()
     text = {f"{section}.{key}" for section, values in config.items() for key, value in values.items()
             if isinstance(value, (str, list)) and any(isinstance(v, str) for v in ([value] if isinstance(value, str) else value))}
     for section, cls in (("model", ModelConfig), ("train", TrainConfig), ("eval", EvalConfig)):

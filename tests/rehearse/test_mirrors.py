@@ -15,7 +15,7 @@ from helpers import encoded, split_tokens
 
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_pipeline
 from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
 
 ROOT = Path(__file__).resolve().parents[2]

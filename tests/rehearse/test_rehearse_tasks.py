@@ -268,7 +268,7 @@ def test_paper_tasks_evaluate_offline_by_their_real_names(written, shared_data, 
                 assert sum(key in examples for key in pool) == 5, (name, examples)
 
     # Table 2, as the report builds it for the paper's config: eight columns and Avg-8, 0 and 5 shots
-    from stateloop.experiments import expand_runs, load_pipeline
+    from stateloop.pipeline import expand_runs, load_pipeline
     from stateloop.report.tables import table2
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "paper.yaml")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers import constructed_state
 
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import ladder
 
 ROOT = Path(__file__).parents[2]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import ladder
 from stateloop.report.claims import judge
 

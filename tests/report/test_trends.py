@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import constructed_state
 
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import trends
 from stateloop.report.claims import judge, to_markdown
 from stateloop.report.stats import t_interval

@@ -38,10 +38,9 @@ def _curves(tmp: Path) -> dict[str, list[float]]:
     from train_support import TINY_MODEL, TINY_TRAIN, write_shards
 
     from stateloop import tracking
-    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import MODELS
+    from stateloop.pipeline import expand_runs, load_pipeline, resolve_run
     from stateloop.train.loop import train
-    from stateloop.train.resolve import resolve_run
 
     data = write_shards(tmp / "data")
     cfg = tmp / "golden.yaml"

@@ -123,7 +123,7 @@ def test_run_id_errors(tmp_path):
 def test_shipped_small_configs_resolve_every_run(name, tmp_path):
     from pathlib import Path
 
-    from stateloop.experiments import expand_runs, load_pipeline
+    from stateloop.pipeline import expand_runs, load_pipeline
 
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     runs = expand_runs(load_pipeline(path))

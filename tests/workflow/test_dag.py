@@ -12,7 +12,7 @@ import yaml
 from dag_helpers import copy_workflow, jobs, snakemake
 from rehearsal_support import dag, mlflow_server
 
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 
 pytestmark = pytest.mark.slow
 

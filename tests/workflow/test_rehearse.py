@@ -18,7 +18,7 @@ from rehearsal_support import SHARED, dag, needs_shared_data, rehearsed
 
 from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS
-from stateloop.experiments import expand_runs, load_pipeline, pipeline_from_dict
+from stateloop.pipeline import expand_runs, load_pipeline, pipeline_from_dict
 from stateloop.rehearse.config import SEEDS, kept_settings
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from dag_helpers import ROOT, embedded, text_of
 from rehearsal_support import dag
 
-from stateloop.experiments import expand_runs, load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 
 pytestmark = pytest.mark.slow
 

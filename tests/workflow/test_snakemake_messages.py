@@ -7,14 +7,14 @@ import re
 import pytest
 from dag_helpers import copy_workflow, embedded, snakemake, text_of
 
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_pipeline
 
 pytestmark = pytest.mark.slow
 
 
 def test_the_reports_landing_page_lists_each_experiments_models(tmp_path):
     """The smoke config's experiments take the paper's models (no `models:` key): the landing page
-    lists them as the config resolves them (experiments.PAPER_MODELS), not an empty "; models"."""
+    lists them as the config resolves them (pipeline.PAPER_MODELS), not an empty "; models"."""
     work = copy_workflow(tmp_path / "wf")
     summary = snakemake(work, "--summary", "--configfile", "configs/smoke.yaml").stdout
     outputs = [line.split("\t")[0] for line in summary.splitlines()[1:]]

@@ -1,7 +1,7 @@
 # The report's side of the render rules (workflow/rules/report.smk): how each output is filed in
 # `snakemake --report` (category, subcategory, labels, caption) and the facts its caption prints
 # (scale, seeds, models), taken from the runs the output reads.
-from stateloop.experiments import cells as _cells
+from stateloop.pipeline import cells as _cells
 
 _RUNS_BY_FOLDER = {r.folder: r for r in RUNS.values()}
 
@@ -97,7 +97,7 @@ def _claims(path, fmt):
 
 
 # The landing page (workflow/report/workflow.rst) sees nothing but Snakemake's config, where an
-# experiment of the paper's that takes the paper's models (experiments.PAPER_MODELS) names none.
+# experiment of the paper's that takes the paper's models (pipeline.PAPER_MODELS) names none.
 # The experiments as this config resolves them go there under a key of their own, added after the
 # config's digest is taken (common.smk): no job's config file and no rerun trigger sees it.
 config["_report_experiments"] = {

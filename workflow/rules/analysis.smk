@@ -55,7 +55,7 @@ rule bench_decode:
     resources:
         **job_resources("bench", scale=BENCH_SCALE),
         slurm_extra="'--exclusive'",
-    params:
+    params:  # the command reads its shapes and protocol from the config; these rerun it when they change
         config=job_config,
         scale=BENCH_SCALE,
         models=decode_models(),
@@ -65,5 +65,4 @@ rule bench_decode:
             f" --warmup {PIPE.bench.warmup} --dtype {PIPE.bench.dtype} --interleave {PIPE.bench.interleave}"
         ),
     shell:
-        "stateloop bench decode --config {params.config:q} --scale {params.scale:q} --models {params.models}"
-        " {params.bench} --threads {threads} --out {output:q} --no-progress > {log:q} 2>&1"
+        "stateloop bench decode --config {params.config:q} --threads {threads} --out {output:q} --no-progress > {log:q} 2>&1"

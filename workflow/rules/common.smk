@@ -11,7 +11,7 @@ from snakemake.utils import validate
 from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
-from stateloop.experiments import expand_runs, pipeline_from_dict
+from stateloop.pipeline import decoding_specs, expand_runs, pipeline_from_dict
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
@@ -83,7 +83,7 @@ def job_config(wc, output):
 
 
 RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
-# A run's id and folder (experiments.Run.folder) as wildcards, spelled once: the seed always, last.
+# A run's id and folder (pipeline.Run.folder) as wildcards, spelled once: the seed always, last.
 RUN_DIR = f"{RUNS_ROOT}/{RUN_ID_FORM}"
 
 
@@ -268,11 +268,8 @@ def test_time_tasks(wc):
 
 
 def decode_models():
-    """Table 3's rows: the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
-    if BENCH_SCALE is None:
-        return ""
-    shapes = expand_runs(PIPE, ["decoding"])
-    return " ".join(f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in shapes)
+    """Params value: Table 3's rows, the (untrained) shapes of the decoding experiment as name:K[:d_s]."""
+    return " ".join(decoding_specs(PIPE)) if BENCH_SCALE is not None else ""
 
 
 def output_inputs(name):

@@ -22,7 +22,7 @@ what the state says, not its scale. C_{i->i} is the identity up to epsilon / sig
 
 Paper, 410M, K = 7: unmodified PPL 9.04; S^4 replaced by the calibrated S^3: 9.08; frozen at S^3:
 18.41. The calibration sample must not be the evaluation data. ``stateloop analyze
-interventions`` (commands/analyze.py, analysis/common.py) measures the perplexities on the
+interventions`` (analysis/stage.py, analysis/common.py) measures the perplexities on the
 held-out set of the run's held-out PPL (``eval.heldout_split``, default "val", and
 ``eval.heldout_windows`` of its scale: Table 4's set, so the unmodified PPL is Table 4's number)
 and takes the statistics from a seeded sample of 64 windows of the ``train`` split, which is

@@ -15,8 +15,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import count_params
+    from stateloop.pipeline import expand_runs, load_pipeline
 
     cfg = load_pipeline(args.config)
     rows = [(r.id, r.model, r.scale, r.K, r.d_s, count_params(r.model_config)) for r in expand_runs(cfg, args.experiments)]

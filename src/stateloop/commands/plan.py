@@ -23,9 +23,9 @@ def add_arguments(p) -> None:
 
 
 def plan_rows(cfg, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.0) -> list[dict]:
-    from stateloop.experiments import expand_runs
     from stateloop.models.flops import compute_profile
     from stateloop.models.registry import count_params
+    from stateloop.pipeline import expand_runs
 
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
@@ -42,7 +42,7 @@ def plan_rows(cfg, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.
 
 
 def run(args) -> int:
-    from stateloop.experiments import load_pipeline
+    from stateloop.pipeline import load_pipeline
 
     if not 0 < args.mfu <= 1:
         print(f"stateloop plan: error: --mfu must be in (0, 1], got {args.mfu}", file=sys.stderr)

@@ -29,7 +29,7 @@ def run(args) -> int:
     import io
     from pathlib import Path
 
-    from stateloop.experiments import load_pipeline
+    from stateloop.pipeline import load_pipeline
     from stateloop.runs import atomic_write_bytes
 
     cfg = load_pipeline(args.config)

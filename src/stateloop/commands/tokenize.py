@@ -52,12 +52,14 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def resolve(args):
-    """(DataConfig, model vocab size or None) from --config/--scale and the flags."""
+def resolve(args, scale=None):
+    """(DataConfig, model vocab size or None) from --config/--scale (their ScaleConfig ``scale``
+    where the caller has it) and the flags."""
     import yaml
 
     from stateloop.config import ConfigError, from_dict, merge, to_dict
     from stateloop.data.config import DataConfig
+    from stateloop.pipeline import load_scale
 
     base: dict = {}
     model_vocab = args.model_vocab_size
@@ -65,12 +67,7 @@ def resolve(args):
     if args.config or args.scale:
         if not (args.config and args.scale):
             raise ConfigError("--config and --scale go together")
-        from stateloop.experiments import load_pipeline
-
-        cfg = load_pipeline(args.config)
-        if args.scale not in cfg.scales:
-            raise ConfigError(f"{args.config}: scales.{args.scale}: not defined (defined: {', '.join(cfg.scales)})")
-        scale = cfg.scales[args.scale]
+        scale = scale or load_scale(args.config, args.scale)
         base = to_dict(scale.data)
         where = f"scales.{args.scale}.data"
         if model_vocab is None:
@@ -101,13 +98,13 @@ def resolve(args):
 
 def run(args) -> int:
     from stateloop.data.tokenize import tokenize
+    from stateloop.pipeline import load_scale
 
-    data, model_vocab = resolve(args)
+    scale = load_scale(args.config, args.scale) if args.config and args.scale else None
+    data, model_vocab = resolve(args, scale)
     meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
-    if args.config and args.scale:  # a corpus too small to train on: said now, not at training time
-        from stateloop.experiments import load_pipeline
-
-        window = load_pipeline(args.config).scales[args.scale].train.seq_len + 1
+    if scale is not None:  # a corpus too small to train on: said now, not at training time
+        window = scale.train.seq_len + 1
         tokens = ((meta.get("splits") or {}).get("train") or {}).get("tokens", 0)
         if tokens < window:
             print(f"stateloop tokenize: warning: {args.out}: the train split has {tokens} tokens, fewer than one training "

@@ -46,16 +46,16 @@ def run(args) -> int:
     # training loop instead of ending the process, and the signals that stop training are known.
     with slurm.SignalLog() as signals:
         from stateloop.config import ConfigError
+        from stateloop.pipeline import resolve_run
         from stateloop.runs import RUN_ID_FORM, resolve_run_arg
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
-        from stateloop.train.resolve import resolve_run
 
         run = resolve_run_arg(args.run)
         if run.id is None:
             raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
                               f"three components are the run id); or give the run id and --out DIR")
         config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
-        slurm.warn_cpu_fallback(config)
+        slurm.warn_cpu_fallback(config.as_dict())
         out = args.out or str(run.folder)
         try:
             result = train(config, out, progress=not args.no_progress, restart=args.restart_on_change)

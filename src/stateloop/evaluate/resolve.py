@@ -1,6 +1,6 @@
 """The eval settings a run is evaluated with: ``stateloop eval`` and the analyses (whose held-out
 set is the held-out perplexity's) read them here, as training reads its run's config through
-train/resolve.py.
+pipeline.resolve_run.
 
 A run folder is data, never code: it may come from someone else. [choice] The settings that name
 code to import or files to read (:data:`LOCAL_ONLY`: the local task folder, whose YAMLs name
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stateloop.config import ConfigError, from_dict, merge, to_dict
+from stateloop.config import from_dict, merge, to_dict
 from stateloop.evaluate.config import EvalConfig
-from stateloop.experiments import load_pipeline
+from stateloop.pipeline import load_scale
 from stateloop.runs import run_id_of, saved_config
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)
@@ -34,11 +34,8 @@ def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict
     if not config_file and isinstance(run_section.get("config"), str) and Path(run_section["config"]).is_file():
         config_file = run_section["config"]
     if config_file:
-        pipeline = load_pipeline(config_file)
         scale = run_section.get("scale") or run_id_of(run_dir, run_config).split("/")[0]
-        if scale not in pipeline.scales:
-            raise ConfigError(f"{config_file}: scales.{scale}: not defined (the run's scale; defined: {', '.join(pipeline.scales)})")
-        data = to_dict(pipeline.scales[scale].eval)
+        data = to_dict(load_scale(config_file, scale).eval)
     if not given:
         data = {k: v for k, v in data.items() if k not in LOCAL_ONLY}
     data = merge(data, overrides or {})

@@ -29,7 +29,7 @@ from stateloop.data.config import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
-from stateloop.experiments import pipeline_from_dict
+from stateloop.pipeline import pipeline_from_dict
 from stateloop.rehearse.config import shrink
 from stateloop.rehearse.mirrors import write_mirror
 from stateloop.rehearse.tasks import write_tasks

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from matplotlib.patches import Patch
 
-from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
+from stateloop.pipeline import cells, expand_runs
 from stateloop.report import depth, lr, style
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.experiments import cells, expand_runs
+from stateloop.pipeline import cells, expand_runs
 from stateloop.report.stats import Estimate, relative_pct, t_quantile
 from stateloop.report.trends import trend_verdict
 
@@ -181,7 +181,7 @@ def paper_points() -> dict[int, tuple[float, float]]:
     """{K: (training FLOPs, % PPL gap)} of the paper's StateLoop against Vanilla Looped: 1.4B at
     K = 4 (Table 1, 30B tokens) and 410M at K = 7 (Table 4, 25B tokens), the FLOPs of
     configs/paper.yaml's runs by the project's count (minutes of meta-device tracing: cached)."""
-    from stateloop.experiments import load_pipeline
+    from stateloop.pipeline import load_pipeline
     from stateloop.report.tables import reference
 
     paper = load_pipeline(Path(__file__).resolve().parents[3] / "configs" / "paper.yaml")

@@ -27,9 +27,9 @@ import pandas as pd
 
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.config import PAPER_TASKS as EVAL_TASKS
-from stateloop.experiments import cells, expand_runs
 from stateloop.models.flops import compute_profile
 from stateloop.models.registry import count_params
+from stateloop.pipeline import cells, expand_runs
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
 

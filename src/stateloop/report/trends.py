@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.experiments import Run, cells, expand_runs
+from stateloop.pipeline import Run, cells, expand_runs
 from stateloop.report.stats import Estimate, relative_pct, t_interval
 
 SHRINKS, GROWS, HOLDS = "shrinks", "grows", "holds (no trend resolved)"

@@ -1,6 +1,6 @@
 """The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
 
-``train(config, run_dir)`` trains one run from its resolved config (train/resolve.py) and
+``train(config, run_dir)`` trains one run from its resolved config (pipeline.resolve_run) and
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
@@ -56,6 +56,7 @@ from stateloop.config import ConfigError, load_yaml
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
+from stateloop.pipeline import RunConfig
 from stateloop.runs import (
     FINAL_WEIGHTS,
     LEGACY_WEIGHTS,
@@ -72,7 +73,7 @@ from stateloop.runs import (
 from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
-from stateloop.train.resolve import open_data, parse_resolved
+from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
 from stateloop.train.signals import REQUEUE_EXIT, StopRequest
@@ -223,13 +224,15 @@ def run_lock(run_dir: Path):
         os.close(fd)
 
 
-def train(config: dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
-    """Train (or resume) the run of a resolved config in ``run_dir``. Call on every rank.
+def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
+    """Train (or resume) the run of a resolved config (pipeline.resolve_run's, or a saved one) in
+    ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
     folder's lock (:func:`run_lock`) for the whole training: :func:`setup`, :func:`fit`,
     :func:`finish`. ``restart``: see :func:`check_run_folder`."""
-    mcfg, tcfg = parse_resolved(config)
+    run_config = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    config, mcfg, tcfg = run_config.as_dict(), run_config.model, run_config.train
     shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by setup
     conflict = check_run_folder(Path(run_dir), config, restart)
     with run_lock(Path(run_dir)):
@@ -238,7 +241,7 @@ def train(config: dict, run_dir: str | Path, progress: bool = True, restart: boo
             shutil.rmtree(Path(run_dir) / "checkpoints", ignore_errors=True)
             for name in (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY):
                 (Path(run_dir) / name).unlink(missing_ok=True)
-        run = setup(config, Path(run_dir), shards)
+        run = setup(run_config, Path(run_dir), shards)
         stop, meter = StopRequest(), Progress(run, progress)
         stop.install()
         status = "FAILED"
@@ -299,9 +302,9 @@ class Run:
         return self.elapsed_before + time.perf_counter() - self.t_start
 
 
-def setup(config: dict, run_dir: Path, shards) -> Run:
+def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
 
-    mcfg, tcfg = parse_resolved(config)
+    config, mcfg, tcfg = run_config.as_dict(), run_config.model, run_config.train
     train_shards, val_shards = shards
     fabric, precision = build_fabric(tcfg)
     fabric.launch()

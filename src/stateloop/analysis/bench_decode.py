@@ -26,24 +26,39 @@ from __future__ import annotations
 
 import platform
 import statistics
+import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
-from stateloop.config import ConfigError
-from stateloop.experiments import ScaleConfig, run_model_config
+from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
-from stateloop.runs import code_version, load_model
+from stateloop.pipeline import (
+    PAPER_MODELS,
+    BenchConfig,
+    PipelineConfig,
+    ScaleConfig,
+    decoding_specs,
+    load_pipeline,
+    load_scale,
+    run_model_config,
+)
+from stateloop.runs import atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Table 3's rows: (model, K). Models with a state use d_s = d (the paper's 1.4B setting).
-TABLE3_ROWS = [
-    ("vanilla_looped", 4), ("vanilla_looped", 5), ("vanilla_looped_ffn", 4),
-    ("stateloop", 4), ("stateloop_attn", 4), ("stateloop_mamba2", 4),
-]
+# Table 3's loop counts: K = 4, and K = 5 for Vanilla Looped as well. Its models are the paper's
+# decoding experiment's (pipeline.PAPER_MODELS); models with a state use d_s = d (the paper's 1.4B setting).
+TABLE3_K = 4
+TABLE3_K_BY_MODEL = {"vanilla_looped": [4, 5]}
+
+
+def table3_rows() -> list[tuple[str, int]]:
+    """Table 3's rows as (model, K), in the paper's order."""
+    return [(name, K) for name in PAPER_MODELS["decoding"] for K in TABLE3_K_BY_MODEL.get(name, [TABLE3_K])]
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -341,3 +356,105 @@ def format_table(result: dict) -> str:
                      f"{r['throughput_tok_s']['mean']:>9.2f} {r['latency_change_pct']:>+7.2f}%"
                      + (f" {r['flops_change_pct']:>+9.2f}%" if "flops_change_pct" in r else ""))
     return "\n".join(lines)
+
+# ----------------------------------------------------------------------------------------------
+# The stage: what `stateloop bench decode` runs (commands/bench.py parses its flags)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One benchmark as asked for (``stateloop bench decode``'s flags, defaults the paper's protocol)."""
+
+    runs: list[str] = field(default_factory=list)  # trained runs (runs.resolve_run_arg)
+    models: list[str] = field(default_factory=list)  # untrained shapes name[:K[:d_s]]
+    config: str | None = None
+    scale: str | None = None
+    set: list[str] = field(default_factory=list)  # model.KEY=VALUE shape overrides
+    # BENCH_KEYS: None takes the config's bench section (pipeline.BenchConfig; its defaults without --config)
+    prefill: int | None = None
+    tokens: int | None = None
+    repeats: int | None = None
+    warmup: int | None = None
+    dtype: str | None = None
+    device: str = "auto"
+    threads: int | None = None
+    interleave: str | None = None
+    reference: str | None = None
+    seed: int = 0
+    out: str = ""
+    no_progress: bool = False
+
+    @classmethod
+    def of(cls, args) -> Request:
+        """The request of parsed flags (an argparse namespace)."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
+BENCH_KEYS = ("prefill", "tokens", "repeats", "warmup", "dtype", "interleave")  # flags that override the bench section
+
+
+def _bench_settings(args: Request, pipeline: PipelineConfig | None) -> BenchConfig:
+    """The config's ``bench:`` section (BenchConfig's defaults without --config), then the flags given."""
+    flags = {key: getattr(args, key) for key in BENCH_KEYS if getattr(args, key) is not None}
+    return from_dict(BenchConfig, merge(to_dict(pipeline.bench) if pipeline else {}, flags), "bench")
+
+
+def _bench_scale(args: Request, pipeline: PipelineConfig | None) -> str | None:
+    """The scale whose shape untrained rows take: --scale, else the config's decoding experiment's."""
+    if pipeline is None:
+        if args.scale:
+            raise ConfigError("--scale: needs --config")
+        return None
+    if args.scale:
+        return args.scale
+    if "decoding" not in pipeline.experiments:
+        raise ConfigError(f"--scale: required with --config ({args.config} has no decoding experiment)")
+    return pipeline.experiments["decoding"].scale
+
+
+def _specs(args: Request, pipeline: PipelineConfig | None) -> list[str]:
+    """The untrained rows: --models; without them and without --runs, the config's decoding
+    experiment (unless --scale picks another scale), else Table 3's rows."""
+    if args.models or args.runs:
+        return list(args.models)
+    if pipeline is not None and not args.scale and "decoding" in pipeline.experiments:
+        return decoding_specs(pipeline)
+    return [f"{name}:{K}" for name, K in table3_rows()]
+
+
+def _scale_model(args: Request, pipeline: PipelineConfig | None) -> ModelConfig:
+    """The ModelConfig untrained rows are built from: the scale's model section (or the
+    defaults, which are the paper's 1.4B shape) with --set overrides."""
+    scale = _bench_scale(args, pipeline)
+    base = load_scale(args.config, scale).model if scale else ModelConfig()
+    overrides = parse_dotlist(args.set)
+    if set(overrides) - {"model"}:
+        raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
+    return from_dict(ModelConfig, merge(to_dict(base), overrides.get("model", {})), "model")
+
+
+def run_stage(args: Request) -> int:
+    """``stateloop bench decode``: build the rows, time them, write the JSON and print the table."""
+    run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
+    pipeline = load_pipeline(args.config) if args.config else None
+    bench = _bench_settings(args, pipeline)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(bench.dtype, device)
+    specs = _specs(args, pipeline)
+    rows = [run_row(d, device, dtype) for d in run_dirs]
+    if specs:
+        shape = _scale_model(args, pipeline)
+        for i, spec in enumerate(specs):
+            torch.manual_seed(args.seed + i)
+            rows.append(untrained_row(shape, spec, device, dtype))
+    check_settings(rows, bench.prefill, bench.tokens, bench.repeats, bench.warmup, bench.interleave)  # before any output
+    print(f"bench decode: {len(rows)} models on {device_name(device)}, {str(dtype).replace('torch.', '')}, "
+          f"P={bench.prefill} N={bench.tokens}, {bench.warmup} warm-up + {bench.repeats} timed runs each", file=sys.stderr)
+    result = bench_decode(rows, bench.prefill, bench.tokens, bench.repeats, bench.warmup, device,
+                          args.reference, args.seed, progress=not args.no_progress, interleave=bench.interleave)
+    atomic_write_json(args.out, result)
+    print(format_table(result))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0

@@ -22,16 +22,18 @@ cell's mean and 95% confidence interval over its seeds (``stateloop.report.stats
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
+from stateloop.config import ConfigError, from_dict, load_yaml, merge, parse_dotlist, to_dict
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
-from stateloop.runs import RUNS_ROOT
+from stateloop.runs import RUN_CELL_FORM, RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 from stateloop.train.config import TrainConfig
 
 
@@ -163,15 +165,28 @@ class Run:
     test_time_K: list[int] = field(default_factory=list)  # the depths its experiments evaluate it at, sorted
     test_time_tasks: bool = False
 
+    @staticmethod
+    def parse(run_id: str) -> tuple[str, str, int, int, int]:
+        """(scale, model, K, d_s, seed) of a run id (runs.RUN_ID_FORM)."""
+        m = RUN_ID.fullmatch(run_id)
+        if not m:
+            raise ConfigError(f"RUN: expected {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}), got {run_id!r}")
+        return m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])
+
+    @staticmethod
+    def format_id(scale: str, model: str, K: int, d_s: int, seed: int) -> str:
+        """The run id of (scale, model, K, d_s, seed): runs.RUN_ID_FORM filled in."""
+        return RUN_ID_FORM.format(scale=scale, model=model, K=K, ds=d_s, seed=seed)
+
     @property
     def cell(self) -> str:
         """The run without its seed: ``{scale}/{model}/K{K}_ds{ds}`` (the runs of a cell differ
         only in their seed)."""
-        return f"{self.scale}/{self.model}/K{self.K}_ds{self.d_s}"
+        return RUN_CELL_FORM.format(scale=self.scale, model=self.model, K=self.K, ds=self.d_s)
 
     @property
     def id(self) -> str:
-        return f"{self.cell}_seed{self.seed}"
+        return self.format_id(self.scale, self.model, self.K, self.d_s, self.seed)
 
     @property
     def folder(self) -> str:
@@ -179,10 +194,29 @@ class Run:
 
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
+    """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read
+    and checked once per process while it is unchanged; each caller gets its own copy."""
+    if overrides or not Path(path).is_file():
+        return _read_pipeline(str(path), overrides)
+    stat = Path(path).stat()
+    return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_file_once(path: str, mtime_ns: int, size: int) -> PipelineConfig:
+    return _read_pipeline(path)
+
+
+def _read_pipeline(path: str, overrides: dict | None = None) -> PipelineConfig:
     data = load_yaml(path)
     if overrides:
         data = merge(data, overrides)
-    return pipeline_from_dict(data, str(path))
+    return pipeline_from_dict(data, path)
+
+
+def load_scale(path: str | Path, name: str) -> ScaleConfig:
+    """Scale ``name`` of the pipeline config file ``path``; one line naming it when it is not defined."""
+    return scale_of(load_pipeline(path), name, f"{path}: scales.{name}: not defined")
 
 
 def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
@@ -234,9 +268,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:
     """The resolved model config of one run: the scale's shape with name, K, d_s and options set."""
-    from stateloop.models.registry import get_spec
-
-    spec = get_spec(model)
+    spec = _spec(model)
     base = to_dict(scale.model)
     merged_options = merge(base.get("options", {}), options or {})
     cfg = dataclasses.replace(scale.model, name=model, K=K, d_state=d_s if spec.has_state else 0, options=merged_options)
@@ -246,8 +278,6 @@ def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: 
 
 def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> list[Run]:
     """Every run the chosen experiments define, deduplicated, in config order."""
-    from stateloop.models.registry import get_spec
-
     runs: dict[str, Run] = {}
     names = experiments if experiments is not None else [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
@@ -257,7 +287,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
         scale = cfg.scales[exp.scale]
         seeds = exp.seeds or [scale.train.seed]
         for model in exp.models:
-            spec = get_spec(model)
+            spec = _spec(model)
             widths = exp.d_state if spec.has_state else [0]
             for K in exp.K_by_model.get(model, exp.K):
                 for d_s in widths:
@@ -282,13 +312,17 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
     return list(runs.values())
 
 
+def decoding_specs(cfg: PipelineConfig) -> list[str]:
+    """Table 3's rows of a config: its decoding experiment's (untrained) shapes as name:K[:d_s],
+    d_s only for a model with a state."""
+    return [f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in expand_runs(cfg, ["decoding"])]
+
+
 def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
     """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked by
     the model's class when the config is loaded (no model is built): a depth MeSH or Hyperloop
     cannot run is one line naming the key, not a failed job."""
-    from stateloop.models.registry import get_spec
-
-    model_class = get_spec(mcfg.name).cls
+    model_class = _spec(mcfg.name).cls
     for K in depths:
         try:
             model_class.check_depth(mcfg, K)
@@ -302,3 +336,147 @@ def cells(runs: list[Run]) -> dict[str, list[Run]]:
     for run in runs:
         out.setdefault(run.cell, []).append(run)
     return {cell: sorted(rs, key=lambda r: r.seed) for cell, rs in out.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# One run's config: resolved once per process, typed, and the same type when a run folder's saved
+# config is read back (docs/architecture.md#how-a-runs-config-resolves).
+
+RUN_SECTIONS = ("model", "train", "data")  # the sections a key=value override may name
+FIXED_BY_RUN_ID = ("name", "K", "d_state")  # model keys the run id sets
+
+
+@dataclass(frozen=True)
+class RunSection:
+    """Which run a resolved config is: its id and what the id spells, the pipeline config file it
+    was resolved from, and the experiments that define it."""
+
+    id: str = ""
+    scale: str = ""
+    model: str = ""
+    K: int = 0
+    d_s: int = 0
+    seed: int = 0
+    config: str = ""
+    experiments: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    dir: str = ""  # absolute path of the token shards
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The resolved config of one run, as training reads it and its folder's config.yaml saves it::
+
+        run:   {id, scale, model, K, d_s, seed, config, experiments}
+        model: ModelConfig fields
+        train: TrainConfig fields
+        data:  {dir: absolute path of the token shards}
+    """
+
+    run: RunSection
+    model: ModelConfig
+    train: TrainConfig
+    data: DataSection
+
+    def as_dict(self) -> dict:
+        """The plain mapping written to config.yaml and into the final weights, sections in this order."""
+        return {"run": to_dict(self.run), "model": to_dict(self.model), "train": to_dict(self.train),
+                "data": to_dict(self.data)}
+
+    @classmethod
+    def read(cls, config: dict) -> RunConfig:
+        """A saved resolved config (config.yaml, the final weights' metadata) read back, strictly."""
+        if not isinstance(config, dict):
+            raise ConfigError(f"resolved config: expected a mapping, got {type(config).__name__}")
+        for section in ("run", "model", "train", "data"):
+            if section not in config:
+                raise ConfigError(f"{section}: missing section in the resolved config")
+        return cls(**{section: from_dict(tp, config[section], section) for section, tp in
+                      (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection))})
+
+
+def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
+                data_dir: str | Path | None = None) -> RunConfig:
+    """The resolved config of run ``run_id`` of the pipeline config ``config_path``.
+
+    Resolution order: the scale's sections -> the experiment's model options (an experiment of the
+    config must define the run: an unknown id is refused) -> the run id's model, K, d_s and seed
+    (the seed replaces ``train.seed``) -> ``key=value`` overrides (``train.lr=1e-3``,
+    ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of ``train.max_steps`` /
+    ``train.max_tokens`` replaces the scale's budget given by the other). Every failure is a
+    one-line :class:`ConfigError` naming the key or file."""
+    pipeline = load_pipeline(config_path)
+    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
+    scale = scale_of(pipeline, scale_name, f"RUN: unknown scale {scale_name!r} in {config_path}")
+    run = _known_run(pipeline, config_path, run_id)
+    extra = _run_overrides(overrides, run_id)
+    mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
+    _spec(mcfg.name).check(mcfg)
+    train_extra = dict(extra.get("train", {}))
+    # The budget is one of two keys: overriding one replaces the scale's other.
+    for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
+        if key in train_extra and other not in train_extra:
+            train_extra[other] = 0
+    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), {**train_extra, "seed": seed}), "train")
+    tcfg.check_budget()
+    if tcfg.seq_len > mcfg.max_seq_len:
+        raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
+    data_extra = dict(extra.get("data", {}))
+    unknown = set(data_extra) - {"dir"}
+    if unknown:
+        raise ConfigError(f"data.{sorted(unknown)[0]}: unknown key (allowed: dir)")
+    folder = data_dir or data_extra.get("dir")
+    if not folder:
+        raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or data.dir=DIR)")
+    section = RunSection(run_id, scale_name, model_name, K, mcfg.d_state, seed, str(config_path), list(run.experiments))
+    return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
+
+
+def scale_of(pipeline: PipelineConfig, name: str, where: str) -> ScaleConfig:
+    """Scale ``name`` of the pipeline config; else one line: ``where``, then the scales defined."""
+    if name not in pipeline.scales:
+        raise ConfigError(f"{where} (defined: {', '.join(pipeline.scales)})")
+    return pipeline.scales[name]
+
+
+def _known_run(pipeline: PipelineConfig, config_path, run_id: str) -> Run:
+    """The run ``run_id`` of the config's experiments; a typo must not start a training nobody planned."""
+    known = {r.id: r for r in expand_runs(pipeline)}
+    if run_id in known:
+        return known[run_id]
+    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
+    d_state = run_model_config(pipeline.scales[scale_name], model_name, K, d_s).d_state  # an unknown model: one line
+    if d_state != d_s:
+        raise ConfigError(f"RUN: {model_name} has no persistent state, so its run id is "
+                          f"{Run.format_id(scale_name, model_name, K, d_state, seed)}")
+    near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
+    listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
+    raise ConfigError(f"RUN: {run_id} is not a run of {config_path}; add it to an experiment there "
+                      f"(its runs like it: {listed or 'none'})")
+
+
+def _run_overrides(overrides: list[str] | None, run_id: str) -> dict:
+    """``key=value`` overrides of a run as nested sections, checked: only the run's sections, and
+    never a key its run id sets."""
+    extra = parse_dotlist(overrides or [])
+    for section in extra:
+        if section not in RUN_SECTIONS:
+            raise ConfigError(f"{section}: unknown section in override (allowed: {', '.join(RUN_SECTIONS)})")
+        if not isinstance(extra[section], dict):
+            raise ConfigError(f"{section}: override must name a key inside the section, e.g. {section}.key=value")
+    for key in FIXED_BY_RUN_ID:
+        if key in extra.get("model", {}):
+            raise ConfigError(f"model.{key}: set by the run id {run_id}, not by an override")
+    if "seed" in extra.get("train", {}):
+        raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
+    return extra
+
+
+def _spec(name: str):
+    """The registry's spec of model ``name`` (the registry imports torch: only once a run is built)."""
+    from stateloop.models.registry import get_spec
+
+    return get_spec(name)
