@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from stateloop.evaluate.task_files import default_shared_data
+from stateloop.evaluate.tasks.files import default_shared_data
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from dag_helpers import ROOT, env
 
 from stateloop.evaluate.config import PAPER_TASKS
-from stateloop.evaluate.task_files import default_shared_data
+from stateloop.evaluate.tasks.files import default_shared_data
 
 SHARED = default_shared_data()
 # Seconds for one rehearsal, from its start (both run side by side, beside the rest of the suite).
@@ -75,7 +75,7 @@ def rehearsed(config: str, tmp_path_factory) -> Path:
 
 def needs_shared_data(raw: dict) -> bool:
     """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
-    from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, task_yamls
+    from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
 
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
     for scale in raw["scales"].values():

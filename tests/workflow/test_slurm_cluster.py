@@ -1,7 +1,7 @@
 """Training under SLURM: the warning before the time limit reaches the trainer, which checkpoints
 and requeues its job; the job resumes as many times as it needs.
 
-Without a cluster (the whole suite): the signal bookkeeping of train/slurm.py, and `stateloop
+Without a cluster (the whole suite): the signal bookkeeping of train/signals.py, and `stateloop
 train` as a job step under the rehearsals' srun stand-in, with SIGUSR1 sent to the task process
 the way slurmstepd delivers it and a stand-in `scontrol` that records the requeue.
 
@@ -33,6 +33,7 @@ import pytest
 import yaml
 from dag_helpers import ROOT, copy_workflow, env
 
+from stateloop.train import signals as train_signals
 from stateloop.train import slurm
 
 RUN = "smoke/vanilla_looped/K2_ds0_seed1234"
@@ -88,7 +89,7 @@ def test_a_warning_before_the_loop_listens_is_kept_for_it_and_everything_is_rest
     old_fd = signal.set_wakeup_fd(-1)
     signal.set_wakeup_fd(old_fd)
     loop_got = []
-    with slurm.SignalLog() as signals:
+    with train_signals.SignalLog() as signals:
         os.kill(os.getpid(), signal.SIGUSR1)  # would end this pytest process without the log
         time.sleep(0.05)
         assert signals.got(signal.SIGUSR1) and not signals.got(signal.SIGTERM)
@@ -101,7 +102,7 @@ def test_a_warning_before_the_loop_listens_is_kept_for_it_and_everything_is_rest
 
 
 def test_signals_that_the_loops_own_handler_takes_are_recorded():
-    with slurm.SignalLog() as signals:
+    with train_signals.SignalLog() as signals:
         previous = signal.signal(signal.SIGTERM, lambda s, f: None)  # the loop's handler
         try:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -111,8 +112,8 @@ def test_signals_that_the_loops_own_handler_takes_are_recorded():
     assert signals.got(signal.SIGTERM) and not signals.got(signal.SIGUSR1)
 
 
-def _log_with(*sigs) -> slurm.SignalLog:
-    log = slurm.SignalLog()
+def _log_with(*sigs) -> train_signals.SignalLog:
+    log = train_signals.SignalLog()
     log.received = list(sigs)
     return log
 
@@ -121,18 +122,18 @@ def test_requeue_only_on_slurms_warning_inside_a_slurm_job(fake_scontrol, monkey
     monkeypatch.setattr(slurm.time, "sleep", lambda s: None)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOBID", raising=False)
-    assert not slurm.requeue_after_warning(_log_with(signal.SIGUSR1), 20)  # not a SLURM job
+    assert not train_signals.requeue_after_warning(_log_with(signal.SIGUSR1), 20)  # not a SLURM job
     monkeypatch.setenv("SLURM_JOB_ID", "123")
-    assert not slurm.requeue_after_warning(_log_with(signal.SIGTERM), 20)  # scancel, time limit, preemption
+    assert not train_signals.requeue_after_warning(_log_with(signal.SIGTERM), 20)  # scancel, time limit, preemption
     monkeypatch.setenv(slurm.REQUEUE_ENV, "0")
-    assert not slurm.requeue_after_warning(_log_with(signal.SIGUSR1), 20)  # turned off
+    assert not train_signals.requeue_after_warning(_log_with(signal.SIGUSR1), 20)  # turned off
     assert not fake_scontrol.exists()
     monkeypatch.delenv(slurm.REQUEUE_ENV)
-    assert slurm.requeue_after_warning(_log_with(signal.SIGTERM, signal.SIGUSR1), 20)
+    assert train_signals.requeue_after_warning(_log_with(signal.SIGTERM, signal.SIGUSR1), 20)
     assert fake_scontrol.read_text() == "requeue 123\n"
     assert "SIGUSR1 in SLURM job 123: requeueing it (scontrol requeue 123) (it resumes from step 20)" in capsys.readouterr().err
     monkeypatch.setenv("SCONTROL_RC", "1")  # a cluster whose jobs are not requeueable
-    assert not slurm.requeue_after_warning(_log_with(signal.SIGUSR1), 20)
+    assert not train_signals.requeue_after_warning(_log_with(signal.SIGUSR1), 20)
     err = capsys.readouterr().err
     assert "scontrol requeue 123 failed (Requeue of JobId=123 is disabled): not requeued" in err
 

@@ -17,7 +17,7 @@ Efficiency: sum_i phi_i = v(N) = NLL(all masked) - NLL(none masked). A read whos
 changes the NLL gets phi_i = 0. Shares are phi_i / sum_j phi_j (paper, K = 7: the six feedback
 reads together 63.70%, the terminal read 36.30%). The held-out NLL is that of the run's
 held-out perplexity (``eval.heldout_split`` and ``eval.heldout_windows`` of its scale; the paper:
-"the full Pile validation set"; see commands/analyze.py), so NLL(nothing masked), the unmodified
+"the full Pile validation set"; see analysis/stage.py), so NLL(nothing masked), the unmodified
 model, is Table 4's held-out NLL.
 
 Evaluation with shared prefixes: iteration k (k = 0..K-1) depends only on the masks of

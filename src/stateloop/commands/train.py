@@ -40,11 +40,11 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.train import slurm
+    from stateloop.train import signals, slurm
 
     # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
     # training loop instead of ending the process, and the signals that stop training are known.
-    with slurm.SignalLog() as signals:
+    with signals.SignalLog() as received:
         from stateloop.config import ConfigError
         from stateloop.pipeline import resolve_run
         from stateloop.runs import RUN_ID_FORM, resolve_run_arg
@@ -68,7 +68,7 @@ def run(args) -> int:
         # the children it started exit 0. Under srun every task reports 75 and srun passes it on.
         started_by_fabric = not result.rank0 and int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1
         if result.rank0:
-            slurm.requeue_after_warning(signals, result.step)
+            signals.requeue_after_warning(received, result.step)
         return 0 if started_by_fabric else REQUEUE_EXIT
     s = result.summary
     if result.rank0:

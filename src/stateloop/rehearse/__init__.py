@@ -3,5 +3,5 @@ exercises kept and only sizes shrunk (``stateloop rehearse``).
 
 - :mod:`stateloop.rehearse.config`: the shrunk config derived from a real one;
 - :mod:`stateloop.rehearse.mirrors`: local folders in a hub dataset's file layout and schema;
-- :mod:`stateloop.rehearse.tasks`: lm-eval's own task definitions over small local data files.
+- :mod:`stateloop.evaluate.tasks.rehearsal`: lm-eval's own task definitions over small local data files.
 """

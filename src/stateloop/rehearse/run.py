@@ -6,7 +6,7 @@ A rehearsal folder ``OUT`` holds
     hub-data/        each hub dataset of the config as a local folder in its hub layout (mirrors.py)
     hf-cache/        the config's hub tokenizer in huggingface_hub's cache layout, so that the
                      tokenizer loads by its hub name (``Tokenizer.from_pretrained``) offline
-    tasks/           the config's lm-eval tasks over local data files (tasks.py)
+    tasks/           the config's lm-eval tasks over local data files (evaluate/tasks/rehearsal.py)
     bin/srun         the local stand-in for SLURM's srun (srun.py)
 
 and, once the DAG ran, its ``data/``, ``results/``, ``figures/`` and ``logs/``: Snakemake runs
@@ -28,11 +28,11 @@ from stateloop.config import ConfigError, from_dict, load_yaml
 from stateloop.data.config import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.config import EvalConfig
-from stateloop.evaluate.task_files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
+from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
+from stateloop.evaluate.tasks.rehearsal import write_tasks
 from stateloop.pipeline import pipeline_from_dict
 from stateloop.rehearse.config import shrink
 from stateloop.rehearse.mirrors import write_mirror
-from stateloop.rehearse.tasks import write_tasks
 from stateloop.runs import atomic_write_bytes
 
 SNAKEFILE = REPO / "Snakefile"

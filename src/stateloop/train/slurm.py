@@ -73,12 +73,3 @@ def warn_cpu_fallback(config: dict) -> None:
         say(f"train.accelerator: auto found no GPU in SLURM job {slurm_job_id()}: training on the CPU "
             f"(set train.accelerator: cpu to mean it, or cuda to require a GPU)")
 
-
-def __getattr__(name: str):
-    """[shim] The signal handling that lived here is train/signals.py's: kept until
-    commands/train.py and tests/workflow/test_slurm_cluster.py take these names from there."""
-    if name in ("SignalLog", "requeue_after_warning", "WARNING"):
-        from stateloop.train import signals
-
-        return getattr(signals, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
