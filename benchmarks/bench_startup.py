@@ -70,7 +70,7 @@ def train_job(tmp: str, rep: int, name: str, *overrides: str) -> list[str]:
     store of the store rows (created by then)."""
     return [sys.executable, "-m", "stateloop.cli", "train", "--config", "configs/tiny.yaml", "tiny/stateloop/K4_ds64_seed1234",
             "--data-dir", os.path.join(tmp, "data"), "--out", os.path.join(tmp, f"{name}{rep}"), "--no-progress",
-            "train.max_steps=1", "train.val_tokens=2048", f"train.mlflow_tracking_uri=sqlite:///{tmp}/mlflow{rep}.db",
+            "--set", "train.max_steps=1", "train.val_tokens=2048", f"train.mlflow_tracking_uri=sqlite:///{tmp}/mlflow{rep}.db",
             *overrides]
 
 

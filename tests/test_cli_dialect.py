@@ -72,7 +72,7 @@ def test_building_the_parser_imports_no_heavy_library():
 # One RUN in every command that addresses runs: a run folder or a run id (runs.py: resolve_run_arg).
 RID = "s/stateloop/K2_ds16_seed7"
 RUN_COMMANDS = {  # command -> argv with {run} where the RUN goes
-    "train": ["train", "--config", "cfg.yaml", "{run}", "--data-dir", "data", "train.lr=1e-3"],
+    "train": ["train", "--config", "cfg.yaml", "{run}", "--data-dir", "data", "--set", "train.lr=1e-3"],
     "eval": ["eval", "{run}", "--no-mlflow", "--no-progress"],
     "analyze shapley": ["analyze", "shapley", "{run}", "--no-mlflow", "--no-progress"],
     "analyze interventions": ["analyze", "interventions", "{run}", "--no-mlflow", "--no-progress"],

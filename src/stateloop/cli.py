@@ -70,14 +70,7 @@ def main(argv: list[str] | None = None, warm: bool = True) -> int:
         if code is not None:
             return code
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # `train --config C RUN --data-dir D key=value`: argparse fills RUN and the (still empty)
-    # overrides together, so key=value pairs after a later option come back unparsed; they are
-    # overrides all the same. Anything else unparsed is refused as parse_args refuses it.
-    if extra and isinstance(getattr(args, "overrides", None), list) and not any(a.startswith("-") for a in extra):
-        args.overrides += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args = parser.parse_args(argv)
     try:
         return importlib.import_module(args._module).run(args) or 0
     except (ConfigError, FileNotFoundError) as err:

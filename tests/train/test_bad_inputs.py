@@ -15,7 +15,7 @@ RUN = "t/stateloop/K2_ds32_seed1234"
 
 
 def _train(cfg, data, out, run=RUN, *overrides):
-    return ["train", "--config", str(cfg), run, "--data-dir", str(data), "--out", str(out), *overrides]
+    return ["train", "--config", str(cfg), run, "--data-dir", str(data), "--out", str(out), "--set", *overrides]
 
 
 def _tokenize_config(tmp_path, text_file):

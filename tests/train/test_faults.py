@@ -38,7 +38,7 @@ def setup(tmp_path_factory):
 
 def _args(cfg, data, run_dir, *overrides):
     return ["train", "--config", str(cfg), RUN, "--data-dir", str(data), "--out", str(run_dir),
-            "--no-progress", *overrides]
+            "--no-progress", "--set", *overrides]
 
 
 # A training command that SIGKILLs itself at one point of a checkpoint's life (test-only patches).

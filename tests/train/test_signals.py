@@ -36,7 +36,7 @@ def test_sigkill_then_restart_is_bitwise_equal_to_an_uninterrupted_run(tiny_setu
 
     run_dir = tmp_path / "killed"
     args = ["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
-            "--out", str(run_dir), "--no-progress", *overrides]
+            "--out", str(run_dir), "--no-progress", "--set", *overrides]
     proc = cli(args, cwd=tmp_path)
     store = CheckpointStore(run_dir / "checkpoints")
     step = _wait_for_checkpoint(proc, store, min_step=4)
@@ -63,7 +63,7 @@ def test_sigterm_leaves_a_complete_checkpoint_and_requeue_status(tiny_setup, tmp
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
     proc = cli(["train", "--config", str(cfg_path), "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data),
-                "--out", str(run_dir), "--no-progress", "train.devices=2", "train.strategy=ddp",
+                "--out", str(run_dir), "--no-progress", "--set", "train.devices=2", "train.strategy=ddp",
                 "train.max_steps=5000", "train.checkpoint_every=5"], cwd=tmp_path)
     store = CheckpointStore(run_dir / "checkpoints")
     _wait_for_checkpoint(proc, store, min_step=5)

@@ -22,7 +22,7 @@ FAST = ["train.log_every=1", "train.val_tokens=0"]
 
 def _start(cfg_path, data, run_dir, overrides):
     return cli(["train", "--config", str(cfg_path), RUN, "--data-dir", str(data), "--out", str(run_dir),
-                "--no-progress", "train.max_steps=100000", *overrides], cwd=run_dir.parent)
+                "--no-progress", "--set", "train.max_steps=100000", *overrides], cwd=run_dir.parent)
 
 
 def _kill_when(proc, condition, timeout: float = 120.0) -> None:
@@ -247,7 +247,7 @@ def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_s
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1",
            "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
     done = subprocess.run([sys.executable, "-c", probe, "train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234",
-                           "--data-dir", str(data), "--out", str(tmp_path / "run"), "--no-progress", "train.max_steps=4",
+                           "--data-dir", str(data), "--out", str(tmp_path / "run"), "--no-progress", "--set", "train.max_steps=4",
                            "train.mlflow_tracking=false"], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "mlflow imported: False" in done.stdout

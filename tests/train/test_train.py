@@ -279,8 +279,8 @@ def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_s
     capsys.readouterr()
     cases = [
         (["t/stateloop/K3_ds32_seed1234"], r"holds run t/stateloop/K2_ds32_seed1234, not t/stateloop/K3_ds32_seed1234"),
-        (["t/stateloop/K2_ds32_seed1234", "model.norm_eps=1e-6"], r"model.norm_eps = 1e-06 differs from the run's 1e-05"),
-        (["t/stateloop/K2_ds32_seed1234", "train.max_steps=4", "train.lr=1e-3"],
+        (["t/stateloop/K2_ds32_seed1234", "--set", "model.norm_eps=1e-6"], r"model.norm_eps = 1e-06 differs from the run's 1e-05"),
+        (["t/stateloop/K2_ds32_seed1234", "--set", "train.max_steps=4", "train.lr=1e-3"],
          r"train.lr: 0.001 differs from 0.003 in .*config.yaml, and a resumed optimizer and schedule would keep 0.003"),
     ]
     for args, pattern in cases:
@@ -304,7 +304,7 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
     args = ["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
-            "--out", str(run_dir), "train.max_steps=2", "--no-progress"]
+            "--out", str(run_dir), "--set", "train.max_steps=2", "--no-progress"]
     with run_lock(run_dir):  # held as a training in another process would hold it (a separate flock)
         capsys.readouterr()
         assert main(args) == 2
@@ -337,7 +337,7 @@ def _train_cli(cfg_path, data, run_dir, *args):
     from stateloop.cli import main
 
     return main(["train", "--config", str(cfg_path), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
-                 "--out", str(run_dir), "--no-progress", "train.max_steps=8", *args])
+                 "--out", str(run_dir), "--no-progress", "--set", "train.max_steps=8", *args])
 
 
 def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tmp_path, capsys):

@@ -81,7 +81,7 @@ def test_errors_are_one_line_naming_the_key_or_file(tmp_path, capsys, overrides,
             "empty": lambda: (tmp_path / "empty").mkdir() or tmp_path / "empty",
             "big_vocab": lambda: write_shards(tmp_path / "big", n_train=2_000, n_val=500, vocab=200)}[data_kind]()
     rc = main(["train", "--config", str(cfg), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
-               "--out", str(tmp_path / "run"), *overrides])
+               "--out", str(tmp_path / "run"), "--set", *overrides])
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1, err

@@ -69,7 +69,7 @@ def served(tmp_path_factory):
 
 
 def _train_args(home: Path, out: str, *extra: str) -> list[str]:
-    return ["train", "--config", "cfg.yaml", RUN, "--data-dir", "data", "--out", out, "--no-progress",
+    return ["train", "--config", "cfg.yaml", RUN, "--data-dir", "data", "--out", out, "--no-progress", "--set",
             f"train.mlflow_tracking_uri=sqlite:///{home}/mlflow.db", *extra]
 
 

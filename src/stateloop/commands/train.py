@@ -1,4 +1,4 @@
-"""``stateloop train --config C RUN --data-dir DIR [--out DIR] [key=value ...]``
+"""``stateloop train --config C RUN --data-dir DIR [--out DIR] [--set section.key=value ...]``
 
 Trains one run with Lightning Fabric and leaves its folder with config.yaml, checkpoints/,
 model.safetensors and train.json. RUN, as in every command that addresses runs
@@ -35,8 +35,8 @@ def add_arguments(p) -> None:
     p.add_argument("--restart-on-change", action="store_true",
                    help="a changed model or optimiser setting starts the run afresh (its checkpoints and weights are "
                         "removed) instead of being refused; the DAG passes it")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="override a resolved value: train.lr=1e-3, train.max_steps=20, model.norm_eps=1e-6, data.dir=...")
+    p.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...")
 
 
 def run(args) -> int:
