@@ -192,6 +192,17 @@ class Run:
     def folder(self) -> str:
         return f"{RUNS_ROOT}/{self.id}"
 
+    def scores_tasks(self, depths: bool = False) -> bool:
+        """[choice] Whether its evaluation scores the scale's lm-eval tasks: at the trained depth
+        for the runs of Tables 1-2 (experiment table1), at the test-time depths for those of an
+        experiment with ``test_time_tasks``; the other runs need only held-out perplexity."""
+        return self.test_time_tasks if depths else "table1" in self.experiments
+
+
+def planned_run(config_path: str | Path, run_id: str) -> Run | None:
+    """The run ``run_id`` of the config's experiments, or None where the config plans no such run."""
+    return next((r for r in expand_runs(load_pipeline(config_path)) if r.id == run_id), None)
+
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
     """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read

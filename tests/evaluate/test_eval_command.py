@@ -263,3 +263,31 @@ def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
     assert text.count("Traceback") == text.count("--- Logging error ---"), text[-3000:]
     err = [line for line in text.splitlines() if line.startswith("stateloop")]
     assert err == [f"stateloop {argv[0]}: error: {needle}"], err
+
+
+@pytest.mark.parametrize("run_id, depths, scored", [
+    ("tiny/stateloop/K4_ds64_seed1234", False, True),        # Table 1: its tasks feed Table 2
+    ("tiny/state_only/K7_ds64_seed1235", False, False),      # Table 4 reads its held-out PPL only
+    ("tiny/stateloop/K7_ds64_seed1234", True, False),        # test-time depths without test_time_tasks
+    ("tiny/stateloop/K4_ds64_seed99", False, True),          # a run the config does not plan: its tasks
+])
+def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depths, scored, monkeypatch):
+    """The eval rule names no tasks: the command reads from the config which of its runs need
+    lm-eval's tasks (Tables 1-2) and which only held-out perplexity (pipeline.Run.scores_tasks)."""
+    from stateloop.evaluate import harness, resolve
+
+    seen = {}
+
+    def fake_resolve(run_dir, config_file, overrides):
+        seen.update(overrides)
+        return resolve.EvalConfig()
+
+    monkeypatch.setattr(resolve, "resolve_eval_config", fake_resolve)
+    monkeypatch.setattr(harness, "evaluate_run", lambda *a, **k: {})
+    monkeypatch.setattr(harness, "evaluate_depths", lambda *a, **k: {})
+    root = Path(__file__).resolve().parents[2]
+    args = ["eval", run_id, "--config", str(root / "configs/tiny.yaml"), "--no-progress", "--no-mlflow"]
+    assert main(args + (["--depths", "1", "14"] if depths else [])) == 0
+    assert ("tasks" not in seen) == scored, seen
+    assert main(args + ["--tasks", "synth_mc"] + (["--depths", "1"] if depths else [])) == 0  # named: always scored
+    assert seen["tasks"] == ["synth_mc"]

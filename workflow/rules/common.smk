@@ -253,8 +253,9 @@ def train_resources(wc):
 
 
 def eval_tasks(wc):
-    """Runs of Tables 1-2 get the configured lm-eval tasks; the others only need held-out PPL."""
-    return "" if "table1" in run_of(wc).experiments else "--tasks"
+    """Whether the eval job scores the lm-eval tasks (the command decides the same from the config:
+    pipeline.Run.scores_tasks); a params value, so that a change reruns the job."""
+    return run_of(wc).scores_tasks()
 
 
 def test_time_depths(wc):
@@ -263,8 +264,9 @@ def test_time_depths(wc):
 
 
 def test_time_tasks(wc):
-    """Held-out PPL only at the test-time depths, unless an experiment asks for its tasks too."""
-    return "" if run_of(wc).test_time_tasks else "--tasks"
+    """Held-out PPL only at the test-time depths, unless an experiment asks for its tasks too (a
+    params value, as eval_tasks)."""
+    return run_of(wc).scores_tasks(depths=True)
 
 
 def decode_models():

@@ -16,7 +16,7 @@ rule eval:
         tasks=eval_tasks,
         run_dir=run_dir,
     shell:
-        "stateloop eval {params.run_dir:q}" " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
+        "stateloop eval {params.run_dir:q} --config {params.config:q} --no-progress > {log:q} 2>&1"
 
 
 # Test-time depth (this project's study, not the paper's protocol): a run of an experiment with
@@ -40,5 +40,4 @@ rule eval_depth:
         tasks=test_time_tasks,
         run_dir=run_dir,
     shell:
-        "stateloop eval {params.run_dir:q} --depths {params.depths}"
-        " --config {params.config:q} {params.tasks} --no-progress > {log:q} 2>&1"
+        "stateloop eval {params.run_dir:q} --depths {params.depths} --config {params.config:q} --no-progress > {log:q} 2>&1"

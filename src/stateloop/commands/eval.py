@@ -5,7 +5,10 @@ RUN: a run folder or a run id, as in every command that addresses runs (runs.res
 The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
 paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
-(``--tasks``, ``--shots``, ``--limit``, ...). The model itself always comes from the run folder.
+(``--tasks``, ``--shots``, ``--limit``, ...). A run that ``--config`` plans scores its tasks only
+where the DAG needs them (``pipeline.Run.scores_tasks``: Tables 1-2's runs; at ``--depths``, an
+experiment's ``test_time_tasks``), else only its held-out perplexity, unless the tasks are named.
+The model itself always comes from the run folder.
 The settings that name code or files (``eval.task_dir``, ``eval.task_data``) and the MLflow store
 come only from ``--config`` and ``--set``: a run folder is data, never code (evaluate/resolve.py).
 
@@ -43,6 +46,7 @@ def run(args) -> int:
     from stateloop.config import ConfigError, parse_dotlist
     from stateloop.evaluate.harness import DEPTH_FILE, depth_stem, evaluate_depths, evaluate_run
     from stateloop.evaluate.resolve import resolve_eval_config
+    from stateloop.pipeline import planned_run
     from stateloop.runs import resolve_run_arg
 
     run_dir = resolve_run_arg(args.run).folder
@@ -55,6 +59,9 @@ def run(args) -> int:
     for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
+    planned = planned_run(args.config, resolve_run_arg(args.run).id) if args.config else None
+    if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
+        overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
     cfg = resolve_eval_config(run_dir, args.config, overrides)
     if args.depths:
         if cfg.K is not None:
