@@ -163,10 +163,13 @@ def test_float64_runs_stay_float64(name):
 
 
 def test_gated_norm_twin_upcasts_before_gating():
-    """mamba_ssm's ``rms_norm_ref`` and transformers' ``MambaRMSNormGated`` upcast y and z to
+    """mamba_ssm's ``rms_norm_ref`` and transformers' gated Mamba-2 norm upcast y and z to
     float32 before y * SiLU(z). The twin, fed bf16, equals transformers' module on the same bf16
     inputs (to bf16 rounding of the output) and equals the float32 computation rounded once."""
-    from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated
+    from transformers.models.mamba2 import modeling_mamba2
+
+    # transformers 5.x names it Mamba2RMSNormGated (MambaRMSNormGated before), the same module
+    MambaRMSNormGated = getattr(modeling_mamba2, "Mamba2RMSNormGated", None) or modeling_mamba2.MambaRMSNormGated
 
     torch.manual_seed(0)
     dim, groups = 64, 4
