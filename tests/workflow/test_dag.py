@@ -178,7 +178,9 @@ def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_pa
     assert {j["output"].removeprefix("results/runs/").removesuffix("/eval_depth.json") for j in depth_jobs} == named
     shells = [line for line in out.splitlines() if "--depths" in line]
     assert len(shells) == 40
-    assert all("--depths 1 2 3 4 5 6 7 8 9 10 12 14 " in line and " --tasks " in line for line in shells), shells[0]
+    assert all("--depths 1 2 3 4 5 6 7 8 9 10 12 14 " in line and "--tasks" not in line for line in shells), shells[0]
+    # no lm-eval task: the command reads that from the config (pipeline.Run.scores_tasks)
+    assert not any(r.scores_tasks(depths=True) for r in expand_runs(cfg, ["test_time_depth"]))
 
 
 def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
