@@ -32,6 +32,7 @@ forked safely, so the server refuses to serve if importing left any.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -49,6 +50,7 @@ ENV = "STATELOOP_WARM"
 # [choice] The Snakefile starts a server for a call that runs at least this many jobs: the server's
 # imports cost about two jobs' worth, and the first jobs start before it listens.
 MIN_JOBS = 4
+SOCKET_DIR = "stateloop-warm-"  # the prefix of start()'s temporary folder for the socket
 OFF = ("", "0", "off", "false", "no")
 # Set per job by Snakemake (threads, resources' tmpdir) or by the shell that runs the job line
 # (a non-interactive bash drops the prompts). None is read when a library is imported.
@@ -276,23 +278,28 @@ def serve(path: str, parent: int, base_env: dict, log) -> int:
     listener.bind(path + ".tmp")
     os.replace(path + ".tmp", path)  # clients connect only once everything is imported
     listener.listen(64)
+    accepting = True
     print(f"serving on {path} (imports took {time.process_time() - t0:.1f} CPU-s)", file=log, flush=True)
     jobs: dict[int, socket.socket] = {}
     import select
 
     try:
-        while not stop:
+        while accepting or jobs:  # after a stop, the jobs running are waited for, so that each command gets its status
             try:
-                ready, _, _ = select.select([listener, wake_r], [], [], 1.0)
+                ready, _, _ = select.select([wake_r] + ([listener] if accepting else []), [], [], 1.0)
             except InterruptedError:
                 ready = []
             if wake_r in ready:
                 os.read(wake_r, 4096)
             _reap(jobs, log)
-            if not _alive(parent):
-                print(f"parent {parent} is gone: stopping", file=log, flush=True)
-                break
-            if listener not in ready:
+            if accepting and (stop or not _alive(parent)):
+                accepting = False  # no new job: the socket goes, a command started now runs in its own process
+                listener.close()
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                why = "stopped" if stop else f"parent {parent} is gone"
+                print(f"{why}: stopping after the {len(jobs)} jobs running", file=log, flush=True)
+            if not accepting or listener not in ready:
                 continue
             conn, _ = listener.accept()
             fds: list[int] = []
@@ -324,20 +331,12 @@ def serve(path: str, parent: int, base_env: dict, log) -> int:
     finally:
         if os.getpid() == me:
             listener.close()
-            with _ignored(OSError):
+            with contextlib.suppress(OSError):
                 os.unlink(path)
+            if os.path.basename(os.path.dirname(path)).startswith(SOCKET_DIR):
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(path))  # start()'s folder for the socket
     return 0
-
-
-class _ignored:
-    def __init__(self, *exc):
-        self.exc = exc
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, value, tb):
-        return kind is not None and issubclass(kind, self.exc)
 
 
 def _alive(pid: int) -> bool:
@@ -363,7 +362,7 @@ def _reap(jobs: dict[int, socket.socket], log) -> None:
             continue
         msg = {"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status) else {"exit": os.waitstatus_to_exitcode(status)}
         print(f"job {pid} ended: {json.dumps(msg)}, {usage.ru_utime + usage.ru_stime:.2f} CPU-s", file=log, flush=True)
-        with _ignored(OSError):
+        with contextlib.suppress(OSError):
             _send(conn, msg)
         conn.close()
 
@@ -375,7 +374,7 @@ def start(log_path: str | os.PathLike) -> subprocess.Popen | None:
     at it; None where ``$STATELOOP_WARM`` says off. The server stops by itself when this process ends."""
     if os.environ.get(ENV, "on").lower() in OFF or not sys.platform.startswith("linux"):
         return None  # [choice] Linux only: forking a process that has loaded torch is unsafe on macOS
-    sock = os.path.join(tempfile.mkdtemp(prefix="stateloop-warm-"), "socket")  # short: a socket path has ~100 bytes
+    sock = os.path.join(tempfile.mkdtemp(prefix=SOCKET_DIR), "socket")  # short: a socket path has ~100 bytes
     base_env = {k: v for k, v in os.environ.items() if k != ENV}
     env = {**os.environ, **SERVER_ENV, "STATELOOP_WARM_BASE_ENV": json.dumps(base_env)}
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
@@ -388,15 +387,17 @@ def start(log_path: str | os.PathLike) -> subprocess.Popen | None:
     return proc
 
 
-def stop(proc: subprocess.Popen | None) -> None:
-    """Stop a server :func:`start` started (jobs still running in it go on to their end)."""
+def stop(proc: subprocess.Popen | None, wait_s: float = 30.0) -> None:
+    """Stop a server :func:`start` started: it takes no new job and ends once the jobs it runs
+    have ended (within ``wait_s``; then it is killed, and a job still running goes on alone)."""
     if proc is None:
         return
     proc.terminate()
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=wait_s)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
     os.environ.pop(ENV, None)
 
 

@@ -148,18 +148,32 @@ def test_a_command_with_another_environment_runs_in_its_own_process(served):
     assert _entries(log, "started: params")
 
 
-def test_the_server_stops_when_its_parent_is_gone(tmp_path):
+def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
+    """Its parent (Snakemake) gone, the server takes no new job, waits for the job it runs, hands
+    the command its status, and ends."""
+    write_shards(tmp_path / "data")
+    write_config(tmp_path / "cfg.yaml")
     parent = subprocess.Popen(["sleep", "600"])
     sock = tmp_path / "s"
-    env = {**os.environ, **warm.SERVER_ENV, "PYTHONPATH": str(ROOT / "src"),
-           "STATELOOP_WARM_BASE_ENV": json.dumps(dict(os.environ))}
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "MLFLOW_TRACKING_URI")}
+    base.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
+    env = {**base, **warm.SERVER_ENV, "STATELOOP_WARM_BASE_ENV": json.dumps(base)}
     code = "import sys; del sys.path[0]; from stateloop.warm import main; sys.exit(main())"
     server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(parent.pid)], env=env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait(lambda: sock.exists() or server.poll() is not None, 300, "the server to listen")
     assert server.poll() is None
+    job = subprocess.Popen([sys.executable, "-m", "stateloop.cli", *_train_args(tmp_path, "run", "train.max_steps=3000",
+                           "train.checkpoint_every=500", "train.val_every=1000")],
+                           cwd=tmp_path, env={**base, warm.ENV: str(sock)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    store = CheckpointStore(tmp_path / "run" / "checkpoints")
+    _wait(lambda: bool(store.steps()) or job.poll() is not None, 180, "training to start")
     parent.kill()
     parent.wait()
-    out, _ = server.communicate(timeout=60)
-    assert server.returncode == 0 and "is gone: stopping" in out, out
-    assert not sock.exists()
+    out, err = job.communicate(timeout=300)
+    assert job.returncode == 0 and (tmp_path / "run" / "model.safetensors").is_file(), err[-2000:]
+    log, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, log
+    assert f"parent {parent.pid} is gone: stopping after the 1 jobs running" in log, log
+    assert '"exit": 0' in log.splitlines()[-1] and not sock.exists()
