@@ -22,10 +22,10 @@ runs in its own process, as without a server):
 - the project's own modules are imported afresh from disk in every child (the server imports none
   but this one), so editing the code during a DAG behaves as it does without the server.
 [choice] Left as the server has them: numpy's BLAS runs on one thread in every served job (the
-server starts with ``OPENBLAS_NUM_THREADS=1`` so that it has no threads to fork), and the string-hash
-seed of the interpreter. numpy's global
-random state is reseeded in each child, as a fresh process's is. A process with threads cannot be
-forked safely, so the server refuses to serve if importing left any.
+server starts with ``OPENBLAS_NUM_THREADS=1`` so that it has no threads to fork), and the
+interpreter's string-hash seed. numpy's global random state is reseeded in each child, as a fresh
+process's is. A process with threads cannot be forked safely, so the server refuses to serve if
+importing left any.
 
 ``STATELOOP_WARM=off`` turns it off for a DAG; SLURM runs (non-local executors) never start one.
 """
