@@ -163,8 +163,8 @@ def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait(lambda: sock.exists() or server.poll() is not None, 300, "the server to listen")
     assert server.poll() is None
-    job = subprocess.Popen([sys.executable, "-m", "stateloop.cli", *_train_args(tmp_path, "run", "train.max_steps=3000",
-                           "train.checkpoint_every=500", "train.val_every=1000")],
+    job = subprocess.Popen([sys.executable, "-m", "stateloop.cli", *_train_args(tmp_path, "run", "train.max_steps=600",
+                           "train.checkpoint_every=25", "train.val_every=1000")],
                            cwd=tmp_path, env={**base, warm.ENV: str(sock)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     store = CheckpointStore(tmp_path / "run" / "checkpoints")
