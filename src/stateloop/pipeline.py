@@ -201,7 +201,12 @@ class Run:
 
 def planned_run(config_path: str | Path, run_id: str) -> Run | None:
     """The run ``run_id`` of the config's experiments, or None where the config plans no such run."""
-    return next((r for r in expand_runs(load_pipeline(config_path)) if r.id == run_id), None)
+    return runs_by_id(load_pipeline(config_path)).get(run_id)
+
+
+def runs_by_id(pipeline: PipelineConfig) -> dict[str, Run]:
+    """Every run the config's experiments define, by run id."""
+    return {r.id: r for r in expand_runs(pipeline)}
 
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
@@ -441,7 +446,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
         raise ConfigError(f"data.{sorted(unknown)[0]}: unknown key (allowed: dir)")
     folder = data_dir or data_extra.get("dir")
     if not folder:
-        raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or data.dir=DIR)")
+        raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or --set data.dir=DIR)")
     section = RunSection(run_id, scale_name, model_name, K, mcfg.d_state, seed, str(config_path), list(run.experiments))
     return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
 
@@ -455,7 +460,7 @@ def scale_of(pipeline: PipelineConfig, name: str, where: str) -> ScaleConfig:
 
 def _known_run(pipeline: PipelineConfig, config_path, run_id: str) -> Run:
     """The run ``run_id`` of the config's experiments; a typo must not start a training nobody planned."""
-    known = {r.id: r for r in expand_runs(pipeline)}
+    known = runs_by_id(pipeline)
     if run_id in known:
         return known[run_id]
     scale_name, model_name, K, d_s, seed = Run.parse(run_id)

@@ -11,7 +11,7 @@ from snakemake.utils import validate
 from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
-from stateloop.pipeline import decoding_specs, expand_runs, pipeline_from_dict
+from stateloop.pipeline import decoding_specs, pipeline_from_dict, runs_by_id
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
@@ -82,7 +82,7 @@ def job_config(wc, output):
     return CONFIGFILE
 
 
-RUNS = {run.id: run for run in expand_runs(PIPE)}  # every trained run, each once
+RUNS = runs_by_id(PIPE)  # every trained run, each once
 # A run's id and folder (pipeline.Run.folder) as wildcards, spelled once: the seed always, last.
 RUN_DIR = f"{RUNS_ROOT}/{RUN_ID_FORM}"
 
