@@ -17,8 +17,12 @@ server serves only requests that cannot tell the difference and refuses the rest
 runs in its own process, as without a server):
 - the same interpreter, module search path and working directory;
 - the same environment, except the variables of :data:`PER_JOB`, which are applied in the child
-  (thread counts through ``torch.set_num_threads``; temporary folder); so a job whose shell line sets
-  ``HF_HUB_OFFLINE`` or runs under ``srun`` (``SLURM_*``) is not served;
+  (thread counts through ``torch.set_num_threads``; temporary folder) and a job step's task
+  variables (:data:`PER_TASK`: ``SLURM_*``, the rendezvous address), read only once a command
+  runs; so a job whose shell line sets ``HF_HUB_OFFLINE`` is not served;
+- the same placement: the command's cgroup and CPU affinity are the server's, so a child runs with
+  the limits the command would have had. A task a real ``srun`` starts sits in its step's cgroup and
+  is refused; the tasks of a rehearsal's local stand-in (stateloop/rehearse/srun.py) are served;
 - the project's own modules are imported afresh from disk in every child (the server imports none
   but this one), so editing the code during a DAG behaves as it does without the server.
 [choice] Left as the server has them: numpy's BLAS runs on one thread in every served job (the
@@ -57,6 +61,10 @@ OFF = ("", "0", "off", "false", "no")
 PER_JOB = frozenset({"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
                      "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "TMPDIR", "TEMP", "TMP", "TEMPDIR",
                      "PWD", "OLDPWD", "SHLVL", "_", "PS1", "PS2", "PS4", ENV})
+# Set per task by srun (or by the rehearsals' stand-in for it) and read by Fabric and torch.distributed
+# when a training starts, never on import: served where the placement is the server's (_refusal).
+PER_TASK = frozenset({"MASTER_ADDR", "MASTER_PORT"})
+PER_TASK_PREFIX = "SLURM_"
 # What the server adds to its own environment so that importing starts no thread.
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 PRELOAD = ("numpy", "yaml", "torch", "lightning_fabric", "mlflow", "mlflow.tracking",
@@ -107,7 +115,7 @@ def delegate() -> int | None:
     try:
         conn.connect(path)
         _send(conn, {"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "executable": sys.executable,
-                     "path": sys.path}, [0, 1, 2])
+                     "path": sys.path, "placement": placement()}, [0, 1, 2])
         reply = _recv(conn)
     except (OSError, EOFError, ValueError):
         conn.close()
@@ -140,9 +148,18 @@ def delegate() -> int | None:
     return status["exit"]
 
 
+def placement() -> dict:
+    """Where this process runs: its cgroup (/proc/self/cgroup) and the CPUs it may use."""
+    try:
+        cgroup = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        cgroup = ""
+    return {"cgroup": cgroup, "cpus": sorted(os.sched_getaffinity(0))}
+
+
 # ---- the server ----------------------------------------------------------------------------------
 
-def _refusal(req: dict, base_env: dict, base_path: list[str], cwd: str) -> str | None:
+def _refusal(req: dict, base_env: dict, base_path: list[str], cwd: str, where: dict) -> str | None:
     """Why the child could not stand for a fresh process of this request (None: it can)."""
     if req["executable"] != sys.executable:
         return f"interpreter {req['executable']}"
@@ -150,8 +167,12 @@ def _refusal(req: dict, base_env: dict, base_path: list[str], cwd: str) -> str |
         return "module search path"
     if os.path.realpath(req["cwd"]) != os.path.realpath(cwd):
         return f"working directory {req['cwd']}"
+    if req.get("placement") != where:
+        return "placement (cgroup or CPU affinity) differs"
     env = req["env"]
-    differ = sorted(k for k in set(env) | set(base_env) if k not in PER_JOB and env.get(k) != base_env.get(k))
+    differ = sorted(k for k in set(env) | set(base_env)
+                    if k not in PER_JOB and k not in PER_TASK and not k.startswith(PER_TASK_PREFIX)
+                    and env.get(k) != base_env.get(k))
     return f"environment differs in {', '.join(differ)}" if differ else None
 
 
@@ -267,7 +288,7 @@ def serve(path: str, parent: int, base_env: dict, log) -> int:
         print(f"not serving: importing left {threads} threads (a process with threads cannot be forked safely)",
               file=log, flush=True)
         return 1
-    cwd, base_path, me = os.getcwd(), list(sys.path), os.getpid()
+    cwd, base_path, me, where = os.getcwd(), list(sys.path), os.getpid(), placement()
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
     wake_r, wake_w = os.pipe()
@@ -310,7 +331,7 @@ def serve(path: str, parent: int, base_env: dict, log) -> int:
                     os.close(fd)
                 conn.close()
                 continue
-            reason = _refusal(req, base_env, base_path, cwd)
+            reason = _refusal(req, base_env, base_path, cwd, where)
             if reason or len(fds) != 3:
                 print(f"refused ({reason or 'no standard streams'}): {' '.join(req['argv'][1:])}", file=log, flush=True)
                 _send(conn, {"refused": reason})

@@ -148,6 +148,30 @@ def test_a_command_with_another_environment_runs_in_its_own_process(served):
     assert _entries(log, "started: params")
 
 
+def test_a_job_step_task_is_served_where_it_runs_as_the_server_does(served):
+    """An srun task's variables (SLURM_*, the rendezvous address) are read when a command runs, so
+    such a request is served, as the rehearsals' stand-in srun sends it; a command pinned to other
+    CPUs (as a real srun task, whose step has a cgroup of its own) runs in its own process."""
+    home, log = served
+    args = ["params", "--config", "cfg.yaml"]
+    task = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29411"}
+    before = len(_entries(log, "started: params"))
+    expected = cli(args, cwd=home, env_extra={warm.ENV: "off"}).communicate(timeout=120)[0]
+    served_task = cli(args, cwd=home, env_extra=task)
+    assert served_task.communicate(timeout=120)[0] == expected and served_task.returncode == 0
+    assert len(_entries(log, "started: params")) == before + 1
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to pin a command to one of them")
+    pinned = subprocess.Popen(["taskset", "-c", str(cpus[0]), sys.executable, "-m", "stateloop.cli", *args], cwd=home,
+                              env={k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert pinned.communicate(timeout=120)[0] == expected and pinned.returncode == 0
+    assert len(_entries(log, "started: params")) == before + 1
+    assert any("placement (cgroup or CPU affinity) differs" in line for line in _entries(log, "refused"))
+
+
 def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
     """Its parent (Snakemake) gone, the server takes no new job, waits for the job it runs, hands
     the command its status, and ends."""
