@@ -199,11 +199,6 @@ class Run:
         return self.test_time_tasks if depths else "table1" in self.experiments
 
 
-def planned_run(config_path: str | Path, run_id: str) -> Run | None:
-    """The run ``run_id`` of the config's experiments, or None where the config plans no such run."""
-    return runs_by_id(load_pipeline(config_path)).get(run_id)
-
-
 def runs_by_id(pipeline: PipelineConfig) -> dict[str, Run]:
     """Every run the config's experiments define, by run id."""
     return {r.id: r for r in expand_runs(pipeline)}
@@ -409,7 +404,7 @@ class RunConfig:
 
     run: RunSection
     model: ModelConfig
-    train: TrainConfig
+    train: TrainConfig | None  # None only where a finished run's saved config has no train section (read: saved)
     data: DataSection
 
     def as_dict(self) -> dict:
@@ -418,15 +413,29 @@ class RunConfig:
                 "data": to_dict(self.data)}
 
     @classmethod
-    def read(cls, config: dict) -> RunConfig:
-        """A saved resolved config (config.yaml, the final weights' metadata) read back, strictly."""
+    def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
+        """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
+        key of a section typed and checked as when it was resolved; other sections are ignored.
+
+        ``saved``: a finished run's config, as the stages after training read it from a run folder
+        that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A
+        section it lacks reads as its defaults (run and data: every key empty, which the stages
+        take as not given), train as None (the trained context is then unknown); a bad key is one
+        line naming ``where`` (the weights file) and the key."""
         if not isinstance(config, dict):
-            raise ConfigError(f"resolved config: expected a mapping, got {type(config).__name__}")
-        for section in ("run", "model", "train", "data"):
+            raise ConfigError(f"{where}: expected a mapping, got {type(config).__name__}")
+        sections = {}
+        for section, tp in (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection)):
+            if section not in config and not saved:
+                raise ConfigError(f"{section}: missing section in the {where}")
             if section not in config:
-                raise ConfigError(f"{section}: missing section in the resolved config")
-        return cls(**{section: from_dict(tp, config[section], section) for section, tp in
-                      (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection))})
+                sections[section] = None if section == "train" else tp()
+                continue
+            try:
+                sections[section] = from_dict(tp, config[section], section)
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {err}" if saved else str(err)) from None
+        return cls(**sections)
 
 
 def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,

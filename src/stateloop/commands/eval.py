@@ -46,7 +46,7 @@ def run(args) -> int:
     from stateloop.config import ConfigError, parse_dotlist
     from stateloop.evaluate.harness import DEPTH_FILE, depth_stem, evaluate_depths, evaluate_run
     from stateloop.evaluate.resolve import resolve_eval_config
-    from stateloop.pipeline import planned_run
+    from stateloop.pipeline import load_checked
     from stateloop.runs import resolve_run_arg
 
     run_dir = resolve_run_arg(args.run).folder
@@ -59,21 +59,22 @@ def run(args) -> int:
     for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    planned = planned_run(args.config, resolve_run_arg(args.run).id) if args.config else None
+    pipeline, runs = load_checked(args.config) if args.config else (None, {})
+    planned = runs.get(resolve_run_arg(args.run).id)
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
-    cfg = resolve_eval_config(run_dir, args.config, overrides)
+    cfg = resolve_eval_config(run_dir, pipeline, overrides)
     if args.depths:
         if cfg.K is not None:
             raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
         results = evaluate_depths(run_dir, cfg, args.depths, mlflow=not args.no_mlflow, progress=not args.no_progress,
-                                  config_file=args.config)
+                                  pipeline=pipeline)
         if not args.no_progress:
             for point in results["depths"]:
                 print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
             print(f"wrote {run_dir / DEPTH_FILE}", file=sys.stderr)
         return 0
-    results = evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
+    results = evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
     if not args.no_progress:
         held = results["heldout"]
         print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
