@@ -48,7 +48,7 @@ def test_an_unknown_state_update_is_refused():
 
 @pytest.mark.parametrize("spelling", ["none", "None", "null"])
 def test_none_on_the_command_line_unsets_a_number(spelling):
-    from stateloop.commands.tokenize import resolve
+    from stateloop.data.stage import resolve_data as resolve
 
     args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", spelling])
     data, _ = resolve(args)

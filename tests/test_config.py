@@ -152,3 +152,45 @@ def test_nan_infinite_and_absurd_values_are_refused(tmp_path, key, value, msg):
         BASE.replace("  s: {model: {", f"  s: {{model: {{{name}: {value}, ")
     with pytest.raises(ConfigError, match=re.escape(msg)):
         load_pipeline(_write(tmp_path, text + "  e: {scale: s, models: [vanilla_looped]}\n"))
+
+
+def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monkeypatch):
+    """Issue 25: "one resolve_run(...) that returns a frozen, typed run config ... built once per
+    process" (the grid was expanded twice per call): the check of the file expands it, once."""
+    import dataclasses
+
+    from stateloop import pipeline
+
+    path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
+                  + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_state: [16]}\n")
+    expanded = []
+    real = pipeline.expand_runs
+    monkeypatch.setattr(pipeline, "expand_runs", lambda *a, **k: expanded.append(1) or real(*a, **k))
+    first = pipeline.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
+    again = pipeline.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
+    assert len(expanded) == 1
+    assert (first.model.K, first.model.d_state, again.train.lr, again.run.experiments) == (3, 16, 1e-3, ["a"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.train.lr = 1.0  # TrainConfig and ModelConfig are frozen: a changed copy is dataclasses.replace
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.model.K = 4
+
+
+def test_a_finished_runs_saved_config_reads_back_typed():
+    """A run folder's saved config reads back into RunConfig (issue 25: "A run folder's saved config
+    reads back into the same type"): strictly, a bad key one line naming the file; the sections a
+    folder lacks at their defaults, train as None (the trained context is then unknown)."""
+    from stateloop.pipeline import RunConfig
+    from stateloop.runs import run_id_of, trained_length
+
+    model = {"name": "vanilla_looped", "max_seq_len": 64}
+    partial = RunConfig.read({"model": model}, "run/model.safetensors", saved=True)
+    assert (partial.run.id, partial.data.dir, partial.train, trained_length(partial)) == ("", "", None, None)
+    assert run_id_of("x/runs/s/vanilla_looped/K4_ds0_seed1", partial).endswith("s/vanilla_looped/K4_ds0_seed1")
+    full = RunConfig.read({"model": model, "train": {"seq_len": 32, "micro_batch": 8, "global_batch": 8},
+                           "run": {"id": "s/vanilla_looped/K4_ds0_seed1"}}, "run/model.safetensors", saved=True)
+    assert (trained_length(full), run_id_of("anywhere", full)) == (32, "s/vanilla_looped/K4_ds0_seed1")
+    with pytest.raises(ConfigError, match=r"^run/model.safetensors: train.lrr: unknown key"):
+        RunConfig.read({"model": model, "train": {"lrr": 1.0}}, "run/model.safetensors", saved=True)
+    with pytest.raises(ConfigError, match=r"^train: missing section in the resolved config"):
+        RunConfig.read({"model": model, "run": {}, "data": {}})  # what training reads back must be whole

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from stateloop.config import ConfigError
+from stateloop.pipeline import RunConfig, load_pipeline
 from stateloop.runs import code_version
 from stateloop.tracking import client, experiment_id, run_of, tracking_uri
 
@@ -91,8 +92,8 @@ def test_a_received_run_folder_never_chooses_the_store(empty_db, here, monkeypat
     run_dir.mkdir()
     (run_dir / "train.json").write_text(json.dumps({"mlflow_run_id": "f" * 32,
                                                     "mlflow_tracking_uri": f"sqlite:///{foreign / 'mlflow.db'}"}))
-    config = {"run": {"id": RID, "scale": "smoke", "config": str(foreign / "paper.yaml")},
-              "train": {"mlflow_tracking_uri": f"sqlite:///{foreign / 'other.db'}"}}
+    config = RunConfig.read({"run": {"id": RID, "scale": "smoke", "config": str(foreign / "paper.yaml")},
+                             "train": {"mlflow_tracking_uri": f"sqlite:///{foreign / 'other.db'}"}}, saved=True)
     c, found = run_of(run_dir, RID, config)
     assert c.tracking_uri == local and not foreign.exists()
     run = c.get_run(found)
@@ -104,9 +105,9 @@ def test_a_received_run_folder_never_chooses_the_store(empty_db, here, monkeypat
     # The local pipeline config's setting; $MLFLOW_TRACKING_URI before it.
     configured = _store(empty_db, here / "configured" / "mlflow.db")
     cfg_file = _smoke_config(here / "local.yaml", configured)
-    assert run_of(run_dir, RID, config, cfg_file)[0].tracking_uri == configured
+    assert run_of(run_dir, RID, config, load_pipeline(cfg_file))[0].tracking_uri == configured
     monkeypatch.setenv("MLFLOW_TRACKING_URI", local)
-    assert run_of(run_dir, RID, config, cfg_file)[0].tracking_uri == local
+    assert run_of(run_dir, RID, config, load_pipeline(cfg_file))[0].tracking_uri == local
     assert not foreign.exists()
 
     # train.json's run id is used where this store holds it (a moved results/: the path differs) ...

@@ -199,11 +199,6 @@ class Run:
         return self.test_time_tasks if depths else "table1" in self.experiments
 
 
-def planned_run(config_path: str | Path, run_id: str) -> Run | None:
-    """The run ``run_id`` of the config's experiments, or None where the config plans no such run."""
-    return runs_by_id(load_pipeline(config_path)).get(run_id)
-
-
 def runs_by_id(pipeline: PipelineConfig) -> dict[str, Run]:
     """Every run the config's experiments define, by run id."""
     return {r.id: r for r in expand_runs(pipeline)}
@@ -212,6 +207,13 @@ def runs_by_id(pipeline: PipelineConfig) -> dict[str, Run]:
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
     """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read
     and checked once per process while it is unchanged; each caller gets its own copy."""
+    return load_checked(path, overrides)[0]
+
+
+def load_checked(path: str | Path, overrides: dict | None = None) -> tuple[PipelineConfig, dict[str, Run]]:
+    """(the pipeline config of file ``path``, its runs by id), as :func:`load_pipeline` reads it: the
+    experiment grid is expanded once, by the check (:func:`checked_pipeline`), and kept with the
+    file's config while it is unchanged; each caller gets its own copy of both."""
     if overrides or not Path(path).is_file():
         return _read_pipeline(str(path), overrides)
     stat = Path(path).stat()
@@ -219,15 +221,15 @@ def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineCo
 
 
 @functools.lru_cache(maxsize=8)
-def _read_file_once(path: str, mtime_ns: int, size: int) -> PipelineConfig:
+def _read_file_once(path: str, mtime_ns: int, size: int) -> tuple[PipelineConfig, dict[str, Run]]:
     return _read_pipeline(path)
 
 
-def _read_pipeline(path: str, overrides: dict | None = None) -> PipelineConfig:
+def _read_pipeline(path: str, overrides: dict | None = None) -> tuple[PipelineConfig, dict[str, Run]]:
     data = load_yaml(path)
     if overrides:
         data = merge(data, overrides)
-    return pipeline_from_dict(data, path)
+    return checked_pipeline(data, path)
 
 
 def load_scale(path: str | Path, name: str) -> ScaleConfig:
@@ -237,18 +239,26 @@ def load_scale(path: str | Path, name: str) -> ScaleConfig:
 
 def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
     """Check a config mapping (as Snakemake holds it) strictly and build the pipeline config."""
+    return checked_pipeline(data, where)[0]
+
+
+def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig, dict[str, Run]]:
+    """(the pipeline config of a config mapping, checked strictly; every run its experiments
+    define, by id): the runs are the ones the check expands, so a caller that needs both expands
+    the experiment grid once."""
     try:
         cfg = from_dict(PipelineConfig, data)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    validate_pipeline(cfg, where)
-    return cfg
+    return cfg, validate_pipeline(cfg, where)
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words
 
 
-def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
+def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, Run]:
+    """Check a pipeline config beyond its types; returns its runs by id (building every run's
+    config is part of the check)."""
     from stateloop.models.registry import MODELS
 
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
@@ -279,7 +289,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
                 raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
                                   f"(data: {', '.join(splits)})")
     # Building every run's config checks the variant options and shape constraints early.
-    expand_runs(cfg)
+    return runs_by_id(cfg)
 
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:
@@ -394,7 +404,7 @@ class RunConfig:
 
     run: RunSection
     model: ModelConfig
-    train: TrainConfig
+    train: TrainConfig | None  # None only where a finished run's saved config has no train section (read: saved)
     data: DataSection
 
     def as_dict(self) -> dict:
@@ -403,15 +413,29 @@ class RunConfig:
                 "data": to_dict(self.data)}
 
     @classmethod
-    def read(cls, config: dict) -> RunConfig:
-        """A saved resolved config (config.yaml, the final weights' metadata) read back, strictly."""
+    def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
+        """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
+        key of a section typed and checked as when it was resolved; other sections are ignored.
+
+        ``saved``: a finished run's config, as the stages after training read it from a run folder
+        that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A
+        section it lacks reads as its defaults (run and data: every key empty, which the stages
+        take as not given), train as None (the trained context is then unknown); a bad key is one
+        line naming ``where`` (the weights file) and the key."""
         if not isinstance(config, dict):
-            raise ConfigError(f"resolved config: expected a mapping, got {type(config).__name__}")
-        for section in ("run", "model", "train", "data"):
+            raise ConfigError(f"{where}: expected a mapping, got {type(config).__name__}")
+        sections = {}
+        for section, tp in (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection)):
+            if section not in config and not saved:
+                raise ConfigError(f"{section}: missing section in the {where}")
             if section not in config:
-                raise ConfigError(f"{section}: missing section in the resolved config")
-        return cls(**{section: from_dict(tp, config[section], section) for section, tp in
-                      (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection))})
+                sections[section] = None if section == "train" else tp()
+                continue
+            try:
+                sections[section] = from_dict(tp, config[section], section)
+            except ConfigError as err:
+                raise ConfigError(f"{where}: {err}" if saved else str(err)) from None
+        return cls(**sections)
 
 
 def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
@@ -424,10 +448,10 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of ``train.max_steps`` /
     ``train.max_tokens`` replaces the scale's budget given by the other). Every failure is a
     one-line :class:`ConfigError` naming the key or file."""
-    pipeline = load_pipeline(config_path)
+    pipeline, known = load_checked(config_path)
     scale_name, model_name, K, d_s, seed = Run.parse(run_id)
     scale = scale_of(pipeline, scale_name, f"RUN: unknown scale {scale_name!r} in {config_path}")
-    run = _known_run(pipeline, config_path, run_id)
+    run = _known_run(pipeline, known, config_path, run_id)
     extra = _run_overrides(overrides, run_id)
     mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
     _spec(mcfg.name).check(mcfg)
@@ -458,9 +482,9 @@ def scale_of(pipeline: PipelineConfig, name: str, where: str) -> ScaleConfig:
     return pipeline.scales[name]
 
 
-def _known_run(pipeline: PipelineConfig, config_path, run_id: str) -> Run:
-    """The run ``run_id`` of the config's experiments; a typo must not start a training nobody planned."""
-    known = runs_by_id(pipeline)
+def _known_run(pipeline: PipelineConfig, known: dict[str, Run], config_path, run_id: str) -> Run:
+    """The run ``run_id`` of the config's experiments (``known``: its runs by id); a typo must not
+    start a training nobody planned."""
     if run_id in known:
         return known[run_id]
     scale_name, model_name, K, d_s, seed = Run.parse(run_id)

@@ -35,6 +35,8 @@ from stateloop.models.config import ModelConfig
 if TYPE_CHECKING:  # torch is imported where it is used: the data stage writes JSON without it
     import torch
 
+    from stateloop.pipeline import RunConfig
+
 # The run id, spelled here once: a cell (every seed of one shape) and the seed, always last.
 RUN_CELL_FORM = "{scale}/{model}/K{K}_ds{ds}"
 RUN_ID_FORM = RUN_CELL_FORM + "_seed{seed}"
@@ -367,21 +369,32 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
                       f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
 
 
-def run_id_of(run_dir: str | Path, config: dict) -> str:
+def saved_run_config(run_dir: str | Path, config: dict | None = None) -> RunConfig:
+    """The resolved config saved with a run's weights, typed: ``pipeline.RunConfig.read`` of a
+    finished run's config (``saved``; a bad key is one line naming the weights file). ``config``:
+    the mapping already read (load_model's second value), else it is read here (no tensors)."""
+    from stateloop.pipeline import RunConfig
+
+    return RunConfig.read(saved_config(run_dir) if config is None else config, str(Path(run_dir) / FINAL_WEIGHTS),
+                          saved=True)
+
+
+def run_id_of(run_dir: str | Path, config: RunConfig) -> str:
     """The run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``: the resolved config's ``run.id`` when it names
     one, else the folder's last three components (results/runs/<id>)."""
-    run = config.get("run") if isinstance(config.get("run"), dict) else {}
-    if not run.get("id"):
+    if not config.run.id:
         return "/".join(Path(run_dir).resolve().parts[-3:])
-    if not isinstance(run["id"], str) or not RUN_ID.fullmatch(run["id"]):  # it names MLflow runs and goes into searches
-        raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: run.id: expected a run id {RUN_ID_FORM}, got {run['id']!r}")
-    return run["id"]
+    if not RUN_ID.fullmatch(config.run.id):  # it names MLflow runs and goes into searches
+        raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: run.id: expected a run id {RUN_ID_FORM}, got {config.run.id!r}")
+    return config.run.id
 
 
-def trained_length(config: dict) -> int | None:
-    """The context a run was trained with (``train.seq_len`` of its resolved config), or None."""
-    train = config.get("train") if isinstance(config.get("train"), dict) else {}
-    return train.get("seq_len") or None
+def trained_length(config: RunConfig) -> int | None:
+    """The context a run was trained with (``train.seq_len`` of its resolved config), or None
+    where the saved config has no train section. Never above ``model.max_seq_len``: training
+    refuses a longer seq_len (pipeline.resolve_run), so only a saved train section that lacks the
+    key (its default, 2048, then stands in) could say more than the model reads."""
+    return min(config.train.seq_len, config.model.max_seq_len) if config.train is not None else None
 
 
 def resolve_device(name: str = "auto"):

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from stateloop.config import ConfigError
-from stateloop.pipeline import load_pipeline
+from stateloop.pipeline import PipelineConfig, RunConfig
 from stateloop.runs import TRAIN_SUMMARY, code_version
 
 DEFAULT_DB = Path("results") / "mlflow.db"
@@ -319,28 +319,27 @@ def train_summary(run_dir) -> dict:
     return data
 
 
-def _local_train_setting(config: dict | None, config_file=None):
+def _local_train_setting(config: RunConfig | None, pipeline: PipelineConfig | None = None):
     """The ``train:`` section (TrainConfig) of the run's scale in the pipeline config named on the
-    command line (``config_file``), else None. Never the config file the run folder names
-    (``run.config``): a received folder could name one of its own (evaluate/resolve.py)."""
-    if not config_file:
+    command line (``pipeline``, loaded by the command), else None. Never the config file the run
+    folder names (``run.config``): a received folder could name one of its own (evaluate/resolve.py)."""
+    if pipeline is None:
         return None
-    run = (config or {}).get("run") if isinstance((config or {}).get("run"), dict) else {}
-    scale = load_pipeline(config_file).scales.get(run.get("scale"))
+    scale = pipeline.scales.get(config.run.scale if config else None)
     return scale.train if scale is not None else None
 
 
-def stage_uri(config: dict | None, config_file=None) -> str:
+def stage_uri(config: RunConfig | None, pipeline: PipelineConfig | None = None) -> str:
     """The store of a stage after training: $MLFLOW_TRACKING_URI, else the ``train.mlflow_tracking_uri``
     of the run's scale in the pipeline config named on the command line, else the local default.
     Never the store that train.json, the run's saved config or the config file it names gives."""
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return tracking_uri()
-    train = _local_train_setting(config, config_file)
+    train = _local_train_setting(config, pipeline)
     return tracking_uri(train.mlflow_tracking_uri if train is not None else None)
 
 
-def run_of(run_dir, run_id: str, config: dict | None, config_file=None, command: str = "eval"):
+def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineConfig | None = None, command: str = "eval"):
     """(client, MLflow run id) of a run folder, for the stages after training, in :func:`stage_uri`'s store.
 
     The MLflow run is the one RUN_DIR/train.json names (``mlflow_run_id``) when the store holds it;
@@ -351,7 +350,7 @@ def run_of(run_dir, run_id: str, config: dict | None, config_file=None, command:
 
 
     summary = train_summary(run_dir)
-    uri = stage_uri(config, config_file)
+    uri = stage_uri(config, pipeline)
     c = client(uri)
     mlflow_id, recorded = summary.get("mlflow_run_id"), summary.get("mlflow_tracking_uri")
     if mlflow_id:
@@ -361,8 +360,7 @@ def run_of(run_dir, run_id: str, config: dict | None, config_file=None, command:
         except MlflowException:
             if not recorded or same_store(recorded, uri):
                 raise ConfigError(f"{Path(run_dir) / TRAIN_SUMMARY}: mlflow_run_id {mlflow_id} is not in the MLflow store {uri}") from None
-    train = (config or {}).get("train") if isinstance((config or {}).get("train"), dict) else {}
-    experiment = train.get("mlflow_experiment") or DEFAULT_EXPERIMENT
+    experiment = (config.train.mlflow_experiment if config and config.train else "") or DEFAULT_EXPERIMENT
     tags = {"run_id": run_id, **standard_tags(command)}
     return c, named_run(c, experiment, f"attributes.run_name = '{run_id}'", run_id, tags)
 
@@ -514,8 +512,8 @@ class Tracker:
 # The stages after training: eval and the analyses log into the run's MLflow run
 
 
-def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: str, prefix: str, metrics: dict,
-              curves: dict | None = None, params: dict | None = None, tags: dict | None = None,
+def log_stage(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineConfig | None, command: str, prefix: str,
+              metrics: dict, curves: dict | None = None, params: dict | None = None, tags: dict | None = None,
               artifact: tuple | None = None, datasets: dict | None = None) -> str:
     """Log one stage's results into the run's MLflow run (:func:`run_of`: the one train.json names,
     else the run named by the run id) and return its id.
@@ -530,7 +528,7 @@ def log_stage(run_dir, run_id: str, config: dict | None, config_file, command: s
 
     from mlflow.entities import Metric, RunTag
 
-    c, mlflow_id = run_of(run_dir, run_id, config, config_file, command=command)
+    c, mlflow_id = run_of(run_dir, run_id, config, pipeline, command=command)
     if params:
         log_params(c, mlflow_id, params, f"changed_on_re{command}.")
     now = int(datetime.datetime.now().timestamp() * 1000)

@@ -154,7 +154,7 @@ def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, t
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc], shots: [0], limit: 4}\n")
     assert load_pipeline(cfg_file).scales["test"].eval.tasks == ["synth_mc"]
     run_dir, _ = make_run()
-    cfg = resolve_eval_config(run_dir, str(cfg_file), {"limit": 2})
+    cfg = resolve_eval_config(run_dir, load_pipeline(cfg_file), {"limit": 2})
     assert (cfg.tasks, cfg.shots, cfg.limit) == (["synth_mc"], [0], 2)
     assert resolve_eval_config(run_dir).tasks[0] == "lambada_openai"  # the paper's by default
     cfg_file.write_text("scales:\n  test:\n    eval: {taks: [synth_mc]}\n")

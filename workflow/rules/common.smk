@@ -11,7 +11,7 @@ from snakemake.utils import validate
 from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
-from stateloop.pipeline import decoding_specs, pipeline_from_dict, runs_by_id
+from stateloop.pipeline import checked_pipeline, decoding_specs
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
@@ -30,7 +30,9 @@ CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_conf
 try:
     for _path in workflow.overwrite_configfiles or [CONFIG_NAME]:
         load_yaml(_path)  # Snakemake's own reading takes a key given twice silently; ours refuses it
-    PIPE = pipeline_from_dict(config, CONFIG_NAME)  # strict: unknown keys, wrong types, unknown models
+    # strict: unknown keys, wrong types, unknown models; RUNS: every trained run, each once (the
+    # experiment grid expanded once, by the check)
+    PIPE, RUNS = checked_pipeline(config, CONFIG_NAME)
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
 validate(config, "../schemas/config.schema.yaml")  # the same rules as JSON Schema (documentation, editors)
@@ -82,7 +84,6 @@ def job_config(wc, output):
     return CONFIGFILE
 
 
-RUNS = runs_by_id(PIPE)  # every trained run, each once
 # A run's id and folder (pipeline.Run.folder) as wildcards, spelled once: the seed always, last.
 RUN_DIR = f"{RUNS_ROOT}/{RUN_ID_FORM}"
 

@@ -42,9 +42,8 @@ from stateloop.pipeline import (
     PipelineConfig,
     ScaleConfig,
     decoding_specs,
-    load_pipeline,
-    load_scale,
     run_model_config,
+    scale_of,
 )
 from stateloop.runs import atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
@@ -426,17 +425,17 @@ def _scale_model(args: Request, pipeline: PipelineConfig | None) -> ModelConfig:
     """The ModelConfig untrained rows are built from: the scale's model section (or the
     defaults, which are the paper's 1.4B shape) with --set overrides."""
     scale = _bench_scale(args, pipeline)
-    base = load_scale(args.config, scale).model if scale else ModelConfig()
+    base = scale_of(pipeline, scale, f"{args.config}: scales.{scale}: not defined").model if scale else ModelConfig()
     overrides = parse_dotlist(args.set)
     if set(overrides) - {"model"}:
         raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
     return from_dict(ModelConfig, merge(to_dict(base), overrides.get("model", {})), "model")
 
 
-def run_stage(args: Request) -> int:
-    """``stateloop bench decode``: build the rows, time them, write the JSON and print the table."""
+def run_stage(args: Request, pipeline: PipelineConfig | None = None) -> int:
+    """``stateloop bench decode``: build the rows, time them, write the JSON and print the table.
+    ``pipeline``: the config ``args.config`` names, loaded by the command (None without one)."""
     run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads
-    pipeline = load_pipeline(args.config) if args.config else None
     bench = _bench_settings(args, pipeline)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -29,12 +29,14 @@ from stateloop.config import ConfigError
 if TYPE_CHECKING:
     import torch
 
+    from stateloop.pipeline import PipelineConfig, RunConfig
+
 CALIB_SPLIT = "train"  # the split the calibration statistics come from (disjoint from any held-out split)
 CALIB_WINDOWS = 64  # calibration windows, sampled over the whole calibration split
 CALIB_SEED = 0
 
 
-def run_seq_len(config: dict, model) -> int:
+def run_seq_len(config: RunConfig, model) -> int:
     """The training context length of a run: ``train.seq_len`` of its config when present,
     else the model's ``max_seq_len``."""
     from stateloop.runs import trained_length
@@ -58,27 +60,26 @@ class HeldoutProtocol:
 HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", "precision")
 
 
-def heldout_protocol(run_dir, config: dict, model, config_file: str | None = None) -> HeldoutProtocol:
+def heldout_protocol(run_dir, config: RunConfig, model, pipeline: PipelineConfig | None = None) -> HeldoutProtocol:
     """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: the ``eval`` section
-    of the run's scale in ``config_file`` (default: the pipeline config the run was trained from,
+    of the run's scale in ``pipeline`` (--config's; default: the pipeline config the run was trained from,
     when that file exists), else EvalConfig's defaults (split "val", the whole split)."""
     from stateloop.evaluate.resolve import resolve_eval_config
 
-    ecfg = resolve_eval_config(run_dir, config_file)
+    ecfg = resolve_eval_config(run_dir, pipeline)
     split, windows, max_length, batch_size, precision = (getattr(ecfg, key) for key in HELDOUT_KEYS)
     return HeldoutProtocol(split, windows, int(max_length or run_seq_len(config, model)), batch_size, precision)
 
 
-def _data_dir(config: dict, run_dir) -> str:
+def _data_dir(config: RunConfig, run_dir) -> str:
     from stateloop.runs import FINAL_WEIGHTS
 
-    data = config.get("data") or {}
-    if not data.get("dir"):
+    if not config.data.dir:
         raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: the saved config has no data.dir, so the run's token shards are unknown")
-    return data["dir"]
+    return config.data.dir
 
 
-def split_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None):
+def split_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
     """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config):
     consecutive from the start of the split, as ``stateloop eval``. Returns (windows, shards)."""
     from stateloop.evaluate.perplexity import split_windows as _split_windows
@@ -86,12 +87,12 @@ def split_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: 
     return _split_windows(_data_dir(config, run_dir), split, seq_len, max_windows)
 
 
-def run_windows(config: dict, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
+def run_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
     """Held-out windows (N, seq_len + 1) of the run's token shards (see :func:`split_windows`)."""
     return split_windows(config, run_dir, split, seq_len, max_windows)[0]
 
 
-def sampled_windows(config: dict, run_dir, split: str, seq_len: int, n: int | None, seed: int = CALIB_SEED):
+def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int | None, seed: int = CALIB_SEED):
     """``n`` windows of seq_len + 1 tokens at a seeded uniform sample (without replacement) of the
     split's non-overlapping window slots ``i * seq_len``, in increasing position: a sample spread
     over the whole split rather than its first documents. ``n`` None, or at least the number of
@@ -141,8 +142,8 @@ def require_reads(model, what: str) -> None:
         raise ConfigError(f"model.name: {what} needs state reads; {model.cfg.name} has none")
 
 
-def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dict, json_path,
-                  curves: dict | None = None, config_file=None) -> str:
+def log_to_mlflow(run_dir, config: RunConfig, analysis: str, metrics: dict, tags: dict, json_path,
+                  curves: dict | None = None, pipeline: PipelineConfig | None = None) -> str:
     """Log an analysis into the run's MLflow run (tracking.log_stage): metrics as
     ``{analysis}/<name>``, each curve ``{name: [(index, value), ...]}`` as one metric with the index
     as its step, settings as ``{analysis}.<name>`` tags (tags, unlike params, may change when an
@@ -150,5 +151,5 @@ def log_to_mlflow(run_dir, config: dict, analysis: str, metrics: dict, tags: dic
     from stateloop.runs import run_id_of
     from stateloop.tracking import log_stage
 
-    return log_stage(run_dir, run_id_of(run_dir, config), config, config_file, "analyze", analysis, metrics,
+    return log_stage(run_dir, run_id_of(run_dir, config), config, pipeline, "analyze", analysis, metrics,
                      curves=curves, tags={f"{analysis}.{k}": v for k, v in tags.items()}, artifact=(json_path, "analysis"))

@@ -16,7 +16,8 @@ from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import intervention_analysis
 from stateloop.analysis.shapley import shapley_analysis
 from stateloop.config import ConfigError
-from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
+from stateloop.pipeline import PipelineConfig
+from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg, saved_run_config
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,16 @@ class Request:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def analyze(args: Request) -> int:
-    """Set up the held-out data, run the analysis, write its JSON and log it to MLflow."""
+def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
+    """Set up the held-out data, run the analysis, write its JSON and log it to MLflow. ``pipeline``:
+    the config ``args.config`` names, loaded by the command (None without one)."""
     _check_counts(args)
     run_dir = resolve_run_arg(args.run).folder
     device = resolve_device(args.device)
-    model, config = load_model(run_dir, device=device)
+    model, saved = load_model(run_dir, device=device)
+    config = saved_run_config(run_dir, saved)
     common.require_reads(model, f"analyze {args.analysis}")
-    model, setup = _eval_setup(args, run_dir, config, model, device)
+    model, setup = _eval_setup(args, run_dir, config, model, device, pipeline)
     analysis = _shapley if args.analysis == "shapley" else _interventions
     result, heldout, settings, metrics, curves, summary = analysis(args, run_dir, config, model, setup)
 
@@ -64,7 +67,7 @@ def analyze(args: Request) -> int:
     print(summary)
     print(f"wrote {out}", file=sys.stderr)
     if not args.no_mlflow:
-        mlflow_id = common.log_to_mlflow(run_dir, config, args.analysis, metrics, settings, out, curves, args.config)
+        mlflow_id = common.log_to_mlflow(run_dir, config, args.analysis, metrics, settings, out, curves, pipeline)
         print(f"logged to MLflow run {mlflow_id}", file=sys.stderr)
     return 0
 
@@ -100,10 +103,10 @@ class EvalSetup:
                                     self.matches_eval)
 
 
-def _eval_setup(args, run_dir, config, model, device) -> tuple[torch.nn.Module, EvalSetup]:
+def _eval_setup(args, run_dir, config, model, device, pipeline) -> tuple[torch.nn.Module, EvalSetup]:
     """The held-out protocol of the run's `stateloop eval`, then the overriding flags; the model cast
     to the analysis dtype. Returns (model, setup)."""
-    evalp = common.heldout_protocol(run_dir, config, model, args.config)
+    evalp = common.heldout_protocol(run_dir, config, model, pipeline)
     split_flag = args.split if args.analysis == "shapley" else args.eval_split
     proto = common.HeldoutProtocol(
         split=split_flag or evalp.split,

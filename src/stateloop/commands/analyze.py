@@ -80,5 +80,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.analysis.stage import Request, analyze
+    from stateloop.pipeline import load_pipeline
 
-    return analyze(Request.of(args))
+    return analyze(Request.of(args), load_pipeline(args.config) if args.config else None)

@@ -50,5 +50,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.analysis.bench_decode import Request, run_stage
+    from stateloop.pipeline import load_pipeline
 
-    return run_stage(Request.of(args))
+    return run_stage(Request.of(args), load_pipeline(args.config) if args.config else None)

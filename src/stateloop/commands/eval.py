@@ -22,8 +22,6 @@ eval settings unless ``--tasks`` names none).
 
 from __future__ import annotations
 
-import sys
-
 from stateloop.commands import RUN_HELP
 
 
@@ -43,44 +41,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.config import ConfigError, parse_dotlist
-    from stateloop.evaluate.harness import DEPTH_FILE, depth_stem, evaluate_depths, evaluate_run
-    from stateloop.evaluate.resolve import resolve_eval_config
-    from stateloop.pipeline import planned_run
-    from stateloop.runs import resolve_run_arg
+    from stateloop.evaluate.stage import eval_stage
+    from stateloop.pipeline import load_checked
 
-    run_dir = resolve_run_arg(args.run).folder
-
-    dotted = parse_dotlist(args.set)
-    unknown = [k for k in dotted if k != "eval"]
-    if unknown:
-        raise ConfigError(f"--set {unknown[0]}...: only eval.* settings can be overridden here")
-    overrides = dict(dotted.get("eval", {}))
-    for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
-    planned = planned_run(args.config, resolve_run_arg(args.run).id) if args.config else None
-    if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
-        overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
-    cfg = resolve_eval_config(run_dir, args.config, overrides)
-    if args.depths:
-        if cfg.K is not None:
-            raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
-        results = evaluate_depths(run_dir, cfg, args.depths, mlflow=not args.no_mlflow, progress=not args.no_progress,
-                                  config_file=args.config)
-        if not args.no_progress:
-            for point in results["depths"]:
-                print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
-            print(f"wrote {run_dir / DEPTH_FILE}", file=sys.stderr)
-        return 0
-    results = evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, config_file=args.config)
-    if not args.no_progress:
-        held = results["heldout"]
-        print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
-        for task, entry in results["tasks"].items():
-            for shots, block in entry["shots"].items():
-                shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
-                n = (block.get("n_samples") or {}).get("effective")
-                print(f"{task} {shots}-shot (n={n}): {shown}")
-        print(f"wrote {run_dir / (depth_stem(results['K'], results['trained_K']) + '.json')}", file=sys.stderr)
-    return 0
+    return eval_stage(args, *(load_checked(args.config) if args.config else (None, {})))

@@ -45,6 +45,7 @@ from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
 from stateloop.evaluate.perplexity import split_windows, token_nll
 from stateloop.evaluate.tasks.prepare import prepare_tasks
+from stateloop.pipeline import PipelineConfig, RunConfig
 from stateloop.report.outputs import DEPTH_FILE
 from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, current_umask, trained_length
 from stateloop.tracking import flatten, log_stage
@@ -203,9 +204,10 @@ def summary(results: dict) -> dict[str, float]:
 
 
 def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True,
-                 config_file: str | None = None) -> dict:
-    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow (the store of
-    ``config_file``'s settings, see tracking.stage_uri). Returns the results."""
+                 pipeline: PipelineConfig | None = None) -> dict:
+    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow (the store of the
+    settings of ``pipeline``, the config named on the command line, see tracking.stage_uri).
+    Returns the results."""
 
     run_dir = Path(run_dir)
     run, lm = _load(run_dir, cfg)
@@ -216,7 +218,7 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     stem = depth_stem(K, trained_K)
     started = datetime.datetime.now(datetime.timezone.utc)
     results: dict = {
-        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir), "K": K, "trained_K": trained_K,
+        "run_id": run.run_id, "model": run.config.model.name, "run_dir": str(run_dir), "K": K, "trained_K": trained_K,
         "data_dir": str(run.data_dir), "code_version": code_version(), "started": started.isoformat(timespec="seconds"),
         "device": str(lm.device), "max_length": lm.max_length, "eval_config": to_dict(cfg),
         "metrics_note": {"accuracy": M.describe("accuracy"), "perplexity": M.describe("perplexity")},
@@ -228,13 +230,13 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     results["seconds"] = round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2)
     results["summary"] = summary(results)
     if mlflow:
-        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config, config_file, stem)
+        results["mlflow_run_id"] = log_to_mlflow(run_dir, run.run_id, results, run.config, pipeline, stem)
     atomic_write_json(run_dir / f"{stem}.json", results)
     return results
 
 
 def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, mlflow: bool = True,
-                    progress: bool = True, config_file: str | None = None) -> dict:
+                    progress: bool = True, pipeline: PipelineConfig | None = None) -> dict:
     """A run at each test-time depth K' of ``depths`` (the trained K among them or not): the
     held-out perplexity (and ``cfg.tasks``, when any) per K', from one load of the weights.
     Every depth is checked before any work. Writes ``eval_depth.json`` and logs the curves
@@ -259,7 +261,7 @@ def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, 
             print(f"[eval] K={K}: held-out perplexity {point['heldout']['ppl']:.3f}", file=sys.stderr, flush=True)
     run.model.at_depth(trained_K)
     results = {
-        "run_id": run.run_id, "model": run.config["model"]["name"], "run_dir": str(run_dir), "trained_K": trained_K,
+        "run_id": run.run_id, "model": run.config.model.name, "run_dir": str(run_dir), "trained_K": trained_K,
         "code_version": code_version(), "started": started.isoformat(timespec="seconds"), "device": str(lm.device),
         "max_length": lm.max_length, "eval_config": to_dict(cfg), "depths": points,
         "seconds": round((datetime.datetime.now(datetime.timezone.utc) - started).total_seconds(), 2),
@@ -267,7 +269,7 @@ def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, 
     if mlflow:
         curves = {name: [(p["K"], p["summary"][key]) for p in points]
                   for name, key in (("heldout_ppl", "heldout/ppl"), ("heldout_nll", "heldout/nll"))}
-        results["mlflow_run_id"] = log_stage(run_dir, run.run_id, run.config, config_file, "eval", "eval_depth", {},
+        results["mlflow_run_id"] = log_stage(run_dir, run.run_id, run.config, pipeline, "eval", "eval_depth", {},
                                              curves=curves, artifact=(results, f"eval/{DEPTH_FILE}"))
     atomic_write_json(run_dir / DEPTH_FILE, results)
     return results
@@ -308,8 +310,8 @@ def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool)
 # MLflow
 
 
-def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None = None, config_file=None,
-                  stem: str = "eval") -> str:
+def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: RunConfig | None = None,
+                  pipeline: PipelineConfig | None = None, stem: str = "eval") -> str:
     """Log the summary metrics (as ``{stem}/<name>``), the eval settings (as ``{stem}.<key>`` params;
     a re-evaluation with other settings keeps them as ``changed_on_reeval.{stem}.<key>`` tags) and
     the results (as the artifact ``eval/{stem}.json``) into the run's MLflow run
@@ -317,7 +319,7 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: dict | None
 
     tags = {f"{stem}.lm_eval_version": results.get("lm_eval_version", ""), f"{stem}.code_version": results.get("code_version", "")}
     curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # {stem}/state/<quantity> at step i
-    return log_stage(run_dir, run_id, config, config_file, "eval", stem, results["summary"], curves=curves,
+    return log_stage(run_dir, run_id, config, pipeline, "eval", stem, results["summary"], curves=curves,
                      params=flatten(results.get("eval_config") or {}, f"{stem}."), tags=tags,
                      artifact=(results, f"eval/{stem}.json"), datasets=_heldout_input(results))
 

@@ -55,7 +55,8 @@ from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer as data_load_tokenizer
 from stateloop.data.shards import read_meta
 from stateloop.models.generate import greedy_steps
-from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, trained_length
+from stateloop.pipeline import RunConfig
+from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, saved_run_config, trained_length
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class LoadedRun:
     model: torch.nn.Module
-    config: dict  # the resolved run config saved with the weights
+    config: RunConfig  # the resolved run config saved with the weights (runs.saved_run_config)
     tokenizer: object  # tokenizers.Tokenizer
     eos_id: int
     data_dir: Path
@@ -92,11 +93,11 @@ def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
-    model, config = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
-    data = config.get("data") if isinstance(config.get("data"), dict) else {}
-    if not data.get("dir"):
+    model, saved = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
+    config = saved_run_config(run_dir, saved)
+    if not config.data.dir:
         raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")
-    data_dir = Path(data["dir"])
+    data_dir = Path(config.data.dir)
     tokenizer, eos_id = load_tokenizer(data_dir)
     n_tok = tokenizer.get_vocab_size()
     if n_tok > model.cfg.vocab_size:

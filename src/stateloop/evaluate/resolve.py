@@ -16,26 +16,31 @@ from pathlib import Path
 
 from stateloop.config import from_dict, merge, to_dict
 from stateloop.evaluate.config import EvalConfig
-from stateloop.pipeline import load_scale
-from stateloop.runs import run_id_of, saved_config
+from stateloop.pipeline import PipelineConfig, load_pipeline, scale_of
+from stateloop.runs import run_id_of, saved_config, saved_run_config
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)
 
 
-def resolve_eval_config(run_dir, config_file: str | None = None, overrides: dict | None = None) -> EvalConfig:
-    """EvalConfig for a run: the `eval` section of the run's scale in ``config_file`` (default:
-    the pipeline config the run was trained from, ``run.config`` of its resolved config, when that
-    file exists; else an `eval` section saved in the resolved config; else the defaults), then
-    ``overrides``. Only ``config_file`` and ``overrides`` set the keys of :data:`LOCAL_ONLY`."""
-    run_config = saved_config(run_dir)
-    data = dict(run_config.get("eval") or {}) if isinstance(run_config.get("eval"), dict) else {}
-    run_section = run_config.get("run") if isinstance(run_config.get("run"), dict) else {}
-    given = bool(config_file)
-    if not config_file and isinstance(run_section.get("config"), str) and Path(run_section["config"]).is_file():
-        config_file = run_section["config"]
-    if config_file:
-        scale = run_section.get("scale") or run_id_of(run_dir, run_config).split("/")[0]
-        data = to_dict(load_scale(config_file, scale).eval)
+def resolve_eval_config(run_dir, pipeline: PipelineConfig | None = None, overrides: dict | None = None) -> EvalConfig:
+    """EvalConfig for a run: the `eval` section of the run's scale in ``pipeline``, the config named
+    on the command line and loaded by the command (default: the pipeline config the run was trained
+    from, ``run.config`` of its resolved config, when that file exists; else an `eval` section saved
+    in the resolved config; else the defaults), then ``overrides``. Only ``pipeline`` and
+    ``overrides`` set the keys of :data:`LOCAL_ONLY`."""
+    saved = saved_config(run_dir)
+    run = saved_run_config(run_dir, saved)
+    # An `eval` section a saved config may carry beside RunConfig's sections (which have none):
+    # its value settings, as an EvalConfig mapping; the local-only keys are dropped below.
+    data = dict(saved["eval"]) if isinstance(saved.get("eval"), dict) else {}
+    given, where = pipeline is not None, "--config"
+    if not given and run.run.config and Path(run.run.config).is_file():
+        # The one pipeline config a stage loads itself: the file the run folder names, which the
+        # command could not know before reading the folder (value settings only, as above).
+        pipeline, where = load_pipeline(run.run.config), run.run.config
+    if pipeline is not None:
+        scale = run.run.scale or run_id_of(run_dir, run).split("/")[0]
+        data = to_dict(scale_of(pipeline, scale, f"{where}: scales.{scale}: not defined").eval)
     if not given:
         data = {k: v for k, v in data.items() if k not in LOCAL_ONLY}
     data = merge(data, overrides or {})

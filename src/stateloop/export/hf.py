@@ -156,14 +156,14 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     written beside it, then renamed into place)."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import TOKENIZER_FILE, load_tokenizer
-    from stateloop.runs import code_version, load_model, run_id_of, trained_length, weights_metadata, write_safetensors
+    from stateloop.runs import code_version, load_model, run_id_of, saved_run_config, trained_length, weights_metadata, write_safetensors
 
     run_dir, out = Path(run_dir), Path(out)
-    model, config = load_model(run_dir)  # one line naming the file when the weights are missing or wrong
-    data = config.get("data") if isinstance(config.get("data"), dict) else {}
-    if not data.get("dir"):
+    model, saved = load_model(run_dir)  # one line naming the file when the weights are missing or wrong
+    config = saved_run_config(run_dir, saved)
+    if not config.data.dir:
         raise ConfigError(f"{run_dir}: the saved config has no data.dir (where the run's tokenizer is)")
-    data_dir = Path(data["dir"])
+    data_dir = Path(config.data.dir)
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir)  # checked against meta.json's sha256
     try:
@@ -177,14 +177,15 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     tok_json = (data_dir / meta.get("tokenizer", {}).get("file", TOKENIZER_FILE)).read_text(encoding="utf-8")
     run = {"id": run_id_of(run_dir, config), "code_version": code_version()}
 
-    files = {"config.json": json.dumps(hf_config(config["model"], context, eos_id, run), indent=2) + "\n",
+    # The saved model section and config go over verbatim (the typed read above checked them).
+    files = {"config.json": json.dumps(hf_config(saved["model"], context, eos_id, run), indent=2) + "\n",
              **tokenizer_files(tok_json, eos_token, context), **bundle()}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
-        write_safetensors(tmp / HF_WEIGHTS, {PREFIX + k: v for k, v in model.state_dict().items()}, weights_metadata(config))
+        write_safetensors(tmp / HF_WEIGHTS, {PREFIX + k: v for k, v in model.state_dict().items()}, weights_metadata(saved))
         tmp.chmod(0o777 & ~current_umask())
         if out.exists():
             old = out.with_name(f".{out.name}.old")

@@ -12,7 +12,8 @@ MODEL_CAPS = {"vocab_size": 1 << 20, "n_layers": 1024, "d_model": 1 << 16, "d_ff
               "head_dim": 1024, "K": 64, "d_state": 1 << 16, "max_seq_len": 1 << 20}
 
 
-@dataclass
+# Frozen: a changed copy is dataclasses.replace(cfg, K=...) (LoopedLM.at_depth).
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of one model. Fields shared by every variant; variant-specific knobs go in
     ``options`` and are checked against the variant's own options dataclass (see registry)."""

@@ -1,7 +1,8 @@
 """The ``train:`` section of a scale: hardware, optimiser, schedule, budget, checkpoints, tracking.
 
-Every field is a YAML value; :func:`stateloop.config.from_dict` rejects unknown keys and wrong
-types, and :meth:`TrainConfig.__post_init__` rejects impossible values, each with a one-line
+A frozen dataclass (a changed copy: ``dataclasses.replace``). Every field is a YAML value;
+:func:`stateloop.config.from_dict` rejects unknown keys and wrong types, and
+:meth:`TrainConfig.__post_init__` rejects impossible values, each with a one-line
 :class:`~stateloop.config.ConfigError` naming the key (``train.strategy: ...``).
 
 Batch arithmetic (paper: 256 sequences x 2048 tokens per optimiser step)::
@@ -24,7 +25,7 @@ ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 SCHEDULES = ("cosine", "constant")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     # -- hardware (Lightning Fabric) ------------------------------------------------------------
     accelerator: str = "auto"  # auto: cuda when available, else cpu

@@ -27,7 +27,7 @@ from stateloop.data.shards import read_meta
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.tasks.files import SHARED_SOURCES, default_shared_data
 from stateloop.evaluate.tasks.prepare import PREPARERS, absolute_data_files
-from stateloop.runs import has_final_weights, saved_config
+from stateloop.runs import has_final_weights, saved_run_config
 
 METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig keys read from --metadata
 
@@ -37,8 +37,8 @@ def _run_data_meta(metadata: dict) -> dict | None:
     run_dir = metadata.get("pretrained") or metadata.get("run_dir")
     if not isinstance(run_dir, str) or not has_final_weights(run_dir):
         return None
-    data = saved_config(run_dir).get("data") or {}
-    return read_meta(data["dir"]) if isinstance(data, dict) and data.get("dir") else None
+    data_dir = saved_run_config(run_dir).data.dir
+    return read_meta(data_dir) if data_dir else None
 
 
 def _read_jsonl(path: str) -> list[dict]:

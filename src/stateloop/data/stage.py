@@ -1,0 +1,96 @@
+"""``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
+of ``--config``/``--scale``, then single keys from flags), the token shards they make, and a warning
+where the train split is shorter than one training window of the scale."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from stateloop.config import ConfigError, from_dict, merge, to_dict
+from stateloop.data.config import DataConfig
+
+if TYPE_CHECKING:
+    from stateloop.pipeline import ScaleConfig
+
+# flag -> help; each flag sets the DataConfig key of the same name
+FLAGS = {
+    "source": "source for the text: synthetic, a hub dataset name, or local files/globs (json/jsonl/txt/parquet)",
+    "hub_config": "the hub dataset's config name",
+    "split": "hub split read for training",
+    "val_split": "hub split (or local files) used whole as val",
+    "test_split": "hub split (or local files) used whole as test",
+    "val_fraction": "fraction of training documents held out as val (by content hash)",
+    "test_fraction": "fraction of training documents held out as test (by content hash)",
+    "text_field": "column holding the text (json/parquet/hub)",
+    "text_unit": ".txt files: document, paragraph or line",
+    "max_docs": "read at most this many training documents",
+    "max_tokens": "stop reading once the train split has this many tokens",
+    "tokenizer": "bpe (train on the corpus), a tokenizer.json path, or a hub name",
+    "vocab_size": "vocabulary size of a trained BPE",
+    "bpe_docs": "train the BPE on this many documents",
+    "eos_token": "end-of-document token (default: the tokenizer's own)",
+    "shard_tokens": "tokens per shard file",
+    "workers": "encoding processes (0: in this process)",
+    "seed": "seed of the synthetic generator and the held-out hash",
+}
+
+
+NUMBERS = ("val_fraction", "test_fraction", "max_docs", "max_tokens", "vocab_size", "bpe_docs", "shard_tokens", "workers", "seed")
+
+
+def resolve_data(args, scale: ScaleConfig | None = None) -> tuple[DataConfig, int | None]:
+    """(DataConfig, model vocab size or None) from --config/--scale (``scale``: their ScaleConfig,
+    loaded by the command) and the flags."""
+    import yaml
+
+    base: dict = {}
+    model_vocab = args.model_vocab_size
+    where = "data"
+    if args.config or args.scale:
+        if not (args.config and args.scale) or scale is None:
+            raise ConfigError("--config and --scale go together")
+        base = to_dict(scale.data)
+        where = f"scales.{args.scale}.data"
+        if model_vocab is None:
+            model_vocab = scale.model.vocab_size
+    over: dict = {}
+    for key in FLAGS:
+        raw = getattr(args, key)
+        if raw is None:
+            continue
+        if raw.lower() in ("null", "none"):
+            over[key] = None  # unset (YAML's null; Python's None)
+        elif key in NUMBERS or raw.startswith("["):
+            over[key] = yaml.safe_load(raw)  # numbers, lists of files
+        else:
+            over[key] = raw  # names and paths stay strings ("1.4b", "yes.txt")
+    if args.synthetic_docs:
+        try:
+            train, val, test = (int(x) for x in args.synthetic_docs.split(","))
+        except ValueError:
+            raise ConfigError(f"--synthetic-docs: expected TRAIN,VAL,TEST integers, got {args.synthetic_docs!r}") from None
+        over["synthetic"] = {"train_docs": train, "val_docs": val, "test_docs": test}
+    try:
+        data = from_dict(DataConfig, merge(base, over), where)
+    except ConfigError as err:
+        raise ConfigError(f"{args.config}: {err}" if args.config else str(err)) from None
+    return data, model_vocab
+
+
+def tokenize_stage(args, scale: ScaleConfig | None = None) -> int:
+    """Tokenize as the flags (an argparse namespace of ``stateloop tokenize``) and ``scale`` (the
+    scale ``--config``/``--scale`` name, loaded by the command) say; warn where the train split
+    is shorter than one training window."""
+    from stateloop.data.tokenize import tokenize
+
+    data, model_vocab = resolve_data(args, scale)
+    meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
+    if scale is not None:  # a corpus too small to train on: said now, not at training time
+        window = scale.train.seq_len + 1
+        tokens = ((meta.get("splits") or {}).get("train") or {}).get("tokens", 0)
+        if tokens < window:
+            print(f"stateloop tokenize: warning: {args.out}: the train split has {tokens} tokens, fewer than one training "
+                  f"window of train.seq_len + 1 = {window} (scales.{args.scale}.train): training will refuse it; "
+                  f"give a larger corpus", file=sys.stderr)
+    return 0

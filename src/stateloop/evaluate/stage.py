@@ -1,0 +1,53 @@
+"""``stateloop eval``'s stage: the eval settings of a command line (evaluate/resolve.py, then
+``--set eval.*`` and the dedicated flags; a run the pipeline config plans scores its tasks only
+where the DAG needs them, pipeline.Run.scores_tasks), the evaluation (evaluate/harness.py) and
+what it prints."""
+
+from __future__ import annotations
+
+import sys
+
+from stateloop.config import ConfigError, parse_dotlist
+from stateloop.evaluate import harness, resolve
+from stateloop.pipeline import PipelineConfig, Run
+from stateloop.runs import resolve_run_arg
+
+
+def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
+    """Evaluate the run of ``args`` (an argparse namespace of ``stateloop eval``); ``pipeline`` and
+    its ``runs`` by id: the config ``--config`` names, loaded by the command (None, {} without one)."""
+    run_dir = resolve_run_arg(args.run).folder
+
+    dotted = parse_dotlist(args.set)
+    unknown = [k for k in dotted if k != "eval"]
+    if unknown:
+        raise ConfigError(f"--set {unknown[0]}...: only eval.* settings can be overridden here")
+    overrides = dict(dotted.get("eval", {}))
+    for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
+        if getattr(args, flag) is not None:
+            overrides[key] = getattr(args, flag)
+    planned = (runs or {}).get(resolve_run_arg(args.run).id)
+    if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
+        overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
+    cfg = resolve.resolve_eval_config(run_dir, pipeline, overrides)
+    if args.depths:
+        if cfg.K is not None:
+            raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
+        results = harness.evaluate_depths(run_dir, cfg, args.depths, mlflow=not args.no_mlflow,
+                                          progress=not args.no_progress, pipeline=pipeline)
+        if not args.no_progress:
+            for point in results["depths"]:
+                print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
+            print(f"wrote {run_dir / harness.DEPTH_FILE}", file=sys.stderr)
+        return 0
+    results = harness.evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
+    if not args.no_progress:
+        held = results["heldout"]
+        print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
+        for task, entry in results["tasks"].items():
+            for shots, block in entry["shots"].items():
+                shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
+                n = (block.get("n_samples") or {}).get("effective")
+                print(f"{task} {shots}-shot (n={n}): {shown}")
+        print(f"wrote {run_dir / (harness.depth_stem(results['K'], results['trained_K']) + '.json')}", file=sys.stderr)
+    return 0

@@ -1,0 +1,70 @@
+"""``stateloop render``'s stage: one table or figure of a pipeline config from the results, written
+atomically with its twin (CSV and Markdown; PDF and PNG), then logged to the config's report run in
+MLflow (commands/render.py says which files and where)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from stateloop.pipeline import PipelineConfig
+from stateloop.report.outputs import OUTPUTS
+from stateloop.runs import atomic_write_bytes
+
+
+def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Path, bench: Path | None = None,
+           mlflow: bool = True) -> int:
+    """Render ``target`` of ``cfg`` (the pipeline config of file ``config_file``, loaded by the
+    command) from the ``results`` folder into ``out`` and its twin; log both unless ``mlflow`` is false."""
+    kind = OUTPUTS[target].kind
+    if kind == "claims":
+        from stateloop.report import claims
+
+        df = claims.judge(cfg, results)
+        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
+        atomic_write_bytes(out.with_suffix(".md"), claims.to_markdown(df, cfg, str(config_file)).encode())
+        written = [out, out.with_suffix(".md")]
+    elif kind == "table":
+        from stateloop.report import tables
+
+        kwargs = {"bench_json": bench} if OUTPUTS[target].bench and bench else {}
+        df, notes = tables.TABLES[target](cfg, results, **kwargs)
+        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
+        atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, OUTPUTS[target].title).encode())
+        written = [out, out.with_suffix(".md")]
+    else:
+        import matplotlib.pyplot as plt
+
+        from stateloop.report import figures
+
+        fig = figures.FIGURES[target](cfg, results)
+        for path, fmt in ((out, "pdf"), (out.with_suffix(".png"), "png")):
+            buf = io.BytesIO()
+            fig.savefig(buf, format=fmt)  # PNG at style.RC["savefig.dpi"]
+            atomic_write_bytes(path, buf.getvalue())
+        plt.close(fig)
+        written = [out, out.with_suffix(".png")]
+    print(f"stateloop render: wrote {out}")
+    if mlflow:
+        print(f"stateloop render: logged to MLflow run {log_to_mlflow(cfg, config_file, target, written)}")
+    return 0
+
+
+def log_to_mlflow(cfg, config_file, target: str, paths) -> str:
+    """Log rendered files as artifacts under TARGET/ of the config's report run (found by the
+    sha256 of the config file, made once, closed FINISHED after each render). Returns its id."""
+    import hashlib
+
+    from stateloop.tracking import client, named_run, standard_tags, tracking_uri
+
+    digest = hashlib.sha256(Path(config_file).read_bytes()).hexdigest()[:16]
+    first = next(iter(cfg.scales.values()))
+    c = client(tracking_uri(*(s.train.mlflow_tracking_uri for s in cfg.scales.values())))
+    tags = {"report_config": digest, "config_file": str(config_file), "scales": ",".join(cfg.scales),
+            **standard_tags("render")}
+    run_id = named_run(c, first.train.mlflow_experiment, f"tags.report_config = '{digest}'",
+                       f"report/{'+'.join(cfg.scales)}", tags)
+    for path in paths:
+        c.log_artifact(run_id, str(path), artifact_path=target)
+    c.set_terminated(run_id, "FINISHED")
+    return run_id

@@ -1,0 +1,47 @@
+"""``stateloop train``'s stage: resolve the run's config (pipeline.resolve_run), train it (train/loop.py)
+and turn how it ended into the command's exit status (commands/train.py lists them)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def train_stage(args) -> int:
+    """Train the run of ``args`` (an argparse namespace of ``stateloop train``); returns the exit status."""
+    from stateloop.train import signals, slurm
+
+    # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
+    # training loop instead of ending the process, and the signals that stop training are known.
+    with signals.SignalLog() as received:
+        from stateloop.config import ConfigError
+        from stateloop.pipeline import resolve_run
+        from stateloop.runs import RUN_ID_FORM, resolve_run_arg
+        from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
+
+        run = resolve_run_arg(args.run)
+        if run.id is None:
+            raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
+                              f"three components are the run id); or give the run id and --out DIR")
+        config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
+        slurm.warn_cpu_fallback(config.as_dict())
+        out = args.out or str(run.folder)
+        try:
+            result = train(config, out, progress=not args.no_progress, restart=args.restart_on_change)
+        except NonFiniteLoss as err:
+            print(f"stateloop train: error: {err}", file=sys.stderr)
+            return NONFINITE_EXIT
+    if result.status == "interrupted":
+        # Under Fabric's own launcher the job's status is the launching process's (rank 0), and
+        # Fabric's child-process observer SIGKILLs rank 0 when a child exits non-zero before it:
+        # the children it started exit 0. Under srun every task reports 75 and srun passes it on.
+        started_by_fabric = not result.rank0 and int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1
+        if result.rank0:
+            signals.requeue_after_warning(received, result.step)
+        return 0 if started_by_fabric else REQUEUE_EXIT
+    s = result.summary
+    if result.rank0:
+        losses = "".join(f", {name} loss {s[key]:.4f}" for name, key in (("train", "final_train_loss"), ("val", "final_val_loss"))
+                         if s[key] is not None)
+        print(f"{s['run']}: {s['steps']} steps, {s['tokens']:,} tokens{losses}, {s['wall_time_s']:.1f} s -> {out}")
+    return 0
