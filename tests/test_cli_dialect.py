@@ -136,7 +136,7 @@ def recorded(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.pipeline, "resolve_run", resolve_run)
-    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda config: None)
+    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     return seen
 

@@ -114,7 +114,7 @@ def delegate() -> int | None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(path)
-        _send(conn, {"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "executable": sys.executable,
+        _send(conn, {"argv": sys.argv, "cwd": os.getcwd(), "env": dict(os.environ), "interpreter": interpreter(),
                      "path": sys.path, "placement": placement()}, [0, 1, 2])
         reply = _recv(conn)
     except (OSError, EOFError, ValueError):
@@ -148,6 +148,12 @@ def delegate() -> int | None:
     return status["exit"]
 
 
+def interpreter() -> list[str]:
+    """This interpreter: its executable and its environment's prefix, each with links resolved (a
+    venv reached through a symlinked folder is the same venv; a venv and its base Python are not)."""
+    return [os.path.realpath(sys.executable), os.path.realpath(sys.prefix)]
+
+
 def placement() -> dict:
     """Where this process runs: its cgroup (/proc/self/cgroup) and the CPUs it may use."""
     try:
@@ -161,9 +167,9 @@ def placement() -> dict:
 
 def _refusal(req: dict, base_env: dict, base_path: list[str], cwd: str, where: dict) -> str | None:
     """Why the child could not stand for a fresh process of this request (None: it can)."""
-    if req["executable"] != sys.executable:
-        return f"interpreter {req['executable']}"
-    if req["path"][1:] != base_path:
+    if req.get("interpreter") != interpreter():
+        return f"interpreter {req.get('interpreter')}"
+    if [os.path.realpath(p) for p in req["path"][1:]] != [os.path.realpath(p) for p in base_path]:
         return "module search path"
     if os.path.realpath(req["cwd"]) != os.path.realpath(cwd):
         return f"working directory {req['cwd']}"

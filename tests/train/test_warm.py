@@ -148,6 +148,28 @@ def test_a_command_with_another_environment_runs_in_its_own_process(served):
     assert _entries(log, "started: params")
 
 
+def test_the_same_environment_through_a_symlinked_folder_is_served_and_its_base_python_is_not(served, tmp_path):
+    """An interpreter is its environment: the venv reached through a link to its folder is served
+    (a checkout whose .venv links to another's); the base Python the venv was made from is refused."""
+    home, log = served
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the suite does not run in a virtual environment")
+    link = tmp_path / "venv-link"
+    link.symlink_to(sys.prefix, target_is_directory=True)
+    args = ["-m", "stateloop.cli", "params", "--config", "cfg.yaml"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    before = len(_entries(log, "started: params"))
+    linked = subprocess.run([str(link / "bin" / Path(sys.executable).name), *args], cwd=home, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert linked.returncode == 0, linked.stderr[-2000:]
+    assert len(_entries(log, "started: params")) == before + 1
+    base = subprocess.run([os.path.join(sys.base_prefix, "bin", "python3"), "-c", "from stateloop import warm; "
+                           "import sys; sys.argv = ['stateloop', 'params']; print(warm.delegate())"],
+                          cwd=home, env=env, capture_output=True, text=True, timeout=120)
+    assert base.stdout.strip() == "None", base.stderr[-2000:]  # refused: the command would run in its own process
+    assert any(line.startswith("refused (interpreter") for line in _entries(log, "refused"))
+
+
 def test_a_job_step_task_is_served_where_it_runs_as_the_server_does(served):
     """An srun task's variables (SLURM_*, the rendezvous address) are read when a command runs, so
     such a request is served, as the rehearsals' stand-in srun sends it; a command pinned to other

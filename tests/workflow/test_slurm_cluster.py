@@ -144,12 +144,12 @@ def test_auto_accelerator_without_a_gpu_in_a_slurm_job_says_so(monkeypatch, caps
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("SLURM_JOB_ID", "55")
-    slurm.warn_cpu_fallback({"train": {"accelerator": "cpu"}})  # meant
+    slurm.warn_cpu_fallback("cpu")  # meant
     assert capsys.readouterr().err == ""
-    slurm.warn_cpu_fallback({"train": {"accelerator": "auto"}})
+    slurm.warn_cpu_fallback("auto")
     assert "train.accelerator: auto found no GPU in SLURM job 55: training on the CPU" in capsys.readouterr().err
     monkeypatch.delenv("SLURM_JOB_ID")
-    slurm.warn_cpu_fallback({"train": {"accelerator": "auto"}})  # outside SLURM: auto means either
+    slurm.warn_cpu_fallback("auto")  # outside SLURM: auto means either
     assert capsys.readouterr().err == ""
 
 

@@ -232,8 +232,8 @@ def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, 
     folder's lock (:func:`run_lock`) for the whole training: :func:`setup`, :func:`fit`,
     :func:`finish`. ``restart``: see :func:`check_run_folder`."""
     run_config = config if isinstance(config, RunConfig) else RunConfig.read(config)
-    config, mcfg, tcfg = run_config.as_dict(), run_config.model, run_config.train
-    shards = open_data(config, mcfg, tcfg)  # (train, val): verified once, read by setup
+    config = run_config.as_dict()
+    shards = open_data(run_config)  # (train, val): verified once, read by setup
     conflict = check_run_folder(Path(run_dir), config, restart)
     with run_lock(Path(run_dir)):
         if conflict and _primary_process():
@@ -264,7 +264,7 @@ def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, 
 class Run:
     """Everything :func:`setup` builds for the step loop and the finish."""
 
-    config: dict
+    rc: RunConfig  # the resolved config, typed (``config``: as saved)
     tcfg: object
     run_dir: Path
     fabric: object
@@ -291,6 +291,11 @@ class Run:
     @property
     def rank0(self) -> bool:
         return self.fabric.is_global_zero
+
+    @property
+    def config(self) -> dict:
+        """The resolved config as config.yaml and the final weights save it."""
+        return self.rc.as_dict()
 
     def checkpoint(self, step: int, train_loss: float | None) -> Path:
         self.state.update(step=step, tokens=step * self.tcfg.tokens_per_step, rng=collect_rng(), train_loss=train_loss,
@@ -366,10 +371,10 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
                               f"{tcfg.seq_len + 1} tokens per process ({world} processes)")
         val_windows_id = windows_identity(val_windows, tcfg.val_split)
 
-    tracker = _tracker(config, tcfg, run_dir, state, inexact) if fabric.is_global_zero and tcfg.mlflow_tracking else None
+    tracker = _tracker(run_config, run_dir, state, inexact) if fabric.is_global_zero and tcfg.mlflow_tracking else None
     if tracker is not None:
         read = {"training": train_shards, **({"validation": val_shards} if val_shards is not None else {})}
-        log_datasets(tracker.client, tracker.run_id, config["run"]["scale"], read)
+        log_datasets(tracker.client, tracker.run_id, run_config.run.scale, read)
     peak = peak_flops(fabric.device, precision, tcfg.peak_tflops)
     flops_seq = None
     if peak:
@@ -378,7 +383,7 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
         except Exception as err:  # noqa: BLE001 - a model the meta-device FLOP counter cannot trace: no MFU
             if fabric.is_global_zero:
                 warn(f"no MFU: FLOPs of {mcfg.name} could not be counted on the meta device ({type(err).__name__}: {err})")
-    return Run(config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
+    return Run(run_config, tcfg, run_dir, fabric, precision, raw_model, model, optimizer, scheduler, store, state, resume,
                sampler, val_windows, tracker, flops_seq, peak, elapsed_before=state["elapsed"],
                saved_at=state["step"] if resume else None, inexact=inexact, val_windows_id=val_windows_id)
 
@@ -392,22 +397,22 @@ def windows_identity(windows: torch.Tensor, split: str) -> dict:
     return {"split": split, "windows": len(windows), "seq_len": windows.shape[1] - 1, "sha256": digest}
 
 
-def _tracker(config: dict, tcfg, run_dir: Path, state: dict, inexact: list[str]):
+def _tracker(rc: RunConfig, run_dir: Path, state: dict, inexact: list[str]):
     """The run's MLflow run (a resumed run continues the one its checkpoint names; after an inexact
     resume the redone steps are logged again, with their new values)."""
 
-    run = config["run"]
-    tags = {"scale": run["scale"], "model": run["model"], "K": str(run["K"]), "d_s": str(run["d_s"]),
-            "code_version": code_version(), "config_file": run["config"]}
-    tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run["id"],
+    run, tcfg = rc.run, rc.train
+    tags = {"scale": run.scale, "model": run.model, "K": str(run.K), "d_s": str(run.d_s),
+            "code_version": code_version(), "config_file": run.config}
+    tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run.id,
                       run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE, exact=not inexact,
                       system_metrics_s=tcfg.mlflow_system_metrics_s)
     if inexact:
         tracker.client.set_tag(tracker.run_id, "stateloop.inexact_resume", f"from step {state['step']}: {'; '.join(inexact)}"[:5000])
-    tracker.log_params(flatten(config))
+    tracker.log_params(flatten(rc.as_dict()))
     state["mlflow_run_id"] = tracker.run_id
     atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
-                                              "run_id": tracker.run_id, "run_name": run["id"]})
+                                              "run_id": tracker.run_id, "run_name": run.id})
     return tracker
 
 
@@ -438,7 +443,7 @@ class Progress:
         if run.rank0 and progress:
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=self.total, initial=self.start, unit="step", desc=run.config["run"]["id"],
+            self.bar = tqdm(total=self.total, initial=self.start, unit="step", desc=run.rc.run.id,
                             dynamic_ncols=True, file=sys.stderr, mininterval=1.0)
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
@@ -553,7 +558,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
     weights = _full_state_dict(fabric, run.model, run.raw_model)
     tracker = run.tracker
     summary = {
-        "run": run.config["run"]["id"], "steps": total, "tokens": total * tcfg.tokens_per_step,
+        "run": run.rc.run.id, "steps": total, "tokens": total * tcfg.tokens_per_step,
         "final_train_loss": progress.last_loss, "final_val_loss": run.val_loss,
         "val_curve": run.state["val_curve"], "val_windows": run.val_windows_id,
         "wall_time_s": round(run.elapsed(), 3), "resumed_from_step": progress.start if run.resume else None,
@@ -583,17 +588,17 @@ def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
     from stateloop.data.tokenizer import TOKENIZER_FILE
     from stateloop.tracking import log_model, registered_model_name
 
-    r, tcfg = run.config["run"], run.tcfg
-    data_dir = Path((run.config.get("data") or {}).get("dir") or "")
+    r, tcfg = run.rc.run, run.tcfg
+    data_dir = Path(run.rc.data.dir)
     tokenizer = read_meta(data_dir).get("tokenizer") if (data_dir / "meta.json").is_file() else None
     if not (isinstance(tokenizer, dict) and (data_dir / tokenizer.get("file", TOKENIZER_FILE)).is_file()):
         warn(f"{data_dir}: no tokenizer file beside the shards, so no MLflow model is logged "
              "(the export needs one; train.mlflow_log_model)")
         return None
-    fields = {"scale": r["scale"], "model": r["model"], "K": r["K"], "d_s": r["d_s"]}
+    fields = {"scale": r.scale, "model": r.model, "K": r.K, "d_s": r.d_s}
     register = registered_model_name(tcfg.mlflow_register_model, **fields) if tcfg.mlflow_register_model else ""
     params = {**{k: str(v) for k, v in fields.items()}, "params": str(sum(p.numel() for p in run.raw_model.parameters()))}
-    return log_model(tracker.client, tracker.run_id, run.run_dir, r["id"], params, {"code_version": code_version()},
+    return log_model(tracker.client, tracker.run_id, run.run_dir, r.id, params, {"code_version": code_version()},
                      step, register=register)
 
 

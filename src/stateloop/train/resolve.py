@@ -9,15 +9,16 @@ a saved one reads back with :meth:`~stateloop.pipeline.RunConfig.read`. Every fa
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError
-from stateloop.models.config import ModelConfig
-from stateloop.train.config import TrainConfig
+
+if TYPE_CHECKING:
+    from stateloop.pipeline import RunConfig
 
 
-def open_data(config: dict, mcfg: ModelConfig, tcfg: TrainConfig):
-    """Open and check the token shards a resolved config names (its model and train sections
-    already parsed): (train ShardSet, val ShardSet or None).
+def open_data(rc: RunConfig):
+    """Open and check the token shards a resolved config names: (train ShardSet, val ShardSet or None).
 
     Fails, naming the folder or file, when the folder or its meta.json is missing, a split is
     missing or shorter than one window, a shard's size disagrees with meta.json, or the
@@ -25,7 +26,7 @@ def open_data(config: dict, mcfg: ModelConfig, tcfg: TrainConfig):
     """
     from stateloop.data.shards import META, ShardSet, read_meta
 
-    folder = Path(config["data"]["dir"])
+    folder, mcfg, tcfg = Path(rc.data.dir), rc.model, rc.train
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: data folder not found (run `stateloop tokenize` first)")
     meta = read_meta(folder)  # FileNotFoundError naming meta.json

@@ -61,9 +61,9 @@ def requeue_job(cause: str, step: int | None = None) -> bool:
     return True
 
 
-def warn_cpu_fallback(config: dict) -> None:
+def warn_cpu_fallback(accelerator: str) -> None:
     """``train.accelerator: auto`` in a SLURM job that has no GPU: one line, not silence."""
-    if (config.get("train") or {}).get("accelerator") != "auto" or slurm_job_id() is None:
+    if accelerator != "auto" or slurm_job_id() is None:
         return
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return

@@ -24,7 +24,7 @@ def train_stage(args) -> int:
             raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
                               f"three components are the run id); or give the run id and --out DIR")
         config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
-        slurm.warn_cpu_fallback(config.as_dict())
+        slurm.warn_cpu_fallback(config.train.accelerator)
         out = args.out or str(run.folder)
         try:
             result = train(config, out, progress=not args.no_progress, restart=args.restart_on_change)
