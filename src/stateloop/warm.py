@@ -396,9 +396,13 @@ def _reap(jobs: dict[int, socket.socket], log) -> None:
 
 # ---- starting and stopping (the Snakefile's onstart / onsuccess / onerror) ------------------------
 
-def start(log_path: str | os.PathLike) -> subprocess.Popen | None:
+def start(log_path: str | os.PathLike, ready_s: float = 120.0) -> subprocess.Popen | None:
     """Start a server for the jobs this process (Snakemake) will start, and point ``$STATELOOP_WARM``
-    at it; None where ``$STATELOOP_WARM`` says off. The server stops by itself when this process ends."""
+    at it; None where ``$STATELOOP_WARM`` says off. The server stops by itself when this process ends.
+
+    [choice] Returns once the server listens (or has failed, or after ``ready_s``): a job started
+    before would import everything again beside the server's imports, and the decoding benchmark,
+    which is timed with no other job beside it, would be timed beside them."""
     if os.environ.get(ENV, "on").lower() in OFF or not sys.platform.startswith("linux"):
         return None  # [choice] Linux only: forking a process that has loaded torch is unsafe on macOS
     sock = os.path.join(tempfile.mkdtemp(prefix=SOCKET_DIR), "socket")  # short: a socket path has ~100 bytes
@@ -411,6 +415,9 @@ def start(log_path: str | os.PathLike) -> subprocess.Popen | None:
         proc = subprocess.Popen([sys.executable, "-c", code, sock, str(os.getpid())], env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     os.environ[ENV] = sock
+    deadline = time.monotonic() + ready_s
+    while not os.path.exists(sock) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     return proc
 
 

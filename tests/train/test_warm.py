@@ -56,9 +56,9 @@ def served(tmp_path_factory):
     os.chdir(home)
     log = home / "warm.log"
     try:
-        proc = warm.start(log)
-        _wait(lambda: os.path.exists(os.environ[warm.ENV]) or proc.poll() is not None, 300, "the server to listen")
+        proc = warm.start(log)  # returns once the server listens: the DAG's first jobs are served too
         assert proc.poll() is None, log.read_text()
+        assert os.path.exists(os.environ[warm.ENV]), log.read_text()
         yield home, log
     finally:
         os.chdir(cwd)
