@@ -400,22 +400,28 @@ class RunConfig:
         model: ModelConfig fields
         train: TrainConfig fields
         data:  {dir: absolute path of the token shards}
-    """
+
+    and, once the run is evaluated, ``eval`` (EvalConfig), resolved then (evaluate/resolve.py)."""
 
     run: RunSection
     model: ModelConfig
     train: TrainConfig | None  # None only where a finished run's saved config has no train section (read: saved)
     data: DataSection
+    # [choice] Resolved when the run is evaluated (evaluate.resolve.resolve_eval), never by training
+    # nor by read: it is not saved (as_dict), so changing the eval settings never retrains a run.
+    eval: EvalConfig | None = None
 
     def as_dict(self) -> dict:
-        """The plain mapping written to config.yaml and into the final weights, sections in this order."""
+        """The plain mapping written to config.yaml and into the final weights, sections in this
+        order; never ``eval`` (see the field)."""
         return {"run": to_dict(self.run), "model": to_dict(self.model), "train": to_dict(self.train),
                 "data": to_dict(self.data)}
 
     @classmethod
     def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
         """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
-        key of a section typed and checked as when it was resolved; other sections are ignored.
+        key of a section typed and checked as when it was resolved; other sections are ignored
+        (an ``eval`` section an old folder saved too: evaluate.resolve reads its value settings).
 
         ``saved``: a finished run's config, as the stages after training read it from a run folder
         that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A

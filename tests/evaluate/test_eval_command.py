@@ -145,23 +145,44 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
     one_line_error(capsys, nodata, str(tmp_path / "missing-data" / "meta.json"))
 
 
+def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the_overrides(make_run, tmp_path, monkeypatch):
+    """Issue 25: one typed run config "(model, data, train, eval sections)" that every stage takes:
+    `stateloop eval` hands the harness the run's saved RunConfig with ``eval`` resolved: the scale's
+    section of --config, then --set and the flags; the saved sections as the folder has them."""
+    from stateloop.evaluate import harness
+    from stateloop.evaluate.config import EvalConfig
+    from stateloop.runs import saved_run_config
+
+    cfg_file = tmp_path / "cfg.yaml"
+    cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc, synth_cloze], shots: [0], limit: 4, heldout_windows: 3}\n")
+    run_dir, _ = make_run()
+    given = []
+    monkeypatch.setattr(harness, "evaluate_run", lambda run_dir, rc, **k: given.append(rc) or {})
+    assert main(["eval", str(run_dir), "--config", str(cfg_file), "--no-progress", "--no-mlflow", "--tasks", "synth_mc",
+                 "--set", "eval.limit=2", "eval.precision=bf16-mixed"]) == 0
+    (rc,) = given
+    assert rc.eval == EvalConfig(tasks=["synth_mc"], shots=[0], limit=2, heldout_windows=3, precision="bf16-mixed")
+    saved = saved_run_config(run_dir)
+    assert (rc.run, rc.model, rc.train, rc.data, saved.eval) == (saved.run, saved.model, saved.train, saved.data, None)
+
+
 def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
     from stateloop.config import ConfigError
-    from stateloop.evaluate.resolve import resolve_eval_config
+    from stateloop.evaluate.resolve import resolve_eval
     from stateloop.pipeline import load_pipeline
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc], shots: [0], limit: 4}\n")
     assert load_pipeline(cfg_file).scales["test"].eval.tasks == ["synth_mc"]
     run_dir, _ = make_run()
-    cfg = resolve_eval_config(run_dir, load_pipeline(cfg_file), {"limit": 2})
+    cfg = resolve_eval(run_dir, load_pipeline(cfg_file), {"limit": 2}).eval
     assert (cfg.tasks, cfg.shots, cfg.limit) == (["synth_mc"], [0], 2)
-    assert resolve_eval_config(run_dir).tasks[0] == "lambada_openai"  # the paper's by default
+    assert resolve_eval(run_dir).eval.tasks[0] == "lambada_openai"  # the paper's by default
     cfg_file.write_text("scales:\n  test:\n    eval: {taks: [synth_mc]}\n")
     with pytest.raises(ConfigError, match=r"scales.test.eval.taks: unknown key"):
         load_pipeline(cfg_file)
     with pytest.raises(ConfigError, match=r"eval.shots"):
-        resolve_eval_config(run_dir, None, {"shots": [-1]})
+        resolve_eval(run_dir, None, {"shots": [-1]})
     assert main(["eval", str(run_dir), "--set", "eval.batch_sise=3"]) == 2
     assert "eval.batch_sise: unknown key" in capsys.readouterr().err
 
@@ -275,14 +296,16 @@ def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depth
     """The eval rule names no tasks: the command reads from the config which of its runs need
     lm-eval's tasks (Tables 1-2) and which only held-out perplexity (pipeline.Run.scores_tasks)."""
     from stateloop.evaluate import harness, resolve
+    from stateloop.models.config import ModelConfig
+    from stateloop.pipeline import DataSection, RunConfig, RunSection
 
     seen = {}
 
     def fake_resolve(run_dir, config_file, overrides):
         seen.update(overrides)
-        return resolve.EvalConfig()
+        return RunConfig(RunSection(), ModelConfig(), None, DataSection(), resolve.EvalConfig())
 
-    monkeypatch.setattr(resolve, "resolve_eval_config", fake_resolve)
+    monkeypatch.setattr(resolve, "resolve_eval", fake_resolve)
     monkeypatch.setattr(harness, "evaluate_run", lambda *a, **k: {})
     monkeypatch.setattr(harness, "evaluate_depths", lambda *a, **k: {})
     root = Path(__file__).resolve().parents[2]

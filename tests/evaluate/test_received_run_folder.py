@@ -123,6 +123,24 @@ def test_a_hostile_saved_setting_runs_no_code_and_touches_nothing_outside(field,
     assert TOUCHED == [], TOUCHED
 
 
+def test_a_saved_eval_section_gives_the_run_config_its_values_never_its_folders(tmp_path, data_dir, outside):
+    """The `eval` section an old run folder saved beside the others reads (RunConfig.read accepts it);
+    its value settings reach the RunConfig's eval section, its task folder and task data do not."""
+    from stateloop.evaluate.resolve import resolve_eval
+    from stateloop.runs import saved_config, saved_run_config
+
+    run_dir = tmp_path / "received" / "run"
+    save_run(run_dir, data_dir, "vanilla_looped")
+    _tamper(run_dir, "eval", {**SMALL, "task_dir": str(outside / "tasks"), "task_data": {"piqa_local": str(outside / "piqa")}})
+    assert saved_config(run_dir)["eval"]["task_dir"] == str(outside / "tasks")  # the folder does carry them
+    rc = resolve_eval(run_dir)
+    assert (rc.eval.tasks, rc.eval.limit, rc.eval.heldout_windows) == (["synth_mc"], 2, 2)
+    assert (rc.eval.task_dir, rc.eval.task_data) == (None, {})
+    assert rc.as_dict() == saved_run_config(run_dir).as_dict()
+    mine = str(tmp_path / "mine")
+    assert resolve_eval(run_dir, None, {"task_dir": mine}).eval.task_dir == mine  # --set is the user's choice
+
+
 def test_the_config_file_a_run_names_gives_values_only(tmp_path, data_dir, outside, monkeypatch, capsys):
     """run.config names a pipeline config (here a hostile one): its value settings apply (the
     evaluation asks for its task), its task folder, task data and MLflow store do not."""
@@ -131,9 +149,9 @@ def test_the_config_file_a_run_names_gives_values_only(tmp_path, data_dir, outsi
     run_dir = tmp_path / "received" / "run"
     save_run(run_dir, data_dir, "vanilla_looped")
     _tamper(run_dir, "run", {"config": str(outside / "pipeline.yaml")})
-    from stateloop.evaluate.resolve import resolve_eval_config
+    from stateloop.evaluate.resolve import resolve_eval
 
-    cfg = resolve_eval_config(run_dir)
+    cfg = resolve_eval(run_dir).eval
     assert (cfg.tasks, cfg.limit, cfg.task_dir, cfg.task_data) == (["synth_mc"], 2, None, {})
     rc = main(["eval", str(run_dir), "--no-progress"])
     assert rc == 0, capsys.readouterr().err

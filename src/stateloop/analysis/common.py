@@ -60,14 +60,12 @@ class HeldoutProtocol:
 HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", "precision")
 
 
-def heldout_protocol(run_dir, config: RunConfig, model, pipeline: PipelineConfig | None = None) -> HeldoutProtocol:
-    """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: the ``eval`` section
-    of the run's scale in ``pipeline`` (--config's; default: the pipeline config the run was trained from,
-    when that file exists), else EvalConfig's defaults (split "val", the whole split)."""
-    from stateloop.evaluate.resolve import resolve_eval_config
-
-    ecfg = resolve_eval_config(run_dir, pipeline)
-    split, windows, max_length, batch_size, precision = (getattr(ecfg, key) for key in HELDOUT_KEYS)
+def heldout_protocol(config: RunConfig, model) -> HeldoutProtocol:
+    """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: ``config.eval``, the
+    run's eval section as evaluate.resolve.resolve_eval resolves it (the scale's in --config's
+    pipeline config; default: the pipeline config the run was trained from, when that file exists;
+    else EvalConfig's defaults: split "val", the whole split)."""
+    split, windows, max_length, batch_size, precision = (getattr(config.eval, key) for key in HELDOUT_KEYS)
     return HeldoutProtocol(split, windows, int(max_length or run_seq_len(config, model)), batch_size, precision)
 
 

@@ -16,8 +16,9 @@ from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import intervention_analysis
 from stateloop.analysis.shapley import shapley_analysis
 from stateloop.config import ConfigError
+from stateloop.evaluate.resolve import resolve_eval
 from stateloop.pipeline import PipelineConfig
-from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg, saved_run_config
+from stateloop.runs import atomic_torch_save, atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,9 @@ def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
     run_dir = resolve_run_arg(args.run).folder
     device = resolve_device(args.device)
     model, saved = load_model(run_dir, device=device)
-    config = saved_run_config(run_dir, saved)
+    config = resolve_eval(run_dir, pipeline, saved=saved)  # the saved config with the eval section of the run's `stateloop eval`
     common.require_reads(model, f"analyze {args.analysis}")
-    model, setup = _eval_setup(args, run_dir, config, model, device, pipeline)
+    model, setup = _eval_setup(args, run_dir, config, model, device)
     analysis = _shapley if args.analysis == "shapley" else _interventions
     result, heldout, settings, metrics, curves, summary = analysis(args, run_dir, config, model, setup)
 
@@ -103,10 +104,10 @@ class EvalSetup:
                                     self.matches_eval)
 
 
-def _eval_setup(args, run_dir, config, model, device, pipeline) -> tuple[torch.nn.Module, EvalSetup]:
+def _eval_setup(args, run_dir, config, model, device) -> tuple[torch.nn.Module, EvalSetup]:
     """The held-out protocol of the run's `stateloop eval`, then the overriding flags; the model cast
     to the analysis dtype. Returns (model, setup)."""
-    evalp = common.heldout_protocol(run_dir, config, model, pipeline)
+    evalp = common.heldout_protocol(config, model)
     split_flag = args.split if args.analysis == "shapley" else args.eval_split
     proto = common.HeldoutProtocol(
         split=split_flag or evalp.split,

@@ -17,7 +17,7 @@ PAPER_TASKS = ["lambada_openai", "arc_easy", "arc_challenge", "winogrande", "piq
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))  # lm-eval names (built-in or workflow/tasks/)
     shots: list[int] = field(default_factory=lambda: [0, 5])  # few-shot counts; perplexity tasks run at 0 only

@@ -203,14 +203,14 @@ def summary(results: dict) -> dict[str, float]:
     return out
 
 
-def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, progress: bool = True,
+def evaluate_run(run_dir: str | Path, rc: RunConfig, *, mlflow: bool = True, progress: bool = True,
                  pipeline: PipelineConfig | None = None) -> dict:
-    """Evaluate one run folder; write ``eval.json`` (atomically) and log to MLflow (the store of the
-    settings of ``pipeline``, the config named on the command line, see tracking.stage_uri).
-    Returns the results."""
+    """Evaluate one run folder with ``rc.eval`` (``rc``: its config, evaluate.resolve.resolve_eval);
+    write ``eval.json`` (atomically) and log to MLflow (the store of the settings of ``pipeline``,
+    the config named on the command line, see tracking.stage_uri). Returns the results."""
 
     run_dir = Path(run_dir)
-    run, lm = _load(run_dir, cfg)
+    run, lm, cfg = _load(run_dir, rc)
     trained_K = run.model.cfg.K
     if cfg.K is not None:
         run.model.at_depth(cfg.K)  # one line, before any work, where K has no meaning for the model
@@ -235,16 +235,16 @@ def evaluate_run(run_dir: str | Path, cfg: EvalConfig, *, mlflow: bool = True, p
     return results
 
 
-def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, mlflow: bool = True,
+def evaluate_depths(run_dir: str | Path, rc: RunConfig, depths: list[int], *, mlflow: bool = True,
                     progress: bool = True, pipeline: PipelineConfig | None = None) -> dict:
     """A run at each test-time depth K' of ``depths`` (the trained K among them or not): the
-    held-out perplexity (and ``cfg.tasks``, when any) per K', from one load of the weights.
+    held-out perplexity (and ``rc.eval.tasks``, when any) per K', from one load of the weights.
     Every depth is checked before any work. Writes ``eval_depth.json`` and logs the curves
     ``eval_depth/heldout_ppl`` and ``eval_depth/heldout_nll`` (step = K') to the run's MLflow run."""
     run_dir = Path(run_dir)
     if not depths:
         raise ConfigError("--depths: name at least one loop depth")
-    run, lm = _load(run_dir, cfg)
+    run, lm, cfg = _load(run_dir, rc)
     trained_K = run.model.cfg.K
     for K in depths:
         run.model.at_depth(K)  # every depth is checked (one line) before any work
@@ -275,13 +275,17 @@ def evaluate_depths(run_dir: str | Path, cfg: EvalConfig, depths: list[int], *, 
     return results
 
 
-def _load(run_dir: Path, cfg: EvalConfig):
-    """(the run, its lm-eval model) for ``cfg``'s device, batch size, window and precision."""
-    run = load_run(run_dir, cfg.device)
+def _load(run_dir: Path, rc: RunConfig):
+    """(the run, its lm-eval model, ``rc.eval``) for the eval section's device, batch size, window
+    and precision; ``rc`` (the run's saved config) stands for the saved config, not read again."""
+    if rc.eval is None:
+        raise ValueError(f"{run_dir}: the run config has no eval section (evaluate.resolve.resolve_eval)")
+    cfg = rc.eval
+    run = load_run(run_dir, cfg.device, rc)
     lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
                          max_length=cfg.max_length or trained_length(run.config), device=str(next(run.model.parameters()).device),
                          precision=cfg.precision, name=run.run_id)
-    return run, lm
+    return run, lm, cfg
 
 
 def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool) -> dict:

@@ -87,14 +87,15 @@ def load_tokenizer(data_dir: Path):
     return data_load_tokenizer(data_dir), eos_id
 
 
-def load_run(run_dir: str | Path, device: str = "auto") -> LoadedRun:
-    """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder."""
+def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None = None) -> LoadedRun:
+    """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder. ``config``:
+    the folder's saved config already read (evaluate.resolve.resolve_eval's), else read here."""
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     model, saved = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
-    config = saved_run_config(run_dir, saved)
+    config = config if config is not None else saved_run_config(run_dir, saved)
     if not config.data.dir:
         raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")
     data_dir = Path(config.data.dir)

@@ -1,6 +1,6 @@
 """The eval settings a run is evaluated with: ``stateloop eval`` and the analyses (whose held-out
-set is the held-out perplexity's) read them here, as training reads its run's config through
-pipeline.resolve_run.
+set is the held-out perplexity's) read the run's RunConfig with its ``eval`` section resolved here
+(pipeline.RunConfig.eval), as training reads its run's config through pipeline.resolve_run.
 
 A run folder is data, never code: it may come from someone else. [choice] The settings that name
 code to import or files to read (:data:`LOCAL_ONLY`: the local task folder, whose YAMLs name
@@ -12,26 +12,29 @@ task data. The MLflow store follows the same rule (tracking.stage_uri)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from stateloop.config import from_dict, merge, to_dict
 from stateloop.evaluate.config import EvalConfig
-from stateloop.pipeline import PipelineConfig, load_pipeline, scale_of
+from stateloop.pipeline import PipelineConfig, RunConfig, load_pipeline, scale_of
 from stateloop.runs import run_id_of, saved_config, saved_run_config
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)
 
 
-def resolve_eval_config(run_dir, pipeline: PipelineConfig | None = None, overrides: dict | None = None) -> EvalConfig:
-    """EvalConfig for a run: the `eval` section of the run's scale in ``pipeline``, the config named
-    on the command line and loaded by the command (default: the pipeline config the run was trained
-    from, ``run.config`` of its resolved config, when that file exists; else an `eval` section saved
-    in the resolved config; else the defaults), then ``overrides``. Only ``pipeline`` and
-    ``overrides`` set the keys of :data:`LOCAL_ONLY`."""
-    saved = saved_config(run_dir)
+def resolve_eval(run_dir, pipeline: PipelineConfig | None = None, overrides: dict | None = None,
+                 saved: dict | None = None) -> RunConfig:
+    """The run's saved RunConfig with its ``eval`` section: the `eval` section of the run's scale in
+    ``pipeline``, the config named on the command line and loaded by the command (default: the
+    pipeline config the run was trained from, ``run.config`` of its resolved config, when that file
+    exists; else an `eval` section saved in the resolved config; else the defaults), then
+    ``overrides``. Only ``pipeline`` and ``overrides`` set the keys of :data:`LOCAL_ONLY`.
+    ``saved``: the saved mapping already read (runs.load_model's second value), else it is read here."""
+    saved = saved_config(run_dir) if saved is None else saved
     run = saved_run_config(run_dir, saved)
-    # An `eval` section a saved config may carry beside RunConfig's sections (which have none):
-    # its value settings, as an EvalConfig mapping; the local-only keys are dropped below.
+    # An `eval` section a saved config may carry beside RunConfig's saved sections (RunConfig.read
+    # ignores it): its value settings, as an EvalConfig mapping; the local-only keys are dropped below.
     data = dict(saved["eval"]) if isinstance(saved.get("eval"), dict) else {}
     given, where = pipeline is not None, "--config"
     if not given and run.run.config and Path(run.run.config).is_file():
@@ -44,4 +47,4 @@ def resolve_eval_config(run_dir, pipeline: PipelineConfig | None = None, overrid
     if not given:
         data = {k: v for k, v in data.items() if k not in LOCAL_ONLY}
     data = merge(data, overrides or {})
-    return from_dict(EvalConfig, data, "eval")
+    return dataclasses.replace(run, eval=from_dict(EvalConfig, data, "eval"))

@@ -16,7 +16,8 @@ from stateloop.runs import resolve_run_arg
 def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
     """Evaluate the run of ``args`` (an argparse namespace of ``stateloop eval``); ``pipeline`` and
     its ``runs`` by id: the config ``--config`` names, loaded by the command (None, {} without one)."""
-    run_dir = resolve_run_arg(args.run).folder
+    target = resolve_run_arg(args.run)
+    run_dir = target.folder
 
     dotted = parse_dotlist(args.set)
     unknown = [k for k in dotted if k != "eval"]
@@ -26,21 +27,21 @@ def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run
     for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    planned = (runs or {}).get(resolve_run_arg(args.run).id)
+    planned = (runs or {}).get(target.id)
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
-    cfg = resolve.resolve_eval_config(run_dir, pipeline, overrides)
+    rc = resolve.resolve_eval(run_dir, pipeline, overrides)
     if args.depths:
-        if cfg.K is not None:
+        if rc.eval.K is not None:
             raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
-        results = harness.evaluate_depths(run_dir, cfg, args.depths, mlflow=not args.no_mlflow,
+        results = harness.evaluate_depths(run_dir, rc, args.depths, mlflow=not args.no_mlflow,
                                           progress=not args.no_progress, pipeline=pipeline)
         if not args.no_progress:
             for point in results["depths"]:
                 print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
             print(f"wrote {run_dir / harness.DEPTH_FILE}", file=sys.stderr)
         return 0
-    results = harness.evaluate_run(run_dir, cfg, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
+    results = harness.evaluate_run(run_dir, rc, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
     if not args.no_progress:
         held = results["heldout"]
         print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
