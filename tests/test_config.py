@@ -194,3 +194,25 @@ def test_a_finished_runs_saved_config_reads_back_typed():
         RunConfig.read({"model": model, "train": {"lrr": 1.0}}, "run/model.safetensors", saved=True)
     with pytest.raises(ConfigError, match=r"^train: missing section in the resolved config"):
         RunConfig.read({"model": model, "run": {}, "data": {}})  # what training reads back must be whole
+
+
+def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
+    """Issue 25's run config has an eval section, resolved only when a run is evaluated: what
+    config.yaml and the weights save (as_dict) is the same with it or without, and reads back
+    as without; an old folder's saved eval section is accepted beside the others."""
+    import dataclasses
+
+    from stateloop.evaluate.config import EvalConfig
+    from stateloop.pipeline import RunConfig, resolve_run
+
+    path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
+                  + "  a: {scale: s, models: [stateloop], K: [3], d_state: [16]}\n")
+    rc = resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
+    assert rc.eval is None  # training's config has none
+    evaluated = dataclasses.replace(rc, eval=EvalConfig(tasks=["synth_mc"], limit=3, task_dir=str(tmp_path)))
+    assert evaluated.as_dict() == rc.as_dict() and list(rc.as_dict()) == ["run", "model", "train", "data"]
+    assert RunConfig.read(evaluated.as_dict()) == rc
+    old = RunConfig.read({**rc.as_dict(), "eval": {"task_dir": "/elsewhere", "limit": 3}}, "run/model.safetensors", saved=True)
+    assert old == rc and old.eval is None  # read ignores it (evaluate/resolve.py reads its value settings)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evaluated.eval.limit = 4  # EvalConfig is frozen like the other sections

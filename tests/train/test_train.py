@@ -340,6 +340,24 @@ def _train_cli(cfg_path, data, run_dir, *args):
                  "--out", str(run_dir), "--no-progress", "--set", "train.max_steps=8", *args])
 
 
+def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
+    """Issue 25: the run config's eval section is resolved when the run is evaluated; a run trained
+    from a RunConfig carrying one writes the config.yaml and weights of one without."""
+    import dataclasses
+
+    from stateloop.evaluate.config import EvalConfig
+    from stateloop.pipeline import resolve_run
+
+    cfg_path, data = tiny_setup
+    rc = resolve_run(cfg_path, "t/stateloop/K2_ds32_seed1234", ["train.max_steps=2"], data)
+    train(rc, tmp_path / "plain", progress=False)
+    train(dataclasses.replace(rc, eval=EvalConfig(tasks=["synth_mc"], task_dir=str(tmp_path))), tmp_path / "eval", progress=False)
+    plain, evaluated = ((tmp_path / name / "config.yaml").read_text() for name in ("plain", "eval"))
+    assert evaluated == plain and "eval" not in yaml.safe_load(plain)
+    assert saved_config(tmp_path / "eval") == saved_config(tmp_path / "plain") == rc.as_dict()
+    assert_bitwise_equal(weights(tmp_path / "eval"), weights(tmp_path / "plain"))
+
+
 def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tmp_path, capsys):
     """Issue 26: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
     finished run's model.pt and train.json, and then stateloop train refuses". The DAG's train rule
