@@ -33,6 +33,7 @@ from stateloop.config import ConfigError, from_dict, load_yaml, merge, parse_dot
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
+from stateloop.models.registry import MODELS, get_spec
 from stateloop.runs import RUN_CELL_FORM, RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 from stateloop.train.config import TrainConfig
 
@@ -259,8 +260,6 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become
 def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, Run]:
     """Check a pipeline config beyond its types; returns its runs by id (building every run's
     config is part of the check)."""
-    from stateloop.models.registry import MODELS
-
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
         for name in names:
             if not NAME.fullmatch(str(name)) or str(name) in (".", ".."):
@@ -294,7 +293,7 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, R
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:
     """The resolved model config of one run: the scale's shape with name, K, d_s and options set."""
-    spec = _spec(model)
+    spec = get_spec(model)
     base = to_dict(scale.model)
     merged_options = merge(base.get("options", {}), options or {})
     cfg = dataclasses.replace(scale.model, name=model, K=K, d_state=d_s if spec.has_state else 0, options=merged_options)
@@ -313,7 +312,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
         scale = cfg.scales[exp.scale]
         seeds = exp.seeds or [scale.train.seed]
         for model in exp.models:
-            spec = _spec(model)
+            spec = get_spec(model)
             widths = exp.d_state if spec.has_state else [0]
             for K in exp.K_by_model.get(model, exp.K):
                 for d_s in widths:
@@ -346,12 +345,12 @@ def decoding_specs(cfg: PipelineConfig) -> list[str]:
 
 def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
     """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked by
-    the model's class when the config is loaded (no model is built): a depth MeSH or Hyperloop
-    cannot run is one line naming the key, not a failed job."""
-    model_class = _spec(mcfg.name).cls
+    the model's registry spec when the config is loaded (no model is built): a depth MeSH or
+    Hyperloop cannot run is one line naming the key, not a failed job."""
+    spec = get_spec(mcfg.name)
     for K in depths:
         try:
-            model_class.check_depth(mcfg, K)
+            spec.check_depth(mcfg, K)
         except ConfigError as err:
             raise ConfigError(f"{where}: {str(err).removeprefix('eval.K: ')}") from None
 
@@ -460,7 +459,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     run = _known_run(pipeline, known, config_path, run_id)
     extra = _run_overrides(overrides, run_id)
     mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
-    _spec(mcfg.name).check(mcfg)
+    get_spec(mcfg.name).check(mcfg)
     train_extra = dict(extra.get("train", {}))
     # The budget is one of two keys: overriding one replaces the scale's other.
     for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
@@ -519,10 +518,3 @@ def _run_overrides(overrides: list[str] | None, run_id: str) -> dict:
     if "seed" in extra.get("train", {}):
         raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
     return extra
-
-
-def _spec(name: str):
-    """The registry's spec of model ``name`` (the registry imports torch: only once a run is built)."""
-    from stateloop.models.registry import get_spec
-
-    return get_spec(name)

@@ -140,7 +140,23 @@ def test_the_limit_is_the_trained_depth_after_a_smaller_one(name):
     assert model.at_depth(TRAINED_K).cfg.K == TRAINED_K
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_each_spec_names_the_class_its_builder_returns(name):
-    """The config-time depth check (experiments.check_depths) asks the spec's class, not a model."""
-    assert type(build_model(tiny_config(name, K=TRAINED_K), device="meta")) is MODELS[name].cls
+def refusal(check, K):
+    """The one-line refusal of depth K by ``check``, or None."""
+    try:
+        check(K)
+    except ConfigError as err:
+        return str(err)
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(MODELS) + ["pause_token n_pause=2"])
+def test_the_config_check_refuses_the_depths_the_model_refuses(name):
+    """The config-time depth check (pipeline.check_depths) asks the registry spec, with no model
+    built; a built model's at_depth refuses exactly the same depths, in the same words."""
+    name, _, option = name.partition(" n_pause=")
+    cfg = tiny_config(name, K=TRAINED_K)
+    if option:
+        cfg = dataclasses.replace(cfg, options={"n_pause": int(option)})
+    model = build_model(cfg, device="meta")
+    for K in range(1, 2 * TRAINED_K + 1):
+        assert refusal(lambda k: MODELS[name].check_depth(cfg, k), K) == refusal(model.at_depth, K), (name, K)

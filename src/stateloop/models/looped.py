@@ -75,6 +75,7 @@ from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
 from stateloop.models.kernels import upcast
 from stateloop.models.mixers import build_mixer
+from stateloop.models.registry import get_spec
 from stateloop.models.state import build_cell
 
 
@@ -119,19 +120,14 @@ class LoopedLM(nn.Module):
         Every loop reads ``cfg.K``, so the state, the reads and the decoding caches follow the new
         K exactly as the equations do (S^1..S^K, feedback reads R_1..R_{K-1}, terminal read R_K,
         caches ("T", 0..K-1)). A model whose parameters are tied to particular iterations
-        overrides :meth:`check_depth`; one for which another K has no meaning refuses in one line.
+        refuses another K in one line: its registry spec's ``depth`` check (models/registry.py),
+        the one a config's ``test_time_K`` is checked with before any model is built.
         """
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ConfigError(f"eval.K: the loop depth must be a positive integer, got {K!r}")
-        self.check_depth(self.trained_cfg, K)
+        get_spec(self.trained_cfg.name).check_depth(self.trained_cfg, K)
         self.cfg = dataclasses.replace(self.cfg, K=K)
         return self
-
-    @classmethod
-    def check_depth(cls, trained, K: int) -> None:
-        """Refuse (ConfigError) a depth K at which a model of config ``trained`` (its trained K)
-        has no meaning. Here: none; the loop shares one weight set across iterations. A class
-        method, so a config is checked without building a model (experiments.check_depths)."""
 
     # -- pieces shared by every model ------------------------------------------------------------
     @property

@@ -4,6 +4,12 @@ Names are lowercase ``[a-z0-9_]+`` and are used unchanged in configs, run folder
 wildcards, MLflow run names and tables. Variant-specific knobs live in ``model.options`` and
 are checked against the variant's options dataclass, so a bad key fails before anything runs.
 
+The registry holds everything a config check reads about a model: its name, label, whether it
+has a state, its options dataclass and their checks, and the test-time depths it refuses. It
+imports no torch, so the Snakefile, ``stateloop plan`` and every config check read it without
+loading torch and the model modules: a spec's ``build`` imports its model's module when a model
+is built (:func:`build_model`, the one function here that needs torch).
+
 Every model maps token ids (B, T) to next-token logits (B, T, V) through
 ``model(idx, cache=None) -> ModelOutput`` and can be built on the meta device for counting.
 Every model is a :class:`~stateloop.models.looped.LoopedLM`: its one ``forward`` calls the
@@ -16,34 +22,26 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
-import torch.nn as nn
+from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError, from_dict
-from stateloop.models.baselines.hyperloop import HyperloopLM, HyperloopOptions
-from stateloop.models.baselines.hyperloop import check_options as check_hyperloop
-from stateloop.models.baselines.mesh import MeshLM, MeshOptions
-from stateloop.models.baselines.mesh import check_options as check_mesh
-from stateloop.models.baselines.parcae import ParcaeLM, ParcaeOptions
-from stateloop.models.baselines.parcae import check_options as check_parcae
-from stateloop.models.baselines.pause_token import PauseTokenLM, PauseTokenOptions
-from stateloop.models.baselines.pause_token import check_options as check_pause_token
-from stateloop.models.baselines.ponderlm import PonderLM, PonderLMOptions
 from stateloop.models.config import ModelConfig
-from stateloop.models.looped import LoopedLM, StateLoopLM, StateOnlyLM
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    build: Callable  # (ModelConfig, options) -> nn.Module
+    build: Callable  # (ModelConfig, options) -> LoopedLM; imports the model's module (and torch) when called
     label: str  # the row label the paper prints
     has_state: bool  # a persistent state of width d_s (run folders carry ds{d_s})
     options: type | None = None  # dataclass of model.options, or None (no options allowed)
     description: str = ""
     validate: Callable | None = None  # extra shape checks: (ModelConfig, options) -> None
-    cls: type = LoopedLM  # the class ``build`` returns (its class methods check a config without a model)
+    depth: Callable | None = None  # (trained ModelConfig, K) -> None, refusing a K; None: every K
 
     def parse_options(self, cfg: ModelConfig):
         if self.options is None:
@@ -61,9 +59,17 @@ class ModelSpec:
         if self.validate is not None:
             self.validate(cfg, opts)
 
+    def check_depth(self, trained: ModelConfig, K: int) -> None:
+        """Refuse (ConfigError, one line) a test-time depth K at which a model of config ``trained``
+        (its trained K) has no meaning: the check of ``LoopedLM.at_depth``, and of a config's
+        ``test_time_K`` before any model is built (pipeline.check_depths). Without ``depth``,
+        every K: the loop shares one weight set across iterations."""
+        if self.depth is not None:
+            self.depth(trained, K)
+
 
 # ----------------------------------------------------------------------------------------------
-# Builders
+# Options and their checks (the model classes read them too; nothing here needs torch)
 
 
 @dataclass
@@ -71,57 +77,249 @@ class FFNOptions:
     d_ff: int | None = None  # SwiGLU width; None: matched to stateloop_mamba2 at d_s = d (5818 at 1.4B)
 
 
-def matched_ffn_width(cfg: ModelConfig) -> int:
-    """The SwiGLU width that gives Vanilla Looped + FFN the parameters of StateLoop + Mamba-2
-    (at d_s = d): the paper's control, 5818 at 1.4B."""
-    mamba = dataclasses.replace(cfg, name="stateloop_mamba2", d_state=cfg.d_model, options={})
-    vanilla = dataclasses.replace(cfg, name="vanilla_looped", d_state=0, options={})
-    extra = count_params(mamba) - count_params(vanilla)
-    return cfg.d_ff + round(extra / (3 * cfg.d_model * cfg.n_layers))
-
-
-def _vanilla_ffn(cfg, opts: FFNOptions):
-    return LoopedLM(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
-
-
 def _state_only_check(cfg, _opts):
     if cfg.d_state != cfg.d_model:
         raise ConfigError(f"model.d_state: state_only keeps the state at the model width d={cfg.d_model}, got {cfg.d_state}")
 
 
+def resolve_split(cfg, opts, names: tuple[str, ...], parts: tuple[int, ...], model: str) -> tuple[int, ...]:
+    """Layer counts of a unique/shared/unique split.
+
+    An option left at None takes its share ``part / sum(parts)`` of ``cfg.n_layers`` (8/8/8 or
+    6/12/6 at the paper's 24 layers). Explicit counts are used as given: the model then has
+    their sum as unique layers and ``cfg.n_layers`` plays no role (the tiny test shapes use 1/1/1).
+    """
+    total = sum(parts)
+    out = []
+    for name, part in zip(names, parts):
+        value = getattr(opts, name)
+        if value is None:
+            if (cfg.n_layers * part) % total:
+                raise ConfigError(
+                    f"model.options.{name}: {model} cannot split n_layers={cfg.n_layers} as "
+                    f"{'/'.join(map(str, parts))}; set {', '.join(names)} explicitly"
+                )
+            value = cfg.n_layers * part // total
+        out.append(value)
+    return tuple(out)
+
+
+def check_split(counts: dict[str, int], looped: str, model: str) -> None:
+    for name, value in counts.items():
+        if value < 0 or (name == looped and value < 1):
+            bound = "at least 1" if name == looped else "non-negative"
+            raise ConfigError(f"model.options.{name}: {model} needs {bound} layers, got {value}")
+
+
+PRELUDE_CORE_CODA = ("n_prelude", "n_core", "n_coda")
+
+
+def check_prelude_core_coda(cfg, opts, model: str) -> None:
+    check_split(dict(zip(PRELUDE_CORE_CODA, resolve_split(cfg, opts, PRELUDE_CORE_CODA, (1, 1, 1), model))), "n_core", model)
+
+
+HYPERLOOP_SPLIT = ("n_begin", "n_middle", "n_end")
+HYPERLOOP_SHARES = (1, 2, 1)
+
+
+@dataclass
+class HyperloopOptions:
+    n_begin: int | None = None  # unique begin layers; None: n_layers / 4 (6 at 24)
+    n_middle: int | None = None  # shared middle layers, looped K times; None: n_layers / 2 (12)
+    n_end: int | None = None  # unique end layers; None: n_layers / 4 (6)
+    n_streams: int = 4  # n parallel residual streams
+    alpha_init: float = 0.01  # alpha^{pre,post,res} at init (mHC's value)
+    res_bias: float = 3.0  # b_res at init: h_res = sigmoid(3) ~ 0.95
+
+
+def check_hyperloop(cfg, opts: HyperloopOptions) -> None:
+    counts = resolve_split(cfg, opts, HYPERLOOP_SPLIT, HYPERLOOP_SHARES, "hyperloop")
+    check_split(dict(zip(HYPERLOOP_SPLIT, counts)), "n_middle", "hyperloop")
+    if opts.n_streams < 1:
+        raise ConfigError(f"model.options.n_streams: must be positive, got {opts.n_streams}")
+
+
+def check_hyperloop_depth(trained, K: int) -> None:
+    """[choice] Test-time depth: loop l has its own hyper-connection and loop embedding e_l,
+    so the model runs at any K' up to the trained K (the first K' of them); past it there are
+    none for the extra loops."""
+    if K > trained.K:
+        raise ConfigError(f"eval.K: hyperloop has no meaning at K={K}: each loop has its own hyper-connection "
+                          f"and it was trained with {trained.K} (K <= {trained.K} only)")
+
+
+@dataclass
+class MeshOptions:
+    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
+    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
+    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
+    n_slots: int | None = None  # buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)
+    protect_embedding_slot: bool = False  # true: slot 0 keeps the embedding (writes go to slots 1..S-1)
+
+
+def resolve_slots(cfg, opts: MeshOptions) -> int:
+    return cfg.K + 3 if opts.n_slots is None else opts.n_slots
+
+
+def check_mesh(cfg, opts: MeshOptions) -> None:
+    check_prelude_core_coda(cfg, opts, "mesh")
+    if resolve_slots(cfg, opts) < 2:
+        raise ConfigError(f"model.options.n_slots: mesh needs at least 2 slots, got {resolve_slots(cfg, opts)}")
+
+
+def check_mesh_depth(trained, K: int) -> None:
+    """[choice] Test-time depth: core step t uses router pair t + 1, so the model runs at any
+    K' up to the trained K (the first K' + 1 router pairs, the trained buffer of S slots); past
+    it there is no router for the extra steps."""
+    if K > trained.K:
+        raise ConfigError(f"eval.K: mesh has no meaning at K={K}: its routers are per step and it was trained "
+                          f"with {trained.K + 1} router pairs (K <= {trained.K} only)")
+
+
+@dataclass
+class PonderLMOptions:
+    scale_embeds: bool = True  # c = sqrt(d) on the input and pondering embeddings (else c = 1)
+    multiply_pondering_steps: bool = True  # z^0 = s c E[x] (official 1.4B recipe)
+
+
+@dataclass
+class ParcaeOptions:
+    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
+    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
+    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
+    state_init: str = "random"  # h_0: "random" (official like-init) or "zero"
+    eval_seed: int = 0  # seed of the fixed per-position h_0 in eval mode
+
+    def __post_init__(self) -> None:
+        if self.state_init not in ("random", "zero"):
+            raise ConfigError(f"options.state_init: must be random or zero, got {self.state_init!r}")
+
+
+def check_parcae(cfg, opts: ParcaeOptions) -> None:
+    check_prelude_core_coda(cfg, opts, "parcae")
+
+
+@dataclass
+class PauseTokenOptions:
+    n_pause: int | None = None  # pauses after every real token; None: K - 1 (3 at K = 4)
+    pause_id: int | None = None  # embedding row of <pause>; None: vocab_size - 1 (an unused padded id)
+
+
+def resolve_pause(cfg, opts: PauseTokenOptions) -> tuple[int, int]:
+    n_pause = cfg.K - 1 if opts.n_pause is None else opts.n_pause
+    pause_id = cfg.vocab_size - 1 if opts.pause_id is None else opts.pause_id
+    return n_pause, pause_id
+
+
+def check_pause_token(cfg, opts: PauseTokenOptions) -> None:
+    n_pause, pause_id = resolve_pause(cfg, opts)
+    if n_pause < 0:
+        raise ConfigError(f"model.options.n_pause: must be >= 0, got {n_pause}")
+    if not 0 <= pause_id < cfg.vocab_size:
+        raise ConfigError(f"model.options.pause_id: must be a row of the vocabulary [0, {cfg.vocab_size}), got {pause_id}")
+
+
+def check_pause_token_depth(trained, K: int) -> None:
+    """Test-time depth: K' - 1 pauses after every token (the pause count is the model's depth),
+    unless ``n_pause`` fixes the count, which K then does not set."""
+    n_pause = (trained.options or {}).get("n_pause")
+    if n_pause is not None:
+        raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {n_pause} "
+                          f"fixes its pauses")
+
+
+# ----------------------------------------------------------------------------------------------
+# Builders: each imports its model's module when called (torch), so a config check never does.
+
+
+def _vanilla(cfg, _opts):
+    from stateloop.models.looped import LoopedLM
+
+    return LoopedLM(cfg)
+
+
+def _vanilla_ffn(cfg, opts: FFNOptions):
+    from stateloop.models.looped import LoopedLM
+
+    return LoopedLM(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
+
+
+def _stateloop(**variant):
+    def build(cfg, _opts):
+        from stateloop.models.looped import StateLoopLM
+
+        return StateLoopLM(cfg, **variant)
+    return build
+
+
+def _state_only(cfg, _opts):
+    from stateloop.models.looped import StateOnlyLM
+
+    return StateOnlyLM(cfg)
+
+
+def _hyperloop(cfg, opts):
+    from stateloop.models.baselines.hyperloop import HyperloopLM
+
+    return HyperloopLM(cfg, opts)
+
+
+def _mesh(cfg, opts):
+    from stateloop.models.baselines.mesh import MeshLM
+
+    return MeshLM(cfg, opts)
+
+
+def _ponderlm(cfg, opts):
+    from stateloop.models.baselines.ponderlm import PonderLM
+
+    return PonderLM(cfg, opts)
+
+
+def _parcae(cfg, opts):
+    from stateloop.models.baselines.parcae import ParcaeLM
+
+    return ParcaeLM(cfg, opts)
+
+
+def _pause_token(cfg, opts):
+    from stateloop.models.baselines.pause_token import PauseTokenLM
+
+    return PauseTokenLM(cfg, opts)
+
+
 _SPECS = [
-    ModelSpec("vanilla_looped", lambda cfg, _: LoopedLM(cfg), "Vanilla Looped", False,
+    ModelSpec("vanilla_looped", _vanilla, "Vanilla Looped", False,
               description="one shared backbone applied K times"),
     ModelSpec("vanilla_looped_ffn", _vanilla_ffn, "Vanilla Looped + FFN", False, FFNOptions,
               description="Vanilla Looped with a wider SwiGLU, parameter-matched to StateLoop + Mamba-2"),
-    ModelSpec("stateloop", lambda cfg, _: StateLoopLM(cfg), "StateLoop", True,
-              description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)", cls=StateLoopLM),
-    ModelSpec("stateloop_attn", lambda cfg, _: StateLoopLM(cfg, mixer="attn"), "StateLoop + Attention", True,
-              description="StateLoop with causal attention over the state (eq. 8)", cls=StateLoopLM),
-    ModelSpec("stateloop_mamba2", lambda cfg, _: StateLoopLM(cfg, mixer="mamba2"), "StateLoop + Mamba-2", True,
-              description="StateLoop with a Mamba-2 block over the state (eq. 9)", cls=StateLoopLM),
-    ModelSpec("state_only", lambda cfg, _: StateOnlyLM(cfg), "State only", True,
+    ModelSpec("stateloop", _stateloop(), "StateLoop", True,
+              description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)"),
+    ModelSpec("stateloop_attn", _stateloop(mixer="attn"), "StateLoop + Attention", True,
+              description="StateLoop with causal attention over the state (eq. 8)"),
+    ModelSpec("stateloop_mamba2", _stateloop(mixer="mamba2"), "StateLoop + Mamba-2", True,
+              description="StateLoop with a Mamba-2 block over the state (eq. 9)"),
+    ModelSpec("state_only", _state_only, "State only", True,
               description="the gated state alone is the next backbone input; no state reads (eq. 13)",
-              validate=_state_only_check, cls=StateOnlyLM),
-    ModelSpec("reset_state", lambda cfg, _: StateLoopLM(cfg, reset=True), "Reset state", True,
-              description="the state is reset before every update (eq. 14)", cls=StateLoopLM),
-    ModelSpec("stateloop_gru", lambda cfg, _: StateLoopLM(cfg, update="gru"), "GRU update", True,
-              description="a GRU cell replaces the selective-SSM update (eq. 6)", cls=StateLoopLM),
+              validate=_state_only_check),
+    ModelSpec("reset_state", _stateloop(reset=True), "Reset state", True,
+              description="the state is reset before every update (eq. 14)"),
+    ModelSpec("stateloop_gru", _stateloop(update="gru"), "GRU update", True,
+              description="a GRU cell replaces the selective-SSM update (eq. 6)"),
     # The paper's baselines (models/baselines/, docs/baselines.md).
-    ModelSpec("hyperloop", lambda cfg, o: HyperloopLM(cfg, o), "Hyperloop", False,
-              HyperloopOptions, validate=check_hyperloop,
-              description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections", cls=HyperloopLM),
-    ModelSpec("mesh", lambda cfg, o: MeshLM(cfg, o), "MeSH", False, MeshOptions,
-              validate=check_mesh,
-              description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers", cls=MeshLM),
-    ModelSpec("ponderlm", lambda cfg, o: PonderLM(cfg, o), "PonderLM", False, PonderLMOptions,
-              description="K passes of the backbone; the predicted distribution's expected embedding is fed back", cls=PonderLM),
-    ModelSpec("parcae", lambda cfg, o: ParcaeLM(cfg, o), "Parcae", False, ParcaeOptions,
-              validate=check_parcae,
-              description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e", cls=ParcaeLM),
-    ModelSpec("pause_token", lambda cfg, o: PauseTokenLM(cfg, o), "Pause Token", False,
-              PauseTokenOptions, validate=check_pause_token,
-              description="K-1 pause tokens after every token; the prediction is read at the last pause", cls=PauseTokenLM),
+    ModelSpec("hyperloop", _hyperloop, "Hyperloop", False, HyperloopOptions, validate=check_hyperloop,
+              description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections",
+              depth=check_hyperloop_depth),
+    ModelSpec("mesh", _mesh, "MeSH", False, MeshOptions, validate=check_mesh,
+              description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers",
+              depth=check_mesh_depth),
+    ModelSpec("ponderlm", _ponderlm, "PonderLM", False, PonderLMOptions,
+              description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
+    ModelSpec("parcae", _parcae, "Parcae", False, ParcaeOptions, validate=check_parcae,
+              description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
+    ModelSpec("pause_token", _pause_token, "Pause Token", False, PauseTokenOptions, validate=check_pause_token,
+              description="K-1 pause tokens after every token; the prediction is read at the last pause",
+              depth=check_pause_token_depth),
 ]
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
@@ -133,8 +331,14 @@ def get_spec(name: str) -> ModelSpec:
     return MODELS[name]
 
 
+# ----------------------------------------------------------------------------------------------
+# Building (torch, imported here on the first build)
+
+
 def build_model(cfg: ModelConfig, device: str | torch.device | None = None, init: bool = True) -> nn.Module:
     """Build (and, off the meta device, initialise) the model ``cfg.name``."""
+    import torch
+
     from stateloop.models.init import init_weights
 
     spec = get_spec(cfg.name)
@@ -152,3 +356,11 @@ def count_params(cfg: ModelConfig) -> int:
     model = build_model(cfg, device="meta")
     return sum(p.numel() for p in model.parameters())
 
+
+def matched_ffn_width(cfg: ModelConfig) -> int:
+    """The SwiGLU width that gives Vanilla Looped + FFN the parameters of StateLoop + Mamba-2
+    (at d_s = d): the paper's control, 5818 at 1.4B."""
+    mamba = dataclasses.replace(cfg, name="stateloop_mamba2", d_state=cfg.d_model, options={})
+    vanilla = dataclasses.replace(cfg, name="vanilla_looped", d_state=0, options={})
+    extra = count_params(mamba) - count_params(vanilla)
+    return cfg.d_ff + round(extra / (3 * cfg.d_model * cfg.n_layers))

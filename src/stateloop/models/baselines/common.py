@@ -9,39 +9,10 @@ through :meth:`StackedLM.apply_stack`, each with its own per-layer caches under 
 
 from __future__ import annotations
 
-from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone
 from stateloop.models.cache import ModelCache
 from stateloop.models.looped import LoopedLM
-
-
-def resolve_split(cfg, opts, names: tuple[str, ...], parts: tuple[int, ...], model: str) -> tuple[int, ...]:
-    """Layer counts of a unique/shared/unique split.
-
-    An option left at None takes its share ``part / sum(parts)`` of ``cfg.n_layers`` (8/8/8 or
-    6/12/6 at the paper's 24 layers). Explicit counts are used as given: the model then has
-    their sum as unique layers and ``cfg.n_layers`` plays no role (the tiny test shapes use 1/1/1).
-    """
-    total = sum(parts)
-    out = []
-    for name, part in zip(names, parts):
-        value = getattr(opts, name)
-        if value is None:
-            if (cfg.n_layers * part) % total:
-                raise ConfigError(
-                    f"model.options.{name}: {model} cannot split n_layers={cfg.n_layers} as "
-                    f"{'/'.join(map(str, parts))}; set {', '.join(names)} explicitly"
-                )
-            value = cfg.n_layers * part // total
-        out.append(value)
-    return tuple(out)
-
-
-def check_split(counts: dict[str, int], looped: str, model: str) -> None:
-    for name, value in counts.items():
-        if value < 0 or (name == looped and value < 1):
-            bound = "at least 1" if name == looped else "non-negative"
-            raise ConfigError(f"model.options.{name}: {model} needs {bound} layers, got {value}")
+from stateloop.models.registry import PRELUDE_CORE_CODA, resolve_split
 
 
 class StackedLM(LoopedLM):
@@ -54,13 +25,6 @@ class StackedLM(LoopedLM):
         """A unique stack (applied once per token) with its per-layer caches under ``key``."""
         caches = None if cache is None else cache.kv_list(key, len(stack.layers))
         return stack(h, rope, caches)
-
-
-PRELUDE_CORE_CODA = ("n_prelude", "n_core", "n_coda")
-
-
-def check_prelude_core_coda(cfg, opts, model: str) -> None:
-    check_split(dict(zip(PRELUDE_CORE_CODA, resolve_split(cfg, opts, PRELUDE_CORE_CODA, (1, 1, 1), model))), "n_core", model)
 
 
 class PreludeCoreCodaLM(StackedLM):

@@ -38,35 +38,15 @@ What the paper leaves open, and the choices made here:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.config import ConfigError
-from stateloop.models.baselines.common import StackedLM, check_split, resolve_split
+from stateloop.models.baselines.common import StackedLM
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-
-_SPLIT = ("n_begin", "n_middle", "n_end")
-_SHARES = (1, 2, 1)
-
-
-@dataclass
-class HyperloopOptions:
-    n_begin: int | None = None  # unique begin layers; None: n_layers / 4 (6 at 24)
-    n_middle: int | None = None  # shared middle layers, looped K times; None: n_layers / 2 (12)
-    n_end: int | None = None  # unique end layers; None: n_layers / 4 (6)
-    n_streams: int = 4  # n parallel residual streams
-    alpha_init: float = 0.01  # alpha^{pre,post,res} at init (mHC's value)
-    res_bias: float = 3.0  # b_res at init: h_res = sigmoid(3) ~ 0.95
-
-
-def check_options(cfg, opts: HyperloopOptions) -> None:
-    check_split(dict(zip(_SPLIT, resolve_split(cfg, opts, _SPLIT, _SHARES, "hyperloop"))), "n_middle", "hyperloop")
-    if opts.n_streams < 1:
-        raise ConfigError(f"model.options.n_streams: must be positive, got {opts.n_streams}")
+from stateloop.models.registry import HYPERLOOP_SHARES, HYPERLOOP_SPLIT, HyperloopOptions, resolve_split
 
 
 class LoopHyperConnection(nn.Module):
@@ -114,7 +94,7 @@ class HyperloopLM(StackedLM):
 
     def __init__(self, cfg, opts: HyperloopOptions | None = None):
         opts = opts or HyperloopOptions()
-        n_begin, n_middle, n_end = resolve_split(cfg, opts, _SPLIT, _SHARES, "hyperloop")
+        n_begin, n_middle, n_end = resolve_split(cfg, opts, HYPERLOOP_SPLIT, HYPERLOOP_SHARES, "hyperloop")
         super().__init__(cfg, n_layers=n_middle)  # self.backbone: the shared middle block
         self.opts = opts
         self.n_begin, self.n_middle, self.n_end = n_begin, n_middle, n_end
@@ -128,15 +108,6 @@ class HyperloopLM(StackedLM):
     @property
     def n_layer_applications(self) -> int:
         return self.n_begin + self.cfg.K * self.n_middle + self.n_end
-
-    @classmethod
-    def check_depth(cls, trained, K: int) -> None:
-        """[choice] Test-time depth: loop l has its own hyper-connection and loop embedding e_l,
-        so the model runs at any K' up to the trained K (the first K' of them); past it there are
-        none for the extra loops."""
-        if K > trained.K:
-            raise ConfigError(f"eval.K: hyperloop has no meaning at K={K}: each loop has its own hyper-connection "
-                              f"and it was trained with {trained.K} (K <= {trained.K} only)")
 
     def loop(self, h, rope, cache) -> ModelOutput:
         x_b = self.apply_stack(self.begin, h, rope, cache, ("begin",))

@@ -39,34 +39,13 @@ What the paper leaves open, and the choices made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 
-from stateloop.config import ConfigError
-from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
+from stateloop.models.baselines.common import PreludeCoreCodaLM
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-
-
-@dataclass
-class MeshOptions:
-    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
-    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
-    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
-    n_slots: int | None = None  # buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)
-    protect_embedding_slot: bool = False  # true: slot 0 keeps the embedding (writes go to slots 1..S-1)
-
-
-def resolve_slots(cfg, opts: MeshOptions) -> int:
-    return cfg.K + 3 if opts.n_slots is None else opts.n_slots
-
-
-def check_options(cfg, opts: MeshOptions) -> None:
-    check_prelude_core_coda(cfg, opts, "mesh")
-    if resolve_slots(cfg, opts) < 2:
-        raise ConfigError(f"model.options.n_slots: mesh needs at least 2 slots, got {resolve_slots(cfg, opts)}")
+from stateloop.models.registry import MeshOptions, resolve_slots
 
 
 class SlotRouter(nn.Module):
@@ -106,15 +85,6 @@ class MeshLM(PreludeCoreCodaLM):
         self.routers = nn.ModuleList(
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
-
-    @classmethod
-    def check_depth(cls, trained, K: int) -> None:
-        """[choice] Test-time depth: core step t uses router pair t + 1, so the model runs at any
-        K' up to the trained K (the first K' + 1 router pairs, the trained buffer of S slots); past
-        it there is no router for the extra steps."""
-        if K > trained.K:
-            raise ConfigError(f"eval.K: mesh has no meaning at K={K}: its routers are per step and it was trained "
-                              f"with {trained.K + 1} router pairs (K <= {trained.K} only)")
 
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""

@@ -48,37 +48,19 @@ What the paper leaves open, and the choices made here:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.config import ConfigError
 from stateloop.models.backbone import RMSNorm
-from stateloop.models.baselines.common import PreludeCoreCodaLM, check_prelude_core_coda
+from stateloop.models.baselines.common import PreludeCoreCodaLM
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
+from stateloop.models.registry import ParcaeOptions
 
 DECAY_INIT = math.sqrt(1.0 / 5.0)  # a at init [code: ssm_decay]
 RATE_MIN, RATE_MAX = 1e-6, 80.0  # Delta exp(A_log) is clamped here, so a stays in (0, 1) in float32
-
-
-@dataclass
-class ParcaeOptions:
-    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
-    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
-    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
-    state_init: str = "random"  # h_0: "random" (official like-init) or "zero"
-    eval_seed: int = 0  # seed of the fixed per-position h_0 in eval mode
-
-    def __post_init__(self) -> None:
-        if self.state_init not in ("random", "zero"):
-            raise ConfigError(f"options.state_init: must be random or zero, got {self.state_init!r}")
-
-
-def check_options(cfg, opts: ParcaeOptions) -> None:
-    check_prelude_core_coda(cfg, opts, "parcae")
 
 
 def log_softplus(x: torch.Tensor) -> torch.Tensor:

@@ -34,35 +34,13 @@ What the paper leaves open, and the choices made here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from stateloop.config import ConfigError
 from stateloop.models.backbone import Rotary
 from stateloop.models.looped import LoopedLM, ModelOutput
+from stateloop.models.registry import PauseTokenOptions, resolve_pause
 
 IGNORE_INDEX = -100
-
-
-@dataclass
-class PauseTokenOptions:
-    n_pause: int | None = None  # pauses after every real token; None: K - 1 (3 at K = 4)
-    pause_id: int | None = None  # embedding row of <pause>; None: vocab_size - 1 (an unused padded id)
-
-
-def resolve_pause(cfg, opts: PauseTokenOptions) -> tuple[int, int]:
-    n_pause = cfg.K - 1 if opts.n_pause is None else opts.n_pause
-    pause_id = cfg.vocab_size - 1 if opts.pause_id is None else opts.pause_id
-    return n_pause, pause_id
-
-
-def check_options(cfg, opts: PauseTokenOptions) -> None:
-    n_pause, pause_id = resolve_pause(cfg, opts)
-    if n_pause < 0:
-        raise ConfigError(f"model.options.n_pause: must be >= 0, got {n_pause}")
-    if not 0 <= pause_id < cfg.vocab_size:
-        raise ConfigError(f"model.options.pause_id: must be a row of the vocabulary [0, {cfg.vocab_size}), got {pause_id}")
 
 
 def expand_with_pauses(idx: torch.Tensor, n_pause: int, pause_id: int, targets: torch.Tensor | None = None):
@@ -104,15 +82,6 @@ class PauseTokenLM(LoopedLM):
     def n_pause(self) -> int:
         """Pauses after every real token: K - 1 of the current K (at_depth changes it), or the option."""
         return resolve_pause(self.cfg, self.opts)[0]
-
-    @classmethod
-    def check_depth(cls, trained, K: int) -> None:
-        """Test-time depth: K' - 1 pauses after every token (the pause count is the model's depth),
-        unless ``n_pause`` fixes the count, which K then does not set."""
-        n_pause = (trained.options or {}).get("n_pause")
-        if n_pause is not None:
-            raise ConfigError(f"eval.K: pause_token has no depth K to change: model.options.n_pause = {n_pause} "
-                              f"fixes its pauses")
 
     @property
     def n_layer_applications(self) -> int:

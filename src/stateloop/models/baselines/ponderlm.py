@@ -33,18 +33,12 @@ What the paper leaves open, and the choices made here:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import LoopedLM, ModelOutput
-
-
-@dataclass
-class PonderLMOptions:
-    scale_embeds: bool = True  # c = sqrt(d) on the input and pondering embeddings (else c = 1)
-    multiply_pondering_steps: bool = True  # z^0 = s c E[x] (official 1.4B recipe)
+from stateloop.models.registry import PonderLMOptions
 
 
 class PonderLM(LoopedLM):
