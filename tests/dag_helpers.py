@@ -36,9 +36,11 @@ def env() -> dict:
     return e
 
 
-def snakemake(cwd: Path, *args, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+def snakemake(cwd: Path, *args, check: bool = True, timeout: int = 600,
+              extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """``snakemake ARGS`` in ``cwd``, in :func:`env` with ``extra_env``'s entries set."""
+    proc = subprocess.run([sys.executable, "-m", "snakemake", *args], cwd=cwd, env={**env(), **(extra_env or {})},
+                          capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"snakemake {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

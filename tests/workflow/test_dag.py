@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 import yaml
-from dag_helpers import copy_workflow, jobs, snakemake
+from dag_helpers import copy_workflow, env, jobs, snakemake
 from rehearsal_support import dag, mlflow_server
 
 from stateloop.pipeline import expand_runs, load_pipeline
@@ -261,6 +261,33 @@ def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path, edit, needle):
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if needle in line]
     assert lines, proc.stdout + proc.stderr
     assert "Job stats" not in proc.stdout  # nothing was planned, let alone run
+
+
+# Every Python process started with this on its path writes the torch modules it holds at exit.
+TORCH_RECORDER = """import atexit, os, sys
+
+def _record():
+    with open(os.path.join(os.environ["TORCH_RECORD_DIR"], str(os.getpid())), "w") as f:
+        f.write(" ".join(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))))
+
+atexit.register(_record)
+"""
+
+
+def test_parsing_the_snakefile_and_planning_import_no_torch(tmp_path):
+    """Every Snakemake process (each dry run, each DAG, the Snakemake inside every SLURM job)
+    parses the Snakefile, which checks the config against the model registry: that must not
+    import torch (about 2 CPU-seconds a process)."""
+    work = copy_workflow(tmp_path / "wf")
+    site, record = tmp_path / "site", tmp_path / "record"
+    site.mkdir()
+    record.mkdir()
+    (site / "sitecustomize.py").write_text(TORCH_RECORDER)
+    proc = snakemake(work, "-n", "--configfile", "configs/smoke.yaml",
+                     extra_env={"PYTHONPATH": f"{site}{os.pathsep}{env()['PYTHONPATH']}", "TORCH_RECORD_DIR": str(record)})
+    assert "Job stats" in proc.stdout  # the DAG was built and planned
+    recorded = {p.name: p.read_text() for p in record.iterdir()}
+    assert recorded and not any(recorded.values()), recorded
 
 
 def test_lint_reports_nothing_serious(tmp_path):
