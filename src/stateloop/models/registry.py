@@ -8,7 +8,7 @@ The registry holds everything a config check reads about a model: its name, labe
 has a state, its options dataclass and their checks, and the test-time depths it refuses. It
 imports no torch, so the Snakefile, ``stateloop plan`` and every config check read it without
 loading torch and the model modules: a spec's ``build`` imports its model's module when a model
-is built (:func:`build_model`, the one function here that needs torch).
+is built (:func:`build_model`; it, :func:`count_params` and :func:`matched_ffn_width` need torch).
 
 Every model maps token ids (B, T) to next-token logits (B, T, V) through
 ``model(idx, cache=None) -> ModelOutput`` and can be built on the meta device for counting.
