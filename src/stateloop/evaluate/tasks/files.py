@@ -171,12 +171,12 @@ def lm_eval_task_files(names: Iterable[str]) -> dict[str, Path] | None:
 
     [choice] A task manager over lm-eval's whole tree parses its ~14,000 YAMLs (11 CPU-s
     measured, 2026-12-04), while an evaluation names a handful of tasks. This scan reads the bytes
-    of each YAML (0.37 CPU-s measured for the whole tree) and parses as text only those holding a
-    requested name, so that the task manager indexes only the folders of the files found
-    (:func:`stateloop.evaluate.tasks.prepare.task_manager`, which checks the result against them
-    and falls back to the whole index). [assume] A task name is not registered by a YAML that
-    inherits its ``task:`` from an included template of another folder (none is in lm-eval 0.4.13:
-    the check of the test suite compares with the whole index)."""
+    of each YAML and parses as text only those holding a requested name (0.45 CPU-s for the
+    paper's nine tasks, measured 2026-12-04), so that a task manager indexes only the folders of
+    the files found (:func:`stateloop.evaluate.tasks.prepare.task_manager`, which checks the
+    index against them and falls back to the whole tree; figures in benchmarks/README.md).
+    [assume] No YAML of another folder registers a requested name through a template it includes
+    (none does in lm-eval 0.4.13 for the tasks the test suite compares with the whole index)."""
     names = list(dict.fromkeys(names))
     spec = importlib.util.find_spec("lm_eval")
     if not names or spec is None or not spec.submodule_search_locations:
