@@ -203,6 +203,54 @@ def test_paper_task_names_are_lm_evals_own(tmp_path):
     assert "acc_norm for arc_challenge, hellaswag" in metrics.describe("accuracy", PAPER_TASKS)
 
 
+def test_lm_evals_tasks_found_by_scan_as_by_its_whole_index():
+    """The scan of lm-eval's installed YAMLs places the paper's tasks (and two more) in the files
+    lm-eval's whole index gives them; a task manager over only their folders gives each the same
+    YAML and resolved config. (The one test that pays for the whole index.)"""
+    from lm_eval.tasks import TaskManager
+
+    from stateloop.evaluate.config import PAPER_TASKS
+    from stateloop.evaluate.tasks.files import lm_eval_task_files
+    from stateloop.evaluate.tasks.prepare import task_manager
+
+    names = [*PAPER_TASKS, "lambada_standard", "arc_easy", "mmlu_anatomy"]
+    files = lm_eval_task_files(names)
+    fast = task_manager(names).task_index
+    whole = TaskManager().task_index
+    assert len(whole) > 10 * len(fast)  # not the whole index
+    for name in dict.fromkeys(names):
+        assert files[name].resolve() == Path(whole[name].yaml_path).resolve(), name
+        assert Path(fast[name].yaml_path).resolve() == files[name].resolve(), name
+        assert fast[name].kind == whole[name].kind and fast[name].cfg == whole[name].cfg, name
+    for name in ("mmlu", "ai2_arc", "no_such_task_x"):  # a group, a tag, unknown: placed by the whole index only
+        assert lm_eval_task_files(["arc_easy", name]) is None, name
+        assert (name in whole) == (name != "no_such_task_x")
+
+
+def test_task_manager_falls_back_to_lm_evals_whole_folder(monkeypatch, tmp_path):
+    """A name the scan cannot place, or placed elsewhere than the index over its folder finds it,
+    takes lm-eval's whole folder, listed before the local paths; without built-in tasks only the
+    local paths are indexed."""
+    import lm_eval.tasks
+
+    from stateloop.evaluate.tasks import prepare
+
+    calls = []
+
+    class Index:  # records how the task manager is built; its index gives arc_easy another file
+        def __init__(self, include_path=None, include_defaults=True):
+            calls.append((include_path, include_defaults))
+            self.task_index = {}
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Index)
+    local = [str(tmp_path)]
+    prepare.task_manager(["no_such_task_x"], local)
+    prepare.task_manager(["arc_easy"], local)
+    prepare.task_manager([], local)
+    folder = str(prepare.lm_eval_task_files(["arc_easy"])["arc_easy"].parent)
+    assert calls == [(local, True), ([folder, *local], False), (local, True), (local, False)]
+
+
 def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
     """The synthetic multiple-choice and cloze tasks run offline through lm-eval at 0 and 5 shots;
     the logged 5-shot prompts hold five answered examples from the few-shot pool, then the item."""

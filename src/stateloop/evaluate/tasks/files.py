@@ -14,11 +14,14 @@ that each, and the test suite, imports it at the top of its file:
   ``../shared/data`` beside the checkout), the folder in it of each local task's source
   (:data:`SHARED_SOURCES`) and readers of the files in it that both sides use: PIQA's dev split
   with its labels (:func:`piqa_dev`) and WikiText's articles (:func:`wikitext_pages`);
-- :func:`write_jsonl`, the JSON-lines files both write their task data as.
+- :func:`write_jsonl`, the JSON-lines files both write their task data as;
+- :func:`lm_eval_task_files`, the installed lm-eval YAML that defines each of a few task names,
+  found by a text scan (so that a task manager indexes only their folders).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -131,3 +134,69 @@ def wikitext_pages(text: str) -> list[str]:
     if any(l.strip() for l in current):
         pages.append("".join(current))
     return pages
+
+
+# ----------------------------------------------------------------------------------------------
+# lm-eval's installed task tree, scanned as text
+
+LM_EVAL_SKIPPED = {"__pycache__", ".ipynb_checkpoints"}  # folders lm-eval's own index skips
+
+
+def _scalar(value: str) -> str:
+    return value.split(" #", 1)[0].strip().strip("'\"")
+
+
+def _registers(text: str, name: str) -> str | None:
+    """How a YAML's top level registers ``name`` in lm-eval's index: ``"task"`` (``task: name``),
+    ``"group"`` (``group: name``), ``"tag"`` (``name`` in ``tag:``, inline, a flow list or a block
+    list), or None."""
+    key = None
+    for line in text.splitlines():
+        if line[:1] not in ("", " ", "\t", "-", "#"):
+            key, _, value = line.partition(":")
+            key, value = _scalar(key), value.strip()
+            items = value[1:-1].split(",") if key == "tag" and value.startswith("[") and value.endswith("]") else [value]
+            if key in ("task", "group", "tag") and name in (_scalar(v) for v in items):
+                return key
+        elif key == "tag" and line.lstrip().startswith("-") and _scalar(line.lstrip()[1:]) == name:
+            return "tag"
+    return None
+
+
+def lm_eval_task_files(names: Iterable[str]) -> dict[str, Path] | None:
+    """Task name -> the one YAML of the installed lm-eval's task tree whose top level says
+    ``task: <name>``; None when a name cannot be placed that way (no such line: a group, a tag, a
+    name of a ``task:`` list or of a python class, an unknown name; more than one such file; or
+    any YAML of the tree registering the name as a ``group:`` or ``tag:``).
+
+    [choice] A task manager over lm-eval's whole tree parses its ~14,000 YAMLs (11 CPU-s
+    measured, 2026-12-04), while an evaluation names a handful of tasks. This scan reads the bytes
+    of each YAML and parses as text only those holding a requested name (0.45 CPU-s for the
+    paper's nine tasks, measured 2026-12-04), so that a task manager indexes only the folders of
+    the files found (:func:`stateloop.evaluate.tasks.prepare.task_manager`, which checks the
+    index against them and falls back to the whole tree; figures in benchmarks/README.md).
+    [assume] No YAML of another folder registers a requested name through a template it includes
+    (none does in lm-eval 0.4.13 for the tasks the test suite compares with the whole index)."""
+    names = list(dict.fromkeys(names))
+    spec = importlib.util.find_spec("lm_eval")
+    if not names or spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tasks"
+    needles = {n: n.encode() for n in names}
+    found: dict[str, list[Path]] = {n: [] for n in names}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in LM_EVAL_SKIPPED]
+        for file in files:
+            if not file.endswith(".yaml"):
+                continue
+            path = Path(folder) / file
+            data = path.read_bytes()
+            for name in (n for n, b in needles.items() if b in data):
+                kind = _registers(data.decode("utf-8", "replace"), name)
+                if kind in ("group", "tag"):
+                    return None
+                if kind == "task":
+                    found[name].append(path)
+    if any(len(paths) != 1 for paths in found.values()):
+        return None
+    return {name: paths[0] for name, paths in found.items()}

@@ -22,7 +22,8 @@ written elsewhere), e.g. lm-eval's own YAML of a task with only its data source 
 ``output_type`` is then read through the include. A name in ``eval.task_dir`` is always the
 local task, even where lm-eval has a built-in task of that name: the task manager indexes only
 the local YAMLs when every requested task is local, and otherwise lists them after lm-eval's
-folder, which lets them override the built-ins (checked after indexing).
+folders of the requested built-in tasks (:func:`task_manager`), which lets them override the
+built-ins (checked after indexing).
 
 Tasks not in ``workflow/tasks/`` are lm-eval's own (downloaded from the Hugging Face Hub).
 
@@ -46,6 +47,7 @@ from stateloop.evaluate.tasks.files import (
     DEFAULT_TASK_DIR,
     FunctionTag,
     dump_task_yaml,
+    lm_eval_task_files,
     load_task_yaml,
     piqa_dev,
     read_task_yaml,
@@ -177,12 +179,33 @@ def _merged_config(spec: dict, seen: tuple = ()) -> dict:
     return merged
 
 
+def task_manager(builtin: list[str], include_path: list[str] = ()):
+    """An lm-eval TaskManager that knows lm-eval's own tasks ``builtin`` and every task of the
+    folders ``include_path``, which override built-in tasks of the same name (lm-eval lets a later
+    path override an earlier one, and lists its own folder first).
+
+    [choice] Only the folders of lm-eval's tree holding the YAMLs of ``builtin`` are indexed
+    (:func:`~stateloop.evaluate.tasks.files.lm_eval_task_files`; measured 2026-12-04, see
+    benchmarks/README.md), listed before ``include_path`` as lm-eval lists its whole folder; when
+    the scan cannot place every name, or the index does not give a name the file found, lm-eval's
+    whole folder is indexed, as lm-eval does by default. Without built-in tasks, it is not indexed."""
+    from lm_eval.tasks import TaskManager
+
+    files = lm_eval_task_files(builtin) if builtin else None
+    if files is not None:
+        parents = sorted({p.parent for p in files.values()})
+        folders = [str(f) for f in parents if not any(o in f.parents for o in parents)]
+        tm = TaskManager(include_path=[*folders, *include_path], include_defaults=False)
+        if all((e := tm.task_index.get(n)) is not None and e.kind.name in ("TASK", "PY_TASK") and e.yaml_path is not None
+               and Path(e.yaml_path).resolve() == files[n].resolve() for n in builtin):
+            return tm
+    return TaskManager(include_path=list(include_path) or None, include_defaults=bool(builtin))
+
+
 def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_meta: dict | None = None):
     """Write runnable YAMLs (absolute data paths) for the local ones among ``tasks`` into
     ``work_dir`` and return a :class:`PreparedTasks` whose task manager knows every task.
     ``data_meta``: the run's data folder's meta.json (the synthetic tasks follow its generator)."""
-    from lm_eval.tasks import TaskManager
-
     work_dir = Path(work_dir).resolve()
     task_dir = Path(cfg.task_dir) if cfg.task_dir else DEFAULT_TASK_DIR
     if not task_dir.is_dir():
@@ -224,10 +247,7 @@ def prepare_tasks(tasks: list[str], work_dir: str | Path, cfg: EvalConfig, data_
         out = (folder if any(isinstance(v, FunctionTag) for v in spec.values()) and prep is not None else yaml_dir) / f"{name}.yaml"
         out.write_text(f"# written by stateloop eval from {available[name]}\n" + dump_task_yaml(spec))
         local[name] = out
-    paths = sorted({str(p.parent) for p in local.values()})
-    # lm-eval indexes its own folder first and lets later (include) paths override it; without
-    # built-in tasks to run, its folder is not indexed at all.
-    tm = TaskManager(include_path=paths or None, include_defaults=bool(builtin))
+    tm = task_manager(builtin, sorted({str(p.parent) for p in local.values()}))
     for name, out in local.items():
         entry = tm.task_index.get(name)
         if entry is None or entry.yaml_path is None or Path(entry.yaml_path).resolve() != out.resolve():

@@ -50,6 +50,7 @@ import yaml
 
 from stateloop.data.synthetic import ANIMALS, JOBS, PEOPLE, TOWNS, task_examples
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, piqa_dev, task_yamls, wikitext_pages, write_jsonl
+from stateloop.evaluate.tasks.prepare import task_manager
 
 # Splits of lm-eval's YAMLs -> the synthetic generator's splits (disjoint by construction).
 SYNTH_SPLIT = {"train": "train", "validation": "val", "test": "test"}
@@ -253,10 +254,9 @@ SOURCES: dict[str, Source] = {
 
 
 def lm_eval_yamls(tasks: list[str]) -> dict[str, tuple[Path, dict]]:
-    """Task -> (lm-eval's installed YAML, its config with includes resolved), from lm-eval's own index."""
-    from lm_eval.tasks import TaskManager
-
-    index = TaskManager().task_index
+    """Task -> (lm-eval's installed YAML, its config with includes resolved), from lm-eval's own
+    index over the folders of those tasks (:func:`~stateloop.evaluate.tasks.prepare.task_manager`)."""
+    index = task_manager(list(tasks)).task_index
     out = {}
     for name in tasks:
         entry = index.get(name)
