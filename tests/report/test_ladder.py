@@ -70,6 +70,19 @@ def test_the_fit_and_its_crossing_against_independent_computations(constructed):
     assert flat.verdict == "holds (no trend resolved)" and flat.slope.mean == pytest.approx(0.0, abs=1e-9)
 
 
+def test_a_crossing_outside_the_rungs_says_so():
+    """The 2026-12-04 ladder's K = 4 fit grew and crossed 0 at 10^10.45, below its smallest rung
+    (1.3e11 FLOPs): a crossing the ladder never reaches as compute grows."""
+    rungs = [ladder.Rung(f"ladder_{i}", 10.0 ** x, {1: 0.0}) for i, x in ((1, 11.1), (2, 12.1), (3, 12.9))]
+
+    def text(x: float) -> str:
+        return ladder.Trend(4, rungs, None, (x, x - 1.0, x + 1.0)).crossing_text()
+
+    assert text(10.45).endswith("below the smallest rung (10^11.10): the fit run backwards")
+    assert text(13.5).endswith("past the largest rung (10^12.90): an extrapolation")
+    assert text(12.0) == "the fitted gap crosses 0 at 10^12.00 [10^11.00, 10^13.00] training FLOPs"
+
+
 def test_the_claims_rows_and_the_figure(constructed):
     import matplotlib.pyplot as plt
 

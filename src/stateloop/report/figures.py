@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import textwrap
 from pathlib import Path
 
 from matplotlib.patches import Patch
@@ -311,7 +312,7 @@ def gap_vs_compute(cfg, results: Path):
             grid = [lo + (hi - lo) * i / 50 for i in range(51)]
             t = t_quantile(tr.fit.dof + 1) if tr.fit.dof > 0 else math.nan
             ax.plot([10 ** g for g in grid], [tr.fit.predict(g) for g in grid], "-", color=color, lw=1,
-                    label=f"fit K={K}: slope {tr.slope.format()} per 10x; {tr.crossing_text()}")
+                    label=textwrap.fill(f"fit K={K}: slope {tr.slope.format()} per 10x; {tr.crossing_text()}", 100))
             if not math.isnan(t):
                 ax.fill_between([10 ** g for g in grid], [tr.fit.predict(g) - t * tr.fit.se(g) for g in grid],
                                 [tr.fit.predict(g) + t * tr.fit.se(g) for g in grid], color=color, alpha=0.12, lw=0)

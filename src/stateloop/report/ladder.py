@@ -164,10 +164,19 @@ class Trend:
         return trend_verdict(self.slope, math.fsum(largest.values()) / len(largest))
 
     def crossing_text(self) -> str:
+        """Where the fitted gap crosses 0, and whether that lies outside the rungs' compute: a
+        crossing below the smallest rung is the fit run backwards (the gap moves away from 0 as
+        compute grows), one above the largest is an extrapolation forwards."""
         if self.cross is None:
             return NO_CROSSING
         x, lo, hi = self.cross
-        return f"the fitted gap crosses 0 at 10^{x:.2f} [10^{lo:.2f}, 10^{hi:.2f}] training FLOPs"
+        text = f"the fitted gap crosses 0 at 10^{x:.2f} [10^{lo:.2f}, 10^{hi:.2f}] training FLOPs"
+        smallest, largest = (math.log10(r.flops) for r in (self.rungs[0], self.rungs[-1]))
+        if x < smallest:
+            return f"{text}, below the smallest rung (10^{smallest:.2f}): the fit run backwards"
+        if x > largest:
+            return f"{text}, past the largest rung (10^{largest:.2f}): an extrapolation"
+        return text
 
 
 def trend(cfg, results: Path, K: int) -> Trend:
