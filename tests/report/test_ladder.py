@@ -49,6 +49,25 @@ def test_the_ladder_config_plans_three_rungs_of_paired_seeds():
     assert sizes == sorted(sizes) and len({x for s in sizes for x in s}) == 9  # width, depth and tokens all grow
 
 
+@pytest.mark.parametrize("name", ["ladder.yaml", "ladder_gpu.yaml"])
+def test_a_ladders_rehearsal_keeps_its_rungs_order_of_compute(name):
+    """`stateloop rehearse` shrinks every scale to one width; a ladder's rungs must still grow in
+    training compute, or the rehearsed fit has no compute axis (on 2026-12-04 all three rungs of
+    ladder_gpu.yaml's rehearsal trained alike and its slope read -17,053 points per tenfold)."""
+    from stateloop.config import load_yaml
+    from stateloop.pipeline import pipeline_from_dict
+    from stateloop.rehearse.config import shrink
+
+    raw = shrink(load_yaml(ROOT / "configs" / name))
+    cfg = pipeline_from_dict(raw, name)
+    flops = []
+    for rung in ladder.rungs(cfg):
+        run = next(r for r in expand_runs(cfg, [rung]) if r.model == "stateloop" and r.K == 4)
+        t = cfg.scales[run.scale].train
+        flops.append(t.total_steps * t.global_batch)  # one width: compute in proportion to the sequences
+    assert len(flops) == 3 and flops[0] < flops[1] < flops[2]
+
+
 def test_the_fit_and_its_crossing_against_independent_computations(constructed):
     cfg, results = constructed
     tr = ladder.trend(cfg, results, 4)

@@ -14,7 +14,7 @@ on); rendering.
 
 What is **shrunk**: an experiment's seeds (the first two), widths (d = 32 with head dim 8; SwiGLU widths, d_s and the mixers' widths
 by the same factor), layer counts (/8, at least 1), token budgets (4 optimiser steps of 32-token
-windows), the data read, evaluation examples and windows, benchmark token counts, resources.
+windows; a compute ladder's n-th rung n times 4), the data read, evaluation examples and windows, benchmark token counts, resources.
 The vocabulary is kept: the tokenizer is the config's own.
 
 **Changed**: evaluation in ``bf16-mixed`` runs in float32. On a CPU without bf16 instructions
@@ -151,6 +151,17 @@ def shrink_experiment(exp: dict, factor: float) -> dict:
     return e
 
 
+def _keep_rung_order(out: dict) -> None:
+    """A compute ladder (report/ladder.py) keeps its rungs' order of compute: shrunk to one width,
+    the n-th rung trains n times the steps (4, 8, 12, ...), so that its fit has a compute axis."""
+    from stateloop.report.ladder import RUNGS
+
+    rungs = [r for r in RUNGS if r in out.get("experiments", {})]
+    for n, rung in enumerate(rungs, start=1):
+        train = out["scales"][out["experiments"][rung]["scale"]]["train"]
+        train["max_tokens"] = n * STEPS * train["global_batch"] * SEQ_LEN
+
+
 def shrink(raw: dict) -> dict:
     """The rehearsal config of a config mapping (without data or task locations: see
     :func:`stateloop.rehearse.prepare`)."""
@@ -170,6 +181,7 @@ def shrink(raw: dict) -> dict:
         scale["paper"] = False  # shrunk: never compared with the paper's absolute numbers
     for exp in out.get("experiments", {}).values():
         exp.update(shrink_experiment(exp, factors[exp["scale"]]))
+    _keep_rung_order(out)
     bench = dict(out.get("bench") or {})
     decoding_scale = out.get("experiments", {}).get("decoding", {}).get("scale")
     if bench.get("dtype", "auto") == "auto" and decoding_scale and out["scales"][decoding_scale]["_gpu"]:
