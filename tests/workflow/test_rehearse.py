@@ -29,17 +29,15 @@ NOT_REHEARSED = {
     "smoke.yaml": "the tiny rehearsal runs the same DAG at smoke's sizes (d = 32, 4 steps)",
     "decide.yaml": ("trained for real (docs/results.md, 'Deciding the claims'; 60 runs); its DAG is planned in "
                     "test_dag and its code paths run in the tiny rehearsal"),
-    "ladder.yaml": ("its rungs run decide's code paths at three shapes (the tiny rehearsal covers them); its DAG "
-                    "is planned in test_dag and its figure and claims rows tested in tests/report/test_ladder.py: "
-                    "CI's 20 minutes"),
-    "ladder_gpu.yaml": ("gpu.yaml's stages and data at three shapes, with ladder.yaml's outputs: gpu.yaml's "
-                        "reasons and ladder.yaml's; its DAG and cost are planned in test_dag "
-                        "(`stateloop rehearse configs/ladder_gpu.yaml` rehearses it whole): CI's 20 minutes"),
     "gpu.yaml": ("the paper rehearsal runs the same stages on hub-layout data with the paper's lm-eval tasks; "
                  "its FineWeb-Edu mirror is tested in tests/rehearse/test_mirrors.py, its DAG planned and its "
                  "analyses run in tests/analysis/test_config_splits.py (`stateloop rehearse configs/gpu.yaml` "
                  "rehearses it whole, ~5 min): CI's 20 minutes"),
 }
+# A config with this experiment is a compute ladder (report/ladder.py): its outputs are the gap
+# against compute and the claims, not the paper's tables.
+LADDER = "ladder_1"
+LADDER_OUTPUTS = ["figures/gap_vs_compute.pdf", "figures/gap_vs_compute.png", "results/claims.md", "results/claims.csv"]
 # The interrupted rehearsal's training: long enough that the DAG is killed mid-run after its first
 # checkpoint (step 2), short enough that the resumed run costs seconds, not minutes.
 STEPS = 16
@@ -60,8 +58,29 @@ def rehearsal(request, tmp_path_factory):
     return name, raw, rehearsed(name, tmp_path_factory)
 
 
+def _skip_ladder(raw: dict) -> None:
+    if LADDER in raw["experiments"]:
+        pytest.skip("a compute ladder has no paper tables (test_a_ladders_rehearsal_fits_its_gap_against_compute)")
+
+
+def test_a_ladders_rehearsal_fits_its_gap_against_compute(rehearsal):
+    """A ladder's figure and its claims rows, one per K, fitted over every rung and seed (the
+    rehearsal keeps the rungs' order of compute and two seeds)."""
+    name, raw, out = rehearsal
+    if LADDER not in raw["experiments"]:
+        pytest.skip("not a compute ladder")
+    for rel in LADDER_OUTPUTS:
+        assert (out / rel).is_file() and (out / rel).stat().st_size > 0, (name, rel)
+    claims = pd.read_csv(out / "results/claims.csv").set_index("id")
+    rows = claims[claims.source.str.startswith("own: compute ladder")]
+    assert sorted(rows.index) == ["ladder_gap_vs_compute_K4", "ladder_gap_vs_compute_K7"]
+    assert (rows.n == 3 * SEEDS).all() and rows.ci_lo.notna().all()
+    assert set(rows.verdict) <= {"shrinks", "grows", "holds (no trend resolved)"}
+
+
 def test_rehearsal_produces_every_table_and_figure_with_the_papers_rows_and_columns(rehearsal):
     name, raw, out = rehearsal
+    _skip_ladder(raw)
     for rel in OUTPUTS:
         assert (out / rel).is_file() and (out / rel).stat().st_size > 0, (name, rel)
     cfg = pipeline_from_dict(raw, name)
@@ -121,6 +140,7 @@ def test_rehearsal_kept_the_configs_training_settings(rehearsal):
 
 def test_rehearsal_evaluated_the_configs_tasks_by_their_names_and_its_table3_dtype(rehearsal):
     name, raw, out = rehearsal
+    _skip_ladder(raw)
     cfg = pipeline_from_dict(load_yaml(out / "config.yaml"), name)  # the rehearsal's run ids (d_s shrinks)
     for run in expand_runs(cfg, ["table1"]):
         ev = json.loads((out / "results/runs" / run.id / "eval.json").read_text())
@@ -162,7 +182,7 @@ def test_rehearsal_jobs_ran_in_the_warm_server(rehearsal):
     tasks = sum(s["world_size"] if s["cluster_environment"] == "SLURMEnvironment" else 1 for s in summaries)
     assert started.count("train") == tasks, f"{started.count('train')} of {tasks} training processes served"
     assert warm.MIN_JOBS > 1
-    proc = dag(out, "results/table1.md", "--force")  # one job
+    proc = dag(out, "results/claims.md", "--force")  # one job
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith("serving on") for line in log.read_text().splitlines()) == 1
 
