@@ -38,8 +38,7 @@ def pytest_collection_modifyitems(config, items):
     (about 4 CPU-minutes of Snakemake dry runs): once the SLURM rehearsal's jobs are served warm too,
     the rehearsals' half is the lighter one (2026-12-04). With torch-free Snakefile parses it was
     16.5 minutes against 17.8, so lm-eval's whole task index (the one test that builds it, about
-    40 s) moved here too. Of the two ladder rehearsals (about 1.7 minutes each), ladder.yaml's runs
-    here and ladder_gpu.yaml's in the other half."""
+    40 s) moved here too, and ladder.yaml's rehearsal (about 1.7 minutes)."""
     items.sort(key=_balanced_first)  # stable: the rest keep their order
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})

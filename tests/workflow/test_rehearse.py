@@ -29,6 +29,9 @@ NOT_REHEARSED = {
     "smoke.yaml": "the tiny rehearsal runs the same DAG at smoke's sizes (d = 32, 4 steps)",
     "decide.yaml": ("trained for real (docs/results.md, 'Deciding the claims'; 60 runs); its DAG is planned in "
                     "test_dag and its code paths run in the tiny rehearsal"),
+    "ladder_gpu.yaml": ("ladder.yaml's DAG (rehearsed here) on gpu.yaml's data and tokenizer (gpu.yaml's reasons); "
+                        "`stateloop rehearse configs/ladder_gpu.yaml` rehearses it whole, 1.6 min alone, 2.4 in "
+                        "CI beside the rehearsals, which took CI to 19.2 minutes (2026-12-04)"),
     "gpu.yaml": ("the paper rehearsal runs the same stages on hub-layout data with the paper's lm-eval tasks; "
                  "its FineWeb-Edu mirror is tested in tests/rehearse/test_mirrors.py, its DAG planned and its "
                  "analyses run in tests/analysis/test_config_splits.py (`stateloop rehearse configs/gpu.yaml` "
