@@ -65,12 +65,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inner", type=int, default=5, help="calls per timed block")
     args = ap.parse_args()
-    cfg = config("stateloop_attn", 4096, 8, args.width)
-    cfg_m = config("stateloop_mamba2", 4096, 8, args.width)
+    cfg = config("stateloop_mamba2", 4096, 8, args.width)  # config() gives every model the same mixer widths
     rope = Rotary(args.seq, 0, cfg.head_dim, cfg.rope_theta, "cpu", torch.float32)
     x = torch.randn(1, args.seq, args.width, requires_grad=True)
     todo = pieces(cfg)
-    todo["Mamba-2 mixer"] = pieces(cfg_m)["Mamba-2 mixer"]
     flops = {}
     for name, (m, fn) in todo.items():
         with counter() as c:

@@ -60,11 +60,8 @@ def test_a_ladders_rehearsal_keeps_its_rungs_order_of_compute(name):
 
     raw = shrink(load_yaml(ROOT / "configs" / name))
     cfg = pipeline_from_dict(raw, name)
-    flops = []
-    for rung in ladder.rungs(cfg):
-        run = next(r for r in expand_runs(cfg, [rung]) if r.model == "stateloop" and r.K == 4)
-        t = cfg.scales[run.scale].train
-        flops.append(t.total_steps * t.global_batch)  # one width: compute in proportion to the sequences
+    flops = [ladder.training_flops(cfg, next(r for r in expand_runs(cfg, [rung]) if r.model == "stateloop" and r.K == 4))
+             for rung in ladder.rungs(cfg)]
     assert len(flops) == 3 and flops[0] < flops[1] < flops[2]
 
 

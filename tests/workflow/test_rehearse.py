@@ -20,6 +20,7 @@ from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.pipeline import expand_runs, load_pipeline, pipeline_from_dict
 from stateloop.rehearse.config import SEEDS, kept_settings
+from stateloop.report.ladder import RUNGS
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +40,7 @@ NOT_REHEARSED = {
 }
 # A config with this experiment is a compute ladder (report/ladder.py): its outputs are the gap
 # against compute and the claims, not the paper's tables.
-LADDER = "ladder_1"
+LADDER = RUNGS[0]
 LADDER_OUTPUTS = ["figures/gap_vs_compute.pdf", "figures/gap_vs_compute.png", "results/claims.md", "results/claims.csv"]
 # The interrupted rehearsal's training: long enough that the DAG is killed mid-run after its first
 # checkpoint (step 2), short enough that the resumed run costs seconds, not minutes.

@@ -152,14 +152,14 @@ def shrink_experiment(exp: dict, factor: float) -> dict:
 
 
 def _keep_rung_order(out: dict) -> None:
-    """A compute ladder (report/ladder.py) keeps its rungs' order of compute: shrunk to one width,
-    the n-th rung trains n times the steps (4, 8, 12, ...), so that its fit has a compute axis."""
+    """A compute ladder (report/ladder.py) keeps its rungs' order of compute: shrunk to d = 32 and
+    one layer, the n-th rung trains n times the steps (4, 8, 12, ...), so that its fit has a
+    compute axis."""
     from stateloop.report.ladder import RUNGS
 
     rungs = [r for r in RUNGS if r in out.get("experiments", {})]
     for n, rung in enumerate(rungs, start=1):
-        train = out["scales"][out["experiments"][rung]["scale"]]["train"]
-        train["max_tokens"] = n * STEPS * train["global_batch"] * SEQ_LEN
+        out["scales"][out["experiments"][rung]["scale"]]["train"]["max_tokens"] *= n
 
 
 def shrink(raw: dict) -> dict:

@@ -171,7 +171,7 @@ class Trend:
             return NO_CROSSING
         x, lo, hi = self.cross
         text = f"the fitted gap crosses 0 at 10^{x:.2f} [10^{lo:.2f}, 10^{hi:.2f}] training FLOPs"
-        smallest, largest = (math.log10(r.flops) for r in (self.rungs[0], self.rungs[-1]))
+        smallest, largest = (math.log10(f(r.flops for r in self.rungs)) for f in (min, max))
         if x < smallest:
             return f"{text}, below the smallest rung (10^{smallest:.2f}): the fit run backwards"
         if x > largest:
