@@ -5,11 +5,14 @@ on one torch thread, so machine load hits both alike:
 
 - decode: one iteration of StateLoop's cell (eqs. 2, 5, 6) for one token (batch 1, T = 1) in
   inference mode, the shape of a decoded token;
-- train: forward + backward of the chunked SSD scan (models/ssd.py) at a training shape.
+- train: forward + backward of the chunked SSD scan (models/ssd.py) at a training shape, and of
+  Mamba-2's depthwise causal convolution + SiLU (``kernels.causal_conv1d_ref``) over its
+  d_in + 2GN channels.
 
-The other checkout's ``models/state.py`` and ``models/ssd.py`` are loaded from its source folder
-(``--before``, e.g. a ``git worktree`` of an older commit); both cells run on this checkout's
-backbone and kernels modules.
+The other checkout's ``models/state.py``, ``models/ssd.py`` and ``models/kernels.py`` are loaded
+from its source folder (``--before``, e.g. a ``git worktree`` of an older commit); both cells run
+on this checkout's backbone and kernels modules. Each backward starts from a fixed random
+gradient of the output.
 
     PYTHONPATH=src python benchmarks/bench_state_branch.py --before ../old/src [--width 512] [--groups 8]
 """
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from stateloop.models import kernels as kernels_after
 from stateloop.models import ssd as ssd_after
 from stateloop.models import state as state_after
 
@@ -58,6 +62,7 @@ def main() -> None:
     torch.set_num_threads(1)
     models = Path(args.before) / "stateloop" / "models"
     state_before, ssd_before = load(models / "state.py", "state_before"), load(models / "ssd.py", "ssd_before")
+    kernels_before = load(models / "kernels.py", "kernels_before")
     d = args.width
     torch.manual_seed(0)
 
@@ -81,17 +86,32 @@ def main() -> None:
     B = torch.randn(1, args.seq, args.groups, N, requires_grad=True)
     C = torch.randn(1, args.seq, args.groups, N, requires_grad=True)
 
+    grad = torch.randn(x.shape)
+
     def train(module):
-        module.ssd_chunked(x, dt, A, B, C, q).square().sum().backward()
+        module.ssd_chunked(x, dt, A, B, C, q).backward(grad)
 
     torch.testing.assert_close(ssd_before.ssd_chunked(x, dt, A, B, C, q), ssd_after.ssd_chunked(x, dt, A, B, C, q))
     tr = interleaved({"before": lambda: train(ssd_before), "after": lambda: train(ssd_after)}, args.repeats, 3)
+
+    channels = 2 * d + 2 * args.groups * N  # Mamba-2's conv: x, B and C
+    xc = torch.randn(1, args.seq, channels, requires_grad=True)
+    wc, bc = torch.randn(channels, 1, 4, requires_grad=True), torch.randn(channels, requires_grad=True)
+    gc = torch.randn(xc.shape)
+
+    def conv(module):
+        module.causal_conv1d_ref(xc, wc, bc).backward(gc)
+
+    torch.testing.assert_close(kernels_before.causal_conv1d_ref(xc, wc, bc), kernels_after.causal_conv1d_ref(xc, wc, bc))
+    cv = interleaved({"before": lambda: conv(kernels_before), "after": lambda: conv(kernels_after)}, args.repeats, 5)
 
     print(f"torch {torch.__version__}, 1 thread, {args.repeats} interleaved repeats (median)")
     print(f"decode, StateLoop cell, d = d_s = {d}, one token: before {dec['before'] * 1e6:.1f} us, "
           f"after {dec['after'] * 1e6:.1f} us ({dec['after'] / dec['before']:.2f}x)")
     print(f"train, SSD scan fwd+bwd, {args.seq} tokens, {heads} heads of {P}, {args.groups} group(s), N = {N}: before "
           f"{tr['before'] * 1e3:.1f} ms, after {tr['after'] * 1e3:.1f} ms ({tr['after'] / tr['before']:.2f}x)")
+    print(f"train, Mamba-2 causal conv + SiLU fwd+bwd, {args.seq} tokens, {channels} channels, 4 taps: before "
+          f"{cv['before'] * 1e3:.2f} ms, after {cv['after'] * 1e3:.2f} ms ({cv['after'] / cv['before']:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from stateloop.models.kernels import causal_conv1d_ref
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.ssd import ssd_chunked, ssd_sequential
 
@@ -51,17 +52,45 @@ def test_chunked_equals_naive_recurrence_float64(length, chunk):
     assert (y2 - y_ref).abs().max() < 1e-10 and (s2 - s_ref).abs().max() < 1e-10
 
 
-def test_chunked_gradients_equal_sequential():
-    x, dt, A, B, C = _inputs(1, 13, 2, 3, 1, 4)
-    for t in (x, dt, B, C):
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("initial", [False, True])
+def test_chunked_gradients_equal_sequential(groups, initial):
+    """Gradients of every input, A and the entering state included, through outputs and the
+    final state, over several chunks (13 steps in chunks of 4: the last one padded)."""
+    x, dt, A, B, C = _inputs(2, 13, 4, 3, groups, 4)
+    s0 = torch.randn(2, 4, 3, 4, dtype=torch.float64) if initial else None
+    inputs = [x, dt, A, B, C] + ([s0] if initial else [])
+    for t in inputs:
         t.requires_grad_(True)
-    ssd_chunked(x, dt, A, B, C, 4).pow(2).sum().backward()
-    g1 = [t.grad.clone() for t in (x, dt, B, C)]
-    for t in (x, dt, B, C):
-        t.grad = None
-    ssd_sequential(x, dt, A, B, C).pow(2).sum().backward()
-    for a, b in zip(g1, (t.grad for t in (x, dt, B, C))):
+    gen = torch.Generator().manual_seed(1)
+    gy, gs = torch.randn(2, 13, 4, 3, generator=gen, dtype=torch.float64), torch.randn(2, 4, 3, 4, generator=gen, dtype=torch.float64)
+
+    def grads(fn, *chunk):
+        y, s = fn(x, dt, A, B, C, *chunk, initial_state=s0, return_final_state=True)
+        return torch.autograd.grad((y * gy).sum() + (s * gs).sum(), inputs)
+
+    for a, b in zip(grads(ssd_chunked, 4), grads(ssd_sequential)):
         assert (a - b).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize("history", [False, True])
+def test_causal_conv1d_twin_equals_torch_grouped_conv1d(history):
+    """The twin's shifted multiply-adds (kernels.causal_conv1d_ref) against torch's own depthwise
+    conv1d, values and the gradients of input, weight, bias and history: tap W - 1 multiplies the
+    current input, tap 0 the input W - 1 steps back."""
+    gen = torch.Generator().manual_seed(0)
+    Bsz, T, Cc, W = 2, 9, 6, 4
+    x, w, b = (torch.randn(*shape, generator=gen, dtype=torch.float64, requires_grad=True)
+               for shape in ((Bsz, T, Cc), (Cc, 1, W), (Cc,)))
+    hist = torch.randn(Bsz, W - 1, Cc, generator=gen, dtype=torch.float64, requires_grad=True) if history else None
+    got = causal_conv1d_ref(x, w, b, history=hist)
+    full = torch.cat([hist if history else torch.zeros(Bsz, W - 1, Cc, dtype=torch.float64), x], 1)
+    expected = F.silu(F.conv1d(full.transpose(1, 2), w, b, groups=Cc)).transpose(1, 2)
+    assert got.shape == x.shape and (got - expected).abs().max() < 1e-12
+    leaves = [x, w, b] + ([hist] if history else [])
+    g = torch.randn(Bsz, T, Cc, generator=gen, dtype=torch.float64)
+    for a, e in zip(torch.autograd.grad((got * g).sum(), leaves), torch.autograd.grad((expected * g).sum(), leaves)):
+        assert (a - e).abs().max() < 1e-12
 
 
 @torch.no_grad()

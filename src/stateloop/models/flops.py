@@ -1,23 +1,20 @@
 """Compute of a model counted from its config: FLOPs and layer applications per token.
 
 The count comes from running the real forward and backward pass on the meta device under
-``torch.utils.flop_counter.FlopCounterMode``: every matmul, attention and convolution the model
+``torch.utils.flop_counter.FlopCounterMode``: every matmul and attention product the model
 really performs is counted, loop iterations included (a K-times looped model counts K backbone
 applications, Pause Token its 4 positions per real token), and nothing is allocated.
-Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU.
-
-One formula is torch's own mistake and replaced here: torch's ``convolution_backward`` formula
-treats the weight gradient of a grouped convolution as a dense one (it ignores ``groups``), so
-Mamba-2's depthwise conv1d would count C times its real work (C = its 2,304 channels at 1.4B).
-:func:`conv_backward_flop` counts each gradient (input, weight) as the forward convolution's
-multiply-adds, which is exact for any ``groups`` (tests/models/test_flops.py checks every model
-against an analytic count).
+Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU. Nor
+are two pieces of Mamba-2's pure-PyTorch twin that are elementwise multiply-adds: its depthwise
+causal convolution (W shifted multiply-adds, ``kernels.causal_conv1d_ref``; 2 W C FLOPs per
+token and pass, W = 4 taps of C = d_in + 2GN channels, about 0.25% of the mixer's matmuls at
+d_s = 512) and the carry of states across the SSD's chunks (``ssd.ssd_chunked``). Neither is a
+matmul on the GPU either (causal-conv1d's and mamba_ssm's kernels).
 
 :func:`decode_flops_per_token` counts one decoded token from the config, equal to what the
 counter sees in a cached single-token step (:func:`counted_decode_flops`): the FLOP share that
 Table 3's latency changes are set beside. The decoding step's convolution window is an
-elementwise multiply-add (``kernels.conv1d_step``) and is not counted, like the norms (2 W C
-FLOPs per Mamba-2 step, W = 4 taps of C = d_in + 2GN channels: under 0.5% of that step's matmuls).
+elementwise multiply-add (``kernels.conv1d_step``) and is not counted either.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ import json
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, bmm_flop, conv_flop_count
+from torch.utils.flop_counter import FlopCounterMode, bmm_flop
 
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
@@ -42,22 +39,13 @@ class ComputeProfile:
     layer_applications_per_token: float  # decoder-layer applications per real token (unrolled depth)
 
 
-def conv_backward_flop(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed, _output_padding,
-                       _groups, output_mask, out_shape=None, **kwargs) -> int:
-    """``aten.convolution_backward``: each requested gradient (of the input, of the weight) takes as
-    many multiply-adds as the forward convolution, 2 * batch * positions * C_out * (C_in / groups) *
-    kernel (``w_shape[1]`` is already C_in / groups, so grouped convolutions are counted right)."""
-    forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed=transposed)
-    return forward * (int(output_mask[0]) + int(output_mask[1]))
-
-
 def baddbmm_flop(_self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     """The in-place ``baddbmm_`` (Mamba-2's decoding state update, models/kernels.py), which torch
     does not count: the batched product's multiply-adds, as for ``baddbmm``."""
     return bmm_flop(a_shape, b_shape)
 
 
-FLOP_FORMULAS = {aten.convolution_backward: conv_backward_flop, aten.baddbmm_: baddbmm_flop}
+FLOP_FORMULAS = {aten.baddbmm_: baddbmm_flop}
 
 
 def counter() -> FlopCounterMode:

@@ -143,10 +143,23 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return causal_conv1d_ref(x, weight, bias)
 
 
-def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      history: torch.Tensor | None = None) -> torch.Tensor:
+    """Pure-PyTorch twin of :func:`causal_conv1d`; ``history`` (B, W-1, C) holds the inputs before
+    x (a cached sequence continued), zeros when None.
+
+    Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
+    ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
+    SiLU's on the transposed layout cost more than the rest of the block's elementwise work
+    (benchmarks/README.md, issue 24). Being elementwise, it is not counted by models/flops.py's
+    matmul count, like the decoding step's window (:func:`conv1d_step`)."""
     W = weight.shape[-1]
-    y = F.conv1d(x.transpose(1, 2), weight, bias, padding=W - 1, groups=x.shape[-1])
-    return F.silu(y[..., : x.shape[1]]).transpose(1, 2)
+    full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
+    T, w = x.shape[1], weight.view(-1, W)
+    y = full[:, :T] * w[:, 0] if bias is None else torch.addcmul(bias, full[:, :T], w[:, 0])
+    for k in range(1, W):  # tap k reads input t - (W - 1 - k)
+        y = torch.addcmul(y, full[:, k:k + T], w[:, k])
+    return F.silu(y)
 
 
 def ssd(

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
-from stateloop.models.kernels import causal_conv1d, conv1d_step, gated_rms_norm, ssd, ssd_decode_step
+from stateloop.models.kernels import causal_conv1d, causal_conv1d_ref, conv1d_step, gated_rms_norm, ssd, ssd_decode_step
 
 
 class IdentityMixer(nn.Module):
@@ -124,10 +124,8 @@ class Mamba2(nn.Module):
             return causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, self.impl)
         W = self.d_conv
         hist = cache.conv if cache.conv is not None else xBC.new_zeros(xBC.shape[0], W - 1, xBC.shape[-1])
-        full = torch.cat([hist, xBC], dim=1)  # (B, W-1+T, C)
-        cache.conv = full[:, -(W - 1):] if W > 1 else full[:, :0]
-        y = F.conv1d(full.transpose(1, 2), self.conv1d.weight, self.conv1d.bias, groups=self.conv_dim)
-        return F.silu(y).transpose(1, 2)
+        cache.conv = torch.cat([hist, xBC], dim=1)[:, xBC.shape[1]:]  # the last W - 1 inputs
+        return causal_conv1d_ref(xBC, self.conv1d.weight, self.conv1d.bias, history=hist)
 
     def forward(self, u: torch.Tensor, cache: Mamba2Cache | None = None) -> torch.Tensor:
         if cache is not None and u.shape[1] == 1:

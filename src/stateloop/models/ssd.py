@@ -24,70 +24,69 @@ def _expand_groups(t: torch.Tensor, h: int) -> torch.Tensor:
     return t.repeat_interleave(h // g, dim=2)
 
 
-def segsum(a: torch.Tensor) -> torch.Tensor:
-    """a (..., q) -> (..., q, q) with out[i, j] = a[j+1] + ... + a[i] for i >= j, -inf above.
-
-    exp(segsum(a)) is the lower-triangular matrix of decays from position j to position i.
-    Computed from masked cumulative sums (not differences of one cumsum) to stay exact.
-    """
-    q = a.shape[-1]
-    rep = a.unsqueeze(-1).expand(*a.shape, q)  # rep[..., i, j] = a[i]
-    strict = torch.ones(q, q, dtype=torch.bool, device=a.device).tril(-1)
-    rep = rep.masked_fill(~strict, 0.0)  # keep a[i] only where i > j
-    out = rep.cumsum(dim=-2)  # out[..., i, j] = sum_{j < k <= i} a[k]
-    keep = torch.ones(q, q, dtype=torch.bool, device=a.device).tril()
-    return out.masked_fill(~keep, float("-inf"))
-
-
 def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_final_state: bool = False):
     """Chunked SSD. Shapes as in :func:`stateloop.models.kernels.ssd`.
 
     Computed in the promoted dtype of x and A (A is float32 at least, so bfloat16 inputs run in
-    float32, as the fused kernel accumulates); y is returned in x's dtype."""
+    float32, as the fused kernel accumulates); y is returned in x's dtype.
+
+    Written for a CPU, where every pass over memory and every copy costs as much as the small
+    batched products (benchmarks/README.md, issue 24): the tensors stay in the token-major layout
+    the module hands over, (b, l, h, p) and (b, l, g, n), so that the products with B and C run
+    once per group over its r heads side by side (B and C are never copied to each head), and
+    a chunk's state is kept transposed, (n, r p) per group, which is the layout both of its
+    products give and take without a copy. The log-decay from step j to step i of a chunk is
+    a_cum[i] - a_cum[j] of one cumulative sum, masked above the diagonal before the exponential
+    (as the fused kernel computes it), and the states are carried across chunks by c - 1
+    elementwise steps, which models/flops.py does not count as matmul FLOPs.
+    """
     out_dtype = x.dtype
     cdt = torch.promote_types(x.dtype, A.dtype)
     x, dt, B, C = (t.to(cdt) for t in (x, dt, B, C))
-    if initial_state is not None:
-        initial_state = initial_state.to(cdt)
     b, l, h, p = x.shape
-    n = B.shape[-1]
-    q = chunk_size
+    g, n = B.shape[2], B.shape[3]
+    r, q = h // g, chunk_size  # heads per group: head i = group i // r, its index in the group i % r
     pad = (-l) % q
     if pad:  # padded steps have dt = 0: no decay, no input, so states and outputs are unchanged
         x, dt, B, C = (F.pad(t, (0, 0) * (t.dim() - 2) + (0, pad)) for t in (x, dt, B, C))
-    g = B.shape[2]
-    r = h // g  # heads per group: head i = group i // r, its index in the group i % r
     L = x.shape[1]
     c = L // q
-    xdt = (x * dt.unsqueeze(-1)).reshape(b, c, q, g, r, p)  # dt_t x_t
-    B = B.reshape(b, c, q, g, n)  # B and C stay per group: every product with them is taken once per
-    C = C.reshape(b, c, q, g, n)  # group and broadcast over its r heads, never copied to each head
-    a = (dt * A).reshape(b, c, q, h).permute(0, 3, 1, 2)  # (b, h, c, q): log-decay per step
-    a_cum = a.cumsum(dim=-1)
+    xdt = (x * dt.unsqueeze(-1)).view(b, c, q, g, r, p)  # dt_t x_t
+    a_cum = (dt * A).view(b, c, q, h).cumsum(2)  # (b, c, q, h): log-decay from a chunk's start to step i
+    B, C = B.view(b, c, q, g, n), C.view(b, c, q, g, n)
 
-    # 1. Within each chunk: y_i += sum_{j <= i} (C_i . B_j) exp(a_{j+1} + ... + a_i) dt_j x_j
-    decay = torch.exp(segsum(a)).view(b, g, r, c, q, q)
-    scores = torch.einsum("bcign,bcjgn->bgcij", C, B).unsqueeze(2) * decay  # C_i . B_j once per group
-    y_intra = torch.einsum("bgrcij,bcjgrp->bcigrp", scores, xdt)
+    # 1. Within each chunk: y_i = sum_{j <= i} (C_i . B_j) exp(a_cum_i - a_cum_j) dt_j x_j
+    a_h = a_cum.transpose(2, 3)  # (b, c, h, q)
+    causal = torch.ones(q, q, dtype=torch.bool, device=x.device).tril()
+    decay = torch.exp((a_h.unsqueeze(-1) - a_h.unsqueeze(-2)).masked_fill(~causal, float("-inf")))  # (b, c, h, q, q)
+    scores = torch.einsum("bcign,bcjgn->bcgij", C, B).unsqueeze(3) * decay.view(b, c, g, r, q, q)  # C_i . B_j once per group
+    y = torch.einsum("bcgrij,bcjgrp->bcigrp", scores, xdt).reshape(b, c, q, h, p)
 
-    # 2. State contributed by each chunk alone, at its last step.
-    to_end = torch.exp(a_cum[..., -1:] - a_cum).view(b, g, r, c, q)
-    chunk_states = torch.einsum("bcjgn,bgrcj,bcjgrp->bcgrpn", B, to_end, xdt).reshape(b, c, h, p, n)
+    # 2. The state each chunk alone leaves at its last step, transposed: B^T (exp(a_cum_last - a_cum_j) dt_j x_j)
+    to_end = torch.exp(a_cum[:, :, -1:] - a_cum)  # (b, c, q, h)
+    xw = (xdt.view(b, c, q, h, p) * to_end.unsqueeze(-1)).view(b, c, q, g, r * p)
+    own = torch.einsum("bcjgn,bcjgm->bcgnm", B, xw).view(b, c, g, n, r, p)
 
-    # 3. Carry states across chunks: S_c = exp(sum of chunk c's log-decay) S_{c-1} + chunk_states_c.
-    if initial_state is None:
-        initial_state = torch.zeros(b, h, p, n, dtype=x.dtype, device=x.device)
-    states = torch.cat([initial_state.unsqueeze(1), chunk_states], dim=1)  # (b, c+1, h, p, n)
-    chunk_decay = torch.exp(segsum(F.pad(a_cum[..., -1], (1, 0))))  # (b, h, c+1, c+1)
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
-    prev_states, final_state = states[:, :-1], states[:, -1]  # state entering each chunk; after the last
+    # 3. Carry across chunks: S_k = exp(a_cum of chunk k's last step) S_{k-1} + own_k.
+    chunk_decay = torch.exp(a_cum[:, :, -1]).view(b, c, g, 1, r, 1)  # broadcast over (n, r, p)
+    S = None if initial_state is None else initial_state.to(cdt).view(b, g, r, p, n).permute(0, 1, 4, 2, 3)
+    entering = []  # the state entering each chunk, (b, g, n, r, p)
+    for own_k, decay_k in zip(own.unbind(1), chunk_decay.unbind(1)):  # unbind: one backward for all chunks, not c
+        entering.append(S)
+        S = own_k if S is None else torch.addcmul(own_k, S, decay_k)
 
-    # 4. Contribution of the state entering a chunk to each of its outputs.
-    from_start = torch.exp(a_cum).view(b, g, r, c, q)
-    y_inter = torch.einsum("bcign,bcgrpn,bgrci->bcigrp", C, prev_states.reshape(b, c, g, r, p, n), from_start)
+    # 4. Each output reads the state entering its chunk, decayed to its step: exp(a_cum_i) C_i . S
+    if c > 1 or initial_state is not None:
+        if entering[0] is None:
+            entering[0] = torch.zeros_like(S)
+        prev = torch.stack(entering, 1).view(b, c, g, n, r * p)
+        y_in = torch.einsum("bcign,bcgnm->bcigm", C, prev).reshape(b, c, q, h, p)
+        y = torch.addcmul(y, y_in, torch.exp(a_cum).unsqueeze(-1))
 
-    y = (y_intra + y_inter).reshape(b, L, h, p)[:, :l].to(out_dtype)
-    return (y, final_state) if return_final_state else y
+    y = y.reshape(b, L, h, p)[:, :l].to(out_dtype)
+    if not return_final_state:
+        return y
+    return y, S.permute(0, 1, 3, 4, 2).reshape(b, h, p, n)  # (b, g, n, r, p) -> (b, h, p, n)
 
 
 def ssd_sequential(x, dt, A, B, C, initial_state=None, return_final_state: bool = False):
