@@ -2,6 +2,7 @@
 
 import torch
 
+from stateloop.models.backbone import Attention, Rotary
 from stateloop.models.cache import KVCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.state import SelectiveStateCell
@@ -42,3 +43,52 @@ def test_kv_cache_grows_past_its_capacity():
         k_all, v_all = cache.update(k, v)
         assert torch.equal(k_all, torch.cat(ks, 1)) and torch.equal(v_all, torch.cat(vs, 1))
     assert len(cache) == 15 and torch.equal(cache.k, torch.cat(ks, 1))
+
+
+def _rotate_half_by_hand(x, cos, sin):
+    """RoPE as LLaMA writes it: x cos + rotate_half(x) sin, rotate_half(x) = [-x2, x1]."""
+    D = x.shape[-1]
+    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
+    return x * cos[:, None] + torch.cat([-x2, x1], -1) * sin[:, None]
+
+
+def test_rope_is_rotate_half_to_the_last_bit():
+    """Rotary.apply (a roll and a sign-folded sine table) gives the very floats of rotate-half on
+    the same tables, and the tables hold the angles position / theta^(2i / D)."""
+    torch.manual_seed(0)
+    for head_dim, offset in ((8, 0), (16, 37)):
+        rope = Rotary(5, offset, head_dim, 10000.0, "cpu", torch.float32)
+        for r in (rope, rope.for_head_dim(head_dim // 2)):
+            D = r.head_dim
+            angles = r.positions.double()[:, None] / 10000.0 ** (torch.arange(0, D, 2).double() / D)
+            torch.testing.assert_close(r.cos, torch.cat([angles, angles], -1).cos().float())
+            torch.testing.assert_close(r.sin, torch.cat([angles, angles], -1).sin().float())
+            x = torch.randn(2, 5, 3, D)
+            assert torch.equal(r.apply(x), _rotate_half_by_hand(x, r.cos, r.sin))
+
+
+def test_attention_without_gradients_equals_the_training_path_after_every_weight_change():
+    """Without gradients (decoding, evaluation) attention takes one product with [W_q; W_k; W_v],
+    kept between calls: it must equal the training path's three products, and follow in-place
+    updates (an optimizer step, a checkpoint load) and casts."""
+    torch.manual_seed(0)
+    att = Attention(16, 2, 8, impl="torch")
+    x = torch.randn(2, 5, 16)
+    rope = Rotary(5, 0, 8, 10000.0, "cpu", torch.float32)
+    for _ in range(3):
+        trained = att(x, rope)
+        assert trained.requires_grad
+        with torch.no_grad():
+            torch.testing.assert_close(att(x, rope), trained.detach(), rtol=0, atol=1e-6)
+        with torch.inference_mode():
+            torch.testing.assert_close(att(x, rope), trained.detach(), rtol=0, atol=1e-6)
+        with torch.no_grad():
+            for W in (att.wq, att.wk, att.wv):
+                W.weight.add_(0.1 * torch.randn_like(W.weight))  # in place, as an optimizer step
+    att.double()
+    x, rope = x.double(), Rotary(5, 0, 8, 10000.0, "cpu", torch.float64)
+    trained = att(x, rope)
+    with torch.no_grad():
+        out = att(x, rope)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, trained.detach(), rtol=0, atol=1e-12)

@@ -43,29 +43,63 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, T, H, D): rotate pairs (i, i + D/2) by the position angle."""
-    x1, x2 = x.chunk(2, dim=-1)
-    rotated = torch.cat([-x2, x1], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 class Rotary:
-    """Positions and their RoPE angles for one forward pass (shared by every layer and iteration)."""
+    """Positions and their RoPE angles for one forward pass (shared by every layer and iteration).
+
+    :meth:`apply` rotates the pairs (i, i + D/2) of x (B, T, H, D) by the position angle, LLaMA's
+    rotate-half convention: x cos + rotate_half(x) sin with rotate_half(x) = [-x2, x1]. It is
+    computed as x cos + roll(x, D/2) [-sin1, sin2] (the sign moved onto the table: the same
+    floats) in four operators instead of eight: it runs twice per attention application, and in
+    batch-1 decoding the cost is per operator."""
 
     def __init__(self, T: int, offset: int, head_dim: int, theta: float, device, dtype):
         self.positions = torch.arange(offset, offset + T, device=device)
-        self.cos, self.sin = rope_cos_sin(self.positions, head_dim, theta, dtype)
         self.head_dim = head_dim
         self.theta = theta
+        self._tables(*rope_cos_sin(self.positions, head_dim, theta, dtype))
+
+    def _tables(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        half = self.head_dim // 2
+        self.cos, self.sin = cos, sin  # (T, D)
+        self.cos_heads = cos[:, None, :]  # (T, 1, D): broadcast over the heads
+        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)[:, None, :]
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.cos_heads + x.roll(self.head_dim // 2, dims=-1) * self.sin_signed
 
     def for_head_dim(self, head_dim: int) -> Rotary:
         if head_dim == self.head_dim:
             return self
         r = Rotary.__new__(Rotary)
         r.positions, r.head_dim, r.theta = self.positions, head_dim, self.theta
-        r.cos, r.sin = rope_cos_sin(self.positions, head_dim, self.theta, self.cos.dtype)
+        r._tables(*rope_cos_sin(self.positions, head_dim, self.theta, self.cos.dtype))
         return r
+
+
+class DerivedWeights:
+    """A tensor made from some parameters (a concatenation, a transform), kept while none of them
+    changes. With gradients it is remade at every call (it must be differentiable), and so it is
+    for inference tensors (made in inference mode, they have no version to key on); otherwise it is
+    remade only when a parameter changes in place. A module that holds one calls :meth:`clear`
+    from its ``_apply``: moved or cast, a new tensor may reuse a freed address at version 0."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._key = self._value = None
+
+    @staticmethod
+    def differentiable(params) -> bool:
+        return torch.is_grad_enabled() and any(p.requires_grad for p in params)
+
+    def get(self, params, make):
+        if self.differentiable(params) or any(p.is_inference() for p in params):
+            return make()
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._key != key:
+            self._key, self._value = key, make()
+        return self._value
 
 
 class Attention(nn.Module):
@@ -80,13 +114,23 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d_in, inner, bias=False)
         self.wo = nn.Linear(inner, d_in, bias=False)
         self.wo.residual_out = True  # init: scaled by the unrolled depth (models/init.py)
+        self._qkv = DerivedWeights()
+
+    def _apply(self, fn, *args, **kwargs):
+        self._qkv.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_heads, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_heads, self.head_dim)
-        q, k = apply_rope(q, rope.cos, rope.sin), apply_rope(k, rope.cos, rope.sin)
+        H, D = self.n_heads, self.head_dim
+        params = (self.wq.weight, self.wk.weight, self.wv.weight)
+        if DerivedWeights.differentiable(params):  # training: three products, each weight's gradient its own
+            q, k, v = (F.linear(x, W).view(B, T, H, D) for W in params)
+            q, k = rope.apply(q), rope.apply(k)
+        else:  # decoding, evaluation: one product with [W_q; W_k; W_v] (kept while the weights stay), RoPE once on q, k
+            qkv = F.linear(x, self._qkv.get(params, lambda: torch.cat(params))).view(B, T, 3 * H, D)
+            qk = rope.apply(qkv[:, :, : 2 * H])
+            q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, T_past + T, H, D)
         y = attention(q, k, v, impl=self.impl)  # (B, T, H, D)

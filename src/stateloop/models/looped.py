@@ -73,7 +73,7 @@ import torch.nn as nn
 from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
-from stateloop.models.kernels import upcast
+from stateloop.models.kernels import cast, upcast
 from stateloop.models.mixers import build_mixer
 from stateloop.models.registry import get_spec
 from stateloop.models.state import build_cell
@@ -197,7 +197,7 @@ class StateLoopLM(LoopedLM):
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
         """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
         N = self.norm_s(S)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
-        R = W(N.to(W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
+        R = W(cast(N, W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
         if keep is not None:
             R = R * keep
         return R

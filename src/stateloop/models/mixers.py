@@ -21,9 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.backbone import Attention, RMSNorm, Rotary
+from stateloop.models.backbone import Attention, DerivedWeights, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
-from stateloop.models.kernels import causal_conv1d, causal_conv1d_ref, conv1d_step, gated_rms_norm, ssd, ssd_decode_step
+from stateloop.models.kernels import cast, causal_conv1d, causal_conv1d_ref, conv1d_step, gated_rms_norm, ssd, ssd_decode_step, upcast
 
 
 class IdentityMixer(nn.Module):
@@ -46,7 +46,7 @@ class AttentionMixer(nn.Module):
         self.attn = Attention(d_s, n_heads, head_dim, impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: KVCache | None = None) -> torch.Tensor:
-        u = self.norm(S).to(self.attn.wq.weight.dtype)  # the state is float32; the matmuls run in the weights' dtype
+        u = cast(self.norm(S), self.attn.wq.weight.dtype)  # the state is float32; the matmuls run in the weights' dtype
         return S + self.attn(u, rope.for_head_dim(self.attn.head_dim), cache)
 
     def new_cache(self) -> KVCache:
@@ -105,6 +105,7 @@ class Mamba2(nn.Module):
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // n_groups, eps, impl)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
         self.out_proj.residual_out = True
+        self._neg_A = DerivedWeights()
 
     def reset_parameters(self, std: float, dt_range=(1e-3, 1e-1), A_range=(1.0, 16.0)) -> None:
         """mamba_ssm's init: dt log-uniform in dt_range (stored through inverse softplus),
@@ -118,6 +119,15 @@ class Mamba2(nn.Module):
             self.A_log.copy_(torch.empty(self.n_heads).uniform_(*A_range).log())
             self.D.fill_(1.0)
         self.norm.weight.data.fill_(1.0)
+
+    def _A(self) -> torch.Tensor:
+        """A = -exp(A_log) in float32 at least, made once while A_log stays (decoding; with gradients
+        at every call)."""
+        return self._neg_A.get((self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
+
+    def _apply(self, fn, *args, **kwargs):
+        self._neg_A.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:
         if cache is None:
@@ -138,7 +148,7 @@ class Mamba2(nn.Module):
         x = x.view(Bsz, T, H, P)
         Bm, Cm = Bm.view(Bsz, T, G, N), Cm.view(Bsz, T, G, N)
         dt = F.softplus(dt + self.dt_bias)  # (B, T, H)
-        A = -torch.exp(self.A_log.to(torch.promote_types(self.A_log.dtype, torch.float32)))  # (H,), fp32 at least
+        A = self._A()  # (H,), fp32 at least
         if cache is None:
             y = ssd(x, dt, A, Bm, Cm, self.chunk_size, impl=self.impl)
         else:  # a chunk of several tokens continuing (or starting) a cached sequence
@@ -165,7 +175,7 @@ class Mamba2(nn.Module):
         x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         if cache.ssm is None:
             cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=torch.promote_types(u.dtype, torch.float32))
-        A = -torch.exp(self.A_log.to(cache.ssm.dtype))
+        A = cast(self._A(), cache.ssm.dtype)
         y, cache.ssm = ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
                                         self.D, self.dt_bias, self.impl)
         y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
@@ -183,7 +193,7 @@ class Mamba2Mixer(nn.Module):
                             cfg.mamba_n_groups, cfg.mamba_chunk_size, cfg.norm_eps, cfg.ssd_impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: Mamba2Cache | None = None) -> torch.Tensor:
-        u = self.norm(S).to(self.mamba.in_proj.weight.dtype)  # as in AttentionMixer
+        u = cast(self.norm(S), self.mamba.in_proj.weight.dtype)  # as in AttentionMixer
         return S + self.mamba(u, cache)
 
     def new_cache(self) -> Mamba2Cache:

@@ -43,8 +43,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.backbone import RMSNorm
-from stateloop.models.kernels import upcast
+from stateloop.models.backbone import DerivedWeights, RMSNorm
+from stateloop.models.kernels import cast, upcast
 
 # Paper initialisation of eq. (6).
 DELTA_INIT = 0.3  # softplus(b_Delta) at init
@@ -66,7 +66,7 @@ class SelectiveStateCell(nn.Module):
         self.W_delta = nn.Linear(d, d_s, bias=False)
         self.b_delta = nn.Parameter(torch.empty(d_s))
         self.A_log = nn.Parameter(torch.empty(d_s))
-        self._fused_key = self._fused_value = None  # see _fused
+        self._fused_weights = DerivedWeights()  # see _fused
 
     def reset_parameters(self, std: float) -> None:
         """Paper init: W_Delta = 0, b_Delta = log(e^0.3 - 1), lambda log-spaced in [0.01, 4]."""
@@ -92,18 +92,12 @@ class SelectiveStateCell(nn.Module):
         matmul (the bias of Delta^k fused into it), and -lambda is computed on the d_s vector, not
         per token. The parameters stay W_u, W_delta, b_delta, A_log (checkpoints unchanged): with
         gradients the concatenation is redone at every call (it is differentiable); without
-        (decoding) it is kept until a parameter changes (in place, or moved to another device or
-        dtype), so a decoded iteration does not copy the weights."""
-        params = (self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log)
-        if (torch.is_grad_enabled() and any(p.requires_grad for p in params)) or any(p.is_inference() for p in params):
-            return self._concat()  # inference tensors (built in inference mode) have no version to key on
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._fused_key != key:
-            self._fused_key, self._fused_value = key, self._concat()
-        return self._fused_value
+        (decoding) it is kept until a parameter changes (:class:`~stateloop.models.backbone.DerivedWeights`),
+        so a decoded iteration does not copy the weights."""
+        return self._fused_weights.get((self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log), self._concat)
 
     def _apply(self, fn, *args, **kwargs):
-        self._fused_key = self._fused_value = None  # moved or cast: a new tensor may reuse a freed address at version 0
+        self._fused_weights.clear()
         return super()._apply(fn, *args, **kwargs)
 
     def _concat(self):
@@ -121,7 +115,7 @@ class SelectiveStateCell(nn.Module):
         # One fused op each (this runs K times per decoded token):
         if S is None:  # S^k = 0 (S^0, or the reset of (14)):  eta P = (1 - g) P = P - g P
             return torch.addcmul(P, g, P, value=-1.0)
-        return torch.lerp(P, S.to(P.dtype), g)  # (6): P + g (S^k - P) = g S^k + eta P
+        return torch.lerp(P, cast(S, P.dtype), g)  # (6): P + g (S^k - P) = g S^k + eta P
 
 
 class GRUStateCell(nn.Module):

@@ -1,0 +1,127 @@
+"""The state branch's share of each decoded token, timed inside the model (issue 24's decode aim).
+
+``bench_decode.py`` measures the branch as the difference of two models' latencies, timed in
+lockstep; at d = 512, 8 layers a token takes about 60 ms and the branch a few, so on a shared
+2-core machine (per-token spread of several ms) its x floor moves by 0.1-1 from run to run. Here
+each StateLoop variant decodes alone, and inside every decoded token the time spent in the state
+branch (the cell, eqs. 2, 5, 6; the mixer, eqs. 7-9; the reads, eqs. 3, 4 and 10) is summed by
+timers wrapped around those calls; the rest of the token (embedding, K backbone applications,
+head) is the backbone's side. Both sides of a ratio then come from the same token, so load on the
+machine hits them alike. Per token:
+
+    x floor = (t_branch / t_rest) / (F_branch / F_rest)
+
+with F_rest the FLOPs of Vanilla Looped's decoded token and F_branch the variant's extra FLOPs
+at that context (models/flops.py's ``decode_flops_per_token``): the branch's time over its
+arithmetic share, as in ``bench_decode.py``. The residual adds H + R of the reads fall on the
+backbone's side (two elementwise adds per iteration); the timers' own cost (about 0.3 us a call,
+3 calls per iteration) on the branch's.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_branch_share.py [--layers 8 --width 512] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode import SHAPE  # noqa: E402  (the same model shape)
+
+from stateloop.models.cache import ModelCache  # noqa: E402
+from stateloop.models.config import ModelConfig  # noqa: E402
+from stateloop.models.flops import decode_flops_per_token  # noqa: E402
+from stateloop.models.registry import build_model  # noqa: E402
+
+VARIANTS = ("stateloop", "stateloop_attn", "stateloop_mamba2")
+
+
+class BranchClock:
+    """Sums the time spent in the calls it wraps."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+
+    def wrap(self, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            self.spent += time.perf_counter() - t0
+            return out
+
+        return timed
+
+
+@torch.inference_mode()
+def decode_shares(model, prefill: int, tokens: int) -> list[tuple[int, float, float]]:
+    """(context, token seconds, branch seconds) of each decoded token after a prefill."""
+    clock = BranchClock()
+    model.cell.forward = clock.wrap(model.cell.forward)  # instance attributes: nn.Module.__call__ finds them first
+    model.mixer.forward = clock.wrap(model.mixer.forward)
+    model.read = clock.wrap(model.read)
+    cache = ModelCache()
+    idx = torch.randint(0, model.cfg.vocab_size, (1, prefill))
+    nxt = model(idx, cache=cache).logits[:, -1:].argmax(-1)
+    out = []
+    for i in range(tokens):
+        clock.spent = 0.0
+        t0 = time.perf_counter()
+        nxt = model(nxt, cache=cache).logits[:, -1:].argmax(-1)
+        out.append((prefill + i, time.perf_counter() - t0, clock.spent))
+    return out
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4)
+    return q[0], statistics.median(xs), q[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prefill", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="decodes of --tokens each per variant, interleaved")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--width", type=int, default=512, help="d = d_s; SwiGLU 2.6875 d rounded to 8, heads of 64")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    d = args.width
+    shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64,
+             "mixer_heads": d // 64}
+    models = {}
+    for i, name in enumerate(VARIANTS):
+        torch.manual_seed(i)
+        models[name] = build_model(ModelConfig(name=name, K=4, d_state=d, **shape)).eval()
+    vanilla = ModelConfig(name="vanilla_looped", K=4, d_state=0, **shape)
+    for m in models.values():  # warm-up
+        decode_shares(m, args.prefill, 2)
+    ratios = {name: [] for name in VARIANTS}
+    token_ms, branch_pct = {name: [] for name in VARIANTS}, {name: [] for name in VARIANTS}
+    for _ in range(args.rounds):
+        for name, m in models.items():
+            for ctx, total, branch in decode_shares(m, args.prefill, args.tokens):
+                f_rest = decode_flops_per_token(vanilla, ctx)
+                f_branch = decode_flops_per_token(m.cfg, ctx) - f_rest
+                ratios[name].append((branch / (total - branch)) / (f_branch / f_rest))
+                token_ms[name].append(1e3 * total)
+                branch_pct[name].append(100 * branch / (total - branch))
+    print(f"torch {torch.__version__}, 1 thread, fp32, batch 1; {args.layers} layers, d = d_s = {d}, K = 4; "
+          f"{args.rounds} rounds of {args.tokens} tokens after {args.prefill}, each variant alone; per-token quartiles")
+    print(f"{'model':<18}{'ms/token':>10}{'branch / rest':>15}{'floor':>8}{'x floor (q1, median, q3)':>28}")
+    for name in VARIANTS:
+        ctx = args.prefill + (args.tokens - 1) / 2
+        floor = 100 * (decode_flops_per_token(models[name].cfg, ctx) / decode_flops_per_token(vanilla, ctx) - 1)
+        q1, med, q3 = quartiles(ratios[name])
+        print(f"{name:<18}{statistics.median(token_ms[name]):>10.2f}{statistics.median(branch_pct[name]):>14.2f}%"
+              f"{floor:>7.2f}%{q1:>12.2f}{med:>8.2f}{q3:>8.2f}")
+    print("branch / rest: the state branch's time over the rest of the token (median over tokens); floor: the same "
+          "for FLOPs (models/flops.py); x floor: their ratio, per token")
+
+
+if __name__ == "__main__":
+    main()
