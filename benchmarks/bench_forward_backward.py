@@ -72,18 +72,24 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, batch {args.batch} x {args.seq} tokens, "
           f"{args.rounds} interleaved rounds (median); {args.layers} layers, d = d_s = {args.width}, "
           f"Mamba-2 {args.groups} group(s)")
-    print(f"{'model':<18}{'ms/step':>10}{'time ratio':>12}{'FLOP ratio':>12}{'x floor':>9}{'params':>12}{'param +%':>10}"
-          f"{'paper +% (1.4B)':>17}")
+    print(f"{'model':<18}{'ms/step':>10}{'time ratio':>12}{'FLOP ratio':>12}{'x floor':>9}{'(q1, q3)':>14}{'params':>12}"
+          f"{'param +%':>10}{'paper +% (1.4B)':>17}")
     for name in MODELS:
         t = statistics.median(times[name])
         p = count_params(cfg(name))
         paper = PAPER_PARAM_OVERHEAD.get(name)
         floor = flops[name] / flops["vanilla_looped"]
-        times_floor = f"{(t / base_t - 1) / (floor - 1):.2f}" if floor > 1 else ""
-        print(f"{name:<18}{t * 1e3:>10.1f}{t / base_t:>12.3f}{floor:>12.3f}{times_floor:>9}{p:>12,}{100 * (p / base_p - 1):>10.2f}"
-              f"{'' if paper is None else f'{paper:+.2f}':>17}")
+        times_floor = spread = ""
+        if floor > 1:
+            times_floor = f"{(t / base_t - 1) / (floor - 1):.2f}"
+            if args.rounds >= 4:  # the same ratio in each round, vanilla timed beside it: how far one round moves it
+                q = statistics.quantiles([(a / b - 1) / (floor - 1) for a, b in zip(times[name], times["vanilla_looped"])], n=4)
+                spread = f"({q[0]:.2f}, {q[2]:.2f})"
+        print(f"{name:<18}{t * 1e3:>10.1f}{t / base_t:>12.3f}{floor:>12.3f}{times_floor:>9}{spread:>14}{p:>12,}"
+              f"{100 * (p / base_p - 1):>10.2f}{'' if paper is None else f'{paper:+.2f}':>17}")
     print("FLOP ratio: training FLOPs per token against vanilla_looped (models/flops.py); x floor: (time ratio - 1) / "
-          "(FLOP ratio - 1), the state branch's time over its arithmetic share")
+          "(FLOP ratio - 1), the state branch's time over its arithmetic share, from the medians; (q1, q3): its quartiles "
+          "over the rounds, each round's step against vanilla's in the same round")
 
 
 if __name__ == "__main__":

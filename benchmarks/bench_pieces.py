@@ -108,10 +108,15 @@ def main() -> None:
         print(f"{name:<20}{t[name] * 1e3:>9.2f}{flops[name] / 1e6:>10.1f}{flops[name] / t[name] / 1e9:>9.1f}"
               f"{t[name] / flops[name] / ref:>21.2f}")
     layer = t["backbone layer"] / flops["backbone layer"]
-    print("\nthe state branch of one iteration against its floor (its time per FLOP over a backbone layer's):")
+    print("\nthe state branch of one iteration against its floor (its time per FLOP over a backbone layer's; quartiles "
+          "over the rounds, each round's pieces against its own layer):")
     for variant, parts in BRANCHES.items():
         bt, bf = sum(t[p] for p in parts), sum(flops[p] for p in parts)
-        print(f"{variant:<20}{bt * 1e3:>9.2f}{bf / 1e6:>10.1f}{bf / bt / 1e9:>9.1f}{'x floor':>12}{bt / bf / layer:>9.2f}")
+        per_round = [sum(times[p][i] for p in parts) / bf / (times["backbone layer"][i] / flops["backbone layer"])
+                     for i in range(args.rounds)]
+        q = statistics.quantiles(per_round, n=4) if args.rounds >= 4 else (float("nan"),) * 3
+        print(f"{variant:<20}{bt * 1e3:>9.2f}{bf / 1e6:>10.1f}{bf / bt / 1e9:>9.1f}{'x floor':>12}{bt / bf / layer:>9.2f}"
+              f"  ({q[0]:.2f}, {q[2]:.2f})")
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ The count comes from running the real forward and backward pass on the meta devi
 ``torch.utils.flop_counter.FlopCounterMode``: every matmul and attention product the model
 really performs is counted, loop iterations included (a K-times looped model counts K backbone
 applications, Pause Token its 4 positions per real token), and nothing is allocated.
-Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU. Nor
-are two pieces of Mamba-2's pure-PyTorch twin that are elementwise multiply-adds: its depthwise
-causal convolution (W shifted multiply-adds, ``kernels.causal_conv1d_ref``; 2 W C FLOPs per
-token and pass, W = 4 taps of C = d_in + 2GN channels, about 0.25% of the mixer's matmuls at
-d_s = 512) and the carry of states across the SSD's chunks (``ssd.ssd_chunked``). Neither is a
-matmul on the GPU either (causal-conv1d's and mamba_ssm's kernels).
+Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU
+([choice], docs/choices.md). Nor are two pieces of Mamba-2's pure-PyTorch twin that are
+elementwise multiply-adds: its depthwise causal convolution (W shifted multiply-adds,
+``kernels.causal_conv1d_ref``; 2 W C FLOPs per token and pass, W = 4 taps of C = d_in + 2GN
+channels, about 0.25% of the mixer's matmuls at d_s = 512) and the carry of states across the
+SSD's chunks (``ssd.ssd_chunked``). Neither is a matmul on the GPU either (causal-conv1d's and
+mamba_ssm's kernels).
 
 :func:`decode_flops_per_token` counts one decoded token from the config, equal to what the
 counter sees in a cached single-token step (:func:`counted_decode_flops`): the FLOP share that
