@@ -103,7 +103,12 @@ class DerivedWeights:
 
 
 class Attention(nn.Module):
-    """Causal self-attention with RoPE; optional KV cache for incremental decoding."""
+    """Causal self-attention with RoPE; optional KV cache for incremental decoding.
+
+    Without gradients (decoding, evaluation) q, k and v come from one product with [W_q; W_k; W_v],
+    which is kept while the weights stay: one operator instead of three per application, at the
+    cost of a copy of the three matrices in memory beside them ([choice]; with gradients, training
+    takes the three products, so its numbers are unchanged)."""
 
     def __init__(self, d_in: int, n_heads: int, head_dim: int, impl: str = "auto"):
         super().__init__()
