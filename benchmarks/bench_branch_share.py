@@ -57,13 +57,18 @@ class BranchClock:
         return timed
 
 
-@torch.inference_mode()
-def decode_shares(model, prefill: int, tokens: int) -> list[tuple[int, float, float]]:
-    """(context, token seconds, branch seconds) of each decoded token after a prefill."""
+def instrument(model) -> BranchClock:
+    """Timers around the model's branch calls (once per model)."""
     clock = BranchClock()
     model.cell.forward = clock.wrap(model.cell.forward)  # instance attributes: nn.Module.__call__ finds them first
     model.mixer.forward = clock.wrap(model.mixer.forward)
     model.read = clock.wrap(model.read)
+    return clock
+
+
+@torch.inference_mode()
+def decode_shares(model, clock: BranchClock, prefill: int, tokens: int) -> list[tuple[int, float, float]]:
+    """(context, token seconds, branch seconds) of each decoded token after a prefill."""
     cache = ModelCache()
     idx = torch.randint(0, model.cfg.vocab_size, (1, prefill))
     nxt = model(idx, cache=cache).logits[:, -1:].argmax(-1)
@@ -93,18 +98,19 @@ def main() -> None:
     d = args.width
     shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64,
              "mixer_heads": d // 64}
-    models = {}
+    models, clocks = {}, {}
     for i, name in enumerate(VARIANTS):
         torch.manual_seed(i)
         models[name] = build_model(ModelConfig(name=name, K=4, d_state=d, **shape)).eval()
+        clocks[name] = instrument(models[name])
     vanilla = ModelConfig(name="vanilla_looped", K=4, d_state=0, **shape)
-    for m in models.values():  # warm-up
-        decode_shares(m, args.prefill, 2)
+    for name, m in models.items():  # warm-up
+        decode_shares(m, clocks[name], args.prefill, 2)
     ratios = {name: [] for name in VARIANTS}
     token_ms, branch_pct = {name: [] for name in VARIANTS}, {name: [] for name in VARIANTS}
     for _ in range(args.rounds):
         for name, m in models.items():
-            for ctx, total, branch in decode_shares(m, args.prefill, args.tokens):
+            for ctx, total, branch in decode_shares(m, clocks[name], args.prefill, args.tokens):
                 f_rest = decode_flops_per_token(vanilla, ctx)
                 f_branch = decode_flops_per_token(m.cfg, ctx) - f_rest
                 ratios[name].append((branch / (total - branch)) / (f_branch / f_rest))

@@ -52,6 +52,16 @@ def test_chunked_equals_naive_recurrence_float64(length, chunk):
     assert (y2 - y_ref).abs().max() < 1e-10 and (s2 - s_ref).abs().max() < 1e-10
 
 
+def test_an_empty_sequence_passes_the_state_through():
+    """No steps: no outputs, and the final state is the entering one (zeros without one)."""
+    x, dt, A, B, C = _inputs(2, 0, 4, 3, 2, 5)
+    s0 = torch.randn(2, 4, 3, 5, dtype=torch.float64)
+    y, s = ssd_chunked(x, dt, A, B, C, 4, initial_state=s0, return_final_state=True)
+    assert y.shape == (2, 0, 4, 3) and torch.equal(s, s0)
+    y, s = ssd_chunked(x, dt, A, B, C, 4, return_final_state=True)
+    assert y.shape == (2, 0, 4, 3) and s.shape == (2, 4, 3, 5) and not s.any()
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 @pytest.mark.parametrize("initial", [False, True])
 def test_chunked_gradients_equal_sequential(groups, initial):

@@ -76,18 +76,25 @@ class Rotary:
         return r
 
 
-class DerivedWeights:
+class DerivedWeights(nn.Module):
     """A tensor made from some parameters (a concatenation, a transform), kept while none of them
     changes. With gradients it is remade at every call (it must be differentiable), and so it is
     for inference tensors (made in inference mode, they have no version to key on); otherwise it is
-    remade only when a parameter changes in place. A module that holds one calls :meth:`clear`
-    from its ``_apply``: moved or cast, a new tensor may reuse a freed address at version 0."""
+    remade only when a parameter changes in place. It is a submodule of the module whose
+    parameters it derives from (it holds no parameters or buffers, so state dicts are unchanged),
+    so moving or casting that module clears it: a new tensor may reuse a freed address at
+    version 0."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.clear()
 
     def clear(self) -> None:
         self._key = self._value = None
+
+    def _apply(self, fn, *args, **kwargs):
+        self.clear()
+        return super()._apply(fn, *args, **kwargs)
 
     @staticmethod
     def differentiable(params) -> bool:
@@ -120,10 +127,6 @@ class Attention(nn.Module):
         self.wo = nn.Linear(inner, d_in, bias=False)
         self.wo.residual_out = True  # init: scaled by the unrolled depth (models/init.py)
         self._qkv = DerivedWeights()
-
-    def _apply(self, fn, *args, **kwargs):
-        self._qkv.clear()
-        return super()._apply(fn, *args, **kwargs)
 
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape

@@ -125,10 +125,6 @@ class Mamba2(nn.Module):
         at every call)."""
         return self._neg_A.get((self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
 
-    def _apply(self, fn, *args, **kwargs):
-        self._neg_A.clear()
-        return super()._apply(fn, *args, **kwargs)
-
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:
         if cache is None:
             return causal_conv1d(xBC, self.conv1d.weight, self.conv1d.bias, self.impl)

@@ -76,7 +76,7 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
         S = own_k if S is None else torch.addcmul(own_k, S, decay_k)
 
     # 4. Each output reads the state entering its chunk, decayed to its step: exp(a_cum_i) C_i . S
-    if c > 1 or initial_state is not None:
+    if c > 1 or (c == 1 and initial_state is not None):
         if entering[0] is None:
             entering[0] = torch.zeros_like(S)
         prev = torch.stack(entering, 1).view(b, c, g, n, r * p)
@@ -86,6 +86,8 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
     y = y.reshape(b, L, h, p)[:, :l].to(out_dtype)
     if not return_final_state:
         return y
+    if S is None:  # an empty sequence and no entering state
+        return y, x.new_zeros(b, h, p, n)
     return y, S.permute(0, 1, 3, 4, 2).reshape(b, h, p, n)  # (b, g, n, r, p) -> (b, h, p, n)
 
 

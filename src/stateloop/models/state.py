@@ -96,10 +96,6 @@ class SelectiveStateCell(nn.Module):
         so a decoded iteration does not copy the weights."""
         return self._fused_weights.get((self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log), self._concat)
 
-    def _apply(self, fn, *args, **kwargs):
-        self._fused_weights.clear()
-        return super()._apply(fn, *args, **kwargs)
-
     def _concat(self):
         b = torch.cat([torch.zeros_like(self.b_delta), self.b_delta])
         return torch.cat([self.W_u.weight, self.W_delta.weight]), b, -torch.exp(upcast(self.A_log))
