@@ -197,7 +197,7 @@ def _train_block(model_cfg, micro: int, seq: int, steps: int, warmup: int, devic
     return (time.perf_counter() - t0) / steps, float(loss.detach())
 
 
-def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device) -> dict:
+def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device, interleave: str = "run") -> dict:
     from stateloop.analysis.bench_decode import bench_decode, untrained_row
     from stateloop.models import kernels
     from stateloop.pipeline import expand_runs
@@ -211,7 +211,9 @@ def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device
     ]
     ref = next(r.label for r in rows if r.label == "vanilla_looped:K4")
     try:
-        result = bench_decode(rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False)
+        result = bench_decode(
+            rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave
+        )
         result["kernels"] = kernels_found()
         return result
     except Exception as err:  # a fused kernel failing: time the pure-PyTorch paths instead, and say so
@@ -220,7 +222,7 @@ def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device
         failed = f"{type(err).__name__}: {err}"
         traceback.print_exc()
     kernels.HAS_MAMBA_SSM = kernels.HAS_MAMBA_DECODE = kernels.HAS_FLASH_ATTN = False
-    result = bench_decode(rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False)
+    result = bench_decode(rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave)
     result["kernels"] = kernels_found()
     result["kernel_error"] = failed
     return result
@@ -343,6 +345,12 @@ def main(argv=None) -> int:
     p.add_argument("--decode-prefill", type=int, default=1024)
     p.add_argument("--decode-tokens", type=int, default=128)
     p.add_argument("--decode-runs", type=int, default=3)
+    p.add_argument(
+        "--decode-interleave",
+        choices=("run", "token"),
+        default="run",
+        help="run: whole runs round-robin (the paper's protocol); token: the models in lockstep, for ratios",
+    )
     p.add_argument("--ssd-seq", type=int, default=2048)
     p.add_argument("--skip", default="", help="comma-separated steps to leave out")
     args = p.parse_args(argv)
@@ -377,7 +385,9 @@ def main(argv=None) -> int:
             device,
             report["steps"].get("matmul_peak", {}).get("flops_per_s"),
         ),
-        "decode_1.4b_bf16": lambda: decode_bench(cfg, args.decode_prefill, args.decode_tokens, args.decode_runs, device),
+        "decode_1.4b_bf16": lambda: decode_bench(
+            cfg, args.decode_prefill, args.decode_tokens, args.decode_runs, device, args.decode_interleave
+        ),
         "ssd_1.4b": lambda: ssd_bench(cfg, args.ssd_seq, 1, 2 if args.smoke else 10, device),
         "gpu_tests": gpu_tests,
     }

@@ -43,3 +43,32 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
             assert re.search(NUMBER, line), line
     else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
         assert re.search(rf"SSD scan fwd\+bwd.*\({NUMBER}x\)", out) and re.search(rf"causal conv.*\({NUMBER}x\)", out), out
+
+
+def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
+    """benchmarks/gpu_check.py is run by hand on a lent GPU, once, with no time for a second try:
+    its steps run here on the CPU at the paper config's rehearsal sizes, and its JSON holds the
+    figures its summary is made of (a state branch's FLOP floor above 1, Table 3's rows)."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    out = tmp_path / "gpu_check.json"
+    threads = torch.get_num_threads()
+    try:
+        code = gpu_check.main(
+            ["--smoke", "--out", str(out), "--skip", "gpu_tests,matmul_peak", "--train-models", "vanilla_looped,stateloop_mamba2"]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    report = json.loads(out.read_text())
+    assert code == 0, report
+    train = report["steps"]["train_410m_bf16"]
+    assert train["errors"] == {} and train["models"]["stateloop_mamba2"]["flop_floor"] > 1
+    labels = [r["label"] for r in report["steps"]["decode_1.4b_bf16"]["rows"]]
+    assert "vanilla_looped:K4" in labels and any(label.startswith("stateloop_mamba2:K4") for label in labels)
+    assert report["steps"]["ssd_1.4b"]["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
+    assert set(report["kernels"]) == {"flash_attn", "mamba_ssm", "mamba_decode", "causal_conv1d"}

@@ -23,8 +23,11 @@ def test_flash_attention_matches_sdpa_bf16(Tq, Tk):
 
 @cuda
 @pytest.mark.skipif(not kernels.HAS_MAMBA_SSM, reason="mamba_ssm not importable")
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-3), (torch.bfloat16, 5e-2)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 5e-3), (torch.bfloat16, 5e-2)])
 def test_mamba_ssd_kernel_matches_torch(dtype, tol):
+    """float32: mamba_ssm's Triton kernels call ``tl.dot`` without an input precision, which on
+    Ampere and later multiplies float32 in TF32 (a 10-bit mantissa). On an H200 (2026-12-04) the
+    kernel was 1.7e-3 of the largest output from a float64 twin here, the float32 twin 1e-6."""
     from stateloop.models.ssd import ssd_chunked
 
     b, l, h, p, g, n = 2, 300, 8, 64, 2, 128
