@@ -18,7 +18,8 @@ Steps, in this order, the JSON rewritten after each (a kill keeps what finished)
    tokens/s, MFU, and each state branch's step time over Vanilla's beside its FLOP-share floor
    (the ratio of counted FLOPs). The models run in blocks A B C D D C B A so drift hits all alike;
 3. ``decode_1.4b_bf16``: Table 3 at the 1.4B shapes: per-token decoding latency at batch 1 in bf16
-   weights after a 1024-token prefill, relative to Vanilla Looped K = 4, with the FLOP floors;
+   weights after a 1024-token prefill, relative to Vanilla Looped K = 4, with the FLOP floors,
+   the models interleaved as the DAG's Table 3 job does (the config's ``bench.interleave``);
 4. ``ssd_1.4b``: the SSD scan's forward + backward at the 1.4B mixer's shape, mamba_ssm's kernel
    against the pure-PyTorch twin (time and difference), where mamba_ssm imports;
 5. ``gpu_tests``: ``pytest -m gpu`` in this process (the fused kernels against their twins).
@@ -348,8 +349,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--decode-interleave",
         choices=("run", "token"),
-        default="run",
-        help="run: whole runs round-robin (the paper's protocol); token: the models in lockstep, for ratios",
+        help="run: whole runs in turn; token: the models in lockstep (default: the config's bench.interleave)",
     )
     p.add_argument("--ssd-seq", type=int, default=2048)
     p.add_argument("--skip", default="", help="comma-separated steps to leave out")
@@ -386,7 +386,12 @@ def main(argv=None) -> int:
             report["steps"].get("matmul_peak", {}).get("flops_per_s"),
         ),
         "decode_1.4b_bf16": lambda: decode_bench(
-            cfg, args.decode_prefill, args.decode_tokens, args.decode_runs, device, args.decode_interleave
+            cfg,
+            args.decode_prefill,
+            args.decode_tokens,
+            args.decode_runs,
+            device,
+            args.decode_interleave or cfg.bench.interleave,
         ),
         "ssd_1.4b": lambda: ssd_bench(cfg, args.ssd_seq, 1, 2 if args.smoke else 10, device),
         "gpu_tests": gpu_tests,

@@ -68,7 +68,9 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     assert code == 0, report
     train = report["steps"]["train_410m_bf16"]
     assert train["errors"] == {} and train["models"]["stateloop_mamba2"]["flop_floor"] > 1
-    labels = [r["label"] for r in report["steps"]["decode_1.4b_bf16"]["rows"]]
+    decode = report["steps"]["decode_1.4b_bf16"]
+    assert decode["settings"]["interleave"] == "token"  # the config's bench.interleave, as the DAG's Table 3 job
+    labels = [r["label"] for r in decode["rows"]]
     assert "vanilla_looped:K4" in labels and any(label.startswith("stateloop_mamba2:K4") for label in labels)
     assert report["steps"]["ssd_1.4b"]["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
     assert set(report["kernels"]) == {"flash_attn", "mamba_ssm", "mamba_decode", "causal_conv1d"}
