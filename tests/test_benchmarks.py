@@ -74,3 +74,29 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     assert "vanilla_looped:K4" in labels and any(label.startswith("stateloop_mamba2:K4") for label in labels)
     assert report["steps"]["ssd_1.4b"]["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
     assert set(report["kernels"]) == {"flash_attn", "mamba_ssm", "mamba_decode", "causal_conv1d"}
+
+
+def test_the_gpu_check_imports_mamba_ssm_triton_kernels_without_the_package_init(tmp_path):
+    """--mamba-ssm-src: the Triton modules this project imports load from the sources, and the
+    package's __init__ (which needs Mamba-1's CUDA extension) never runs. A fake package whose
+    __init__ raises stands in for the sdist (a subprocess: stateloop.models.kernels must be
+    imported after the call)."""
+    import subprocess
+
+    triton = tmp_path / "mamba_ssm" / "ops" / "triton"
+    triton.mkdir(parents=True)
+    (tmp_path / "mamba_ssm" / "__init__.py").write_text('__version__ = "9.9.9"\nimport selective_scan_cuda\n')
+    for sub in (tmp_path / "mamba_ssm" / "ops", triton):
+        (sub / "__init__.py").write_text("")
+    (triton / "ssd_combined.py").write_text("def mamba_chunk_scan_combined(*a, **k): pass\n")
+    (triton / "layernorm_gated.py").write_text("def rmsnorm_fn(*a, **k): pass\n")
+    (triton / "selective_state_update.py").write_text("def selective_state_update(*a, **k): pass\n")
+    code = (
+        "import sys, pathlib; sys.path.insert(0, 'benchmarks'); import gpu_check\n"
+        f"info = gpu_check.use_mamba_ssm_sources(pathlib.Path({str(tmp_path)!r}))\n"
+        "from stateloop.models import kernels\n"
+        "print(info['version'], kernels.HAS_MAMBA_SSM, kernels.HAS_MAMBA_DECODE, kernels.HAS_FLASH_ATTN)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["9.9.9", "True", "True", "False"]
