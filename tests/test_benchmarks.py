@@ -18,7 +18,7 @@ NUMBER = r"-?\d+\.\d\d"
 
 SCRIPTS = {
     "bench_pieces.py": ["--width", "64", "--seq", "16", "--rounds", "4", "--inner", "1"],
-    "bench_branch_share.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--rounds", "1"],
+    "bench_branch_share.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--rounds", "1", "--plain"],
     "bench_forward_backward.py": ["--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4", "--vocab", "256"],
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
 }
@@ -38,7 +38,8 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
         torch.set_num_threads(threads)  # two of the scripts pin one thread
     out = capsys.readouterr().out
     if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py"):
-        for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2"):
+        plain = ("stateloop:plain",) if script == "bench_branch_share.py" else ()  # its logits were checked equal first
+        for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *plain):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
     else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
