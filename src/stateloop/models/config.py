@@ -40,6 +40,8 @@ class ModelConfig:
     mamba_d_conv: int = 4  # Mamba-2 causal depthwise conv1d width
     mamba_head_dim: int = 64  # Mamba-2 head width (heads = expand x d_s / head_dim)
     mamba_n_groups: int = 8  # Mamba-2 groups sharing B and C
+    # [choice] the paper is silent; mamba_ssm's default is 256. The scan is exact at any length; the
+    # length sets its cost (the intra-chunk products grow with it) and so the counted FLOPs.
     mamba_chunk_size: int = 64  # chunk length of the SSD scan
     mamba_prenorm: bool = True  # [choice] pre-RMSNorm before the Mamba-2 block; the paper's count rounds the same either way
     # Kernel selection: "auto" uses flash-attn / mamba_ssm on CUDA when importable, "torch" never does,
