@@ -41,9 +41,9 @@ def test_mamba_ssd_kernel_matches_torch(dtype, tol):
     assert ((out - ref).abs().max() / ref.abs().max()) < tol
 
 
-@cuda
-@pytest.mark.parametrize("name", ["stateloop_attn", "stateloop_mamba2"])
-def test_model_kernel_and_torch_paths_agree(name):
+def torch_and_kernel_models(name: str, mamba_d_state: int, device: str = "cuda"):
+    """The same weights twice: the pure-PyTorch paths (``tiny_config``'s impl) and the fused kernels
+    where they import (impl ``auto``)."""
     from helpers import tiny_config
 
     from stateloop.models.registry import build_model
@@ -57,14 +57,21 @@ def test_model_kernel_and_torch_paths_agree(name):
         mixer_heads=2,
         mixer_head_dim=64,
         mamba_head_dim=64,
-        mamba_d_state=16,
+        mamba_d_state=mamba_d_state,
         mamba_n_groups=1,
         mamba_chunk_size=64,
     )
     torch.manual_seed(0)
-    ref = build_model(cfg).cuda()
-    fast = build_model(cfg.__class__(**{**cfg.__dict__, "attn_impl": "auto", "ssd_impl": "auto"})).cuda()
+    ref = build_model(cfg).to(device)
+    fast = build_model(cfg.__class__(**{**cfg.__dict__, "attn_impl": "auto", "ssd_impl": "auto"})).to(device)
     fast.load_state_dict(ref.state_dict())
+    return cfg, ref, fast
+
+
+@cuda
+@pytest.mark.parametrize("name", ["stateloop_attn", "stateloop_mamba2"])
+def test_model_kernel_and_torch_paths_agree(name):
+    cfg, ref, fast = torch_and_kernel_models(name, mamba_d_state=16)
     idx = torch.randint(0, cfg.vocab_size, (2, 100), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         a, b = ref(idx).logits.float(), fast(idx).logits.float()
@@ -115,28 +122,10 @@ def test_mamba_decode_kernels_match_torch_twins():
 def test_cached_decoding_kernel_and_torch_paths_agree(name):
     """Prefill + single-token decoding through flash-attn / the Mamba-2 decode kernels equals the
     pure-PyTorch path (fp32 weights, bf16 autocast as in the benchmark's GPU setting)."""
-    from helpers import tiny_config
-
     from stateloop.models.cache import ModelCache
-    from stateloop.models.registry import build_model
 
-    cfg = tiny_config(
-        name,
-        d_model=128,
-        n_heads=2,
-        head_dim=64,
-        d_state=128,
-        mixer_heads=2,
-        mixer_head_dim=64,
-        mamba_head_dim=64,
-        mamba_d_state=64,
-        mamba_n_groups=1,
-        mamba_chunk_size=64,
-    )
-    torch.manual_seed(0)
-    ref = build_model(cfg).cuda().eval()
-    fast = build_model(cfg.__class__(**{**cfg.__dict__, "attn_impl": "auto", "ssd_impl": "auto"})).cuda().eval()
-    fast.load_state_dict(ref.state_dict())
+    cfg, ref, fast = torch_and_kernel_models(name, mamba_d_state=64)
+    ref, fast = ref.eval(), fast.eval()
     idx = torch.randint(0, cfg.vocab_size, (2, 40), device="cuda")
     outs = []
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
