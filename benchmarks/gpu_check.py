@@ -28,6 +28,7 @@ Steps, in this order, the JSON rewritten after each (a kill keeps what finished)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -352,6 +353,7 @@ def main(argv=None) -> int:
         help="run: whole runs in turn; token: the models in lockstep (default: the config's bench.interleave)",
     )
     p.add_argument("--ssd-seq", type=int, default=2048)
+    p.add_argument("--mamba-chunk", type=int, help="the SSD chunk length for every model and the scan (default: the config's)")
     p.add_argument("--skip", default="", help="comma-separated steps to leave out")
     args = p.parse_args(argv)
     mamba_src = use_mamba_ssm_sources(args.mamba_ssm_src) if args.mamba_ssm_src else None
@@ -360,6 +362,9 @@ def main(argv=None) -> int:
         args.decode_prefill, args.decode_tokens, args.decode_runs, args.ssd_seq = 16, 4, 2, 64
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = load_paper(args.smoke)
+    if args.mamba_chunk:  # a [choice] (models/config.py): mamba_ssm's kernels are tuned for 256
+        for scale in cfg.scales.values():
+            scale.model = dataclasses.replace(scale.model, mamba_chunk_size=args.mamba_chunk)
     report = {
         "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -61,7 +61,17 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     threads = torch.get_num_threads()
     try:
         code = gpu_check.main(
-            ["--smoke", "--out", str(out), "--skip", "gpu_tests,matmul_peak", "--train-models", "vanilla_looped,stateloop_mamba2"]
+            [
+                "--smoke",
+                "--out",
+                str(out),
+                "--skip",
+                "gpu_tests,matmul_peak",
+                "--train-models",
+                "vanilla_looped,stateloop_mamba2",
+                "--mamba-chunk",
+                "16",
+            ]
         )
     finally:
         torch.set_num_threads(threads)
@@ -73,7 +83,9 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     assert decode["settings"]["interleave"] == "token"  # the config's bench.interleave, as the DAG's Table 3 job
     labels = [r["label"] for r in decode["rows"]]
     assert "vanilla_looped:K4" in labels and any(label.startswith("stateloop_mamba2:K4") for label in labels)
-    assert report["steps"]["ssd_1.4b"]["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
+    ssd = report["steps"]["ssd_1.4b"]
+    assert ssd["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
+    assert ssd["shape"]["chunk"] == 16  # --mamba-chunk reached the scan (the rehearsal sizes say 8)
     assert set(report["kernels"]) == {"flash_attn", "mamba_ssm", "mamba_decode", "causal_conv1d"}
 
 
