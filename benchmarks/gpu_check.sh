@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU check (benchmarks/gpu_check.py): kernels vs twins, bf16 training of the 410M Vanilla and
-# StateLoop, Table 3 at 1.4B; one JSON. On a machine with one CUDA GPU and this repository:
+# StateLoop variants, Table 3 at 1.4B, the SSD scan; one JSON. On a machine with one CUDA GPU and this repository:
 #   bash benchmarks/gpu_check.sh                 # -> benchmarks/results/gpu_check.json
 #   OUT=/some/dir bash benchmarks/gpu_check.sh   # -> /some/dir/gpu_check.json (the device tool's $OUT)
 # Uses the python3 that holds a CUDA torch (PYTHON to choose another); installs nothing. The
-# fused kernels are used when the `gpu` extra is importable there, else the pure-PyTorch paths.
+# fused kernels are used when the `gpu` extra is importable there, else the pure-PyTorch paths;
+# `--mamba-ssm-src DIR` (an unpacked mamba-ssm sdist) brings mamba_ssm's Triton kernels to a machine
+# where nothing can be installed (as on 2026-12-04: benchmarks/README.md, "On one GPU").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
