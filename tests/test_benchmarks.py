@@ -68,7 +68,7 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
                 "--skip",
                 "gpu_tests,matmul_peak",
                 "--train-models",
-                "vanilla_looped,stateloop_mamba2",
+                "vanilla_looped,stateloop",
                 "--mamba-chunk",
                 "16",
             ]
@@ -78,7 +78,7 @@ def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     report = json.loads(out.read_text())
     assert code == 0, report
     train = report["steps"]["train_410m_bf16"]
-    assert train["errors"] == {} and train["models"]["stateloop_mamba2"]["flop_floor"] > 1
+    assert train["errors"] == {} and train["models"]["stateloop"]["flop_floor"] > 1
     decode = report["steps"]["decode_1.4b_bf16"]
     assert decode["settings"]["interleave"] == "token"  # the config's bench.interleave, as the DAG's Table 3 job
     labels = [r["label"] for r in decode["rows"]]
