@@ -199,7 +199,7 @@ def _train_block(model_cfg, micro: int, seq: int, steps: int, warmup: int, devic
     return (time.perf_counter() - t0) / steps, float(loss.detach())
 
 
-def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device, interleave: str = "run") -> dict:
+def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device, interleave: str) -> dict:
     from stateloop.analysis.bench_decode import bench_decode, untrained_row
     from stateloop.models import kernels
     from stateloop.pipeline import expand_runs
@@ -223,9 +223,15 @@ def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device
             raise
         failed = f"{type(err).__name__}: {err}"
         traceback.print_exc()
+    found = (kernels.HAS_MAMBA_SSM, kernels.HAS_MAMBA_DECODE, kernels.HAS_FLASH_ATTN)
     kernels.HAS_MAMBA_SSM = kernels.HAS_MAMBA_DECODE = kernels.HAS_FLASH_ATTN = False
-    result = bench_decode(rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave)
-    result["kernels"] = kernels_found()
+    try:  # the later steps still see the kernels
+        result = bench_decode(
+            rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave
+        )
+        result["kernels"] = kernels_found()
+    finally:
+        kernels.HAS_MAMBA_SSM, kernels.HAS_MAMBA_DECODE, kernels.HAS_FLASH_ATTN = found
     result["kernel_error"] = failed
     return result
 
