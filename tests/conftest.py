@@ -38,7 +38,9 @@ def pytest_collection_modifyitems(config, items):
     (about 4 CPU-minutes of Snakemake dry runs): once the SLURM rehearsal's jobs are served warm too,
     the rehearsals' half is the lighter one (2026-12-04). With torch-free Snakefile parses it was
     16.5 minutes against 17.8, so lm-eval's whole task index (the one test that builds it, about
-    40 s) moved here too, and ladder.yaml's rehearsal (about 1.7 minutes)."""
+    40 s) moved here too, and ladder.yaml's rehearsal (about 1.7 minutes). On 2026-12-04 (evening)
+    the other half was the longer by 75 s (19.1 against 17.8 minutes), so the benchmark scripts'
+    tests (about 15 s, the GPU check's rehearsal among them) run here as well."""
     items.sort(key=_balanced_first)  # stable: the rest keep their order
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -49,7 +51,8 @@ def pytest_collection_modifyitems(config, items):
 
 BALANCED = ("tests/workflow/test_slurm_cluster.py", "tests/workflow/test_rehearse.py::test_interrupted_rehearsal",
             "tests/workflow/test_dag.py",
-            "tests/evaluate/test_eval_command.py::test_lm_evals_tasks_found_by_scan_as_by_its_whole_index")
+            "tests/evaluate/test_eval_command.py::test_lm_evals_tasks_found_by_scan_as_by_its_whole_index",
+            "tests/test_benchmarks.py")
 
 
 def _balanced_first(item) -> int:
