@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import re
 import sys
 import time
@@ -334,13 +332,6 @@ def summary(name: str, result: dict) -> str:
     return f"{name}: {result.get('summary', '')}"
 
 
-def write_json(report: dict, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str))
-    os.replace(tmp, out)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
@@ -380,7 +371,10 @@ def main(argv=None) -> int:
         "kernels": kernels_found(),
         "steps": {},
     }
+    from stateloop.runs import atomic_write_json
+
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     print(f"device {report['device']}, torch {torch.__version__}, kernels {report['kernels']}", file=sys.stderr, flush=True)
     t_all = time.perf_counter()
     skip = {s for s in args.skip.split(",") if s}
@@ -419,7 +413,7 @@ def main(argv=None) -> int:
             report["steps"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
         report["steps"][name]["wall_s"] = time.perf_counter() - t0
         report["wall_s"] = time.perf_counter() - t_all
-        write_json(report, out)
+        atomic_write_json(out, report)  # after every step: a kill keeps what finished
         print(f"[{report['wall_s']:.0f} s] {summary(name, report['steps'][name])}", file=sys.stderr, flush=True)
     print(f"wrote {out}", file=sys.stderr)
     return 0 if all("error" not in s for s in report["steps"].values()) else 1
