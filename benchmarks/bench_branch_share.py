@@ -19,6 +19,13 @@ backbone's side (two elementwise adds per iteration); the timers' own cost (abou
 
     OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_branch_share.py [--layers 8 --width 512] [--tokens 64] [--plain]
 
+The same score is given to the backbone's own pieces, timed the same way inside Vanilla Looped's
+tokens: ``vanilla:attention`` (each layer's pre-norm and attention, eq. 8's computation on the
+hidden state) and ``vanilla:swiglu`` (each layer's pre-norm and SwiGLU), each as if it were a
+branch added to the rest of the token: (t_piece / t_rest) / (F_piece / F_rest). They are the
+like-for-like reference: the attention mixer is the backbone's attention class applied to the
+state, so it cannot score below ``vanilla:attention`` without being written differently.
+
 ``--plain`` adds a row "stateloop:plain": a second StateLoop with the same weights whose cell
 (eqs. 2, 5, 6) and reads (eqs. 3, 4, 10) run as closures over tensors taken once, the same
 operators with no module calls, attribute lookups, weight-cache keys or dtype checks (decoding
@@ -73,6 +80,29 @@ def instrument(model) -> BranchClock:
     return clock
 
 
+BACKBONE_PIECES = {"attention": ("attn_norm", "attn"), "swiglu": ("ffn_norm", "ffn")}
+
+
+def instrument_backbone(model, piece: str) -> BranchClock:
+    """Timers around one sub-block of every backbone layer: its pre-norm and its attention or
+    SwiGLU (the residual add stays outside, as the reads' adds do)."""
+    clock = BranchClock()
+    for layer in model.backbone.layers:
+        for part in BACKBONE_PIECES[piece]:
+            module = getattr(layer, part)
+            module.forward = clock.wrap(module.forward)
+    return clock
+
+
+def backbone_piece_flops(cfg, piece: str, context: float) -> float:
+    """FLOPs of one backbone sub-block per decoded token, all K applications of all layers:
+    q, k, v, o and QK^T, AV over context + 1 keys; or SwiGLU's three products (models/flops.py's
+    ``decode_flops_per_token`` is their sum plus the head's, checked in tests/test_benchmarks.py)."""
+    d, inner = cfg.d_model, cfg.n_heads * cfg.head_dim
+    per_layer = 2 * 4 * d * inner + 4 * (context + 1) * inner if piece == "attention" else 2 * 3 * d * cfg.d_ff
+    return cfg.K * cfg.n_layers * per_layer
+
+
 def plain_stateloop(model) -> None:
     """Replace ``model``'s cell and reads by closures over its current tensors (fp32, decoding only,
     no read masks): the bound for a branch with no Python around its operators (module docstring)."""
@@ -97,17 +127,18 @@ def plain_stateloop(model) -> None:
 
 
 @torch.inference_mode()
-def decode_shares(model, clock: BranchClock, prefill: int, tokens: int) -> list[tuple[int, float, float]]:
-    """(context, token seconds, branch seconds) of each decoded token after a prefill."""
+def decode_shares(model, clocks: list[BranchClock], prefill: int, tokens: int) -> list[tuple[int, float, list[float]]]:
+    """(context, token seconds, seconds in each clock's calls) of each decoded token after a prefill."""
     cache = ModelCache()
     idx = torch.randint(0, model.cfg.vocab_size, (1, prefill))
     nxt = model(idx, cache=cache).logits[:, -1:].argmax(-1)
     out = []
     for i in range(tokens):
-        clock.spent = 0.0
+        for clock in clocks:
+            clock.spent = 0.0
         t0 = time.perf_counter()
         nxt = model(nxt, cache=cache).logits[:, -1:].argmax(-1)
-        out.append((prefill + i, time.perf_counter() - t0, clock.spent))
+        out.append((prefill + i, time.perf_counter() - t0, [clock.spent for clock in clocks]))
     return out
 
 
@@ -128,9 +159,10 @@ def main() -> None:
     torch.set_num_threads(1)
     d = args.width
     shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64, "mixer_heads": d // 64}
+    vanilla = ModelConfig(name="vanilla_looped", K=4, d_state=0, **shape)
     models, clocks = {}, {}
     variants = VARIANTS + (("stateloop:plain",) if args.plain else ())
-    for i, name in enumerate(variants):
+    for name in variants:
         torch.manual_seed(VARIANTS.index(name.split(":")[0]))
         models[name] = build_model(ModelConfig(name=name.split(":")[0], K=4, d_state=d, **shape)).eval()
         if name.endswith(":plain"):
@@ -139,36 +171,57 @@ def main() -> None:
                 idx = torch.randint(0, shape["vocab_size"], (1, 8))
                 same = torch.equal(models[name](idx).logits, models["stateloop"](idx).logits)
             assert same, "the plain closures changed StateLoop's logits"
-        clocks[name] = instrument(models[name])
-    vanilla = ModelConfig(name="vanilla_looped", K=4, d_state=0, **shape)
+        clocks[name] = [instrument(models[name])]
+    torch.manual_seed(len(VARIANTS))
+    models["vanilla"] = build_model(vanilla).eval()
+    clocks["vanilla"] = [instrument_backbone(models["vanilla"], piece) for piece in BACKBONE_PIECES]
+
+    def branch_flops(name):  # context -> (F of the branch, F of the rest of the token)
+        return lambda ctx: (
+            decode_flops_per_token(models[name].cfg, ctx) - decode_flops_per_token(vanilla, ctx),
+            decode_flops_per_token(vanilla, ctx),
+        )
+
+    def piece_flops(piece):
+        def flops(ctx):
+            f = backbone_piece_flops(vanilla, piece, ctx)
+            return f, decode_flops_per_token(vanilla, ctx) - f
+
+        return flops
+
+    # rows: name -> (model, which of its clocks, FLOPs of the timed part and of the rest)
+    rows = {name: (name, 0, branch_flops(name)) for name in variants}
+    rows.update({f"vanilla:{piece}": ("vanilla", i, piece_flops(piece)) for i, piece in enumerate(BACKBONE_PIECES)})
     for name, m in models.items():  # warm-up
         decode_shares(m, clocks[name], args.prefill, 2)
-    ratios = {name: [] for name in variants}
-    token_ms, branch_pct = {name: [] for name in variants}, {name: [] for name in variants}
+    ratios, token_ms, branch_pct = ({row: [] for row in rows} for _ in range(3))
     for _ in range(args.rounds):
         for name, m in models.items():
-            for ctx, total, branch in decode_shares(m, clocks[name], args.prefill, args.tokens):
-                f_rest = decode_flops_per_token(vanilla, ctx)
-                f_branch = decode_flops_per_token(m.cfg, ctx) - f_rest
-                ratios[name].append((branch / (total - branch)) / (f_branch / f_rest))
-                token_ms[name].append(1e3 * total)
-                branch_pct[name].append(100 * branch / (total - branch))
+            for ctx, total, spent in decode_shares(m, clocks[name], args.prefill, args.tokens):
+                for row, (model_name, i, flops) in rows.items():
+                    if model_name != name:
+                        continue
+                    f_part, f_rest = flops(ctx)
+                    ratios[row].append((spent[i] / (total - spent[i])) / (f_part / f_rest))
+                    token_ms[row].append(1e3 * total)
+                    branch_pct[row].append(100 * spent[i] / (total - spent[i]))
     print(
         f"torch {torch.__version__}, 1 thread, fp32, batch 1; {args.layers} layers, d = d_s = {d}, K = 4; "
-        f"{args.rounds} rounds of {args.tokens} tokens after {args.prefill}, each variant alone; per-token quartiles"
+        f"{args.rounds} rounds of {args.tokens} tokens after {args.prefill}, each model alone; per-token quartiles"
     )
     print(f"{'model':<18}{'ms/token':>10}{'branch / rest':>15}{'floor':>8}{'x floor (q1, median, q3)':>28}")
-    for name in variants:
-        ctx = args.prefill + (args.tokens - 1) / 2
-        floor = 100 * (decode_flops_per_token(models[name].cfg, ctx) / decode_flops_per_token(vanilla, ctx) - 1)
-        q1, med, q3 = quartiles(ratios[name])
+    ctx = args.prefill + (args.tokens - 1) / 2
+    for row, (_, _, flops) in rows.items():
+        f_part, f_rest = flops(ctx)
+        q1, med, q3 = quartiles(ratios[row])
         print(
-            f"{name:<18}{statistics.median(token_ms[name]):>10.2f}{statistics.median(branch_pct[name]):>14.2f}%"
-            f"{floor:>7.2f}%{q1:>12.2f}{med:>8.2f}{q3:>8.2f}"
+            f"{row:<18}{statistics.median(token_ms[row]):>10.2f}{statistics.median(branch_pct[row]):>14.2f}%"
+            f"{100 * f_part / f_rest:>7.2f}%{q1:>12.2f}{med:>8.2f}{q3:>8.2f}"
         )
     print(
         "branch / rest: the state branch's time over the rest of the token (median over tokens); floor: the same "
-        "for FLOPs (models/flops.py); x floor: their ratio, per token"
+        "for FLOPs (models/flops.py); x floor: their ratio, per token. vanilla:<piece>: that sub-block of every "
+        "backbone layer in Vanilla Looped's tokens, scored as if it were a branch"
     )
 
 

@@ -38,12 +38,32 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
         torch.set_num_threads(threads)  # two of the scripts pin one thread
     out = capsys.readouterr().out
     if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py"):
-        plain = ("stateloop:plain",) if script == "bench_branch_share.py" else ()  # its logits were checked equal first
-        for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *plain):
+        # stateloop:plain's logits were checked equal first; vanilla:<piece> are the backbone's sub-blocks
+        extra = ("stateloop:plain", "vanilla:attention", "vanilla:swiglu") if script == "bench_branch_share.py" else ()
+        for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
     else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
         assert re.search(rf"SSD scan fwd\+bwd.*\({NUMBER}x\)", out) and re.search(rf"causal conv.*\({NUMBER}x\)", out), out
+
+
+def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
+    """bench_branch_share.py scores the backbone's attention and SwiGLU sub-blocks against their
+    share of a decoded token's FLOPs: the two and the head (2 d V) are the whole token as
+    models/flops.py counts it (itself checked against torch's counter in tests/models/test_flops.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from bench_branch_share import backbone_piece_flops
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from stateloop.models.config import ModelConfig
+    from stateloop.models.flops import decode_flops_per_token
+
+    for shape in (dict(n_layers=8, d_model=512, d_ff=1376, n_heads=8), dict(n_layers=3, d_model=96, d_ff=256, n_heads=3)):
+        cfg = ModelConfig(name="vanilla_looped", K=4, d_state=0, vocab_size=4096, head_dim=32, **shape)
+        for context in (0, 32, 63.5):
+            pieces = sum(backbone_piece_flops(cfg, piece, context) for piece in ("attention", "swiglu"))
+            assert pieces + 2 * cfg.d_model * cfg.vocab_size == decode_flops_per_token(cfg, context)
 
 
 def import_gpu_check():
