@@ -21,6 +21,7 @@ SCRIPTS = {
     "bench_branch_share.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--rounds", "1", "--plain"],
     "bench_forward_backward.py": ["--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4", "--vocab", "256"],
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
+    "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
 }
 
 
@@ -43,6 +44,12 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
         for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
+    elif script == "bench_cold_ops.py":  # its step-by-step cell and SwiGLU were checked equal to the modules first
+        from bench_cold_ops import PIECES
+
+        for piece in PIECES:
+            line = next(ln for ln in out.splitlines() if ln.startswith(piece))
+            assert len(re.findall(r"\d+\.\d+", line[len(piece) :])) == 3, line  # in a token, hot, their ratio
     else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
         assert re.search(rf"SSD scan fwd\+bwd.*\({NUMBER}x\)", out) and re.search(rf"causal conv.*\({NUMBER}x\)", out), out
 
