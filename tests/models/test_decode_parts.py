@@ -1,9 +1,10 @@
 """The pieces the decode path was optimised with, each against its plain definition."""
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.models.backbone import Attention, Rotary
-from stateloop.models.cache import KVCache
+from stateloop.models.cache import KVCache, ModelCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.state import SelectiveStateCell
 
@@ -92,3 +93,63 @@ def test_attention_without_gradients_equals_the_training_path_after_every_weight
         out = att(x, rope)
         assert out.dtype == torch.float64
         torch.testing.assert_close(out, trained.detach(), rtol=0, atol=1e-12)
+
+
+class _Ops(TorchDispatchMode):
+    """The aten operators dispatched inside the block, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _decoded_token_ops(model) -> list[str]:
+    cache = ModelCache()
+    with torch.inference_mode():
+        model(torch.randint(0, model.cfg.vocab_size, (1, 5)), cache=cache)
+        with _Ops() as ops:
+            model(torch.tensor([[3]]), cache=cache)
+    return ops.names
+
+
+def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
+    """models/state.py keeps S^k in float32 in a model cast to bf16. A decoded iteration of
+    StateLoop's branch then dispatches the float32 model's operators and three casts: the fused
+    product's output into the state's dtype (P^k and Delta^k's pre-activation together, one cast),
+    RMSNorm_s's gain to float32 and the read N^{k+1} back to bf16 for W_{s->z}. No dtype is looked
+    up through ``torch.promote_types`` (an aten operator) in any model's decoding. The cell's floats
+    are eq. (6) on the bf16 product cast once to float32."""
+    from helpers import tiny_config
+
+    from stateloop.models.registry import build_model
+
+    branch = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        ops = {}
+        for name in ("vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"):
+            torch.manual_seed(0)
+            model = build_model(tiny_config(name)).eval().to(dtype)
+            ops[name] = _decoded_token_ops(model)
+            assert not [op for op in ops[name] if "promote_types" in op], (name, dtype)
+        branch[dtype] = (len(ops["stateloop"]) - len(ops["vanilla_looped"])) / model.cfg.K
+    assert branch[torch.bfloat16] - branch[torch.float32] == 3, branch
+
+    torch.manual_seed(0)
+    cell = SelectiveStateCell(12, 6)
+    cell.reset_parameters(0.3)
+    torch.nn.init.normal_(cell.W_delta.weight, std=0.3)
+    cell.to(torch.bfloat16)
+    H, S = torch.randn(2, 5, 12).to(torch.bfloat16), torch.randn(2, 5, 6)
+    with torch.inference_mode():
+        U = torch.nn.functional.rms_norm(H, (12,), cell.norm_h.weight, 1e-5)  # (2), in bf16
+        # (5) and Delta^k's pre-activation: one bf16 product with [W_u; W_Delta], cast to float32
+        W, b = torch.cat([cell.W_u.weight, cell.W_delta.weight]), torch.cat([torch.zeros_like(cell.b_delta), cell.b_delta])
+        P, pre = torch.nn.functional.linear(U, W, b).float().split(6, dim=-1)
+        g = torch.exp(-torch.nn.functional.softplus(pre) * torch.exp(cell.A_log.float()))
+        out = cell(S, H)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, torch.lerp(P, S, g))  # (6): g S^k + (1 - g) P^k

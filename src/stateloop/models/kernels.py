@@ -9,6 +9,8 @@ both on a GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -65,10 +67,18 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 # Precision
 
 
+@functools.cache
+def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types(a, b)``, looked up once per pair: the call is an aten operator, which
+    would be dispatched several times per decoded iteration of a bf16 model (every cast of a
+    bf16 activation into the state's float32)."""
+    return torch.promote_types(a, b)
+
+
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for bf16 / fp16 / float32, float64 for float64: where precision-critical values
     (normalisation statistics, gates, recurrent states) are computed and kept."""
-    return torch.promote_types(dtype, torch.float32)
+    return promote(dtype, torch.float32)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -93,8 +103,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
     computed in the wider dtype, which is also the result's dtype."""
     if weight is not None and weight.dtype != x.dtype:
-        dtype = torch.promote_types(x.dtype, weight.dtype)
-        x, weight = x.to(dtype), weight.to(dtype)
+        dtype = promote(x.dtype, weight.dtype)
+        x, weight = cast(x, dtype), cast(weight, dtype)
     return F.rms_norm(x, x.shape[-1:], weight, eps)
 
 
@@ -264,7 +274,7 @@ def gated_rms_norm_ref(y, z, weight, group_size, eps):
     *before* the gate y * SiLU(z), as mamba_ssm's ``rms_norm_ref`` and transformers'
     ``MambaRMSNormGated`` do; the result is returned in y's dtype, as the kernel returns it."""
     out_dtype = y.dtype
-    dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
+    dtype = promote(wide_dtype(y.dtype), weight.dtype)
     y = cast(y, dtype) * F.silu(cast(z, dtype))
     if group_size == y.shape[-1]:  # one group
         return cast(rms_norm(y, weight, eps), out_dtype)

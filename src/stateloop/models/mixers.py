@@ -23,7 +23,17 @@ import torch.nn.functional as F
 
 from stateloop.models.backbone import Attention, DerivedWeights, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
-from stateloop.models.kernels import cast, causal_conv1d, causal_conv1d_ref, conv1d_step, gated_rms_norm, ssd, ssd_decode_step, upcast
+from stateloop.models.kernels import (
+    cast,
+    causal_conv1d,
+    causal_conv1d_ref,
+    conv1d_step,
+    gated_rms_norm,
+    ssd,
+    ssd_decode_step,
+    upcast,
+    wide_dtype,
+)
 
 
 class IdentityMixer(nn.Module):
@@ -150,7 +160,7 @@ class Mamba2(nn.Module):
         else:  # a chunk of several tokens continuing (or starting) a cached sequence
             y, final = ssd(x, dt, A, Bm, Cm, self.chunk_size, impl="torch",
                                    initial_state=cache.ssm, return_final_state=True)
-            cache.ssm = final.to(torch.promote_types(x.dtype, torch.float32)).contiguous()  # updated in place by steps
+            cache.ssm = final.to(wide_dtype(x.dtype)).contiguous()  # updated in place by steps
         y = y + self.D[:, None] * x
         y = self.norm(y.reshape(Bsz, T, self.d_inner), z)
         return self.out_proj(y)
@@ -170,7 +180,7 @@ class Mamba2(nn.Module):
                                               self.conv1d.bias, self.impl)
         x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
         if cache.ssm is None:
-            cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=torch.promote_types(u.dtype, torch.float32))
+            cache.ssm = u.new_zeros(Bsz, H, P, N, dtype=wide_dtype(u.dtype))
         A = cast(self._A(), cache.ssm.dtype)
         y, cache.ssm = ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
                                         self.D, self.dt_bias, self.impl)

@@ -83,8 +83,10 @@ class SelectiveStateCell(nn.Module):
         iteration k."""
         U = self.norm_h(H)  # (2)
         W, b, neg_lambda = self._fused()
-        P, pre = F.linear(U, W, b).split(self.A_log.numel(), dim=-1)  # (5) and Delta^k's pre-activation, one matmul
-        g = torch.exp(F.softplus(upcast(pre)) * neg_lambda)  # (6): g^k = exp(-lambda Delta^k)
+        # (5) and Delta^k's pre-activation, one matmul; both in the state's dtype (module docstring),
+        # cast together (one operator instead of two in a bf16 model)
+        P, pre = upcast(F.linear(U, W, b)).split(self.A_log.numel(), dim=-1)
+        g = torch.exp(F.softplus(pre) * neg_lambda)  # (6): g^k = exp(-lambda Delta^k)
         return P, g
 
     def _fused(self):
@@ -106,8 +108,7 @@ class SelectiveStateCell(nn.Module):
 
     def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
         """(S^k, H^k) -> S~^{k+1} of eq. (3); S = None is S^k = 0."""
-        P, g = self.gates(H)
-        P, g = upcast(P), upcast(g)  # the state's dtype (module docstring)
+        P, g = self.gates(H)  # in the state's dtype (module docstring)
         # One fused op each (this runs K times per decoded token):
         if S is None:  # S^k = 0 (S^0, or the reset of (14)):  eta P = (1 - g) P = P - g P
             return torch.addcmul(P, g, P, value=-1.0)
