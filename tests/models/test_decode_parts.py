@@ -1,11 +1,13 @@
 """The pieces the decode path was optimised with, each against its plain definition."""
 
 import torch
+from helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.models.backbone import Attention, Rotary
 from stateloop.models.cache import KVCache, ModelCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
+from stateloop.models.registry import build_model
 from stateloop.models.state import SelectiveStateCell
 
 
@@ -123,10 +125,6 @@ def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
     RMSNorm_s's gain to float32 and the read N^{k+1} back to bf16 for W_{s->z}. No dtype is looked
     up through ``torch.promote_types`` (an aten operator) in any model's decoding. The cell's floats
     are eq. (6) on the bf16 product cast once to float32."""
-    from helpers import tiny_config
-
-    from stateloop.models.registry import build_model
-
     branch = {}
     for dtype in (torch.float32, torch.bfloat16):
         ops = {}
