@@ -45,24 +45,29 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
     elif script == "bench_cold_ops.py":  # its step-by-step cell and SwiGLU were checked equal to the modules first
-        from bench_cold_ops import PIECES
-
-        for piece in PIECES:
+        for piece in import_benchmark("bench_cold_ops").PIECES:
             line = next(ln for ln in out.splitlines() if ln.startswith(piece))
             assert len(re.findall(r"\d+\.\d+", line[len(piece) :])) == 3, line  # in a token, hot, their ratio
     else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
         assert re.search(rf"SSD scan fwd\+bwd.*\({NUMBER}x\)", out) and re.search(rf"causal conv.*\({NUMBER}x\)", out), out
 
 
+def import_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the scripts sit beside the package, not in it)."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
     """bench_branch_share.py scores the backbone's attention and SwiGLU sub-blocks against their
     share of a decoded token's FLOPs: the two and the head (2 d V) are the whole token as
     models/flops.py counts it (itself checked against torch's counter in tests/models/test_flops.py)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_branch_share import backbone_piece_flops
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    backbone_piece_flops = import_benchmark("bench_branch_share").backbone_piece_flops
     from stateloop.models.config import ModelConfig
     from stateloop.models.flops import decode_flops_per_token
 
@@ -73,23 +78,13 @@ def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
             assert pieces + 2 * cfg.d_model * cfg.vocab_size == decode_flops_per_token(cfg, context)
 
 
-def import_gpu_check():
-    """benchmarks/gpu_check.py as a module (it is a script beside the package, not in it)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_check
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return gpu_check
-
-
 def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
     """benchmarks/gpu_check.py is run by hand on a lent GPU, once, with no time for a second try:
     its steps run here on the CPU at the paper config's rehearsal sizes, and its JSON holds the
     figures its summary is made of (a state branch's FLOP floor above 1, Table 3's rows)."""
     import json
 
-    gpu_check = import_gpu_check()
+    gpu_check = import_benchmark("gpu_check")
     out = tmp_path / "gpu_check.json"
     threads = torch.get_num_threads()
     try:
@@ -152,7 +147,7 @@ def test_the_gpu_checks_decode_falls_back_to_the_twins_when_a_kernel_fails(monke
     import stateloop.analysis.bench_decode as bench
     from stateloop.models import kernels
 
-    gpu_check = import_gpu_check()
+    gpu_check = import_benchmark("gpu_check")
     real, calls = bench.bench_decode, []
 
     def failing_once(*args, **kwargs):

@@ -119,13 +119,16 @@ def _decoded_token_ops(model) -> list[str]:
 
 
 def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
-    """models/state.py keeps S^k in float32 in a model cast to bf16. A decoded iteration of
+    """Eq. (6), "S~^{k+1} = exp(-lambda . Delta^k) . S^k + (1 - exp(-lambda . Delta^k)) . P^k" with
+    "Delta^k = softplus(U^k W_Delta^T + b_Delta), lambda = exp(A_log)" (paper, Sec. 3; the cell
+    evaluates it as lerp(P^k, S^k, g^k), the same map). The paper is silent on precision:
+    models/state.py keeps S^k in float32 in a model cast to bf16. A decoded iteration of
     StateLoop's branch then dispatches the float32 model's operators and three casts: the fused
     product's output into the state's dtype (P^k and Delta^k's pre-activation together, one cast),
     RMSNorm_s's gain to float32 and the read N^{k+1} back to bf16 for W_{s->z}. No dtype is looked
     up through ``torch.promote_types`` (an aten operator) in any model's decoding. The cell's floats
     are eq. (6) on the bf16 product cast once to float32."""
-    branch = {}
+    branch, K = {}, tiny_config("stateloop").K
     for dtype in (torch.float32, torch.bfloat16):
         ops = {}
         for name in ("vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"):
@@ -133,7 +136,7 @@ def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
             model = build_model(tiny_config(name)).eval().to(dtype)
             ops[name] = _decoded_token_ops(model)
             assert not [op for op in ops[name] if "promote_types" in op], (name, dtype)
-        branch[dtype] = (len(ops["stateloop"]) - len(ops["vanilla_looped"])) / model.cfg.K
+        branch[dtype] = (len(ops["stateloop"]) - len(ops["vanilla_looped"])) / K
     assert branch[torch.bfloat16] - branch[torch.float32] == 3, branch
 
     torch.manual_seed(0)
