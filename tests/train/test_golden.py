@@ -4,9 +4,14 @@ each step's loss must equal, bit for bit, the curve recorded in golden_losses.js
 design pass (issue 16: "a tiny run's loss curve bitwise identical before and after (record one as
 a golden file first, as torchtitan keeps golden losses)").
 
-Floats are compared exactly, so each recording belongs to one torch build and CPU kind: the file
-keeps one per machine kind (``recordings``), and the test compares against this machine's, or
-skips, saying why, where there is none. Re-record only for an intended change of the numbers (or
+Floats are compared exactly, so a recording belongs to one torch build and one set of CPU kernels.
+The curves are trained in a child process with torch's and MKL's kernels pinned to AVX2
+(:data:`PINNED`), so that every x86-64 machine with AVX2 runs the same instructions: unpinned, an
+AMD EPYC with AVX512 and an Intel Xeon with AVX512 differed by one ulp in Mamba-2's fourth loss
+(2026-12-04), while pinned, an AVX2-only machine, that Xeon and that EPYC gave the same 13
+curves. The file keeps one recording per kind (``recordings``: torch build, machine, the child's
+CPU capability), and the test compares against this machine's, or skips, saying why, where there
+is none (another torch, an ARM machine). Re-record only for an intended change of the numbers (or
 to add this machine's kind, from code whose numbers have not changed since the others):
 
     python tests/train/test_golden.py --record
@@ -15,7 +20,9 @@ to add this machine's kind, from code whose numbers have not changed since the o
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -26,6 +33,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "golden_losses.json"
 STEPS = 6
+# ATen's vectorised kernels and MKL's, pinned to AVX2 in the child that trains (module docstring)
+PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OMP_NUM_THREADS": "1"}
 
 
 def _machine() -> dict:
@@ -77,15 +86,24 @@ def _recordings() -> list[dict]:
     return data["recordings"]
 
 
-def test_loss_curves_equal_the_golden_file(tmp_path, monkeypatch):
-    mine = [r for r in _recordings() if r["recorded_on"] == _machine()]
+def _pinned_curves(tmp: Path) -> tuple[dict, dict[str, list[float]]]:
+    """(the child's machine kind, its curves): :func:`_curves` in a fresh process under :data:`PINNED`
+    (the pins are read when torch and MKL load, so they cannot be set in this process)."""
+    out = tmp / "curves.json"
+    env = {**os.environ, **PINNED, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}"}
+    proc = subprocess.run([sys.executable, __file__, "--curves", str(out)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    return result["machine"], result["curves"]
+
+
+def test_loss_curves_equal_the_golden_file(tmp_path):
+    machine, curves = _pinned_curves(tmp_path)
+    mine = [r for r in _recordings() if r["recorded_on"] == machine]
     if not mine:
         kinds = [r["recorded_on"] for r in _recordings()]
-        pytest.skip(f"golden losses were recorded on {kinds}, this is {_machine()}: exact floats differ across builds")
+        pytest.skip(f"golden losses were recorded on {kinds}, this is {machine}: exact floats differ across builds")
     (golden,) = mine
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    torch.set_num_threads(1)
-    curves = _curves(tmp_path)
     assert golden["curves"].keys() <= curves.keys(), "a recorded run is no longer trained"
     new = sorted(curves.keys() - golden["curves"].keys())
     if new:  # a model added since: `--record` adds it (docs/adding-a-model.md)
@@ -94,19 +112,20 @@ def test_loss_curves_equal_the_golden_file(tmp_path, monkeypatch):
         assert curves[run] == curve, f"{run}: {curves[run]} != golden {curve}"
 
 
+if __name__ == "__main__" and "--curves" in sys.argv:  # the child of _pinned_curves
+    sys.path.insert(0, str(HERE))
+    out = Path(sys.argv[sys.argv.index("--curves") + 1])
+    torch.set_num_threads(1)
+    curves = _curves(out.parent)
+    out.write_text(json.dumps({"machine": _machine(), "curves": curves}))
+
 if __name__ == "__main__" and "--record" in sys.argv:
-    import os
     import tempfile
 
-    sys.path.insert(0, str(HERE))
     with tempfile.TemporaryDirectory() as tmp:
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
-        torch.set_num_threads(1)
-        curves = _curves(Path(tmp))
-    import subprocess
-
+        machine, curves = _pinned_curves(Path(tmp))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    others = [r for r in _recordings() if r["recorded_on"] != _machine()]
-    entry = {"recorded_on": _machine(), "commit": commit, "steps": STEPS, "curves": curves}
+    others = [r for r in _recordings() if r["recorded_on"] != machine]
+    entry = {"recorded_on": machine, "commit": commit, "steps": STEPS, "curves": curves}
     GOLDEN.write_text(json.dumps({"recordings": others + [entry]}, indent=1) + "\n")
-    print(f"{GOLDEN}: {len(curves)} curves of {STEPS} steps on {_machine()} (commit {commit}); {len(others)} other recording(s) kept")
+    print(f"{GOLDEN}: {len(curves)} curves of {STEPS} steps on {machine} (commit {commit}); {len(others)} other recording(s) kept")
