@@ -22,6 +22,7 @@ SCRIPTS = {
     "bench_forward_backward.py": ["--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4", "--vocab", "256"],
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
     "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
+    "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256"],
 }
 
 
@@ -38,7 +39,7 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
     finally:
         torch.set_num_threads(threads)  # two of the scripts pin one thread
     out = capsys.readouterr().out
-    if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py"):
+    if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py", "bench_train_share.py"):
         # stateloop:plain's logits were checked equal first; vanilla:<piece> are the backbone's sub-blocks
         extra = ("stateloop:plain", "vanilla:attention", "vanilla:swiglu") if script == "bench_branch_share.py" else ()
         for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
@@ -61,6 +62,27 @@ def import_benchmark(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_training_share_counts_the_backward_of_the_operators_in_its_ranges_only():
+    """bench_train_share.py times the state branch's backward as the autograd nodes made by the
+    operators that ran inside its profiler ranges: here the first of two products and nothing of
+    the second, nor of the tanh and sum after it."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    bench = import_benchmark("bench_train_share")
+    a = torch.randn(8, 16, requires_grad=True)
+    W1, W2 = torch.randn(16, 32, requires_grad=True), torch.randn(32, 4, requires_grad=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with record_function(bench.LABEL):
+            y = a @ W1
+        (y @ W2).tanh().sum().backward()
+    forward, backward, nodes = bench.labelled_times(prof.events())
+    assert nodes == ["MmBackward0"]
+    assert forward > 0 and backward > 0
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # nothing labelled: nothing counted
+        (a @ W1 @ W2).sum().backward()
+    assert bench.labelled_times(prof.events()) == (0, 0, [])
 
 
 def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():

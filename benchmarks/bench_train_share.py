@@ -1,0 +1,160 @@
+"""The state branch's share of each training step, timed inside the step (issue 24's training aim).
+
+``bench_forward_backward.py`` takes the branch as the difference of two models' steps: at d = 512,
+8 layers a step takes about 0.9 s on one thread and StateLoop's branch about 3% of it, so one
+round's noise moves its x floor by 0.5 or more. ``bench_pieces.py`` times the branch's pieces on
+their own, outside a model. Here the branch is timed inside the real training step, forward and
+backward, with the step around it:
+
+- forward: the branch's calls (the cell, eqs. 2, 5, 6; the mixer, eqs. 7-9; the reads, eqs. 3, 4,
+  10) run inside ``record_function`` ranges, and torch's profiler gives each range's time;
+- backward: each autograd node carries the sequence number of the forward operator that made it,
+  so the backward nodes whose numbers belong to operators inside those ranges are the branch's
+  backward, timed by the profiler as the engine evaluates them.
+
+Per step, x floor = (t_branch / t_rest) / (F_branch / F_rest), t_rest the step less the branch and
+F the training FLOPs per token (models/flops.py), F_rest Vanilla Looped's: the branch's time over
+its arithmetic share, as in the other scripts. Left on the rest's side: the residual adds H + R of
+the reads (two elementwise adds per iteration) and the accumulation of the branch's weight
+gradients over the K iterations (autograd's AccumulateGrad nodes carry no sequence number). As a
+check that nothing else is missed, Vanilla Looped is timed in the same rounds: each variant's
+rest should take about its step.
+
+The profiler costs a few microseconds per operator; at this shape an operator takes tens of
+microseconds to milliseconds, so its cost is well under 1% of a step (Vanilla's step read the
+same with and without it here).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/bench_train_share.py [--layers 8 --width 512] [--seq 128] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_forward_backward import MODELS, config  # noqa: E402  (the same model shape)
+
+from stateloop.models.flops import compute_profile  # noqa: E402
+from stateloop.models.registry import build_model  # noqa: E402
+
+LABEL = "state branch"
+BACKWARD_NODE = "autograd::engine::evaluate_function: "
+
+
+def labelled(fn, label: str = LABEL):
+    """``fn`` run inside a profiler range named ``label``."""
+
+    def wrapped(*args, **kwargs):
+        with record_function(label):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+def instrument(model) -> None:
+    """The model's branch calls in ranges named :data:`LABEL` (instance attributes, which
+    ``nn.Module.__call__`` finds first)."""
+    model.cell.forward = labelled(model.cell.forward)
+    model.mixer.forward = labelled(model.mixer.forward)
+    model.read = labelled(model.read)
+
+
+def labelled_times(events, label: str = LABEL) -> tuple[float, float, list[str]]:
+    """(forward seconds, backward seconds, names of the backward nodes counted) of the work done
+    inside the profiler ranges named ``label``, from one profiled forward and backward.
+
+    Forward: the ranges' own durations. Backward: the autograd nodes whose sequence numbers are
+    those of operators that ran inside the ranges (each node is timed once, with the operators it
+    runs). Ranges of one label must not nest."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == label)
+    starts = [s for s, _ in spans]
+
+    def inside(e) -> bool:
+        i = bisect.bisect_right(starts, e.time_range.start) - 1
+        return i >= 0 and e.time_range.end <= spans[i][1]
+
+    seqs = {e.sequence_nr for e in events
+            if e.sequence_nr >= 0 and e.name != label and not e.name.startswith("autograd::") and inside(e)}
+    nodes = [e for e in events if e.name.startswith(BACKWARD_NODE) and e.sequence_nr in seqs]
+    forward = sum(end - start for start, end in spans) / 1e6
+    backward = sum(e.cpu_time_total for e in nodes) / 1e6
+    return forward, backward, [e.name[len(BACKWARD_NODE):] for e in nodes]
+
+
+def profiled_step(model, idx) -> tuple[float, float, float]:
+    """(step seconds, branch forward seconds, branch backward seconds) of one training step."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        logits = model(idx).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), idx[:, 1:].flatten())
+        loss.backward()
+        step = time.perf_counter() - t0
+    model.zero_grad(set_to_none=True)
+    forward, backward, _ = labelled_times(prof.events())
+    return step, forward, backward
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else (xs[0],) * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5, help="profiled steps of each model, interleaved")
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--width", type=int, default=512, help="d = d_s")
+    ap.add_argument("--groups", type=int, default=1, help="Mamba-2 groups of heads")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    def cfg(name):
+        return config(name, args.vocab, args.layers, args.width, args.groups)
+
+    models = {}
+    for name in MODELS:
+        torch.manual_seed(0)
+        models[name] = build_model(cfg(name))
+        if name != "vanilla_looped":
+            instrument(models[name])
+    flops = {name: compute_profile(cfg(name), args.seq).flops_per_token for name in MODELS}  # forward + backward
+    idx = torch.randint(0, args.vocab, (args.batch, args.seq))
+    for m in models.values():  # warm-up
+        profiled_step(m, idx)
+    steps = {name: [] for name in MODELS}
+    for _ in range(args.rounds):
+        for name, m in models.items():
+            steps[name].append(profiled_step(m, idx))
+    vanilla = statistics.median(s for s, _, _ in steps["vanilla_looped"])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, fp32, batch {args.batch} x {args.seq} tokens; "
+          f"{args.layers} layers, d = d_s = {args.width}, K = 4; {args.rounds} profiled steps of each model, interleaved; "
+          f"Vanilla Looped {vanilla * 1e3:.1f} ms a step")
+    print(f"{'model':<18}{'ms/step':>9}{'fwd ms':>8}{'bwd ms':>8}{'rest / Vanilla':>16}{'branch / rest':>15}{'floor':>8}"
+          f"{'x floor (q1, median, q3)':>28}")
+    for name in MODELS[1:]:
+        floor = flops[name] / flops["vanilla_looped"] - 1
+        rows = steps[name]
+        shares = [(f + b) / (s - f - b) for s, f, b in rows]
+        q = quartiles([share / floor for share in shares])
+        step, fwd, bwd = (statistics.median(col) for col in zip(*rows))
+        rest = statistics.median(s - f - b for s, f, b in rows)
+        print(f"{name:<18}{step * 1e3:>9.1f}{fwd * 1e3:>8.1f}{bwd * 1e3:>8.1f}{rest / vanilla:>16.3f}"
+              f"{100 * statistics.median(shares):>14.2f}%{100 * floor:>7.2f}%{q[0]:>12.2f}{q[1]:>8.2f}{q[2]:>8.2f}")
+    print("fwd, bwd: the state branch's forward and backward inside the step (profiler ranges; autograd nodes by sequence "
+          "number); rest / Vanilla: the step less the branch over Vanilla Looped's step (about 1 when nothing is missed); "
+          "floor: the branch's training FLOPs over Vanilla's (models/flops.py); x floor: branch / rest over floor, per step")
+
+
+if __name__ == "__main__":
+    main()
