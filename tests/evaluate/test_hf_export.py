@@ -124,7 +124,7 @@ def test_the_bundle_is_the_projects_code_with_only_import_lines_rewritten():
         assert found | {"modeling_stateloop.py"} == set(files)
         needed = {m for name in files for m in get_imports(str(folder / name))}
         assert needed <= {"torch", "transformers", "yaml", "dataclasses", "math", "re", "types", "typing", "pathlib",
-                          "collections", "contextlib", "functools", "__future__"}, needed
+                          "collections", "contextlib", "functools", "itertools", "threading", "__future__"}, needed
     sources = {}
     for path in hf.PACKAGE_DIR.rglob("*.py"):
         parts = path.relative_to(hf.PACKAGE_DIR).with_suffix("").parts

@@ -1,10 +1,12 @@
 """The pieces the decode path was optimised with, each against its plain definition."""
 
+import threading
+
 import torch
 from helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stateloop.models.backbone import Attention, Rotary
+from stateloop.models.backbone import Attention, DerivedWeights, Rotary
 from stateloop.models.cache import KVCache, ModelCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.registry import build_model
@@ -95,6 +97,62 @@ def test_attention_without_gradients_equals_the_training_path_after_every_weight
         out = att(x, rope)
         assert out.dtype == torch.float64
         torch.testing.assert_close(out, trained.detach(), rtol=0, atol=1e-12)
+
+
+def test_derived_weights_are_looked_up_once_per_forward_pass_and_follow_changes_between_passes():
+    """Inside one forward pass (LoopedLM.forward enters DerivedWeights.one_pass) the parameters
+    are looked up at the first call only; the next pass, or a call outside one, sees an in-place
+    change. Gradients are checked at every call, and a pass belongs to its thread."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4)
+    derived = DerivedWeights()
+
+    def get():
+        return derived.get((lin.weight,), lambda: lin.weight * 2)
+
+    with torch.no_grad():
+        with DerivedWeights.one_pass():
+            first = get()
+            lin.weight.add_(1.0)  # no model changes its weights inside its forward: the pass keeps what it saw
+            assert get() is first
+        torch.testing.assert_close(get(), lin.weight * 2, rtol=0, atol=0)  # outside a pass: looked up
+        with DerivedWeights.one_pass():
+            lin.weight.add_(1.0)
+            torch.testing.assert_close(get(), lin.weight * 2, rtol=0, atol=0)  # a new pass: looked up
+            lin.weight.add_(1.0)
+            seen = []
+
+            def other_thread():
+                with torch.no_grad():  # grad mode is per thread too
+                    seen.append(get())
+
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join()
+            torch.testing.assert_close(seen[0], lin.weight * 2, rtol=0, atol=0)  # not inside this thread's pass
+    with DerivedWeights.one_pass():  # a call without gradients (a diagnostic) leaves nothing a later call with them reuses
+        with torch.no_grad():
+            get()
+        assert get().requires_grad
+
+
+def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped():
+    """The same decoded logits with one lookup per pass as with a lookup at every call."""
+    import contextlib
+
+    torch.manual_seed(0)
+    model = build_model(tiny_config("stateloop_attn")).eval()
+    logits = []
+    for one_pass in (DerivedWeights.one_pass, contextlib.nullcontext):
+        cache = ModelCache()
+        original, DerivedWeights.one_pass = DerivedWeights.one_pass, staticmethod(one_pass)
+        try:
+            with torch.inference_mode():
+                model(torch.arange(5)[None], cache=cache)
+                logits.append(torch.cat([model(torch.tensor([[t]]), cache=cache).logits for t in (3, 1, 4)]))
+        finally:
+            DerivedWeights.one_pass = original
+    assert torch.equal(*logits)
 
 
 class _Ops(TorchDispatchMode):

@@ -14,6 +14,10 @@ Shapes: B batch, T tokens, d model width, H heads, D head dim.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import threading
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -76,6 +80,9 @@ class Rotary:
         return r
 
 
+_PASS = threading.local()  # .id: the forward pass this thread is in (DerivedWeights.one_pass), 0 or unset outside one
+
+
 class DerivedWeights(nn.Module):
     """A tensor made from some parameters (a concatenation, a transform), kept while none of them
     changes. With gradients it is remade at every call (it must be differentiable), and so it is
@@ -83,7 +90,15 @@ class DerivedWeights(nn.Module):
     remade only when a parameter changes in place. It is a submodule of the module whose
     parameters it derives from (it holds no parameters or buffers, so state dicts are unchanged),
     so moving or casting that module clears it: a new tensor may reuse a freed address at
-    version 0."""
+    version 0.
+
+    Inside one forward pass (:meth:`one_pass`, which ``LoopedLM.forward`` enters) no parameter
+    changes, so the parameters are looked up only at the first call of the pass: a looped model
+    asks for the same tensor K times per decoded token (every application of the backbone's
+    attention, every iteration of the state cell), and the lookup, a few attribute reads per
+    parameter, cost about as much as an operator inside a token (benchmarks/README.md, issue 24)."""
+
+    _passes = itertools.count(1)
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,21 +106,39 @@ class DerivedWeights(nn.Module):
 
     def clear(self) -> None:
         self._key = self._value = None
+        self._pass = 0  # the pass whose first call checked the key
 
     def _apply(self, fn, *args, **kwargs):
         self.clear()
         return super()._apply(fn, *args, **kwargs)
 
     @staticmethod
+    @contextlib.contextmanager
+    def one_pass():
+        """A forward pass in this thread: the parameters stay as they are until it ends."""
+        outer = getattr(_PASS, "id", 0)
+        _PASS.id = next(DerivedWeights._passes)
+        try:
+            yield
+        finally:
+            _PASS.id = outer
+
+    @staticmethod
     def differentiable(params) -> bool:
         return torch.is_grad_enabled() and any(p.requires_grad for p in params)
 
     def get(self, params, make):
-        if self.differentiable(params) or any(p.is_inference() for p in params):
+        if self.differentiable(params):  # checked at every call: a pass may turn gradients off and on
+            return make()
+        current = getattr(_PASS, "id", 0)
+        if current and self._pass == current:
+            return self._value
+        if any(p.is_inference() for p in params):
             return make()
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         if self._key != key:
             self._key, self._value = key, make()
+        self._pass = current
         return self._value
 
 

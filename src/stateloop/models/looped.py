@@ -69,9 +69,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from stateloop.config import ConfigError
-from stateloop.models.backbone import Backbone, RMSNorm, Rotary
+from stateloop.models.backbone import Backbone, DerivedWeights, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
 from stateloop.models.kernels import cast, upcast
 from stateloop.models.mixers import build_mixer
@@ -155,8 +156,9 @@ class LoopedLM(nn.Module):
         """idx (B, T) token ids -> next-token logits (B, T, V). With ``cache``, idx continues the
         sequence already in the cache (prefill, then one token or a chunk at a time). ``hooks``
         are the keyword arguments of the model's :meth:`loop` (the analyses' hooks)."""
-        h, rope = self.inputs(idx, cache)
-        out = self.loop(h, rope, cache, **hooks)
+        with DerivedWeights.one_pass():  # the parameters stay as they are: derived weights are looked up once
+            h, rope = self.inputs(idx, cache)
+            out = self.loop(h, rope, cache, **hooks)
         if cache is not None:
             cache.advance(idx.shape[1])  # the cache counts real tokens
         return out
@@ -197,7 +199,11 @@ class StateLoopLM(LoopedLM):
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
         """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
         N = self.norm_s(S)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
-        R = W(cast(N, W.weight.dtype))  # S is float32 (models/state.py); the matmul runs in W's dtype
+        # S is float32 (models/state.py); the matmul runs in W's dtype. F.linear on the weight, not a
+        # call of the module: the read runs K times per decoded token, and inside a token the
+        # module's call cost about as much as a small operator (benchmarks/README.md, issue 24)
+        weight = W.weight
+        R = F.linear(cast(N, weight.dtype), weight)
         if keep is not None:
             R = R * keep
         return R

@@ -84,8 +84,9 @@ class SelectiveStateCell(nn.Module):
         U = self.norm_h(H)  # (2)
         W, b, neg_lambda = self._fused()
         # (5) and Delta^k's pre-activation, one matmul; both in the state's dtype (module docstring),
-        # cast together (one operator instead of two in a bf16 model)
-        P, pre = upcast(F.linear(U, W, b)).split(self.A_log.numel(), dim=-1)
+        # cast together (one operator instead of two in a bf16 model), then halved: both are d_s
+        # wide, and inside a decoded token `chunk` cost less than `split` (benchmarks/README.md)
+        P, pre = upcast(F.linear(U, W, b)).chunk(2, dim=-1)
         g = torch.exp(F.softplus(pre) * neg_lambda)  # (6): g^k = exp(-lambda Delta^k)
         return P, g
 
