@@ -113,9 +113,17 @@ class DerivedWeights(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     @staticmethod
-    @contextlib.contextmanager
     def one_pass():
-        """A forward pass in this thread: the parameters stay as they are until it ends."""
+        """A forward pass in this thread: the parameters stay as they are until it ends. Under
+        torch.compile it is no pass at all: a compiled forward makes the tensors inside its graphs,
+        and the lookup's ``is_inference`` breaks a graph, which a generator's context may not hold."""
+        if torch.compiler.is_compiling():
+            return contextlib.nullcontext()
+        return DerivedWeights._pass()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _pass():
         outer = getattr(_PASS, "id", 0)
         _PASS.id = next(DerivedWeights._passes)
         try:
@@ -128,7 +136,9 @@ class DerivedWeights(nn.Module):
         return torch.is_grad_enabled() and any(p.requires_grad for p in params)
 
     def get(self, params, make):
-        if self.differentiable(params):  # checked at every call: a pass may turn gradients off and on
+        # gradients are checked at every call: a pass may turn them off and on. A compiled forward
+        # makes the tensor inside its graph (and is_inference, below, would break the graph)
+        if self.differentiable(params) or torch.compiler.is_compiling():
             return make()
         current = getattr(_PASS, "id", 0)
         if current and self._pass == current:

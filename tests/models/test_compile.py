@@ -1,0 +1,34 @@
+"""`train.compile: true` wraps the model in torch.compile (train/loop.py). A graph break in a
+model's forward splits what the compiler sees; one inside a context manager that cannot hold it
+makes Dynamo skip the whole frame and compile the loop's iterations one by one, each K anew, until
+its recompile limit sends them back to eager (seen once: a training run of 4 steps took 35 s
+compiled against 4 s eager). So every model's forward, training and evaluation, must trace into
+one graph. Dynamo's ``explain`` traces without compiling kernels, so this costs seconds.
+
+Parcae is left out: its sampled initial state calls ``nn.init.trunc_normal_``, which reads a
+scalar (``Tensor.item``), and its evaluation state is seeded by token position, which needs the
+positions as Python integers. Both break the graph by design."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import tiny_config
+
+from stateloop.models.registry import MODELS, build_model
+
+TRACED = [name for name in MODELS if name != "parcae"]
+
+
+@pytest.mark.parametrize("name", TRACED)
+def test_a_models_forward_is_one_graph_for_torch_compile(name):
+    torch.manual_seed(0)
+    model = build_model(tiny_config(name))
+    idx = torch.randint(0, model.cfg.vocab_size, (2, 16))
+    for training in (True, False):
+        model.train(training)
+        torch._dynamo.reset()
+        with torch.set_grad_enabled(training):
+            explained = torch._dynamo.explain(model)(idx)
+        reasons = [str(r.reason).splitlines()[0] for r in explained.break_reasons]
+        assert explained.graph_count == 1 and not reasons, (name, "training" if training else "evaluation", reasons)
