@@ -108,7 +108,7 @@ def test_derived_weights_are_looked_up_once_per_forward_pass_and_follow_changes_
     derived = DerivedWeights()
 
     def get():
-        return derived.get((lin.weight,), lambda: lin.weight * 2)
+        return derived.get(lambda: (lin.weight,), lambda: lin.weight * 2)
 
     with torch.no_grad():
         with DerivedWeights.one_pass():

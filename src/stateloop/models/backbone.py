@@ -133,9 +133,12 @@ class DerivedWeights(nn.Module):
 
     @staticmethod
     def differentiable(params) -> bool:
-        return torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        """Whether gradients flow to any of ``params()`` (a function giving the parameters: they
+        are read only where needed, as reading a module's parameters is itself a cost per call)."""
+        return torch.is_grad_enabled() and any(p.requires_grad for p in params())
 
     def get(self, params, make):
+        """``make()``'s tensor, made from ``params()``."""
         # gradients are checked at every call: a pass may turn them off and on. A compiled forward
         # makes the tensor inside its graph (and is_inference, below, would break the graph)
         if self.differentiable(params) or torch.compiler.is_compiling():
@@ -143,6 +146,7 @@ class DerivedWeights(nn.Module):
         current = getattr(_PASS, "id", 0)
         if current and self._pass == current:
             return self._value
+        params = params()
         if any(p.is_inference() for p in params):
             return make()
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
@@ -174,18 +178,20 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        params = (self.wq.weight, self.wk.weight, self.wv.weight)
-        if DerivedWeights.differentiable(params):  # training: three products, each weight's gradient its own
-            q, k, v = (F.linear(x, W).view(B, T, H, D) for W in params)
+        if DerivedWeights.differentiable(self._qkv_weights):  # training: three products, each weight's gradient its own
+            q, k, v = (F.linear(x, W).view(B, T, H, D) for W in self._qkv_weights())
             q, k = rope.apply(q), rope.apply(k)
         else:  # decoding, evaluation: one product with [W_q; W_k; W_v] (kept while the weights stay), RoPE once on q, k
-            qkv = F.linear(x, self._qkv.get(params, lambda: torch.cat(params))).view(B, T, 3 * H, D)
+            qkv = F.linear(x, self._qkv.get(self._qkv_weights, lambda: torch.cat(self._qkv_weights()))).view(B, T, 3 * H, D)
             qk = rope.apply(qkv[:, :, : 2 * H])
             q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, T_past + T, H, D)
         y = attention(q, k, v, impl=self.impl)  # (B, T, H, D)
         return self.wo(y.reshape(B, T, -1))
+
+    def _qkv_weights(self):
+        return self.wq.weight, self.wk.weight, self.wv.weight
 
 
 class SwiGLU(nn.Module):

@@ -133,7 +133,7 @@ class Mamba2(nn.Module):
     def _A(self) -> torch.Tensor:
         """A = -exp(A_log) in float32 at least, made once while A_log stays (decoding; with gradients
         at every call)."""
-        return self._neg_A.get((self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
+        return self._neg_A.get(lambda: (self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
 
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:
         if cache is None:

@@ -97,7 +97,7 @@ class SelectiveStateCell(nn.Module):
         gradients the concatenation is redone at every call (it is differentiable); without
         (decoding) it is kept until a parameter changes (:class:`~stateloop.models.backbone.DerivedWeights`),
         so a decoded iteration does not copy the weights."""
-        return self._fused_weights.get((self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log), self._concat)
+        return self._fused_weights.get(lambda: (self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log), self._concat)
 
     def _concat(self):
         b = torch.cat([torch.zeros_like(self.b_delta), self.b_delta])
