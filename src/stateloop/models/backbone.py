@@ -119,11 +119,11 @@ class DerivedWeights(nn.Module):
         and the lookup's ``is_inference`` breaks a graph, which a generator's context may not hold."""
         if torch.compiler.is_compiling():
             return contextlib.nullcontext()
-        return DerivedWeights._pass()
+        return DerivedWeights._pass_context()
 
     @staticmethod
     @contextlib.contextmanager
-    def _pass():
+    def _pass_context():
         outer = getattr(_PASS, "id", 0)
         _PASS.id = next(DerivedWeights._passes)
         try:
