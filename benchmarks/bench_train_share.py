@@ -20,6 +20,13 @@ gradients over the K iterations (autograd's AccumulateGrad nodes carry no sequen
 check that nothing else is missed, Vanilla Looped is timed in the same rounds: each variant's
 rest should take about its step.
 
+The same score is given to the backbone's own sub-blocks inside Vanilla Looped's steps, as
+``bench_branch_share.py`` does for decoding: ``vanilla:attention`` (each layer's pre-norm and
+attention) and ``vanilla:swiglu`` (its pre-norm and SwiGLU), each scored as if it were a branch
+added to the rest of the step, their FLOPs counted on one layer's sub-block (models/flops.py's
+counter). They are the like-for-like reference: the attention mixer is the backbone's attention
+class applied to the state.
+
 The profiler costs a few microseconds per operator; at this shape an operator takes tens of
 microseconds to milliseconds, so its cost is well under 1% of a step (Vanilla's step read the
 same with and without it here).
@@ -42,10 +49,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_forward_backward import MODELS, config  # noqa: E402  (the same model shape)
 
-from stateloop.models.flops import compute_profile  # noqa: E402
+from stateloop.models.backbone import Rotary  # noqa: E402
+from stateloop.models.flops import compute_profile, counter  # noqa: E402
 from stateloop.models.registry import build_model  # noqa: E402
 
 LABEL = "state branch"
+BACKBONE_PIECES = {"vanilla:attention": ("attn_norm", "attn"), "vanilla:swiglu": ("ffn_norm", "ffn")}
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 
@@ -65,6 +74,30 @@ def instrument(model) -> None:
     model.cell.forward = labelled(model.cell.forward)
     model.mixer.forward = labelled(model.mixer.forward)
     model.read = labelled(model.read)
+
+
+def instrument_backbone(model) -> None:
+    """Each layer's sub-blocks (pre-norm and attention; pre-norm and SwiGLU) in ranges named by
+    :data:`BACKBONE_PIECES`; the residual adds stay outside, as the reads' adds do."""
+    for layer in model.backbone.layers:
+        for label, parts in BACKBONE_PIECES.items():
+            for part in parts:
+                module = getattr(layer, part)
+                module.forward = labelled(module.forward, label)
+
+
+def backbone_piece_flops(model, piece: str, batch: int, seq: int) -> float:
+    """Training FLOPs per token of one backbone sub-block in all K applications of all layers,
+    counted on the first layer's forward and backward."""
+    layer, cfg = model.backbone.layers[0], model.cfg
+    rope = Rotary(seq, 0, cfg.head_dim, cfg.rope_theta, "cpu", torch.float32)
+    x = torch.randn(batch, seq, cfg.d_model, requires_grad=True)
+    norm, block = (getattr(layer, part) for part in BACKBONE_PIECES[piece])
+    with counter() as c:
+        out = block(norm(x), rope) if piece == "vanilla:attention" else block(norm(x))
+        out.backward(torch.randn_like(out))
+    layer.zero_grad(set_to_none=True)
+    return c.get_total_flops() / (batch * seq) * cfg.K * len(model.backbone.layers)
 
 
 def labelled_times(events, label: str = LABEL) -> tuple[float, float, list[str]]:
@@ -89,8 +122,8 @@ def labelled_times(events, label: str = LABEL) -> tuple[float, float, list[str]]
     return forward, backward, [e.name[len(BACKWARD_NODE):] for e in nodes]
 
 
-def profiled_step(model, idx) -> tuple[float, float, float]:
-    """(step seconds, branch forward seconds, branch backward seconds) of one training step."""
+def profiled_step(model, idx, labels=(LABEL,)) -> tuple[float, ...]:
+    """(step seconds, then forward and backward seconds of each label's ranges) of one training step."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         logits = model(idx).logits
@@ -98,8 +131,8 @@ def profiled_step(model, idx) -> tuple[float, float, float]:
         loss.backward()
         step = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
-    forward, backward, _ = labelled_times(prof.events())
-    return step, forward, backward
+    events = prof.events()
+    return (step, *(t for label in labels for t in labelled_times(events, label)[:2]))
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -122,38 +155,48 @@ def main() -> None:
     def cfg(name):
         return config(name, args.vocab, args.layers, args.width, args.groups)
 
-    models = {}
+    models, labels = {}, {}
     for name in MODELS:
         torch.manual_seed(0)
         models[name] = build_model(cfg(name))
-        if name != "vanilla_looped":
+        if name == "vanilla_looped":
+            instrument_backbone(models[name])
+            labels[name] = tuple(BACKBONE_PIECES)
+        else:
             instrument(models[name])
+            labels[name] = (LABEL,)
     flops = {name: compute_profile(cfg(name), args.seq).flops_per_token for name in MODELS}  # forward + backward
+    piece_flops = {piece: backbone_piece_flops(models["vanilla_looped"], piece, args.batch, args.seq)
+                   for piece in BACKBONE_PIECES}
     idx = torch.randint(0, args.vocab, (args.batch, args.seq))
-    for m in models.values():  # warm-up
-        profiled_step(m, idx)
+    for name, m in models.items():  # warm-up
+        profiled_step(m, idx, labels[name])
     steps = {name: [] for name in MODELS}
     for _ in range(args.rounds):
         for name, m in models.items():
-            steps[name].append(profiled_step(m, idx))
-    vanilla = statistics.median(s for s, _, _ in steps["vanilla_looped"])
+            steps[name].append(profiled_step(m, idx, labels[name]))
+    vanilla = statistics.median(row[0] for row in steps["vanilla_looped"])
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, fp32, batch {args.batch} x {args.seq} tokens; "
           f"{args.layers} layers, d = d_s = {args.width}, K = 4; {args.rounds} profiled steps of each model, interleaved; "
           f"Vanilla Looped {vanilla * 1e3:.1f} ms a step")
     print(f"{'model':<18}{'ms/step':>9}{'fwd ms':>8}{'bwd ms':>8}{'rest / Vanilla':>16}{'branch / rest':>15}{'floor':>8}"
           f"{'x floor (q1, median, q3)':>28}")
-    for name in MODELS[1:]:
-        floor = flops[name] / flops["vanilla_looped"] - 1
-        rows = steps[name]
+    # rows: name -> ((step, forward, backward) per step, FLOP share floor, whether "rest / Vanilla" applies)
+    table = {name: (steps[name], flops[name] / flops["vanilla_looped"] - 1, True) for name in MODELS[1:]}
+    for i, piece in enumerate(BACKBONE_PIECES):  # each scored as if it were a branch added to the rest of the step
+        timed = [(row[0], row[1 + 2 * i], row[2 + 2 * i]) for row in steps["vanilla_looped"]]
+        table[piece] = (timed, piece_flops[piece] / (flops["vanilla_looped"] - piece_flops[piece]), False)
+    for name, (rows, floor, versus_vanilla) in table.items():
         shares = [(f + b) / (s - f - b) for s, f, b in rows]
         q = quartiles([share / floor for share in shares])
         step, fwd, bwd = (statistics.median(col) for col in zip(*rows))
-        rest = statistics.median(s - f - b for s, f, b in rows)
-        print(f"{name:<18}{step * 1e3:>9.1f}{fwd * 1e3:>8.1f}{bwd * 1e3:>8.1f}{rest / vanilla:>16.3f}"
+        rest = statistics.median(s - f - b for s, f, b in rows) / vanilla if versus_vanilla else None
+        print(f"{name:<18}{step * 1e3:>9.1f}{fwd * 1e3:>8.1f}{bwd * 1e3:>8.1f}{'' if rest is None else f'{rest:.3f}':>16}"
               f"{100 * statistics.median(shares):>14.2f}%{100 * floor:>7.2f}%{q[0]:>12.2f}{q[1]:>8.2f}{q[2]:>8.2f}")
     print("fwd, bwd: the state branch's forward and backward inside the step (profiler ranges; autograd nodes by sequence "
           "number); rest / Vanilla: the step less the branch over Vanilla Looped's step (about 1 when nothing is missed); "
-          "floor: the branch's training FLOPs over Vanilla's (models/flops.py); x floor: branch / rest over floor, per step")
+          "floor: the branch's training FLOPs over Vanilla's (models/flops.py); x floor: branch / rest over floor, per step; "
+          "vanilla:<piece>: that sub-block of every backbone layer in Vanilla Looped's steps, scored as if it were a branch")
 
 
 if __name__ == "__main__":

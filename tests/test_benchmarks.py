@@ -41,7 +41,8 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
     out = capsys.readouterr().out
     if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py", "bench_train_share.py"):
         # stateloop:plain's logits were checked equal first; vanilla:<piece> are the backbone's sub-blocks
-        extra = ("stateloop:plain", "vanilla:attention", "vanilla:swiglu") if script == "bench_branch_share.py" else ()
+        extra = {"bench_branch_share.py": ("stateloop:plain", "vanilla:attention", "vanilla:swiglu"),
+                 "bench_train_share.py": ("vanilla:attention", "vanilla:swiglu")}.get(script, ())
         for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line

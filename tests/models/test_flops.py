@@ -169,3 +169,21 @@ def test_a_shape_is_counted_once_per_process_and_each_shape_apart(monkeypatch):
     assert deeper.flops_per_token > first.flops_per_token and wider.flops_per_token > first.flops_per_token
     assert longer.flops_per_token > first.flops_per_token  # attention's T x T grows per token
     assert first == count(base, 16)
+
+
+@pytest.mark.parametrize("name", ["vanilla_looped", "stateloop_attn", "stateloop_mamba2"])
+def test_a_training_step_on_cpu_tensors_counts_what_the_meta_count_does(name):
+    """On CPU tensors attention runs torch's CPU flash kernel, which torch's counter has no formula
+    for; models/flops.py gives it one (forward QK^T and AV, backward twice that), so the benchmark
+    scripts, which count real CPU steps (bench_pieces.py, bench_train_share.py), count the attention
+    products compute_profile counts on the meta device."""
+    import torch
+
+    from stateloop.models.flops import counter
+    from stateloop.models.registry import build_model
+
+    cfg, T = tiny_config(name), 16
+    model = build_model(cfg)
+    with counter() as c:
+        model(torch.zeros(1, T, dtype=torch.long)).logits.float().sum().backward()
+    assert c.get_total_flops() / T == compute_profile(cfg, T).flops_per_token

@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, bmm_flop
+from torch.utils.flop_counter import FlopCounterMode, bmm_flop, sdpa_flop_count
 
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
@@ -46,7 +46,27 @@ def baddbmm_flop(_self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs)
     return bmm_flop(a_shape, b_shape)
 
 
-FLOP_FORMULAS = {aten.baddbmm_: baddbmm_flop}
+def cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """The CPU flash-attention kernel's forward, counted as torch counts the CUDA kernels'."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    """Its backward: the four gradient products (of the scores, V, Q and K), twice the forward's.
+    Not the flash kernels' recomputation of the scores, which torch's CUDA formula adds: the count
+    is the one the meta device's math path gives, which every other count here (compute_profile) is."""
+    return 2 * sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# torch counts the fused attention kernels of CUDA (flash, efficient, cuDNN) but not the CPU's flash
+# kernel, which F.scaled_dot_product_attention takes on CPU tensors: counted on the CPU, attention's
+# QK^T and AV were missing (on the meta device they run as the math path's bmm and were counted). The
+# CPU kernel's forward and backward take their shapes in the same order as the CUDA flash kernel's.
+FLOP_FORMULAS = {
+    aten.baddbmm_: baddbmm_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa_flop,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: cpu_sdpa_backward_flop,
+}
 
 
 def counter() -> FlopCounterMode:
