@@ -71,26 +71,38 @@ class BranchClock:
         return timed
 
 
-def instrument(model) -> BranchClock:
-    """Timers around the model's branch calls (once per model)."""
-    clock = BranchClock()
-    model.cell.forward = clock.wrap(model.cell.forward)  # instance attributes: nn.Module.__call__ finds them first
-    model.mixer.forward = clock.wrap(model.mixer.forward)
-    model.read = clock.wrap(model.read)
-    return clock
+def wrap_branch(model, wrap) -> None:
+    """The model's state-branch calls (cell, mixer, reads) replaced by ``wrap`` of each, once per
+    model (instance attributes: ``nn.Module.__call__`` finds them first). bench_train_share.py
+    wraps the same calls."""
+    model.cell.forward = wrap(model.cell.forward)
+    model.mixer.forward = wrap(model.mixer.forward)
+    model.read = wrap(model.read)
 
 
 BACKBONE_PIECES = {"attention": ("attn_norm", "attn"), "swiglu": ("ffn_norm", "ffn")}
 
 
-def instrument_backbone(model, piece: str) -> BranchClock:
-    """Timers around one sub-block of every backbone layer: its pre-norm and its attention or
-    SwiGLU (the residual add stays outside, as the reads' adds do)."""
-    clock = BranchClock()
+def wrap_backbone_piece(model, piece: str, wrap) -> None:
+    """One sub-block of every backbone layer, its pre-norm and its attention or SwiGLU, replaced
+    by ``wrap`` of each call (the residual add stays outside, as the reads' adds do)."""
     for layer in model.backbone.layers:
         for part in BACKBONE_PIECES[piece]:
             module = getattr(layer, part)
-            module.forward = clock.wrap(module.forward)
+            module.forward = wrap(module.forward)
+
+
+def instrument(model) -> BranchClock:
+    """Timers around the model's branch calls."""
+    clock = BranchClock()
+    wrap_branch(model, clock.wrap)
+    return clock
+
+
+def instrument_backbone(model, piece: str) -> BranchClock:
+    """Timers around one sub-block of every backbone layer."""
+    clock = BranchClock()
+    wrap_backbone_piece(model, piece, clock.wrap)
     return clock
 
 

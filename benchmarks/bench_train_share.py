@@ -47,6 +47,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_branch_share import BACKBONE_PIECES, wrap_backbone_piece, wrap_branch  # noqa: E402  (the same calls timed)
 from bench_forward_backward import MODELS, config  # noqa: E402  (the same model shape)
 
 from stateloop.models.backbone import Rotary  # noqa: E402
@@ -54,7 +55,7 @@ from stateloop.models.flops import compute_profile, counter  # noqa: E402
 from stateloop.models.registry import build_model  # noqa: E402
 
 LABEL = "state branch"
-BACKBONE_PIECES = {"vanilla:attention": ("attn_norm", "attn"), "vanilla:swiglu": ("ffn_norm", "ffn")}
+PIECE_LABELS = {f"vanilla:{piece}": piece for piece in BACKBONE_PIECES}  # profiler range -> backbone sub-block
 BACKWARD_NODE = "autograd::engine::evaluate_function: "
 
 
@@ -69,21 +70,14 @@ def labelled(fn, label: str = LABEL):
 
 
 def instrument(model) -> None:
-    """The model's branch calls in ranges named :data:`LABEL` (instance attributes, which
-    ``nn.Module.__call__`` finds first)."""
-    model.cell.forward = labelled(model.cell.forward)
-    model.mixer.forward = labelled(model.mixer.forward)
-    model.read = labelled(model.read)
+    """The model's branch calls (bench_branch_share.py's) in ranges named :data:`LABEL`."""
+    wrap_branch(model, labelled)
 
 
 def instrument_backbone(model) -> None:
-    """Each layer's sub-blocks (pre-norm and attention; pre-norm and SwiGLU) in ranges named by
-    :data:`BACKBONE_PIECES`; the residual adds stay outside, as the reads' adds do."""
-    for layer in model.backbone.layers:
-        for label, parts in BACKBONE_PIECES.items():
-            for part in parts:
-                module = getattr(layer, part)
-                module.forward = labelled(module.forward, label)
+    """Each layer's sub-blocks (bench_branch_share.py's) in ranges named by :data:`PIECE_LABELS`."""
+    for label, piece in PIECE_LABELS.items():
+        wrap_backbone_piece(model, piece, lambda fn, label=label: labelled(fn, label))
 
 
 def backbone_piece_flops(model, piece: str, batch: int, seq: int) -> float:
@@ -92,7 +86,7 @@ def backbone_piece_flops(model, piece: str, batch: int, seq: int) -> float:
     layer, cfg = model.backbone.layers[0], model.cfg
     rope = Rotary(seq, 0, cfg.head_dim, cfg.rope_theta, "cpu", torch.float32)
     x = torch.randn(batch, seq, cfg.d_model, requires_grad=True)
-    norm, block = (getattr(layer, part) for part in BACKBONE_PIECES[piece])
+    norm, block = (getattr(layer, part) for part in BACKBONE_PIECES[PIECE_LABELS[piece]])
     with counter() as c:
         out = block(norm(x), rope) if piece == "vanilla:attention" else block(norm(x))
         out.backward(torch.randn_like(out))
@@ -161,13 +155,13 @@ def main() -> None:
         models[name] = build_model(cfg(name))
         if name == "vanilla_looped":
             instrument_backbone(models[name])
-            labels[name] = tuple(BACKBONE_PIECES)
+            labels[name] = tuple(PIECE_LABELS)
         else:
             instrument(models[name])
             labels[name] = (LABEL,)
     flops = {name: compute_profile(cfg(name), args.seq).flops_per_token for name in MODELS}  # forward + backward
     piece_flops = {piece: backbone_piece_flops(models["vanilla_looped"], piece, args.batch, args.seq)
-                   for piece in BACKBONE_PIECES}
+                   for piece in PIECE_LABELS}
     idx = torch.randint(0, args.vocab, (args.batch, args.seq))
     for name, m in models.items():  # warm-up
         profiled_step(m, idx, labels[name])
@@ -183,7 +177,7 @@ def main() -> None:
           f"{'x floor (q1, median, q3)':>28}")
     # rows: name -> ((step, forward, backward) per step, FLOP share floor, whether "rest / Vanilla" applies)
     table = {name: (steps[name], flops[name] / flops["vanilla_looped"] - 1, True) for name in MODELS[1:]}
-    for i, piece in enumerate(BACKBONE_PIECES):  # each scored as if it were a branch added to the rest of the step
+    for i, piece in enumerate(PIECE_LABELS):  # each scored as if it were a branch added to the rest of the step
         timed = [(row[0], row[1 + 2 * i], row[2 + 2 * i]) for row in steps["vanilla_looped"]]
         table[piece] = (timed, piece_flops[piece] / (flops["vanilla_looped"] - piece_flops[piece]), False)
     for name, (rows, floor, versus_vanilla) in table.items():

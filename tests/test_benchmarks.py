@@ -22,7 +22,7 @@ SCRIPTS = {
     "bench_forward_backward.py": ["--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4", "--vocab", "256"],
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
     "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
-    "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256"],
+    "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256", "--groups", "2"],
 }
 
 

@@ -136,7 +136,7 @@ def test_derived_weights_are_looked_up_once_per_forward_pass_and_follow_changes_
         assert get().requires_grad
 
 
-def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped():
+def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped(monkeypatch):
     """The same decoded logits with one lookup per pass as with a lookup at every call."""
     import contextlib
 
@@ -144,14 +144,11 @@ def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped():
     model = build_model(tiny_config("stateloop_attn")).eval()
     logits = []
     for one_pass in (DerivedWeights.one_pass, contextlib.nullcontext):
+        monkeypatch.setattr(DerivedWeights, "one_pass", staticmethod(one_pass))
         cache = ModelCache()
-        original, DerivedWeights.one_pass = DerivedWeights.one_pass, staticmethod(one_pass)
-        try:
-            with torch.inference_mode():
-                model(torch.arange(5)[None], cache=cache)
-                logits.append(torch.cat([model(torch.tensor([[t]]), cache=cache).logits for t in (3, 1, 4)]))
-        finally:
-            DerivedWeights.one_pass = original
+        with torch.inference_mode():
+            model(torch.arange(5)[None], cache=cache)
+            logits.append(torch.cat([model(torch.tensor([[t]]), cache=cache).logits for t in (3, 1, 4)]))
     assert torch.equal(*logits)
 
 
