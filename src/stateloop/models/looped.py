@@ -74,7 +74,7 @@ import torch.nn.functional as F
 from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone, DerivedWeights, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
-from stateloop.models.kernels import cast, upcast
+from stateloop.models.kernels import cast, rms_norm, upcast
 from stateloop.models.mixers import build_mixer
 from stateloop.models.registry import get_spec
 from stateloop.models.state import build_cell
@@ -189,6 +189,7 @@ class StateLoopLM(LoopedLM):
         self.reset, self.has_reads = reset, reads
         self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
         self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)
+        self.mixes = mixer != "identity"
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
@@ -198,10 +199,12 @@ class StateLoopLM(LoopedLM):
 
     def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
         """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
-        N = self.norm_s(S)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
-        # S is float32 (models/state.py); the matmul runs in W's dtype. F.linear on the weight, not a
-        # call of the module: the read runs K times per decoded token, and inside a token the
-        # module's call cost about as much as a small operator (benchmarks/README.md, issue 24)
+        # The norm's function and F.linear on the weights, not calls of the modules: the read runs K
+        # times per decoded token, and inside a token a module's call cost about as much as a small
+        # operator (benchmarks/README.md, issue 24). S is float32 (models/state.py); the matmul runs
+        # in W's dtype.
+        norm = self.norm_s
+        N = rms_norm(S, norm.weight, norm.eps)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
         weight = W.weight
         R = F.linear(cast(N, weight.dtype), weight)
         if keep is not None:
@@ -214,8 +217,10 @@ class StateLoopLM(LoopedLM):
         Shapley masks) share it."""
         H = self.apply_backbone(Z, rope, cache, k)
         S = self.cell(None if self.reset else S, H)  # (2), (5), (6): S~^{k+1} of (3); (14) resets S^k to 0
+        if not self.mixes:  # eq. (7), S^{k+1} = S~^{k+1}: nothing to call, nor to cache
+            return H, S
         mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
-        return H, self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (7)-(9)
+        return H, self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (8), (9)
 
     def feedback(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
         """The feedback read, eq. (4): Z^{k+1} = H^k + N^{k+1} W_{s->z}^T = H^k + R_{k+1}."""

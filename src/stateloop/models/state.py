@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.models.backbone import DerivedWeights, RMSNorm
-from stateloop.models.kernels import cast, upcast
+from stateloop.models.kernels import cast, rms_norm, upcast
 
 # Paper initialisation of eq. (6).
 DELTA_INIT = 0.3  # softplus(b_Delta) at init
@@ -81,7 +81,10 @@ class SelectiveStateCell(nn.Module):
     def gates(self, H: torch.Tensor):
         """Proposal P^k (eq. 5) and retention g^k = exp(-lambda Delta^k) (eq. 6) for the output H^k of
         iteration k."""
-        U = self.norm_h(H)  # (2)
+        norm = self.norm_h
+        # (2), through the norm's function, not a call of the module: this runs K times per decoded
+        # token, where the module's call cost about as much as a small operator (issue 24)
+        U = rms_norm(H, norm.weight, norm.eps)
         W, b, neg_lambda = self._fused()
         # (5) and Delta^k's pre-activation, one matmul; both in the state's dtype (module docstring),
         # cast together (one operator instead of two in a bf16 model), then halved: both are d_s
