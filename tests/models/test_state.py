@@ -50,6 +50,29 @@ def test_eq6_against_hand_computation():
     )
 
 
+def test_float32_retention_holds_at_large_step_sizes_with_finite_gradients():
+    """Eq. (6): g^k = exp(-lambda Delta^k), Delta^k = softplus(.). A slow channel (lambda = 0.01)
+    with a pre-activation of 90 keeps exp(-0.9) = 0.41 of its state, in float32 too. Fails for the
+    same function written as sigmoid(-x)^lambda (two operators instead of three): sigmoid(-90)
+    underflows to 0 in float32, so g would be 0 and its backward NaN (benchmarks/README.md)."""
+    cell = SelectiveStateCell(2, 2)
+    with torch.no_grad():
+        cell.norm_h.weight.fill_(1.0)
+        cell.W_u.weight.fill_(0.5)
+        cell.W_delta.weight.zero_()
+        cell.b_delta.fill_(90.0)  # the pre-activation U W_Delta^T + b_Delta of every token
+        cell.A_log.copy_(torch.log(torch.tensor([0.01, 1.0])))
+    H = torch.tensor([[[1.0, -2.0]]])
+    g = cell.gates(H)[1][0, 0]
+    assert g[0].item() == pytest.approx(math.exp(-0.9), rel=1e-5)
+    assert 0 <= g[1].item() < 1e-38  # exp(-90)
+    S = torch.tensor([[[1.0, 1.0]]], requires_grad=True)
+    cell(S, H).sum().backward()
+    grads = [S.grad] + [p.grad for p in cell.parameters()]
+    assert all(torch.isfinite(t).all() for t in grads)
+    assert S.grad[0, 0, 0].item() == pytest.approx(math.exp(-0.9), rel=1e-5)  # dS~/dS = g
+
+
 def test_initial_write_rate_is_one_minus_exp_minus_03_lambda():
     d_s = 16
     model = build_model(tiny_config("stateloop", d_state=d_s))
