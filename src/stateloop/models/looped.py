@@ -189,7 +189,7 @@ class StateLoopLM(LoopedLM):
         self.reset, self.has_reads = reset, reads
         self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
         self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)
-        self.mixes = mixer != "identity"
+        self.mixes = mixer != "identity"  # eq. (7) is no call at all (step)
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
