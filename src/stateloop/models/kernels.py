@@ -67,11 +67,18 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 # Precision
 
 
-@functools.cache
 def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     """``torch.promote_types(a, b)``, looked up once per pair: the call is an aten operator, which
     would be dispatched several times per decoded iteration of a bf16 model (every cast of a
-    bf16 activation into the state's float32)."""
+    bf16 activation into the state's float32). A compiled graph folds the call into a constant, so
+    there it is called directly (Dynamo warns about tracing through a cache wrapper)."""
+    if torch.compiler.is_compiling():
+        return torch.promote_types(a, b)
+    return _promoted(a, b)
+
+
+@functools.cache
+def _promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype:
     return torch.promote_types(a, b)
 
 
