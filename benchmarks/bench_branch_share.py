@@ -155,7 +155,8 @@ def decode_shares(model, clocks: list[BranchClock], prefill: int, tokens: int) -
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4)
+    """(q1, median, q3); one value is all three (bench_train_share.py's single round)."""
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else (xs[0],) * 3
     return q[0], statistics.median(xs), q[2]
 
 

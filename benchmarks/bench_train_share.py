@@ -47,7 +47,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_branch_share import BACKBONE_PIECES, wrap_backbone_piece, wrap_branch  # noqa: E402  (the same calls timed)
+from bench_branch_share import BACKBONE_PIECES, quartiles, wrap_backbone_piece, wrap_branch  # noqa: E402  (the same calls timed)
 from bench_forward_backward import MODELS, config  # noqa: E402  (the same model shape)
 
 from stateloop.models.backbone import Rotary  # noqa: E402
@@ -127,11 +127,6 @@ def profiled_step(model, idx, labels=(LABEL,)) -> tuple[float, ...]:
     model.zero_grad(set_to_none=True)
     events = prof.events()
     return (step, *(t for label in labels for t in labelled_times(events, label)[:2]))
-
-
-def quartiles(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else (xs[0],) * 3
-    return q[0], statistics.median(xs), q[2]
 
 
 def main() -> None:

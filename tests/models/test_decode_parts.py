@@ -1,5 +1,6 @@
 """The pieces the decode path was optimised with, each against its plain definition."""
 
+import contextlib
 import threading
 
 import torch
@@ -138,8 +139,6 @@ def test_derived_weights_are_looked_up_once_per_forward_pass_and_follow_changes_
 
 def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped(monkeypatch):
     """The same decoded logits with one lookup per pass as with a lookup at every call."""
-    import contextlib
-
     torch.manual_seed(0)
     model = build_model(tiny_config("stateloop_attn")).eval()
     logits = []

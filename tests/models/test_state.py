@@ -51,7 +51,8 @@ def test_eq6_against_hand_computation():
 
 
 def test_float32_retention_holds_at_large_step_sizes_with_finite_gradients():
-    """Eq. (6): g^k = exp(-lambda Delta^k), Delta^k = softplus(.). A slow channel (lambda = 0.01)
+    """Paper, Sec. 3: "The retention gate g^k = exp(-lambda (.) Delta^k) weights the previous
+    state", with Delta^k = softplus(U^k W_Delta^T + b_Delta) (eq. 6). A slow channel (lambda = 0.01)
     with a pre-activation of 90 keeps exp(-0.9) = 0.41 of its state, in float32 too. Fails for the
     same function written as sigmoid(-x)^lambda (two operators instead of three): sigmoid(-90)
     underflows to 0 in float32, so g would be 0 and its backward NaN (benchmarks/README.md)."""
