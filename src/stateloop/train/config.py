@@ -23,6 +23,8 @@ STRATEGIES = ("ddp", "fsdp")
 PRECISIONS = ("auto", "32-true", "bf16-mixed", "bf16-true", "16-mixed", "64-true")
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 SCHEDULES = ("cosine", "constant")
+CHECKPOINTING = ("none", "layer", "iteration")
+FSDP_SHARDING = ("full", "hybrid", "grad_op", "hybrid_grad_op")
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,22 @@ class TrainConfig:
     strategy: str = "ddp"  # ddp | fsdp (fsdp: GPU only); a single device uses no wrapper at all
     precision: str = "auto"  # auto: bf16-mixed on GPU, 32-true on CPU
     compile: bool = False  # torch.compile the model (off: eager is the reference)
+    # FSDP's sharding (strategy fsdp): full = parameters, gradients and optimizer state sharded over
+    # every rank; hybrid = the same within a node, replicated across nodes; grad_op = gradients and
+    # optimizer state sharded, parameters kept whole between forward and backward (ZeRO-2);
+    # hybrid_grad_op = grad_op within a node, replicated across nodes
+    fsdp_sharding: str = "full"
+    # -- memory -----------------------------------------------------------------------------------
+    # Activation checkpointing: none = every activation kept for backward (the reference); layer =
+    # only each decoder-layer application's input kept, the layer recomputed in backward; iteration =
+    # only each loop iteration's inputs kept, the whole backbone application recomputed in backward
+    activation_checkpointing: str = "none"
+    # The loss over this many tokens at a time (LM head + cross-entropy; each chunk's logits
+    # recomputed in backward instead of kept); 0: the whole micro-batch's logits at once (the reference)
+    loss_chunk_tokens: int = 0
+    # Memory of one device in GiB: a run whose planned peak (stateloop plan) does not fit is refused
+    # when the config is checked, before anything is submitted; 0: unknown, not checked
+    gpu_memory_gib: float = 0.0
     # -- batch ------------------------------------------------------------------------------------
     seq_len: int = 2048  # tokens per training sequence (inputs; each window reads seq_len + 1)
     micro_batch: int = 8  # sequences per device per forward/backward
@@ -78,19 +96,20 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for key, allowed in (("strategy", STRATEGIES), ("precision", PRECISIONS), ("accelerator", ACCELERATORS),
-                             ("schedule", SCHEDULES)):
+                             ("schedule", SCHEDULES), ("activation_checkpointing", CHECKPOINTING),
+                             ("fsdp_sharding", FSDP_SHARDING)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"train.{key}: must be one of {', '.join(allowed)}; got {getattr(self, key)!r}")
         for key in ("devices", "num_nodes", "seq_len", "micro_batch", "global_batch", "keep_checkpoints", "log_every"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}: must be positive, got {getattr(self, key)}")
-        for key in ("warmup_steps", "max_tokens", "max_steps", "val_every", "val_tokens", "checkpoint_every", "seed"):
+        for key in ("warmup_steps", "loss_chunk_tokens", "max_tokens", "max_steps", "val_every", "val_tokens", "checkpoint_every", "seed"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}: must be >= 0, got {getattr(self, key)}")
         for key in ("lr", "eps"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}: must be positive, got {getattr(self, key)}")
-        for key in ("min_lr", "weight_decay", "grad_clip", "peak_tflops", "mlflow_system_metrics_s"):
+        for key in ("min_lr", "weight_decay", "grad_clip", "peak_tflops", "mlflow_system_metrics_s", "gpu_memory_gib"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}: must be >= 0, got {getattr(self, key)}")
         if self.mlflow_register_model:
