@@ -36,6 +36,11 @@ class TrainConfig:
     strategy: str = "ddp"  # ddp | fsdp (fsdp: GPU only); a single device uses no wrapper at all
     precision: str = "auto"  # auto: bf16-mixed on GPU, 32-true on CPU
     compile: bool = False  # torch.compile the model (off: eager is the reference)
+    # Seconds a collective (all-reduce, barrier, the start's rendezvous) may wait for the other
+    # ranks before the process group fails it (Fabric's default: 1800). It must exceed the longest
+    # stretch one rank works alone while the others wait: rank 0's checkpoint write and hash (a
+    # 17 GB checkpoint of the 1.4B runs: about 2 minutes on a parallel file system)
+    dist_timeout_s: int = 600
     # FSDP's sharding (strategy fsdp): full = parameters, gradients and optimizer state sharded over
     # every rank; hybrid = the same within a node, replicated across nodes; grad_op = gradients and
     # optimizer state sharded, parameters kept whole between forward and backward (ZeRO-2);
@@ -100,7 +105,8 @@ class TrainConfig:
                              ("fsdp_sharding", FSDP_SHARDING)):
             if getattr(self, key) not in allowed:
                 raise ConfigError(f"train.{key}: must be one of {', '.join(allowed)}; got {getattr(self, key)!r}")
-        for key in ("devices", "num_nodes", "seq_len", "micro_batch", "global_batch", "keep_checkpoints", "log_every"):
+        for key in ("devices", "num_nodes", "seq_len", "micro_batch", "global_batch", "keep_checkpoints", "log_every",
+                    "dist_timeout_s"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"train.{key}: must be positive, got {getattr(self, key)}")
         for key in ("warmup_steps", "loss_chunk_tokens", "max_tokens", "max_steps", "val_every", "val_tokens", "checkpoint_every", "seed"):
