@@ -90,6 +90,63 @@ def run_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_window
     return split_windows(config, run_dir, split, seq_len, max_windows)[0]
 
 
+class WindowSet:
+    """The held-out windows of :func:`split_windows` read when asked for: ``len()`` windows of
+    seq_len + 1 tokens, window i at token i * seq_len of the split; ``windows[a:b]`` is the tensor
+    (b - a, seq_len + 1). A shard reads only its own windows (the Pile's validation split, whole,
+    would be 3 GB of int64 per job)."""
+
+    def __init__(self, shards, seq_len: int, n: int):
+        self.shards, self.seq_len, self.n = shards, seq_len, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, item):
+        import numpy as np
+        import torch
+
+        if not isinstance(item, slice) or item.step not in (None, 1):
+            raise TypeError("WindowSet takes a slice [a:b]")
+        lo, hi, _ = item.indices(self.n)
+        rows = [self.shards.window(i * self.seq_len, self.seq_len + 1) for i in range(lo, max(lo, hi))]
+        if not rows:
+            return torch.empty(0, self.seq_len + 1, dtype=torch.long)
+        return torch.from_numpy(np.stack(rows))
+
+
+def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
+    """The windows of :func:`split_windows` (the same windows, the same one-line errors) as a
+    :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
+    from stateloop.data.shards import ShardSet
+
+    try:
+        shards = ShardSet(_data_dir(config, run_dir), split)
+    except KeyError as err:
+        raise ConfigError(err.args[0]) from None
+    n = (len(shards) - 1) // seq_len
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n <= 0:
+        raise ConfigError(f"{shards.dir}: split {split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
+    return WindowSet(shards, seq_len, n), shards
+
+
+def weights_file(run_dir) -> Path:
+    """The run's final weights file (model.safetensors, or an old folder's model.pt)."""
+    from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS
+
+    path = Path(run_dir) / FINAL_WEIGHTS
+    return path if path.is_file() else Path(run_dir) / LEGACY_WEIGHTS
+
+
+def weights_sha256(run_dir) -> str:
+    """sha256 of the run's final weights: the trained model the shards of an analysis evaluated."""
+    from stateloop.data.shards import sha256_file
+
+    return sha256_file(weights_file(run_dir))
+
+
 def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int | None, seed: int = CALIB_SEED):
     """``n`` windows of seq_len + 1 tokens at a seeded uniform sample (without replacement) of the
     split's non-overlapping window slots ``i * seq_len``, in increasing position: a sample spread

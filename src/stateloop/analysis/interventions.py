@@ -28,9 +28,16 @@ held-out set of the run's held-out PPL (``eval.heldout_split``, default "val", a
 and takes the statistics from a seeded sample of 64 windows of the ``train`` split, which is
 disjoint from any held-out split by construction.
 
-Both interventions use the ``state_overrides`` hook of looped.py: a clean pass returns
-S^1..S^K (which no later override can change, since S^i depends only on iterations 0..i-1), and
-each intervention is one more pass with the overrides built from them.
+Each intervention is what the ``state_overrides`` hook of looped.py does to a forward pass
+(:func:`intervention_nll` runs them so): a clean pass gives S^1..S^K, and the overrides built from
+them replace states at boundaries after i. Iterations 0..i of an intervention at i are therefore
+the clean pass's own (iteration k reads only Z^k and S^k), and replacement and freezing at i also
+share iteration i + 1 (both set S^{i+1} to C_{i->i+1}(S^i); only what follows it differs).
+:func:`intervention_tree` computes each of them from there, with the same operations as the hook,
+so the NLLs are the hook's: per window 1 + 2 (K - 2 - i) backbone applications for the pair at i
+< K - 1 and none at K - 1 (where the two are the same pass), 32 with the clean pass at K = 7
+instead of 13 K = 91 for 13 whole passes. The windows' sums are exact and shardable
+(analysis/shards.py).
 """
 
 from __future__ import annotations
@@ -40,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from stateloop.analysis.shards import Sums
 
 EPSILON = 1e-6  # eq. (15)'s epsilon: "ensures numerical stability"
 
@@ -129,24 +138,104 @@ def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").double().item()
 
 
-def intervention_analysis(model, calib_windows: torch.Tensor, eval_windows: torch.Tensor, batch_size: int = 8,
+def intervention_names(K: int) -> list[str]:
+    """The names of the per-batch sums: the clean pass, then replacement and freezing at i = 1..K-1."""
+    return ["none", *[f"{kind}_{i}" for i in range(1, K) for kind in ("replace", "freeze")]]
+
+
+def intervention_tree(model, idx: torch.Tensor, targets: torch.Tensor, stats: StateStats):
+    """Yield (name, the NLL summed over the batch's targets) for the clean pass and every single
+    replacement and freezing, sharing what they share (module docstring): the overrides of
+    :func:`replacement_overrides` and :func:`freezing_overrides`, applied as looped.py's
+    ``state_overrides`` hook applies them."""
+    from stateloop.analysis.shapley import nll_sum
+    from stateloop.models.backbone import DerivedWeights
+
+    K = model.cfg.K
+    with DerivedWeights.one_pass():
+        Z = model.embed_tokens(idx)
+        rope = model.rotary(idx.shape[1], None, idx.device, Z.dtype)
+        Hs, Ss, S = [], [], None  # the clean pass: Hs[k] = H^k, Ss[k] = S^{k+1}
+        for k in range(K):
+            H, S = model.step(k, Z, S, rope, None)
+            Hs.append(H)
+            Ss.append(S)
+            if k < K - 1:
+                Z = model.feedback(H, S)
+        yield "none", nll_sum(model.lm_head(model.terminal(H, S)), targets)
+
+        def override(i: int, j: int, S):  # S^j <- C_{i->j}(S^i), as the hook sets it
+            return stats.calibrate(Ss[i - 1], i, j).to(S.dtype).expand_as(S)
+
+        def rest(k0: int, H, S, frozen_at: int | None):
+            """Iterations k0..K-1 from H^{k0-1} and S^{k0}, freezing at ``frozen_at``; the NLL."""
+            for k in range(k0, K):
+                H, S = model.step(k, model.feedback(H, S), S, rope, None)
+                if frozen_at is not None:
+                    S = override(frozen_at, k + 1, S)
+            return nll_sum(model.lm_head(model.terminal(H, S)), targets)
+
+        for i in range(1, K):
+            S_next = override(i, i + 1, Ss[i])  # S^{i+1} <- C_{i->i+1}(S^i): both interventions at i
+            if i == K - 1:  # nothing follows S^K but the head: the two are one pass
+                nll = nll_sum(model.lm_head(model.terminal(Hs[i], S_next)), targets)
+                yield f"replace_{i}", nll
+                yield f"freeze_{i}", nll
+                continue
+            H, S = model.step(i + 1, model.feedback(Hs[i], S_next), S_next, rope, None)  # H^{i+1}, S^{i+2}
+            yield f"replace_{i}", rest(i + 2, H, S, None)
+            yield f"freeze_{i}", rest(i + 2, H, override(i, i + 2, S), i)
+
+
+@torch.no_grad()
+def batch_sums(model, batch: torch.Tensor, stats: StateStats) -> tuple[dict[str, float], int]:
+    """One batch of windows (B, T + 1) -> (each intervention's NLL summed over the batch, as
+    float64; the batch's target count)."""
+    idx, targets = batch[:, :-1], batch[:, 1:]
+    return {name: nll.double().item() for name, nll in intervention_tree(model, idx, targets, stats)}, targets.numel()
+
+
+def exact_sums(model, windows, stats: StateStats, batch_size: int = 8, device="cpu", progress: bool = True) -> Sums:
+    """The exact sums (analysis/shards.py) of every intervention's NLL over all windows."""
+    from tqdm import tqdm
+
+    sums = Sums(intervention_names(model.cfg.K))
+    for start in tqdm(range(0, len(windows), batch_size), desc=f"interventions: {2 * (model.cfg.K - 1)} + clean",
+                      unit="batch", disable=not progress, dynamic_ncols=True):
+        sums.add(*batch_sums(model, windows[start : start + batch_size].to(device), stats))
+    return sums
+
+
+def stats_digest(stats: StateStats) -> str:
+    """A short hash of the calibration statistics: shards of one analysis must share them exactly."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for t in (stats.mean, stats.std):
+        h.update(t.detach().cpu().to(torch.float64).contiguous().numpy().tobytes())
+    h.update(str(int(stats.tokens)).encode())
+    return h.hexdigest()[:16]
+
+
+def intervention_analysis(model, calib_windows: torch.Tensor, eval_windows, batch_size: int = 8,
                           device="cpu", progress: bool = True) -> tuple[dict, StateStats]:
     """Calibrate on ``calib_windows``, then evaluate every single replacement and freezing on
     ``eval_windows``. Returns (result dict, the calibration statistics)."""
-    K = model.cfg.K
     stats = state_statistics(model, calib_windows, batch_size, device, progress)
-    interventions = {}
-    for i in range(1, K):
-        interventions[f"replace_{i}"] = lambda states, i=i: replacement_overrides(states, stats, i)
-        interventions[f"freeze_{i}"] = lambda states, i=i: freezing_overrides(states, stats, i)
-    nll = intervention_nll(model, eval_windows, interventions, batch_size, device, progress)
+    sums = exact_sums(model, eval_windows, stats, batch_size, device, progress)
+    return intervention_result(model.cfg.K, sums, stats), stats
+
+
+def intervention_result(K: int, sums: Sums, stats: StateStats) -> dict:
+    """The result of the exact sums of every intervention's NLL (one run, or the merged shards)."""
+    nll = {name: sums.mean(name) for name in sums.names}
     base = nll["none"]
 
     def entry(name: str, **extra) -> dict:
         return {**extra, "nll": nll[name], "ppl": math.exp(nll[name]), "delta_nll": nll[name] - base,
                 "delta_ppl": math.exp(nll[name]) - math.exp(base)}
 
-    result = {
+    return {
         "K": K,
         "unmodified": {"nll": base, "ppl": math.exp(base)},
         "replacement": [entry(f"replace_{i}", i=i, replaced=i + 1, description=f"S^{i + 1} <- C_{i}->{i + 1}(S^{i})")
@@ -157,6 +246,7 @@ def intervention_analysis(model, calib_windows: torch.Tensor, eval_windows: torc
             "tokens": stats.tokens,
             "channel_mean_of_mu": stats.mean.mean(1).tolist(),  # per boundary, averaged over channels
             "channel_mean_of_sigma": stats.std.mean(1).tolist(),
+            "digest": stats_digest(stats),
         },
+        "tokens": sums.tokens,
     }
-    return result, stats

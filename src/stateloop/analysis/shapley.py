@@ -24,7 +24,11 @@ Evaluation with shared prefixes: iteration k (k = 0..K-1) depends only on the ma
 R_1..R_k, so the 2^K masked forward passes form a binary tree. Depth-first over it, iteration k is
 computed once per setting of the earlier masks: 2^K - 1 applications of the backbone per batch of windows
 instead of K 2^K for 2^K separate passes (127 instead of 896 at K = 7), and only the 2^K leaves
-pay for the LM head.
+pay for the LM head. That is the fewest an exact evaluation can do: the 2^k settings of R_1..R_k
+give iteration k 2^k different inputs. At the paper's scale it is still about 117 GFLOPs per token
+(20 times a forward pass) over the whole validation split, about 43 GPU-hours: the analysis runs
+as shards with exact sums and partial results (analysis/shards.py; each job's estimate:
+analysis/cost.py).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from itertools import combinations
 
 import torch
 import torch.nn.functional as F
+
+from stateloop.analysis.shards import Sums
 
 
 def mask_bits(m: int, K: int) -> list[int]:
@@ -46,39 +52,66 @@ def keep_vector(m: int, K: int) -> list[float]:
     return [1.0 - b for b in mask_bits(m, K)]
 
 
-@torch.no_grad()
-def masked_nll_sums(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", progress: bool = True) -> torch.Tensor:
-    """Summed NLL of every read mask over all windows: a (2^K, 2) float64 tensor
-    [sum_nll, n_tokens], row m = mask index m (bit k-1 set: R_k masked)."""
-    from tqdm import tqdm
+def sum_names(K: int) -> list[str]:
+    """The names of the per-batch sums: the mask indices 0 .. 2^K - 1, as strings (JSON keys)."""
+    return [str(m) for m in range(2**K)]
 
-    K = model.cfg.K
-    totals = torch.zeros(2**K, 2, dtype=torch.float64)
-    batches = range(0, len(windows), batch_size)
-    for start in tqdm(batches, desc=f"shapley: {2**K} masks", unit="batch", disable=not progress, dynamic_ncols=True):
-        batch = windows[start : start + batch_size].to(device)
-        idx, targets = batch[:, :-1], batch[:, 1:]
+
+def mask_tree(model, idx: torch.Tensor, targets: torch.Tensor):
+    """Yield (mask index, the NLL summed over the batch's targets) for all 2^K read masks of one
+    batch: the prefix-shared tree, depth first (module docstring)."""
+    from stateloop.models.backbone import DerivedWeights
+
+    with DerivedWeights.one_pass():
         h = model.embed_tokens(idx)
         rope = model.rotary(idx.shape[1], None, idx.device, h.dtype)
-        _descend(model, 0, h, None, 0, rope, targets, totals)  # Z^0 = E, S^0 = 0, nothing masked
-    return totals
+        yield from _descend(model, 0, h, None, 0, rope, targets)  # Z^0 = E, S^0 = 0, nothing masked
 
 
-def _descend(model, k: int, Z, S, m: int, rope, targets, totals) -> None:
+def _descend(model, k: int, Z, S, m: int, rope, targets):
     """Iteration k (0-based) given the masks of R_1..R_k (bits of m); then both settings of
     R_{k+1}, the read of the state S^{k+1} it makes."""
     K = model.cfg.K
     H, S = model.step(k, Z, S, rope, None)  # H^k, S^{k+1}
     bit = 1 << k  # R_{k+1}
     if k < K - 1:
-        _descend(model, k + 1, model.feedback(H, S), S, m, rope, targets, totals)  # R_{k+1} kept: Z^{k+1} = H^k + R_{k+1}
-        _descend(model, k + 1, H, S, m | bit, rope, targets, totals)  # R_{k+1} masked: Z^{k+1} = H^k
+        yield from _descend(model, k + 1, model.feedback(H, S), S, m, rope, targets)  # R_{k+1} kept: Z^{k+1} = H^k + R_{k+1}
+        yield from _descend(model, k + 1, H, S, m | bit, rope, targets)  # R_{k+1} masked: Z^{k+1} = H^k
         return
     for out, leaf in ((model.terminal(H, S), m), (H, m | bit)):  # R_K kept (H^{K-1} + R_K) / masked
-        logits = model.lm_head(out).float()
-        nll = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-        totals[leaf, 0] += nll.double().item()
-        totals[leaf, 1] += targets.numel()
+        yield leaf, nll_sum(model.lm_head(out), targets)
+
+
+def nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The NLL summed over every target of a batch (float32 logits, as the held-out PPL)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+
+
+@torch.no_grad()
+def batch_sums(model, batch: torch.Tensor) -> tuple[dict[str, float], int]:
+    """One batch of windows (B, T + 1) -> (each mask's NLL summed over the batch, as float64; the
+    batch's target count)."""
+    idx, targets = batch[:, :-1], batch[:, 1:]
+    return {str(m): nll.double().item() for m, nll in mask_tree(model, idx, targets)}, targets.numel()
+
+
+def exact_sums(model, windows, batch_size: int = 8, device="cpu", progress: bool = True) -> Sums:
+    """The exact sums (analysis/shards.py) of every mask's NLL over all windows, batch by batch."""
+    from tqdm import tqdm
+
+    K = model.cfg.K
+    sums = Sums(sum_names(K))
+    batches = range(0, len(windows), batch_size)
+    for start in tqdm(batches, desc=f"shapley: {2**K} masks", unit="batch", disable=not progress, dynamic_ncols=True):
+        sums.add(*batch_sums(model, windows[start : start + batch_size].to(device)))
+    return sums
+
+
+def masked_nll_sums(model, windows, batch_size: int = 8, device="cpu", progress: bool = True) -> torch.Tensor:
+    """Summed NLL of every read mask over all windows: a (2^K, 2) float64 tensor
+    [sum_nll, n_tokens], row m = mask index m (bit k-1 set: R_k masked)."""
+    sums = exact_sums(model, windows, batch_size, device, progress)
+    return torch.tensor([[sums.total(name), float(sums.tokens)] for name in sums.names], dtype=torch.float64)
 
 
 def shapley_values(values: list[float] | torch.Tensor, K: int) -> list[float]:
@@ -100,11 +133,14 @@ def shapley_values(values: list[float] | torch.Tensor, K: int) -> list[float]:
     return phi
 
 
-def shapley_analysis(model, windows: torch.Tensor, batch_size: int = 8, device="cpu", progress: bool = True) -> dict:
+def shapley_analysis(model, windows, batch_size: int = 8, device="cpu", progress: bool = True) -> dict:
     """Held-out NLL of all 2^K read masks and each read's exact Shapley value and share."""
-    K = model.cfg.K
-    sums = masked_nll_sums(model, windows, batch_size, device, progress)
-    nll = (sums[:, 0] / sums[:, 1]).tolist()
+    return shapley_result(model.cfg.K, exact_sums(model, windows, batch_size, device, progress))
+
+
+def shapley_result(K: int, sums: Sums) -> dict:
+    """The result of the exact sums of every mask's NLL (one run, or the merged shards)."""
+    nll = [sums.mean(name) for name in sum_names(K)]
     v = [x - nll[0] for x in nll]  # v(M) = NLL(M) - NLL(∅)
     phi = shapley_values(v, K)
     total = sum(phi)
@@ -121,6 +157,6 @@ def shapley_analysis(model, windows: torch.Tensor, batch_size: int = 8, device="
         "feedback_share_pct": 100.0 * sum(shares[:-1]),
         "terminal_share_pct": 100.0 * shares[-1],
         "masks": [{"index": m, "masked": mask_bits(m, K), "nll": nll[m], "ppl": math.exp(nll[m])} for m in range(2**K)],
-        "tokens": int(sums[0, 1]),
+        "tokens": sums.tokens,
         "backbone_applications_per_batch": 2**K - 1,
     }

@@ -24,6 +24,14 @@ seeded (``--calib-seed``, default 0) uniform sample of its non-overlapping windo
 in every data folder and disjoint from the held-out split by construction; ``--calib-split``
 picks another split, never the evaluated one.
 
+Shards and partial results (analysis/shards.py): ``--shard I/N`` evaluates only shard I of N (a
+contiguous run of whole batches of the windows) into RUN_DIR/analysis_shards/<analysis>_<I>of<N>.json,
+and ``--merge N`` adds the N shards' exact sums into the analysis JSON: the same numbers, bit for
+bit, as the unsharded analysis. The shards of the interventions share one calibration, written
+first by ``interventions --calibrate-only``. Every evaluation keeps its partial sums in
+RUN_DIR/analysis_shards/ (``--save-every`` seconds apart) and, run again with the same settings,
+continues from them: a job stopped at its time limit resumes where it stopped.
+
 Each JSON has a ``heldout`` block with the keys of eval.json's (split, windows, seq_len, tokens,
 split_tokens, nll, ppl): the unmodified model's held-out result (all reads kept; no
 intervention), equal to eval.json's ``heldout`` for the same run. Results are logged to MLflow:
@@ -38,6 +46,7 @@ from __future__ import annotations
 from stateloop.commands import RUN_HELP
 
 DTYPE_CHOICES = ["auto", "float32", "bf16-mixed", "bfloat16", "float16"]
+SAVE_EVERY = 120.0  # analysis/stage.py's default (not imported: the parser must not import torch)
 
 
 def _common(p) -> None:
@@ -53,6 +62,13 @@ def _common(p) -> None:
     p.add_argument("--out", help="result JSON (default: in the run folder)")
     p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--shard", metavar="I/N",
+                   help="evaluate only shard I of N (whole batches of the windows) into RUN_DIR/analysis_shards/")
+    p.add_argument("--merge", type=int, metavar="N",
+                   help="merge the N finished shards in RUN_DIR/analysis_shards/ into the analysis JSON (exact sums)")
+    p.add_argument("--save-every", type=float, default=SAVE_EVERY, metavar="SECONDS",
+                   help=f"write the partial sums at most this often (default {SAVE_EVERY:g}; 0: after every batch); "
+                        f"a rerun with the same settings continues from them")
 
 
 def add_arguments(p) -> None:
@@ -73,6 +89,9 @@ def add_arguments(p) -> None:
     i.add_argument("--calib-windows", type=int, default=CALIB_WINDOWS,
                    help=f"calibration windows, a seeded sample over the whole split (default {CALIB_WINDOWS}; 0: every window)")
     i.add_argument("--calib-seed", type=int, default=CALIB_SEED, help=f"seed of the calibration sample (default {CALIB_SEED})")
+    i.add_argument("--calibrate-only", action="store_true",
+                   help="write the calibration statistics (RUN_DIR/interventions_calibration.pt) and stop: the "
+                        "shards of one analysis read them")
     i.add_argument("--eval-split", help="split the perplexities are measured on (default: eval.heldout_split)")
     i.add_argument("--max-windows", type=int,
                    help="evaluation windows (default: eval.heldout_windows, as the held-out PPL; 0: the whole split)")
