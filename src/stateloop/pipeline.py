@@ -50,11 +50,32 @@ class StageResources:
 
 
 @dataclass
+class AnalyzeResources(StageResources):
+    """The analyze stage's jobs. Each of Figure 4's analyses may run as several jobs, each on a
+    contiguous part of the held-out windows, and a merge of their exact sums: the same numbers as
+    one job, bit for bit (analysis/shards.py); each job continues from its partial sums when it is
+    run again. Each job's hours against `runtime`: analysis/cost.py (`analysis_plan_rows`)."""
+
+    # Jobs the Shapley analysis of a run is split into (1: one job); above 1, each shard is a job
+    # of this stage's resources and their merge a job without a GPU.
+    shapley_shards: int = 1
+    # Jobs the interventions of a run are split into (1: one job); above 1, one calibration job
+    # first, then the shards, then their merge.
+    interventions_shards: int = 1
+
+    def __post_init__(self) -> None:
+        for key in ("shapley_shards", "interventions_shards"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"analyze.{key}: must be a whole number >= 1, got {value!r}")
+
+
+@dataclass
 class ResourcesConfig:
     tokenize: StageResources = field(default_factory=StageResources)
     train: StageResources = field(default_factory=StageResources)
     eval: StageResources = field(default_factory=StageResources)
-    analyze: StageResources = field(default_factory=StageResources)
+    analyze: AnalyzeResources = field(default_factory=AnalyzeResources)
     bench: StageResources = field(default_factory=StageResources)
 
 

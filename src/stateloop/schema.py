@@ -33,12 +33,15 @@ def field_docs(cls: type) -> dict[str, str]:
     import textwrap
     import tokenize
 
+    docs = {}
+    for base in cls.__mro__[1:][::-1]:  # a dataclass's inherited fields, described where they are declared
+        if dataclasses.is_dataclass(base):
+            docs.update(field_docs(base))
     src = textwrap.dedent(inspect.getsource(cls))
     lines = src.splitlines()
     comments = {tok.start[0]: tok.string.lstrip("#").strip()
                 for tok in tokenize.generate_tokens(io.StringIO(src).readline) if tok.type == tokenize.COMMENT}
     (node,) = ast.parse(src).body
-    docs = {}
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
@@ -119,13 +122,14 @@ def _sections():
     from stateloop.data.config import DataConfig, SyntheticConfig
     from stateloop.evaluate.config import EvalConfig
     from stateloop.models.config import ModelConfig
-    from stateloop.pipeline import BenchConfig, ExperimentConfig, PipelineConfig, ScaleConfig, StageResources
+    from stateloop.pipeline import AnalyzeResources, BenchConfig, ExperimentConfig, PipelineConfig, ScaleConfig, StageResources
     from stateloop.train.config import TrainConfig
 
     return [("(top level)", PipelineConfig), ("scales.SCALE", ScaleConfig), ("scales.SCALE.model", ModelConfig),
             ("scales.SCALE.data", DataConfig), ("scales.SCALE.data.synthetic", SyntheticConfig),
             ("scales.SCALE.train", TrainConfig), ("scales.SCALE.eval", EvalConfig),
-            ("scales.SCALE.resources.STAGE", StageResources), ("experiments.NAME", ExperimentConfig),
+            ("scales.SCALE.resources.STAGE", StageResources), ("scales.SCALE.resources.analyze", AnalyzeResources),
+            ("experiments.NAME", ExperimentConfig),
             ("bench", BenchConfig)]
 
 

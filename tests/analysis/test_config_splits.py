@@ -97,7 +97,25 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
         assert planned == []
         return
     runs = expand_runs(pipe, ["state_analysis"])
-    assert sorted(c.split()[2] for c in planned) == sorted(["shapley", "interventions"] * len(runs)), planned
+    # Per run: an analysis of one shard is one job; of N > 1, N shard jobs (after one calibration
+    # job for the interventions) and a merge (resources.analyze.*_shards).
+    expected_jobs = []
+    for run in runs:
+        res = pipe.scales[run.scale].resources.analyze
+        for analysis in ("shapley", "interventions"):
+            n = getattr(res, f"{analysis}_shards")
+            if n == 1:
+                expected_jobs.append((run.folder, analysis, ""))
+                continue
+            expected_jobs += [(run.folder, analysis, f"--shard {i}/{n}") for i in range(1, n + 1)]
+            expected_jobs.append((run.folder, analysis, f"--merge {n}"))
+            if analysis == "interventions":
+                expected_jobs.append((run.folder, analysis, "--calibrate-only"))
+    flags = re.compile(r"--shard \d+/\d+|--merge \d+|--calibrate-only")
+    planned_jobs = [(c.split()[3], c.split()[2], " ".join(flags.findall(c))) for c in planned]
+    assert sorted(planned_jobs) == sorted(expected_jobs), planned
+    # in the order of the DAG: the calibration, then the shards, then the merges and whole analyses
+    planned.sort(key=lambda c: 0 if "--calibrate-only" in c else 1 if "--shard" in c else 2)
     # the job's config, as a real (not dry) run writes it when it starts jobs: results/configs/<sha256>.yaml
     (job_config,) = {re.search(r"--config (\S+)", c).group(1) for c in planned}
     (work / job_config).parent.mkdir(parents=True, exist_ok=True)
@@ -116,12 +134,15 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
         expected[run.folder] = (scale.eval.heldout_split, windows, seq_len, splits)
 
     monkeypatch.chdir(work)
+    scale_of = {run.folder: run.scale for run in runs}
     baseline = {}
     for command in planned:
         argv = shlex.split(command.split(" > ")[0])  # without the log redirection
         assert argv[0] == "stateloop" and not any(a.startswith(("--split", "--eval-split", "--calib-split")) for a in argv)
         assert main(argv[1:] + ["--no-mlflow"]) == 0, command
         analysis, folder = argv[2], argv[3]
+        if "--shard" in argv or "--calibrate-only" in argv:
+            continue  # a part of the analysis: its merge writes the JSON
         split, windows, seq_len, splits = expected[folder]
         res = json.loads((work / folder / f"{analysis}.json").read_text())
         held = res["heldout"]
@@ -133,6 +154,8 @@ def test_dag_analysis_jobs_run_on_the_splits_the_config_makes(config_file, tmp_p
             assert held["nll"] == res["unmodified"]["nll"]
         else:
             assert held["nll"] == res["nll_none_masked"] and len(res["masks"]) == 2 ** res["K"]
+        shards = getattr(pipe.scales[scale_of[folder]].resources.analyze, f"{analysis}_shards")
+        assert res["settings"]["shards"] == shards
         baseline.setdefault(folder, []).append(held["nll"])
     for folder, nlls in baseline.items():  # shapley's all-reads-kept NLL = interventions' unmodified NLL
         assert len(nlls) == 2 and nlls[0] == pytest.approx(nlls[1], rel=1e-6), folder

@@ -1,0 +1,269 @@
+"""What the jobs after training cost: per job of a pipeline config's DAG that evaluates or analyses a
+trained run, its FLOPs, its hours on one GPU at an assumed MFU, its time limit and whether it fits.
+
+The jobs (workflow/rules/eval.smk, analysis.smk), each on one GPU where the scale asks for one:
+
+- ``eval`` (every trained run): held-out perplexity, one forward pass per held-out window. The
+  lm-eval tasks that the Table 1 runs also score are not counted (their requests' lengths are
+  not known before lm-eval builds them); nor are the state's diagnostics (a read per iteration).
+- ``eval_depth`` (the runs of the test-time-depth experiment): a forward pass per window at each
+  test-time depth K'.
+- ``shapley`` (the state-analysis runs): per window, the prefix-shared tree of all 2^K read masks
+  (analysis/shapley.py: 2^K - 1 iterations, 2^K heads). With ``resources.analyze.shapley_shards``
+  = N > 1, N ``shapley_shard`` jobs of whole batches of the windows, then ``shapley``, their merge
+  (it reads the shards' sums: no FLOPs, no GPU; analysis/shards.py, MERGE_JOB).
+- ``interventions``: the calibration sample's forward passes (64 windows of the train split), then
+  per held-out window the shared-prefix tree of the clean pass and every replacement and freezing
+  (analysis/interventions.py). With ``interventions_shards`` = N > 1: ``interventions_calibration``,
+  N ``interventions_shard`` jobs and the merge.
+
+FLOPs are counted, not modelled: the pieces of one window's forward pass (each iteration, each
+read, the head) run on the meta device under models/flops.py's counter (every matmul and attention
+product the model performs; elementwise work is not counted, as for MFU), and are combined as the
+analysis code combines them; tests/analysis/test_cost.py checks each combination against the
+counter run over the analysis's own code. Hours = FLOPs / (MFU x peak). The default MFU, 30%, is
+what the eager training step measured on an H200 (benchmarks/records/gpu_check_h200_2026-12-04.json:
+0.297 for the 410M StateLoop at K = 7, batch 4 x 2,048); an analysis runs the same layers on batches
+of ``eval.batch_size`` windows, without the backward pass.
+
+The held-out windows: ``eval.heldout_windows`` where set, else the whole split, of ``eval.max_length``
+(else the run's ``train.seq_len``) tokens. The split's size is read from the tokenized data
+(``data/<scale>/meta.json`` under ``data_root``) where it exists; before tokenizing, from
+:data:`ASSUMED_SPLIT_TOKENS`, else ``split_tokens`` (scale -> tokens) given by the caller; a scale
+without any has no estimate (``None``), unless ``eval.heldout_windows`` caps it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from stateloop.analysis.common import CALIB_WINDOWS
+from stateloop.analysis.shards import MERGE_JOB, Shard, n_batches
+
+# [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
+# Pile's validation split is 1.4 GB of JSON lines (EleutherAI/pile_val_test's card); the paper's
+# GPT-NeoX-20B tokenizer gives about 0.29 tokens per byte on the Pile, so at most about 0.41e9
+# tokens; the uncopyrighted mirror the paper config reads drops some subsets (Books3 among them),
+# so fewer. Planned at 4.0e8, the upper end: a job that fits at it fits the real split; the real
+# count replaces it once data/<scale>/meta.json exists.
+ASSUMED_SPLIT_TOKENS = {("monology/pile-uncopyrighted", "validation"): 400_000_000}
+
+
+@dataclasses.dataclass(frozen=True)
+class Heldout:
+    """A scale's held-out windows as the plan sees them."""
+
+    windows: int | None  # None: unknown (no size for the split)
+    seq_len: int
+    batch_size: int
+    source: str  # where the count comes from
+
+
+def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = None) -> Heldout:
+    """The held-out windows of a scale's runs (module docstring)."""
+    scale = cfg.scales[scale_name]
+    ev, model, train = scale.eval, scale.model, scale.train
+    seq_len = int(ev.max_length or min(train.seq_len, model.max_seq_len))
+    meta = Path(data_root) / scale_name / "meta.json"
+    tokens, source = None, None
+    if meta.is_file():
+        try:
+            tokens = int(json.loads(meta.read_text())["splits"][ev.heldout_split]["tokens"])
+            source = f"{meta} (split {ev.heldout_split}: {tokens} tokens)"
+        except (OSError, ValueError, KeyError, TypeError):
+            tokens = None
+    if tokens is None and split_tokens and scale_name in split_tokens:
+        tokens, source = int(split_tokens[scale_name]), f"given: {int(split_tokens[scale_name]):.3g} tokens"
+    assumed = ASSUMED_SPLIT_TOKENS.get((scale.data.source, scale.data.val_split))
+    if tokens is None and assumed is not None:
+        tokens = assumed
+        source = f"assumed: {scale.data.source} {scale.data.val_split} = {assumed:.3g} tokens (analysis/cost.py)"
+    whole = None if tokens is None else (tokens - 1) // seq_len
+    if ev.heldout_windows is not None:
+        windows = ev.heldout_windows if whole is None else min(whole, ev.heldout_windows)
+        source = f"eval.heldout_windows = {ev.heldout_windows}" + (f"; {source}" if source else " (at most)")
+        return Heldout(windows, seq_len, ev.batch_size, source)
+    return Heldout(whole, seq_len, ev.batch_size, source or f"unknown: {meta} not found and no size assumed")
+
+
+# -- FLOPs of one window ---------------------------------------------------------------------------
+
+_PIECES: dict[tuple[str, int], dict] = {}
+
+
+def _meta_model(cfg):
+    """The model on the meta device, in training mode as models/flops.py counts it (an eval-mode
+    Parcae makes its fixed initial state from positions read as numbers, which the meta device
+    has not; the two modes run the same matmuls)."""
+    from stateloop.models.registry import build_model
+
+    return build_model(dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch"), device="meta", init=False)
+
+
+def _key(cfg, seq_len: int) -> tuple[str, int]:
+    return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr), seq_len
+
+
+def pieces(cfg, seq_len: int) -> dict:
+    """The FLOPs of one window's forward pass of a StateLoop model, piece by piece, counted on the
+    meta device: ``step[k]`` (iteration k: the backbone and the state update), ``feedback[k]`` (the
+    read after iteration k < K-1), ``terminal`` (the last read), ``head`` (final norm, LM head, loss)."""
+    key = _key(cfg, seq_len)
+    if key in _PIECES:
+        return _PIECES[key]
+    import torch
+
+    from stateloop.analysis.shapley import nll_sum
+    from stateloop.models.flops import counter
+
+    model = _meta_model(cfg)
+    idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
+    out = {"step": [], "feedback": []}
+
+    def counted(fn, *args):
+        with counter() as c:
+            value = fn(*args)
+        return value, c.get_total_flops()
+
+    with torch.no_grad():
+        Z = model.embed_tokens(idx)
+        rope = model.rotary(seq_len, None, idx.device, Z.dtype)
+        S = None
+        for k in range(cfg.K):
+            (H, S), flops = counted(model.step, k, Z, S, rope, None)
+            out["step"].append(flops)
+            if k < cfg.K - 1:
+                Z, flops = counted(model.feedback, H, S)
+                out["feedback"].append(flops)
+        Y, out["terminal"] = counted(model.terminal, H, S)
+        _, out["head"] = counted(lambda y: nll_sum(model.lm_head(y), idx), Y)
+    _PIECES[key] = out
+    return out
+
+
+def shapley_flops(cfg, seq_len: int) -> float:
+    """One window's FLOPs of the Shapley tree: 2^k applications of iteration k and of the read after
+    it, 2^(K-1) terminal reads, 2^K heads (analysis/shapley.py)."""
+    p, K = pieces(cfg, seq_len), cfg.K
+    return float(sum(2**k * p["step"][k] for k in range(K)) + sum(2**k * p["feedback"][k] for k in range(K - 1))
+                 + 2 ** (K - 1) * p["terminal"] + 2**K * p["head"])
+
+
+def clean_flops(cfg, seq_len: int) -> float:
+    """One window's FLOPs of the unmodified forward pass (the calibration's, the clean pass's)."""
+    p = pieces(cfg, seq_len)
+    return float(sum(p["step"]) + sum(p["feedback"]) + p["terminal"] + p["head"])
+
+
+def interventions_flops(cfg, seq_len: int) -> float:
+    """One window's FLOPs of the interventions' tree (analysis/interventions.py): the clean pass;
+    for each i < K-1 the read and iteration i+1 the pair shares, then twice the rest; at K-1 one head."""
+    p, K = pieces(cfg, seq_len), cfg.K
+    total = clean_flops(cfg, seq_len)
+    end = p["terminal"] + p["head"]
+    for i in range(1, K - 1):
+        rest = sum(p["feedback"][k - 1] + p["step"][k] for k in range(i + 2, K)) + end
+        total += p["feedback"][i] + p["step"][i + 1] + 2 * rest
+    return float(total + end)
+
+
+_FORWARD: dict[tuple[str, int], float] = {}
+
+
+def forward_flops(cfg, seq_len: int) -> float:
+    """One window's FLOPs of the model's forward pass (any model; the held-out PPL's)."""
+    key = _key(cfg, seq_len)
+    if key not in _FORWARD:
+        import torch
+
+        from stateloop.models.flops import counter
+
+        model = _meta_model(cfg)
+        with torch.no_grad(), counter() as c:
+            model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+        _FORWARD[key] = float(c.get_total_flops())
+    return _FORWARD[key]
+
+
+# -- the jobs --------------------------------------------------------------------------------------
+
+def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_root="data",
+                       split_tokens: dict | None = None) -> list[dict]:
+    """One row per evaluation or analysis job the DAG runs for the pipeline config ``cfg`` (module
+    docstring): ``job`` (the rule), ``run``, ``shard`` ("I/N" or ""), ``windows``, ``tokens``,
+    ``flops``, ``hours`` (at ``mfu`` of ``peak_tflops`` per GPU), ``limit_min`` (the job's runtime
+    from the scale's resources), ``fits`` (hours within the limit), ``gpus``, ``heldout_from`` (where
+    the window count comes from) and ``note``. ``flops``, ``hours`` and ``fits`` are None where the
+    held-out split's size is unknown."""
+    from stateloop.pipeline import expand_runs
+
+    rate = mfu * peak_tflops * 1e12
+    made = {name for name, e in cfg.experiments.items() if e.trained}
+    rows = []
+
+    def row(job, run, windows, tokens, flops, res, source, shard="", note=""):
+        hours = None if flops is None else flops / rate / 3600
+        limit = int(res["runtime"])
+        rows.append({"job": job, "run": run.id, "shard": shard, "windows": windows, "tokens": tokens, "flops": flops,
+                     "hours": hours, "limit_min": limit, "fits": None if hours is None else hours * 60 <= limit,
+                     "gpus": int(res["gpus"]), "heldout_from": source, "note": note})
+
+    def resources(stage) -> dict:
+        return {k: getattr(stage, k) for k in ("runtime", "mem_mb", "cpus_per_task", "gpus")}
+
+    for run in expand_runs(cfg):
+        scale = cfg.scales[run.scale]
+        h = heldout(cfg, run.scale, data_root, split_tokens)
+        known = h.windows is not None
+        tokens = h.windows * h.seq_len if known else None
+        cfg_run = run.model_config
+        note = "held-out PPL only; lm-eval tasks not counted" if run.scores_tasks() else "held-out PPL"
+        per = forward_flops(cfg_run, h.seq_len)
+        row("eval", run, h.windows, tokens, per * h.windows if known else None, resources(scale.resources.eval),
+            h.source, note=note)
+        if "test_time_depth" in run.experiments and "test_time_depth" in made and run.test_time_K:
+            per = sum(forward_flops(dataclasses.replace(cfg_run, K=K), h.seq_len) for K in run.test_time_K)
+            row("eval_depth", run, h.windows, tokens, per * h.windows if known else None,
+                resources(scale.resources.eval), h.source, note=f"held-out PPL at K' = {run.test_time_K}")
+        if "state_analysis" not in run.experiments or "state_analysis" not in made:
+            continue
+        res = scale.resources.analyze
+        for analysis, per_window in (("shapley", shapley_flops), ("interventions", interventions_flops)):
+            count = getattr(res, f"{analysis}_shards")
+            per = per_window(cfg_run, h.seq_len)
+            if count == 1:
+                flops = per * h.windows if known else None
+                if analysis == "interventions" and flops is not None:
+                    flops += CALIB_WINDOWS * clean_flops(cfg_run, h.seq_len)
+                row(analysis, run, h.windows, tokens, flops, resources(res), h.source, note="one job")
+                continue
+            if analysis == "interventions":
+                row("interventions_calibration", run, CALIB_WINDOWS, CALIB_WINDOWS * h.seq_len,
+                    CALIB_WINDOWS * clean_flops(cfg_run, h.seq_len), resources(res),
+                    f"{CALIB_WINDOWS} windows of the train split", note="calibration statistics")
+            for i in range(1, count + 1):
+                windows = None
+                if known:
+                    lo, hi = Shard(i, count).batches(n_batches(h.windows, h.batch_size))
+                    windows = min(hi * h.batch_size, h.windows) - min(lo * h.batch_size, h.windows)
+                row(f"{analysis}_shard", run, windows, None if windows is None else windows * h.seq_len,
+                    None if windows is None else per * windows, resources(res), h.source, shard=f"{i}/{count}")
+            merge = {**MERGE_JOB, "runtime": min(MERGE_JOB["runtime"], res.runtime)}
+            row(analysis, run, h.windows, tokens, 0.0, merge, h.source, note=f"merge of {count} shards")
+    return rows
+
+
+def print_analysis_plan(rows: list[dict], mfu: float, peak_tflops: float) -> None:
+    """The rows as a table (for ``stateloop plan``)."""
+    print(f"{'job':<26}{'run':<36}{'shard':>6}{'tokens (M)':>12}{'FLOPs':>11}{'hours':>8}{'limit h':>8}  fits")
+    for r in rows:
+        tokens = "?" if r["tokens"] is None else f"{r['tokens'] / 1e6:.1f}"
+        flops = "?" if r["flops"] is None else f"{r['flops']:.2e}"
+        hours = "?" if r["hours"] is None else f"{r['hours']:.2f}"
+        fits = "?" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        print(f"{r['job']:<26}{r['run']:<36}{r['shard']:>6}{tokens:>12}{flops:>11}{hours:>8}"
+              f"{r['limit_min'] / 60:>8.1f}  {fits}")
+    print(f"(one GPU per job at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s; held-out windows: "
+          f"{'; '.join(sorted({r['heldout_from'] for r in rows}))})")
