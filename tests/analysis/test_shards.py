@@ -213,3 +213,11 @@ def test_the_shapley_tree_counts_2K_minus_1_backbone_applications(tiny_run):
     stats = interventions.StateStats(torch.zeros(K, model.cfg.d_state).double(), torch.ones(K, model.cfg.d_state).double(), 1)
     interventions.batch_sums(model, batch, stats)
     assert len(calls) == K + sum(1 + 2 * (K - 2 - i) for i in range(1, K - 1))  # clean pass, then the pairs (module docstring)
+
+
+def test_the_parsers_default_save_interval_is_the_stages():
+    from stateloop.analysis.stage import SAVE_EVERY
+    from stateloop.cli import build_parser
+
+    args = build_parser().parse_args(["analyze", "shapley", "r"])
+    assert args.save_every == SAVE_EVERY and args.shard is None and args.merge is None
