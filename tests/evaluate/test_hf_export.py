@@ -10,6 +10,7 @@ import ast
 import difflib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -172,6 +173,54 @@ def test_export_command_writes_the_folder_and_says_why_not(make_run, tmp_path, c
     assert main(["export", str(run_dir), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{run_dir / FINAL_WEIGHTS}: no final weights" in err, err
+
+
+def _tree(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.stat().st_size if p.is_file() else -1) for p in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("where", ["run", "parent", "dot", "empty", "inside", "data"])
+def test_an_export_never_writes_over_around_or_into_what_it_reads(data_dir, tmp_path, monkeypatch, capsys, where):
+    """An export replaces its folder whole: `--out` the run folder, a folder holding it (its parent,
+    the working directory as `.` or ''), a folder inside it, or the run's data folder is refused in
+    one line naming the folder, and nothing is touched."""
+    from evaluate_support import save_run
+
+    data, run_dir = tmp_path / "data", tmp_path / "runs" / "stateloop"
+    shutil.copytree(data_dir, data)
+    save_run(run_dir, data, "stateloop")
+    monkeypatch.chdir(tmp_path)
+    out, named, what = {"run": (str(run_dir), run_dir, "run folder"), "parent": (str(run_dir.parent), run_dir.parent, "run folder"),
+                        "dot": (".", tmp_path, "run folder"), "empty": ("", tmp_path, "run folder"),
+                        "inside": (str(run_dir / "hf"), run_dir / "hf", "run folder"), "data": (str(data), data, "data folder")}[where]
+    before = _tree(tmp_path)
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"stateloop export: error: --out {named.resolve()}: ") and what in err[0], err
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["../tokenizer.json", "ABSOLUTE/tokenizer.json", "ABSOLUTE/notes.txt"])
+def test_a_tokenizer_file_outside_the_data_folder_is_refused(data_dir, tmp_path, capsys, name):
+    """meta.json's tokenizer.file is a file name inside the data folder, as the shards' names are:
+    a path out of it (relative or absolute, to a tokenizer or to any file) is refused in one line."""
+    from evaluate_support import save_run
+
+    data, run_dir = tmp_path / "data", tmp_path / "runs" / "stateloop"
+    shutil.copytree(data_dir, data)
+    shutil.copy(data_dir / "tokenizer.json", tmp_path / "tokenizer.json")  # a good tokenizer, outside the folder
+    (tmp_path / "notes.txt").write_text("not a tokenizer\n")
+    name = name.replace("ABSOLUTE", str(tmp_path))
+    meta = json.loads((data / "meta.json").read_text())
+    meta["tokenizer"] = {"file": name}
+    (data / "meta.json").write_text(json.dumps(meta))
+    save_run(run_dir, data, "stateloop")
+    capsys.readouterr()
+    assert main(["export", str(run_dir), "--out", str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{data / 'meta.json'}: tokenizer file {name!r} is not a file name inside the data folder" in err[0], err
+    assert not (tmp_path / "hf").exists()
 
 
 def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, data_dir, tmp_path, monkeypatch):

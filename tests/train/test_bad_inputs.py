@@ -74,11 +74,13 @@ def _case(name, tmp_path):
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
-    if name in ("meta-no-splits", "meta-no-eos", "oov-ids"):  # issue 26
+    if name in ("meta-no-splits", "meta-no-eos", "oov-ids", "tokenizer-outside"):  # issue 26
         meta = json.loads((data / "meta.json").read_text())
         key = {"meta-no-splits": "splits", "meta-no-eos": "eos_id"}.get(name)
         if key:
             del meta[key]
+        elif name == "tokenizer-outside":
+            meta["tokenizer"] = {"file": "/etc/hostname"}
         else:  # checksums fine, but a vocabulary of 50 does not hold the shard's largest id
             meta["vocab_size"] = 50
         (data / "meta.json").write_text(json.dumps(meta))
@@ -87,7 +89,8 @@ def _case(name, tmp_path):
         return _train(cfg, data, out), {
             "meta-no-splits": "meta.json: no 'splits' (an incomplete or foreign meta.json; rerun `stateloop tokenize`)",
             "meta-no-eos": "meta.json: no 'eos_id' (an incomplete or foreign meta.json; rerun `stateloop tokenize`)",
-            "oov-ids": f"train_00000.bin: token id {top} is outside the vocabulary (vocab_size 50 in meta.json; tokenize again)"}[name]
+            "oov-ids": f"train_00000.bin: token id {top} is outside the vocabulary (vocab_size 50 in meta.json; tokenize again)",
+            "tokenizer-outside": "meta.json: tokenizer file '/etc/hostname' is not a file name inside the data folder"}[name]
     return {
         "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
                               "RUN: t/stateloop/K9_ds64_seed1234 is not a run of"),
@@ -113,7 +116,7 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr",
          # issue 26
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
-         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context"]
+         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside"]
 
 
 @pytest.mark.parametrize("name", CASES)

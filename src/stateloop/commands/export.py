@@ -1,7 +1,8 @@
 """``stateloop export RUN --out DIR``: a trained run as a Hugging Face model directory.
 
 RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
-DIR (replaced whole, atomically) then loads with transformers alone::
+DIR (replaced whole, atomically; never the run folder or its data folder, nor a folder holding
+or inside either: refused in one line) then loads with transformers alone::
 
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
     AutoTokenizer.from_pretrained(DIR)
@@ -19,7 +20,8 @@ from stateloop.commands import RUN_HELP
 
 def add_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help=RUN_HELP)
-    p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face directory to write (replaced if it exists)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face directory to write (replaced if it exists; outside "
+                                                       "the run and data folders)")
 
 
 def run(args) -> int:

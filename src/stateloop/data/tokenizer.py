@@ -97,6 +97,20 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def tokenizer_file(data_dir: str | Path, meta: dict) -> Path:
+    """The tokenizer file of a data folder: meta.json's ``tokenizer.file`` (default tokenizer.json),
+    a file name inside the folder like the shards' names (a path out of it is refused in one line,
+    naming meta.json). Whether the file exists is the caller's question."""
+    where = Path(data_dir) / "meta.json"
+    entry = meta.get("tokenizer", {})
+    if not isinstance(entry, dict):
+        raise DataError(f"{where}: 'tokenizer' is not an object (an incomplete or foreign meta.json; rerun `stateloop tokenize`)")
+    name = entry.get("file", TOKENIZER_FILE)
+    if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+        raise DataError(f"{where}: tokenizer file {name!r} is not a file name inside the data folder")
+    return Path(data_dir) / name
+
+
 def load_tokenizer(data_dir: str | Path):
     """The tokenizer that made a data folder's tokens (a ``tokenizers.Tokenizer``).
 
@@ -113,12 +127,15 @@ def load_tokenizer(data_dir: str | Path):
 
     data_dir = Path(data_dir)
     meta = read_meta(data_dir)
-    path = data_dir / meta.get("tokenizer", {}).get("file", TOKENIZER_FILE)
+    path = tokenizer_file(data_dir, meta)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the data folder's tokenizer is missing")
     want = meta.get("tokenizer", {}).get("sha256")
     if want and sha256_file(path) != want:
         raise DataError(f"{path}: sha256 differs from meta.json (the tokenizer was changed after tokenization)")
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises plain Exception subclasses
+        raise DataError(f"{path}: not a tokenizers JSON file ({str(err).splitlines()[0]})") from None
     tok.encode_special_tokens = True
     return tok

@@ -151,19 +151,32 @@ def tokenizer_files(tokenizer_json: str, eos_token: str, context: int) -> dict[s
             "special_tokens_map.json": json.dumps({"eos_token": eos_token}, indent=2) + "\n"}
 
 
+def check_out(out: Path, folder: Path, what: str) -> None:
+    """An export replaces ``out`` whole, so ``out`` is never a folder it reads, one holding it
+    (a parent, the working directory as ``.`` or ''), or one inside it: a one-line ConfigError."""
+    o, f = out.resolve(), folder.resolve()
+    how = "is" if o == f else "holds" if o in f.parents else "is inside" if f in o.parents else None
+    if how:
+        raise ConfigError(f"--out {o}: {how} the {what} {f}, which the export reads; an export replaces its folder "
+                          f"whole: choose a folder outside it")
+
+
 def export_run(run_dir: str | Path, out: str | Path) -> Path:
     """Write the Hugging Face directory of a run folder to ``out`` (replaced whole, atomically:
-    written beside it, then renamed into place)."""
+    written beside it, then renamed into place). ``out`` must lie outside the run folder and the
+    data folder, and hold neither (:func:`check_out`)."""
     from stateloop.data.shards import read_meta
-    from stateloop.data.tokenizer import TOKENIZER_FILE, load_tokenizer
+    from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
     from stateloop.runs import code_version, load_model, run_id_of, saved_run_config, trained_length, weights_metadata, write_safetensors
 
     run_dir, out = Path(run_dir), Path(out)
+    check_out(out, run_dir, "run folder")
     model, saved = load_model(run_dir)  # one line naming the file when the weights are missing or wrong
     config = saved_run_config(run_dir, saved)
     if not config.data.dir:
         raise ConfigError(f"{run_dir}: the saved config has no data.dir (where the run's tokenizer is)")
     data_dir = Path(config.data.dir)
+    check_out(out, data_dir, "data folder")
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir)  # checked against meta.json's sha256
     try:
@@ -174,7 +187,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     if eos_token is None:
         raise ConfigError(f"{data_dir / 'meta.json'}: eos_id {eos_id} is not in the tokenizer's vocabulary")
     context = trained_length(config) or model.cfg.max_seq_len  # the window `stateloop eval` scores with
-    tok_json = (data_dir / meta.get("tokenizer", {}).get("file", TOKENIZER_FILE)).read_text(encoding="utf-8")
+    tok_json = tokenizer_file(data_dir, meta).read_text(encoding="utf-8")
     run = {"id": run_id_of(run_dir, config), "code_version": code_version()}
 
     # The saved model section and config go over verbatim (the typed read above checked them).

@@ -21,10 +21,11 @@ def open_data(rc: RunConfig):
     """Open and check the token shards a resolved config names: (train ShardSet, val ShardSet or None).
 
     Fails, naming the folder or file, when the folder or its meta.json is missing, a split is
-    missing or shorter than one window, a shard's size disagrees with meta.json, or the
-    tokenizer's vocabulary does not fit ``model.vocab_size``.
+    missing or shorter than one window, a shard's size disagrees with meta.json, the tokenizer's
+    vocabulary does not fit ``model.vocab_size``, or its file is named outside the folder.
     """
     from stateloop.data.shards import META, ShardSet, read_meta
+    from stateloop.data.tokenizer import tokenizer_file
 
     folder, mcfg, tcfg = Path(rc.data.dir), rc.model, rc.train
     if not folder.is_dir():
@@ -37,6 +38,7 @@ def open_data(rc: RunConfig):
         raise ConfigError(f"{where}: no integer vocab_size") from None
     if vocab > mcfg.vocab_size:
         raise ConfigError(f"{where}: the tokenizer's vocabulary ({vocab} ids) does not fit model.vocab_size = {mcfg.vocab_size}")
+    tokenizer_file(folder, meta)  # a name inside the folder (the final weights' MLflow model exports it)
 
     def split(name: str):
         try:
