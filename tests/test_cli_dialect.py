@@ -191,3 +191,14 @@ def test_train_takes_only_a_folder_that_spells_its_run_id(recorded, tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "RUN: " in err and "/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}" in err, err
     assert recorded == []
+
+
+@pytest.mark.parametrize("cores", ["0", "-3"])
+def test_rehearse_refuses_fewer_than_one_core(cores, capsys):
+    """`stateloop rehearse C --cores 0` hung (Snakemake waits for a core that never comes) and
+    `--cores -3` was taken without a word: both are refused by the parser, in one line."""
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["rehearse", "configs/tiny.yaml", "--cores", cores])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"stateloop rehearse: error: argument --cores: must be a whole number of cores >= 1, got {cores}", err

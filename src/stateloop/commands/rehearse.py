@@ -14,9 +14,21 @@ data copies, and the DAG's data, results, figures and logs.
 
 from __future__ import annotations
 
+import argparse
 import shlex
 import sys
 from pathlib import Path
+
+
+def cores(text: str) -> int:
+    """``--cores``: a whole number >= 1 (Snakemake waits forever for a core at 0)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of cores >= 1, got {text}")
+    return n
 
 
 def add_arguments(p) -> None:
@@ -24,7 +36,7 @@ def add_arguments(p) -> None:
     p.add_argument("--out", help="rehearsal folder (default: rehearsals/<config name>)")
     p.add_argument("--shared-data", help="folder of the local data copies (default: ../shared/data beside the "
                                          "checkout, or $STATELOOP_SHARED/data)")
-    p.add_argument("--cores", type=int, default=2, help="Snakemake --cores (default 2)")
+    p.add_argument("--cores", type=cores, default=2, help="Snakemake --cores (default 2)")
     p.add_argument("--prepare-only", action="store_true", help="write the rehearsal folder and print the command")
     p.add_argument("snakemake_args", nargs="*", metavar="-- SNAKEMAKE_ARGS",
                    help="passed to snakemake (targets, -n, ...), after --")
