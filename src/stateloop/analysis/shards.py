@@ -220,6 +220,8 @@ def run_shard(analysis: str, key: dict, shard: Shard, n_windows: int, batch_size
         if b + 1 < hi and time.monotonic() - last >= save_every:
             atomic_write_json(partial, doc(b + 1, False))
             last = time.monotonic()
+            if not progress:  # a job's log: a line per save instead of a bar
+                say(f"{analysis} shard {shard.label}: {b + 1 - lo} of {hi - lo} batches done, partial sums in {partial}")
     bar.close()
     if hi > start:
         atomic_write_json(partial, doc(hi, False))  # the sums survive until the shard's result is written

@@ -75,7 +75,7 @@ def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
     spec = _shapley_spec(model, setup) if args.analysis == "shapley" else _interventions_spec(args, run_dir, config, model,
                                                                                                 setup, shard)
     key = spec.key(setup)
-    sums, docs = _evaluate(args, run_dir, model, setup, spec, key, shard)
+    sums, docs = _evaluate(args, run_dir, setup, spec, key, shard)
     if sums is None:
         return 0  # one shard: its file is written
     result, heldout, settings, metrics, curves, summary = spec.finish(sums, setup)
@@ -121,12 +121,12 @@ def _shape_only(run_dir):
     from stateloop.models.registry import build_model
     from stateloop.runs import read_weights
 
-    path, blob = read_weights(run_dir, tensors=False)
+    _, blob = read_weights(run_dir, tensors=False)
     mcfg = from_dict(ModelConfig, blob["config"].get("model"), "model")
     return build_model(mcfg, device="meta", init=False).eval(), blob["config"]
 
 
-def _evaluate(args, run_dir, model, setup: EvalSetup, spec, key: dict, shard: shards.Shard | None):
+def _evaluate(args, run_dir, setup: EvalSetup, spec, key: dict, shard: shards.Shard | None):
     """The exact sums of the whole analysis (None: one shard, whose file is written here) and the
     shard documents they came from."""
     n, bs = len(setup.windows), setup.proto.batch_size
