@@ -154,17 +154,31 @@ def test_a_corpus_smaller_than_one_training_window_is_warned_about_at_tokenize_t
     assert "fewer than one training window of train.seq_len + 1 = 2049 (scales.s.train): training will refuse it" in warning[0]
 
 
-def test_shards_without_checksums_are_read_with_a_one_line_warning(tmp_path, capsys):
-    """Issue 26: "meta.json without checksums (say shards are unverified, or refuse)"."""
+def test_shards_without_checksums_are_refused_in_one_line(tmp_path, capsys):
+    """A shard whose sha256 meta.json does not record cannot be verified, then or after its bytes
+    change (nor can a resume see its data change: that check reads the checksums too). `stateloop
+    tokenize` always records them, so such a meta.json was edited or made elsewhere: refused in
+    one line, also where an earlier open had verified and stamped the shard."""
+    from stateloop.config import ConfigError
     from stateloop.data.shards import ShardSet
 
+    cfg = write_config(tmp_path / "cfg.yaml")
     data = write_shards(tmp_path / "data", n_train=4000, n_val=400)
+    assert len(ShardSet(data, "train")) == 4000  # verified and stamped while meta.json had its checksum
     meta = json.loads((data / "meta.json").read_text())
     for shard in meta["splits"]["train"]["shards"]:
         del shard["sha256"]
     (data / "meta.json").write_text(json.dumps(meta))
+    shard = data / "train_00000.bin"
+    tokens = np.fromfile(shard, dtype="<u2")
+    tokens[:2] = tokens[1::-1]  # then the bytes change
+    tokens.tofile(shard)
+    needle = f"{shard}: meta.json records no sha256 for it, so its contents cannot be verified (tokenize again to record checksums)"
+    with pytest.raises(ConfigError) as err:
+        ShardSet(data, "train")
+    assert str(err.value) == needle
     capsys.readouterr()
-    assert len(ShardSet(data, "train")) == 4000
+    assert main(_train(cfg, data, tmp_path / "out")) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"stateloop: warning: {data / 'train_00000.bin'}: meta.json records no sha256 for it: its contents are "
-                   f"unverified (tokenize again to record checksums)"], err
+    assert err == [f"stateloop train: error: {needle}"], err
+    assert not (tmp_path / "out").exists()

@@ -174,7 +174,7 @@ def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
 def test_damaged_shards_are_refused_in_one_line(tmp_path, capsys, damage, pattern):
     """A shard overwritten in place (same size, one token repeated) or meta.json's dtype edited to
     float16 used to train to exit 0 on garbage: the checksum is verified on first open (then
-    stamped by size and mtime), the dtype against the vocabulary."""
+    stamped), the dtype against the vocabulary."""
     import json
     import re
 
@@ -208,3 +208,61 @@ def test_a_verified_shard_is_not_hashed_again_until_it_changes(tmp_path, monkeyp
     shard.write_bytes(shard.read_bytes())  # rewritten: another mtime
     S.ShardSet(data, "train")
     assert len(calls) == 2
+
+
+def _change_a_token(shard) -> None:
+    """Swap the shard's first two tokens (the same size, other bytes), in place."""
+    tokens = np.fromfile(shard, dtype="<u2")
+    assert tokens[0] != tokens[1]
+    tokens[:2] = tokens[1::-1]
+    with open(shard, "r+b") as fh:
+        fh.write(tokens[:2].tobytes())
+
+
+def test_a_shard_changed_with_its_mtime_put_back_is_read_again_and_refused(tmp_path):
+    """A shard's bytes changed in place and its mtime put back (a copy tool that keeps times,
+    ``touch -r``) used to pass on the stamp's size and mtime: the stamp also holds the inode's
+    change time, which no tool sets back, so the next open reads the shard in full."""
+    import os
+
+    from stateloop.data import shards as S
+
+    data = write_shards(tmp_path / "data", n_train=2_000, n_val=500)
+    S.ShardSet(data, "train")  # verified and stamped
+    shard = data / "train_00000.bin"
+    before = shard.stat()
+    _change_a_token(shard)
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    while shard.stat().st_ctime_ns == before.st_ctime_ns:  # the change time's clock is coarse: let it move
+        os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = shard.stat()
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    with pytest.raises(ValueError, match=r"train_00000\.bin: contents do not match the sha256 in meta\.json"):
+        S.ShardSet(data, "train")
+
+
+def test_verify_shards_reads_every_shard_again_whatever_its_stamp(tmp_path, capsys):
+    """What no file attribute shows (bit rot below the file system: here a stamp rewritten to match
+    the changed file) the stamp cannot see: a later open trusts it. `stateloop train --verify-shards`
+    reads every shard in full again, against meta.json's sha256, and refuses the changed one."""
+    import json
+
+    from stateloop.data import shards as S
+
+    cfg = write_config(tmp_path / "cfg.yaml")
+    data = write_shards(tmp_path / "data", n_train=2_000, n_val=500)
+    S.ShardSet(data, "train")
+    shard = data / "train_00000.bin"
+    _change_a_token(shard)
+    recorded = json.loads((data / "meta.json").read_text())["splits"]["train"]["shards"][0]["sha256"]
+    (data / S.VERIFIED / shard.name).write_text(S.stamp_key(shard, recorded, 64))  # as if the bytes rotted under it
+    S.ShardSet(data, "train")  # trusted
+    capsys.readouterr()
+    rc = main(["train", "--config", str(cfg), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+               "--out", str(tmp_path / "run"), "--verify-shards"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"{shard}: contents do not match the sha256 in meta.json" in err, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="contents do not match"):
+        S.ShardSet(data, "train")  # the stamp of the refused shard is gone with the refusal

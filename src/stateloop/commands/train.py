@@ -10,7 +10,9 @@ checkpoint; a changed model or optimiser setting (``train.lr``, ...: a resume wo
 one) is refused, or with ``--restart-on-change`` (which the DAG passes: Snakemake reruns a job
 whose settings changed) starts the run afresh, saying so. Everything is checked before training starts: a malformed RUN, unknown or mistyped
 keys, a missing or empty data folder, a tokenizer vocabulary larger than ``model.vocab_size``;
-each fails with a one-line message naming the argument, key or file (exit 2).
+each fails with a one-line message naming the argument, key or file (exit 2). A token shard is
+read in full against meta.json's sha256 on its first open, then trusted while its stamp matches
+(stateloop/data/shards.py); ``--verify-shards`` reads every shard again.
 
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
@@ -19,6 +21,8 @@ requeues the job, which then resumes by itself with a fresh time limit (train/sl
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from stateloop.commands import RUN_HELP
 
@@ -32,11 +36,16 @@ def add_arguments(p) -> None:
     p.add_argument("--restart-on-change", action="store_true",
                    help="a changed model or optimiser setting starts the run afresh (its checkpoints and weights are "
                         "removed) instead of being refused; the DAG passes it")
+    p.add_argument("--verify-shards", action="store_true",
+                   help="read every token shard in full against meta.json's sha256 again, also those stamped as verified "
+                        "(the stamps trust a file whose size, times and inode are unchanged)")
     p.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...")
 
 
 def run(args) -> int:
+    from stateloop.data.shards import reverify
     from stateloop.train.stage import train_stage
 
-    return train_stage(args)
+    with reverify() if args.verify_shards else contextlib.nullcontext():
+        return train_stage(args)

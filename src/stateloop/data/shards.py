@@ -16,10 +16,10 @@ any window of consecutive tokens across shard boundaries.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -118,11 +118,20 @@ def read_meta(data_dir: str | Path) -> dict:
     return meta
 
 
-VERIFIED = ".verified"  # per-shard stamps of a shard already verified (size, mtime, sha256, vocab_size)
+VERIFIED = ".verified"  # per-shard stamps of a shard already verified (verify_once)
+_reverify = False  # set within reverify(): every shard opened is read in full, whatever its stamp
 
 
-def warn(msg: str) -> None:
-    print(f"stateloop: warning: {msg}", file=sys.stderr, flush=True)
+@contextlib.contextmanager
+def reverify():
+    """Within this block every shard opened is read in full again, its stamp ignored (and then
+    written anew): ``stateloop train --verify-shards``."""
+    global _reverify
+    before, _reverify = _reverify, True
+    try:
+        yield
+    finally:
+        _reverify = before
 
 
 def scan_shard(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, int]:
@@ -137,29 +146,43 @@ def scan_shard(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, 
     return h.hexdigest(), top
 
 
+def stamp_key(path: Path, sha256: str, vocab_size: int) -> str:
+    """What a shard's stamp records: the file's size, mtime, change time (ctime) and inode, the
+    checksum it matched and the vocabulary its ids were checked against."""
+    st = path.stat()
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {sha256} {vocab_size}"
+
+
 def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int, chunk: int = 1 << 22) -> None:
     """Check a shard in full the first time it is opened: against the sha256 meta.json records
-    (none recorded: unverified, with a warning) and every id against the vocabulary (an id past it
-    would fail deep inside the model's embedding). A stamp (``.verified/<file>``: size, mtime, the
-    checksum and vocab_size) lets later opens skip the pass until the file changes; a shard
-    rewritten in place (another size or mtime) is read again."""
-    st = path.stat()
+    (none recorded: refused, as nothing could tell its bytes changed) and every id against the
+    vocabulary (an id past it would fail deep inside the model's embedding). A stamp
+    (``.verified/<file>``, :func:`stamp_key`) lets later opens skip the pass while the file's
+    size, mtime, ctime and inode are unchanged: a shard written, replaced or copied since, even
+    with its times put back (no tool can set a ctime), is read again. A change no file attribute
+    shows (bit rot below the file system) passes the stamp; :func:`reverify` reads every shard
+    again."""
+    if not sha256:
+        raise ConfigError(f"{path}: meta.json records no sha256 for it, so its contents cannot be verified "
+                          f"(tokenize again to record checksums)")
     stamp = path.parent / VERIFIED / path.name
-    key = f"{st.st_size} {st.st_mtime_ns} {sha256 or 'unhashed'} {vocab_size}"
+    key = stamp_key(path, sha256, vocab_size)
     try:
-        if stamp.read_text() == key:
+        if not _reverify and stamp.read_text() == key:
             return
     except OSError:
         pass
-    if not sha256:
-        warn(f"{path}: meta.json records no sha256 for it: its contents are unverified (tokenize again to record checksums)")
     digest, top = scan_shard(path, dtype, chunk)
-    if sha256 and digest != sha256:
-        raise ValueError(f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; "
-                         f"tokenize again)")
-    if top >= vocab_size:
-        raise ValueError(f"{path}: token id {top} is outside the vocabulary (vocab_size {vocab_size} in meta.json; "
-                         f"tokenize again)")
+    failure = None
+    if digest != sha256:
+        failure = f"{path}: contents do not match the sha256 in meta.json (the shard was changed or is corrupt; tokenize again)"
+    elif top >= vocab_size:
+        failure = (f"{path}: token id {top} is outside the vocabulary (vocab_size {vocab_size} in meta.json; "
+                   f"tokenize again)")
+    if failure:
+        with contextlib.suppress(OSError):
+            stamp.unlink(missing_ok=True)  # a stale stamp must not vouch for the file later
+        raise ValueError(failure)
     try:
         atomic_write_bytes(stamp, key.encode())
     except OSError:
