@@ -22,9 +22,9 @@ class StackedLM(LoopedLM):
         return Backbone.from_config(self.cfg, n_layers=n_layers)
 
     def apply_stack(self, stack: Backbone, h, rope, cache: ModelCache | None, key):
-        """A unique stack (applied once per token) with its per-layer caches under ``key``."""
-        caches = None if cache is None else cache.kv_list(key, len(stack.layers))
-        return stack(h, rope, caches)
+        """A unique stack (applied once per token) with its per-layer caches under ``key``: one
+        checkpoint unit under "iteration", each layer one under "layer" (``LoopedLM.run_stack``)."""
+        return self.run_stack(stack, h, rope, cache, key)
 
 
 class PreludeCoreCodaLM(StackedLM):

@@ -100,9 +100,9 @@ class PauseTokenLM(LoopedLM):
         return h, Rotary(ids.shape[1], offset, self.cfg.head_dim, self.cfg.rope_theta, idx.device, h.dtype)
 
     def loop(self, h, rope, cache) -> ModelOutput:
-        """One pass of T over the expanded sequence; the logits of the last pause of each group."""
-        H = self.apply_backbone(h, rope, cache, 0)  # (B, (P+1) T, d)
-        return ModelOutput(self.lm_head(H[:, self.group - 1 :: self.group]))
+        """One pass of T over the expanded sequence; Y at the last pause of each group."""
+        H = self.apply_backbone(h, rope, cache, 0)  # (B, (P+1) T, d); "iteration" checkpoints it whole
+        return ModelOutput(hidden=H[:, self.group - 1 :: self.group])  # the head reads the last pauses
 
     def expanded_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits at every expanded position (B, (P+1) T, V), for analyses and tests."""
