@@ -5,74 +5,33 @@
 # resources.analyze.{shapley,interventions}_shards jobs of whole batches, then a merge of their
 # exact sums, the numbers of one job bit for bit; the interventions' shards share one calibration
 # job. Each job keeps partial sums in the run folder and continues from them when it runs again
-# (a retry after its time limit, a requeue): analysis/shards.py. With one shard, one job.
-from stateloop.analysis.shards import MERGE_JOB, SHARDS_DIR
-
-
-def analysis_shards(wc, analysis):
-    """The number of jobs the scale splits ``analysis`` into."""
-    return getattr(stage(wc.scale, "analyze"), f"{analysis}_shards")
-
-
-def shard_files(analysis):
-    """Input function: the shard files the merge reads (none for one shard)."""
-
-    def files(wc):
-        n = analysis_shards(wc, analysis)
-        return [] if n == 1 else [f"{run_dir(wc)}/{SHARDS_DIR}/{analysis}_{i}of{n}.json" for i in range(1, n + 1)]
-
-    return files
-
-
-def calibration_file(wc):
-    """Input function: the interventions' shared calibration, made by its own job above one shard."""
-    return [] if analysis_shards(wc, "interventions") == 1 else [f"{run_dir(wc)}/interventions_calibration.pt"]
-
-
-def merge_flag(analysis):
-    """Params value: ``--merge N`` where the analysis runs as N > 1 shards."""
-    return lambda wc: "" if analysis_shards(wc, analysis) == 1 else f" --merge {analysis_shards(wc, analysis)}"
-
-
-def analysis_threads(analysis):
-    return lambda wc: stage(wc.scale, "analyze").cpus_per_task if analysis_shards(wc, analysis) == 1 else 1
-
-
-def analysis_resources(analysis):
-    """The analyze stage's resources for one job; the merge of N > 1 shards reads the shards' sums:
-    MERGE_JOB's, no GPU, runtime and memory at most the stage's."""
-    whole = job_resources("analyze")
-
-    def pick(key, merged):
-        def value(wc):
-            if analysis_shards(wc, analysis) == 1:
-                return whole[key](wc)
-            return min(merged, whole[key](wc)) if key in ("runtime", "mem_mb") else merged
-
-        return value
-
-    merge = {"runtime": "runtime", "mem_mb": "mem_mb", "cpus_per_task": "cpus_per_task", "gpu": "gpus"}
-    return {key: pick(key, MERGE_JOB[field]) for key, field in merge.items()}
+# (a retry after its time limit, a requeue): analysis/shards.py. With one shard, one job
+# (analysis/jobs.py: the jobs of one run, which the estimates of analysis/cost.py read too)
+from stateloop.analysis import jobs as analysis_jobs
+from stateloop.analysis.shards import SHARDS_DIR
 
 
 rule shapley:
     input:
         model=rules.train.output.model,
-        shards=shard_files("shapley"),
+        shards=lambda wc: analysis_jobs.shard_files(PIPE, run_of(wc), "shapley"),
     output:
         run_path("shapley.json"),
     log:
         run_log("shapley"),
     conda:
         "../../envs/stateloop.yaml"
-    threads: analysis_threads("shapley")
+    threads: lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["cpus_per_task"]
     resources:
-        **analysis_resources("shapley"),
+        runtime=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["runtime"],
+        mem_mb=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["mem_mb"],
+        cpus_per_task=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["cpus_per_task"],
+        gpu=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["gpus"],
     params:
         config=job_config,
         heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
-        merge=merge_flag("shapley"),
+        merge=lambda wc: analysis_jobs.merge_flag(PIPE, wc.scale, "shapley"),
     shell:
         "stateloop analyze shapley {params.run_dir:q} --config {params.config:q}{params.merge} --no-progress > {log:q} 2>&1"
 
@@ -104,22 +63,25 @@ rule shapley_shard:
 rule interventions:
     input:
         model=rules.train.output.model,
-        calibration=calibration_file,
-        shards=shard_files("interventions"),
+        calibration=lambda wc: analysis_jobs.calibration_files(PIPE, run_of(wc)),
+        shards=lambda wc: analysis_jobs.shard_files(PIPE, run_of(wc), "interventions"),
     output:
         run_path("interventions.json"),
     log:
         run_log("interventions"),
     conda:
         "../../envs/stateloop.yaml"
-    threads: analysis_threads("interventions")
+    threads: lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["cpus_per_task"]
     resources:
-        **analysis_resources("interventions"),
+        runtime=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["runtime"],
+        mem_mb=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["mem_mb"],
+        cpus_per_task=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["cpus_per_task"],
+        gpu=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["gpus"],
     params:
         config=job_config,
         heldout=settings("eval", HELDOUT_KEYS),  # the held-out set and precision (the held-out PPL's), no more
         run_dir=run_dir,
-        merge=merge_flag("interventions"),
+        merge=lambda wc: analysis_jobs.merge_flag(PIPE, wc.scale, "interventions"),
     shell:
         "stateloop analyze interventions {params.run_dir:q} --config {params.config:q}{params.merge}" " --no-progress > {log:q} 2>&1"
 
@@ -128,7 +90,7 @@ rule interventions_calibration:
     input:
         rules.train.output.model,
     output:
-        run_path("interventions_calibration.pt"),
+        run_path(analysis_jobs.CALIBRATION_FILE),
     log:
         run_log("interventions_calibration"),
     conda:
@@ -147,7 +109,7 @@ rule interventions_calibration:
 rule interventions_shard:
     input:
         model=rules.train.output.model,
-        calibration=run_path("interventions_calibration.pt"),
+        calibration=run_path(analysis_jobs.CALIBRATION_FILE),
     output:
         run_path(f"{SHARDS_DIR}/interventions_{{shard}}of{{shards}}.json"),
     log:

@@ -11,7 +11,7 @@ The jobs (workflow/rules/eval.smk, analysis.smk), each on one GPU where the scal
 - ``shapley`` (the state-analysis runs): per window, the prefix-shared tree of all 2^K read masks
   (analysis/shapley.py: 2^K - 1 iterations, 2^K heads). With ``resources.analyze.shapley_shards``
   = N > 1, N ``shapley_shard`` jobs of whole batches of the windows, then ``shapley``, their merge
-  (it reads the shards' sums: no FLOPs, no GPU; analysis/shards.py, MERGE_JOB).
+  (it reads the shards' sums: no FLOPs, no GPU; analysis/jobs.py).
 - ``interventions``: the calibration sample's forward passes (64 windows of the train split), then
   per held-out window the shared-prefix tree of the clean pass and every replacement and freezing
   (analysis/interventions.py). With ``interventions_shards`` = N > 1: ``interventions_calibration``,
@@ -39,8 +39,9 @@ import dataclasses
 import json
 from pathlib import Path
 
+from stateloop.analysis import jobs
 from stateloop.analysis.common import CALIB_WINDOWS
-from stateloop.analysis.shards import MERGE_JOB, Shard, n_batches
+from stateloop.analysis.shards import Shard, n_batches
 
 # [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
 # Pile's validation split is 1.4 GB of JSON lines (EleutherAI/pile_val_test's card); the paper's
@@ -229,19 +230,20 @@ def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_
                 resources(scale.resources.eval), h.source, note=f"held-out PPL at K' = {run.test_time_K}")
         if "state_analysis" not in run.experiments or "state_analysis" not in made:
             continue
-        res = scale.resources.analyze
+        stage = jobs.stage_job(cfg, run.scale)
+        final = {a: jobs.final_job(cfg, run.scale, a) for a in jobs.ANALYSES}
         for analysis, per_window in (("shapley", shapley_flops), ("interventions", interventions_flops)):
-            count = getattr(res, f"{analysis}_shards")
+            count = jobs.shard_count(cfg, run.scale, analysis)
             per = per_window(cfg_run, h.seq_len)
             if count == 1:
                 flops = per * h.windows if known else None
                 if analysis == "interventions" and flops is not None:
                     flops += CALIB_WINDOWS * clean_flops(cfg_run, h.seq_len)
-                row(analysis, run, h.windows, tokens, flops, resources(res), h.source, note="one job")
+                row(analysis, run, h.windows, tokens, flops, final[analysis], h.source, note="one job")
                 continue
             if analysis == "interventions":
                 row("interventions_calibration", run, CALIB_WINDOWS, CALIB_WINDOWS * h.seq_len,
-                    CALIB_WINDOWS * clean_flops(cfg_run, h.seq_len), resources(res),
+                    CALIB_WINDOWS * clean_flops(cfg_run, h.seq_len), stage,
                     f"{CALIB_WINDOWS} windows of the train split", note="calibration statistics")
             for i in range(1, count + 1):
                 windows = None
@@ -249,9 +251,8 @@ def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_
                     lo, hi = Shard(i, count).batches(n_batches(h.windows, h.batch_size))
                     windows = min(hi * h.batch_size, h.windows) - min(lo * h.batch_size, h.windows)
                 row(f"{analysis}_shard", run, windows, None if windows is None else windows * h.seq_len,
-                    None if windows is None else per * windows, resources(res), h.source, shard=f"{i}/{count}")
-            merge = {**MERGE_JOB, "runtime": min(MERGE_JOB["runtime"], res.runtime)}
-            row(analysis, run, h.windows, tokens, 0.0, merge, h.source, note=f"merge of {count} shards")
+                    None if windows is None else per * windows, stage, h.source, shard=f"{i}/{count}")
+            row(analysis, run, h.windows, tokens, 0.0, final[analysis], h.source, note=f"merge of {count} shards")
     return rows
 
 

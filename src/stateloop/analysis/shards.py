@@ -48,8 +48,8 @@ from stateloop.config import ConfigError
 
 SHARDS_DIR = "analysis_shards"  # in the run folder: the shard files and the partial results
 FORMAT = 1  # of the shard and partial files
-# What the merge of N > 1 shards asks the scheduler for (workflow/rules/analysis.smk): it reads the
-# shards' sums and hashes the weights, no GPU; runtime and memory at most the analyze stage's.
+# What the merge of N > 1 shards asks the scheduler for (analysis/jobs.py): it reads the shards'
+# sums and hashes the weights, no GPU; runtime and memory at most the analyze stage's.
 MERGE_JOB = {"runtime": 30, "mem_mb": 4000, "cpus_per_task": 1, "gpus": 0}
 
 
