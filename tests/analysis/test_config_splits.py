@@ -244,3 +244,33 @@ def test_produced_splits_of_the_shipped_configs():
             assert scale.eval.heldout_split in found[f"{path.stem}/{name}"], (path.name, name)
     if "paper/410m" in found:
         assert found["paper/410m"] == found["paper/1.4b"] == ("train", "val")
+
+
+@pytest.mark.slow  # Snakemake: a summary, a touch of every output and two dry runs (about 30 s)
+def test_sharding_a_finished_analysis_reruns_that_analysis_only(tmp_path):
+    """The smoke DAG done (its outputs touched): asking for 3 Shapley shards plans the 3 shard
+    jobs and their merge (no GPU, the merge's runtime), then the figure and the claims that read
+    shapley.json; no training, evaluation or interventions. A runtime alone reruns nothing."""
+    from dag_helpers import jobs
+
+    from stateloop.analysis.shards import MERGE_JOB
+
+    work = copy_workflow(tmp_path / "work")
+    base = ("--configfile", "configs/smoke.yaml")
+    summary = snakemake(work, "--summary", *base).stdout
+    for rel in (line.split("\t")[0] for line in summary.splitlines()[1:]):
+        (work / rel).parent.mkdir(parents=True, exist_ok=True)
+        (work / rel).write_text("placeholder\n")
+    snakemake(work, "--touch", "--forceall", "--cores", "1", *base)
+    (work / "change.yaml").write_text(yaml.safe_dump({"scales": {"smoke": {"resources": {"analyze": {"runtime": 20}}}}}))
+    assert "Nothing to be done" in snakemake(work, "-n", *base, "change.yaml").stdout
+    (work / "change.yaml").write_text(yaml.safe_dump({"scales": {"smoke": {"resources": {"analyze": {"shapley_shards": 3}}}}}))
+    planned = [j for j in jobs(snakemake(work, "-n", *base, "change.yaml").stdout) if j["rule"] != "all"]
+    rules = sorted(j["rule"] for j in planned if not j["rule"].startswith("render"))
+    assert rules == ["shapley", "shapley_shard", "shapley_shard", "shapley_shard"], planned
+    shards = sorted(j["output"].rsplit("/", 1)[1] for j in planned if j["rule"] == "shapley_shard")
+    assert shards == ["shapley_1of3.json", "shapley_2of3.json", "shapley_3of3.json"]
+    (merge,) = [j for j in planned if j["rule"] == "shapley"]
+    assert "gpu=0" in merge["resources"] and f"runtime={MERGE_JOB['runtime']}" in merge["resources"]
+    renders = {j["output"].split(",")[0] for j in planned if j["rule"].startswith("render")}
+    assert "figures/state_analysis.pdf" in renders and "results/claims.md" in renders and "results/table1.csv" not in renders
