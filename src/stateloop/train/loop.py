@@ -38,6 +38,7 @@ Exit paths:
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import math
 import os
@@ -116,18 +117,19 @@ def build_fabric(tcfg):
     world = tcfg.world_size
     slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     env = SLURMEnvironment(auto_requeue=False) if slurm_tasks > 1 else LightningEnvironment()
+    timeout = datetime.timedelta(seconds=tcfg.dist_timeout_s)  # every collective's, the rendezvous' too
     if world == 1:
         strategy = "auto"
     elif tcfg.strategy == "ddp":
         from lightning_fabric.strategies import DDPStrategy
 
-        strategy = DDPStrategy(cluster_environment=env, checkpoint_io=direct_checkpoint_io())
+        strategy = DDPStrategy(cluster_environment=env, checkpoint_io=direct_checkpoint_io(), timeout=timeout)
     else:
         from lightning_fabric.strategies import FSDPStrategy
 
 
         # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file.
-        strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full")
+        strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full", timeout=timeout)
     fabric = L.Fabric(accelerator=accelerator, devices=tcfg.devices, num_nodes=tcfg.num_nodes, strategy=strategy,
                       precision=precision, plugins=[env, direct_checkpoint_io()] if world == 1 else None)
     return fabric, precision
@@ -572,12 +574,15 @@ def finish(run: Run, progress: Progress) -> TrainResult:
         "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
         "code_version": code_version(),
     }
+    # The last collective: the other ranks end here rather than wait at a barrier while rank 0
+    # writes the weights and uploads the model to MLflow, which may take longer than the process
+    # group's timeout (train.dist_timeout_s) allows a collective to wait.
+    fabric.barrier()
     if run.rank0:
         save_final(run.run_dir, weights, run.config)
         if tracker is not None and tcfg.mlflow_log_model:
             summary["mlflow_model_id"] = _log_model(run, tracker, total)  # None: no tokenizer to export with
         atomic_write_json(run.run_dir / TRAIN_SUMMARY, summary)
-    fabric.barrier()
     return TrainResult("finished", total, summary, run.store.path(total), rank0=run.rank0)
 
 
