@@ -108,7 +108,7 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
     one_node = {"accelerator": "cpu", "devices": 2, "num_nodes": 1}
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     in_job = _plan_train(work, one_node, "--mode", "remote")["shell"]
-    assert "srun --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 stateloop train" in in_job, in_job
+    assert "srun --kill-on-bad-exit=1 --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 stateloop train" in in_job, in_job
     local = _plan_train(work, one_node)["shell"]  # e.g. a local Snakemake inside an salloc allocation
     assert "srun" not in local and " stateloop train" in local, local
     # the rule's log starts with the run folder's train.log, which every attempt appends to

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -213,6 +214,121 @@ def test_warning_to_the_job_step_while_it_starts_checkpoints_and_requeues(tmp_pa
     assert "SIGUSR1 in SLURM job 4242: requeueing it" in err
 
 
+# The ranks of a job step in which rank 0 fails (at a checkpoint write, say) while rank 1 waits in a
+# collective: it never notices the failure (NCCL does not), and its Python SIGTERM handler cannot
+# run while it is blocked in C++ (here: SIGTERM ignored). Only the launcher can end it.
+FAILING_STEP = textwrap.dedent("""
+    import os, signal, sys, time
+    rank, marker = int(os.environ["SLURM_PROCID"]), sys.argv[1]
+    if rank == 0:
+        while not os.path.exists(marker + ".1"):  # rank 1 is waiting
+            time.sleep(0.05)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(marker + f".{rank}", "w").write(str(os.getpid()))
+    time.sleep(600)
+    open(marker + ".survived", "w").close()
+""")
+
+
+def _launcher(tmp_path: Path, monkeypatch) -> list[str]:
+    """The words before `stateloop train` in the train rule's command inside a SLURM job (one node,
+    two tasks on the CPU): the launcher every SLURM training starts with."""
+    work = copy_workflow(tmp_path / "work")
+    cfg = yaml.safe_load((work / "configs/smoke.yaml").read_text())
+    cfg["scales"]["smoke"]["train"].update(accelerator="cpu", devices=2, num_nodes=1)
+    (work / "two.yaml").write_text(yaml.safe_dump(cfg))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--mode", "remote", "-n", "-p",
+                          f"results/runs/{RUN}/model.safetensors", "--configfile", "two.yaml"],
+                         cwd=work, env=env(), capture_output=True, text=True, timeout=600)
+    line = next((line for line in out.stdout.splitlines() if " stateloop train " in line), None)
+    assert line, out.stdout[-3000:] + out.stderr[-3000:]
+    words = line.split(" stateloop train ")[0].split()
+    return words[words.index("srun"):]
+
+
+def _run_failing_step(launcher: list[str], tmp_path: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    script = tmp_path / "step.py"
+    script.write_text(FAILING_STEP)
+    proc = subprocess.run([*launcher, sys.executable, str(script), str(tmp_path / "rank")], cwd=tmp_path,
+                          env={**os.environ, **(extra_env or {})}, capture_output=True, text=True,
+                          timeout=300)  # a hang guard: without the launcher's kill, rank 1 sleeps 600 s
+    return proc
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_the_training_launcher_ends_every_rank_when_one_fails(tmp_path, monkeypatch):
+    """The train rule's srun (`--kill-on-bad-exit=1`), run by the rehearsals' stand-in: rank 0 exits
+    with 3 while rank 1 sits in a "collective"; the step ends at once with rank 0's status, rank 1
+    killed (SIGTERM, then SIGKILL after KillWait, 1 s here), instead of waiting for the process
+    group's timeout."""
+    launcher = _launcher(tmp_path, monkeypatch)
+    assert launcher[:2] == ["srun", "--kill-on-bad-exit=1"], launcher
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    (bin_dir / "srun").chmod(0o755)
+    proc = _run_failing_step(launcher, tmp_path, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+                                                  "STATELOOP_SRUN_KILL_WAIT": "1"})
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    pid = int((tmp_path / "rank.1").read_text())
+    assert not _alive(pid) and not (tmp_path / "rank.survived").exists()
+
+
+@pytest.mark.slow
+def test_a_warning_to_a_two_rank_step_under_kill_on_bad_exit_still_requeues(tmp_path, fake_scontrol):
+    """Two ranks under the launcher's `srun --kill-on-bad-exit=1` (the stand-in): SLURM's warning
+    reaches both, both write the checkpoint, rank 0 requeues the job and exits 75, and rank 1 exits
+    0: a non-zero exit of rank 1 would end the step, and rank 0 with it, before the requeue
+    wherever rank 1 ends first (with NCCL it need not wait for rank 0; over gloo here it does)."""
+    ts = _train_support()
+    data = ts.write_shards(tmp_path / "data")
+    cfg = ts.write_config(tmp_path / "cfg.yaml", train={"num_nodes": 2, "max_steps": 5000, "checkpoint_every": 1000})
+    srun = fake_scontrol.parent / "bin" / "srun"
+    srun.write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    srun.chmod(0o755)
+    run_dir = tmp_path / "run"
+    child_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "4343",
+                 "STATELOOP_SRUN_KILL_WAIT": "5", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    wrapper = tmp_path / "status.py"  # each task: the command, signals passed on, its exit status recorded
+    wrapper.write_text(textwrap.dedent("""
+        import os, signal, subprocess, sys
+        proc = subprocess.Popen(sys.argv[2:])
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, lambda n, _: proc.send_signal(n))
+        status = proc.wait()
+        open(f"{sys.argv[1]}.{os.environ['SLURM_PROCID']}", "w").write(str(status))
+        sys.exit(status)
+    """))
+    proc = subprocess.Popen(["srun", "--kill-on-bad-exit=1", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1",
+                             sys.executable, str(wrapper), str(tmp_path / "status"),
+                             sys.executable, "-m", "stateloop.cli", "train", "--config", str(cfg),
+                             "t/vanilla_looped/K2_ds0_seed1234", "--data-dir", str(data), "--out", str(run_dir),
+                             "--no-progress"],
+                            env=child_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not list(run_dir.glob("config.yaml")):  # both ranks are in the training (past setup's collectives)
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timed out"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGUSR1)  # the stand-in forwards it to every task, as SLURM signals every step task
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err[-3000:]
+    assert re.search(r"SIGUSR1: checkpoint \S+ written at step \d+", err), err[-3000:]
+    assert fake_scontrol.read_text() == "requeue 4343\n", err[-3000:]
+    assert [(tmp_path / f"status.{rank}").read_text().strip() for rank in (0, 1)] == ["75", "0"]
+
+
 def _processes(cwd: Path, *words: str) -> list[int]:
     """Processes running in ``cwd`` whose command line has every one of ``words``."""
     found = []
@@ -278,6 +394,19 @@ def cluster():
     yield
     if not was_up:  # leave the machine as it was
         subprocess.run(["bash", str(script), "stop"], capture_output=True, timeout=120)
+
+
+@pytest.mark.slurm
+def test_the_training_launcher_ends_every_rank_when_one_fails_on_the_cluster(cluster, tmp_path, monkeypatch):
+    """As test_the_training_launcher_ends_every_rank_when_one_fails, with SLURM's own srun: the step
+    ends with rank 0's failure, rank 1 killed after the cluster's KillWait (10 s in
+    scripts/slurm-cluster.sh), not after its 600 s."""
+    launcher = _launcher(tmp_path, monkeypatch)
+    assert launcher[:2] == ["srun", "--kill-on-bad-exit=1"], launcher
+    proc = _run_failing_step(launcher, tmp_path)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    assert (tmp_path / "rank.1").exists() and not (tmp_path / "rank.survived").exists(), proc.stderr[-2000:]
+    assert not _alive(int((tmp_path / "rank.1").read_text()))
 
 
 def _squeue(job: str, fmt: str) -> str:

@@ -215,13 +215,18 @@ def launcher(wc, resources):
     (locally, the rehearsals' stand-in). One node outside a SLURM job (a local run, or a local
     Snakemake inside an allocation): no launcher, Fabric starts its own processes.
 
+    ``--kill-on-bad-exit=1``: a task that fails (rank 0 at a checkpoint write, say) ends the whole
+    step at once, instead of leaving the other ranks at a barrier until the process group's
+    timeout (``train.dist_timeout_s``); the ranks that stop on a signal exit 0 but for rank 0,
+    which exits 75 once it has requeued the job (train/stage.py), so the option never cuts a requeue short.
+
     The rule job of a SLURM submission runs in remote mode with SLURM_JOB_ID set; the main
     Snakemake process plans (and prints) the one-node command without srun."""
     t = train_res(wc)
     in_slurm_job = workflow.remote_exec and bool(os.environ.get("SLURM_JOB_ID"))
     if t.num_nodes == 1 and not in_slurm_job:
         return ""
-    return f"srun --nodes={t.num_nodes} --ntasks-per-node={t.devices} --cpus-per-task={resources.cpus_per_task}"
+    return f"srun --kill-on-bad-exit=1 --nodes={t.num_nodes} --ntasks-per-node={t.devices} --cpus-per-task={resources.cpus_per_task}"
 
 
 def train_resources(wc):

@@ -15,6 +15,12 @@ real job step has:
 Every "node" is this machine, so the processes talk over loopback (gloo on CPUs). Signals sent to
 the stand-in (SIGTERM, SIGUSR1, SIGINT: SLURM's pre-timeout and preemption signals) go to every
 task, as srun forwards them. The exit status is the first non-zero status in rank order, else 0.
+
+``--kill-on-bad-exit=1`` (``-K``) ends the step as SLURM does once a task exits with a non-zero
+status: the other tasks and every process they started (slurmstepd signals the step's cgroup)
+get SIGCONT and SIGTERM, and SIGKILL after the cluster's KillWait (30 s unless
+``STATELOOP_SRUN_KILL_WAIT`` says other seconds): a task blocked in a collective does not run
+its SIGTERM handler, the SIGKILL ends it. The exit status is then the failed task's.
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+KILL_WAIT_ENV = "STATELOOP_SRUN_KILL_WAIT"
+KILL_WAIT_S = 30.0  # SLURM's default KillWait: SIGTERM, then SIGKILL this many seconds later
 
 
 def free_port() -> int:
@@ -52,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", "-N", type=int, default=1)
     p.add_argument("--ntasks-per-node", type=int, default=1)
     p.add_argument("--cpus-per-task", "-c", type=int, default=1)
+    p.add_argument("--kill-on-bad-exit", "-K", type=int, nargs="?", const=1, default=0, choices=(0, 1))
     p.add_argument("command", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
     if not args.command:
@@ -72,9 +83,61 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    codes = [proc.wait() for proc in procs]
-    first = next((c for c in codes if c != 0), 0)
+    failed = wait_all(procs, args.kill_on_bad_exit == 1, float(os.environ.get(KILL_WAIT_ENV, KILL_WAIT_S)))
+    codes = [proc.returncode for proc in procs]
+    first = failed if failed is not None else next((c for c in codes if c != 0), 0)
     return 128 - first if first < 0 else first  # killed by signal n: 128 + n, as a shell reports it
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux /proc), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
+def _signal_tree(proc: subprocess.Popen, sig: int) -> None:
+    for pid in _tree(proc.pid):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_all(procs: list[subprocess.Popen], kill_on_bad_exit: bool, kill_wait: float) -> int | None:
+    """Wait for every task. With ``kill_on_bad_exit``, the first non-zero status ends the step: the
+    other tasks get SIGCONT and SIGTERM, then SIGKILL ``kill_wait`` seconds later; returns that
+    status (None: no task failed, or the option is off)."""
+    if not kill_on_bad_exit:
+        for proc in procs:
+            proc.wait()
+        return None
+    failed, kill_at = None, None
+    while any(proc.poll() is None for proc in procs):
+        if failed is None:
+            failed = next((proc.returncode for proc in procs if proc.returncode not in (None, 0)), None)
+            if failed is not None:
+                for proc in procs:
+                    if proc.poll() is None:
+                        _signal_tree(proc, signal.SIGCONT)
+                        _signal_tree(proc, signal.SIGTERM)
+                kill_at = time.monotonic() + kill_wait
+        elif time.monotonic() >= kill_at:
+            for proc in procs:
+                if proc.poll() is None:
+                    _signal_tree(proc, signal.SIGKILL)
+            kill_at = float("inf")
+        time.sleep(0.05)
+    if failed is None:
+        failed = next((proc.returncode for proc in procs if proc.returncode != 0), None)
+    return failed
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ and turn how it ended into the command's exit status (commands/train.py lists th
 
 from __future__ import annotations
 
-import os
 import sys
 
 
@@ -32,13 +31,14 @@ def train_stage(args) -> int:
             print(f"stateloop train: error: {err}", file=sys.stderr)
             return NONFINITE_EXIT
     if result.status == "interrupted":
-        # Under Fabric's own launcher the job's status is the launching process's (rank 0), and
-        # Fabric's child-process observer SIGKILLs rank 0 when a child exits non-zero before it:
-        # the children it started exit 0. Under srun every task reports 75 and srun passes it on.
-        started_by_fabric = not result.rank0 and int(os.environ.get("SLURM_NTASKS", "1") or 1) <= 1
+        # Every rank has saved the checkpoint (its write ends at a barrier). Only rank 0 reports 75:
+        # under Fabric's own launcher the job's status is the launching process's (rank 0), and
+        # Fabric's child-process observer SIGKILLs rank 0 when a child exits non-zero before it;
+        # under `srun --kill-on-bad-exit=1` (the train rule's launcher) a task's non-zero exit ends
+        # the step, which would stop rank 0 before it requeues the job. srun passes rank 0's 75 on.
         if result.rank0:
             signals.requeue_after_warning(received, result.step)
-        return 0 if started_by_fabric else REQUEUE_EXIT
+        return REQUEUE_EXIT if result.rank0 else 0
     s = result.summary
     if result.rank0:
         losses = "".join(f", {name} loss {s[key]:.4f}" for name, key in (("train", "final_train_loss"), ("val", "final_val_loss"))
