@@ -87,6 +87,15 @@ KILLER = textwrap.dedent('''
                 die()
             return out
         C.CheckpointStore.save = save_then_die
+    elif point == "mid-final-weights":  # half of model.safetensors' temporary file on disk
+        import safetensors.torch as st
+        save_file = st.save_file
+        def half_file(tensors, filename, *a, **k):
+            save_file(tensors, filename, *a, **k)
+            if pathlib.Path(filename).name.startswith(".model.safetensors."):
+                data = pathlib.Path(filename).read_bytes()
+                pathlib.Path(filename).write_bytes(data[: len(data) // 2]); die()
+        st.save_file = half_file
     sys.exit(main(sys.argv[3:]))
 ''')
 
@@ -125,6 +134,31 @@ def test_sigkill_at_each_point_of_a_checkpoint_resumes_bitwise(setup, tmp_path, 
     assert left == ["step_00000008.ckpt", "step_00000008.ckpt.sha256", "step_00000012.ckpt", "step_00000012.ckpt.sha256"], left
     if expected_leftover:
         assert f"removed 1 incomplete file(s) of interrupted writes: {expected_leftover}" in err
+
+
+def test_a_sigkill_inside_the_final_weights_write_is_cleaned_up_by_the_resume(setup, tmp_path, capsys):
+    """A kill inside model.safetensors' write leaves its temporary file in the run folder; the
+    training that completes the run removes it, and the other interrupted writes of the files
+    training writes there, saying so (a temporary name of anything else is left alone)."""
+    cfg, data, reference = setup
+    run_dir = tmp_path / "run"
+    script = tmp_path / "killer.py"
+    script.write_text(KILLER)
+    proc = subprocess.run([sys.executable, str(script), "mid-final-weights", "12", *_args(cfg, data, run_dir)],
+                          env=_child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    (killed,) = run_dir.glob(".model.safetensors.*.tmp")
+    assert not (run_dir / "model.safetensors").exists()
+    (run_dir / ".train.json.x1y2z3w4.tmp").write_text("{")  # as an atomic JSON write leaves it
+    (run_dir / ".notes.tmp").write_text("not ours")
+
+    capsys.readouterr()
+    assert main(_args(cfg, data, run_dir)) == 0
+    err = capsys.readouterr().err
+    assert_bitwise_equal(weights(run_dir), weights(reference))
+    assert sorted(p.name for p in run_dir.glob(".*.tmp")) == [".notes.tmp"]
+    assert (f"{run_dir}: removed 2 incomplete file(s) of interrupted writes: {killed.name}, .train.json.x1y2z3w4.tmp"
+            in err), err
 
 
 def _mount_tmpfs(path, size: int) -> None:

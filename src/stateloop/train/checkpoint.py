@@ -36,6 +36,7 @@ the previous checkpoint, which stays intact.
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 import sys
@@ -44,6 +45,11 @@ from pathlib import Path
 from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
 from stateloop.runs import (
+    FINAL_WEIGHTS,
+    LEGACY_WEIGHTS,
+    MLFLOW_FILE,
+    RUN_CONFIG,
+    TRAIN_SUMMARY,
     _numpy_globals,
     atomic_write_json,
     is_unsafe_load_error,
@@ -194,6 +200,23 @@ class CheckpointStore:
             p.unlink(missing_ok=True)
         if leftovers:
             warn(f"removed {len(leftovers)} incomplete file(s) of interrupted writes: {', '.join(p.name for p in leftovers)}")
+
+
+# The files training writes into the run folder, each through a temporary file beside it,
+# ``.<name>.XXXXXXXX.tmp`` (runs.atomic_write_bytes, runs.write_safetensors).
+RUN_FILES = (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY, RUN_CONFIG, MLFLOW_FILE)
+
+
+def clean_run_folder(run_dir: Path) -> None:
+    """Remove the temporary files that a killed write of one of :data:`RUN_FILES` left in the run
+    folder (a SIGKILL inside the final weights' write, say), and only those. Rank 0, while holding
+    the folder's lock, before training writes anything: no other write of these files is under way."""
+    leftovers = [p for name in RUN_FILES for p in sorted(Path(run_dir).glob(f".{glob.escape(name)}.*.tmp")) if p.is_file()]
+    for p in leftovers:
+        p.unlink(missing_ok=True)
+    if leftovers:
+        warn(f"{run_dir}: removed {len(leftovers)} incomplete file(s) of interrupted writes: "
+             f"{', '.join(p.name for p in leftovers)}")
 
 
 def direct_checkpoint_io():

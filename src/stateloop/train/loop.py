@@ -72,7 +72,7 @@ from stateloop.runs import (
     save_final,
 )
 from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
-from stateloop.train.checkpoint import CheckpointStore, collect_rng, direct_checkpoint_io, restore_rng, warn
+from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
@@ -322,6 +322,7 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
     if fabric.is_global_zero:
         resume = store.latest()  # reports each broken newer checkpoint, then:
         store.clean_leftovers()
+        clean_run_folder(run_dir)
     resume = fabric.broadcast(str(resume) if resume else None, src=0)
 
     # -- model, optimizer, schedule ---------------------------------------------------------------
