@@ -435,3 +435,48 @@ def test_an_inexact_resume_says_so_records_it_and_mlflow_keeps_the_new_values(ti
     assert at8[0].value == pytest.approx(first["final_train_loss"])  # the killed attempt's ...
     assert client.get_run(run.info.run_id).data.params["train.grad_clip"] == "1.0"
     assert run.data.tags["changed_on_resume.train.grad_clip"] == "0.05"  # ... and the truthful record of the change
+
+
+def test_a_resume_with_another_micro_batch_says_so_and_records_it_as_the_other_settings(tiny_setup, tmp_path, capsys,
+                                                                                        mlflow_uri):
+    """train.micro_batch changed on a resume was applied without a word, while the other changed
+    settings are warned about: the resumed steps accumulate the same global batch in other
+    micro-batches, not bitwise as an uninterrupted run would. The same path as train.grad_clip's:
+    one warning, train.json's inexact_resume, the MLflow tag stateloop.inexact_resume, the param
+    kept (MLflow params cannot change) and the new value a changed_on_resume tag."""
+    from mlflow.tracking import MlflowClient
+
+    cfg_path, data = tiny_setup
+    run_dir = tmp_path / "run"
+    assert _train_cli(cfg_path, data, run_dir, "train.val_tokens=0") == 0
+    for name in ("checkpoints/step_00000008.ckpt", "checkpoints/step_00000008.ckpt.sha256", "model.safetensors", "train.json"):
+        (run_dir / name).unlink()
+    capsys.readouterr()
+    assert _train_cli(cfg_path, data, run_dir, "train.val_tokens=0", "train.micro_batch=2") == 0
+    err = capsys.readouterr().err
+    change = "train.micro_batch changed since step_00000004.ckpt (4 -> 2): the steps from 4 on compute the same batches another way"
+    assert change in err, err
+    summary = json.loads((run_dir / "train.json").read_text())
+    assert summary["resumed_from_step"] == 4 and summary["accumulation"] == 4
+    assert [c for c in summary["inexact_resume"] if c.startswith(change)], summary["inexact_resume"]
+    run = MlflowClient(mlflow_uri).get_run(summary["mlflow_run_id"])
+    assert run.data.tags["stateloop.inexact_resume"].startswith(f"from step 4: {change}")
+    assert run.data.params["train.micro_batch"] == "4" and run.data.tags["changed_on_resume.train.micro_batch"] == "2"
+
+
+@pytest.mark.parametrize("key, value", [("micro_batch", 2), ("devices", 2), ("num_nodes", 2), ("precision", "bf16-mixed"),
+                                        ("compile", True)])
+def test_every_setting_of_how_the_steps_compute_is_a_change_a_resume_records(tiny_setup, capsys, key, value):
+    """The settings that change how the same batches are computed (the accumulation's grouping,
+    the processes that reduce the gradient, the arithmetic) are each a change a resume warns about
+    and returns for the record."""
+    from stateloop.train.loop import _check_resume
+    from stateloop.train.sampler import STREAM
+
+    saved = resolved(*tiny_setup)
+    current = {**saved, "train": {**saved["train"], key: value}}
+    data = {"dir": "data", "split": "train", "tokens": 60_000, "fingerprint": "f", "stream": STREAM}
+    changes = _check_resume("checkpoints/step_00000004.ckpt", saved, current, data, data, 4)
+    assert len(changes) == 1 and changes[0].startswith(f"train.{key} changed since step_00000004.ckpt "
+                                                       f"({saved['train'][key]} -> {value}): the steps from 4 on"), changes
+    assert changes[0] in capsys.readouterr().err

@@ -641,11 +641,14 @@ def _val_metrics(loss: float) -> dict:
 
 # Settings a resumed optimizer and schedule carry in their state: a change would be silently undone.
 OPTIMIZER_KEYS = ("lr", "min_lr", "warmup_steps", "schedule", "weight_decay", "betas", "eps")
-# What draws the batches. A resume applies a change of these, of train.grad_clip, and of the budget
-# where it changes the lr of the steps still to come (the cosine's length: the lr curve is spliced
-# at the resumed step) from its step on, with a warning and a record (train.json's inexact_resume,
-# an MLflow tag).
+# What draws the batches. A resume applies a change of these, of COMPUTE_KEYS, of train.grad_clip,
+# and of the budget where it changes the lr of the steps still to come (the cosine's length: the lr
+# curve is spliced at the resumed step) from its step on, with a warning and a record (train.json's
+# inexact_resume, an MLflow tag).
 STREAM_KEYS = ("seed", "seq_len", "global_batch")
+# How the same batches are computed: the accumulation's micro-batches, the processes that reduce the
+# gradient, the arithmetic. A change keeps the tokens, not the bits of an uninterrupted run.
+COMPUTE_KEYS = ("micro_batch", "devices", "num_nodes", "precision", "compile")
 
 
 def _folder_conflict(run_dir: Path, config: dict) -> str | None:
@@ -725,6 +728,11 @@ def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, dat
         if before != now:
             changes.append(f"train.{key} changed since {name} ({before} -> {now}): "
                            f"the resumed batch stream differs from an uninterrupted run's")
+    for key in (k for k in COMPUTE_KEYS if k in saved["train"]):
+        before, now = saved["train"][key], current["train"].get(key)
+        if before != now:
+            changes.append(f"train.{key} changed since {name} ({before} -> {now}): the steps from {step} on compute "
+                           f"the same batches another way, not bitwise as an uninterrupted run would")
     if saved["train"].get("grad_clip") != current["train"].get("grad_clip"):
         changes.append(f"train.grad_clip changed since {name} ({saved['train'].get('grad_clip')} -> "
                        f"{current['train'].get('grad_clip')}): the steps from {step} on clip at the new value")
