@@ -50,7 +50,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import yaml
 
 from stateloop.config import ConfigError, load_yaml
@@ -74,6 +73,7 @@ from stateloop.runs import (
 from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
+from stateloop.train.loss import lm_loss
 from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
@@ -125,14 +125,27 @@ def build_fabric(tcfg):
 
         strategy = DDPStrategy(cluster_environment=env, checkpoint_io=direct_checkpoint_io(), timeout=timeout)
     else:
-        from lightning_fabric.strategies import FSDPStrategy
-
-
-        # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file.
-        strategy = FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full", timeout=timeout)
+        strategy = fsdp_strategy(tcfg, env, timeout)
     fabric = L.Fabric(accelerator=accelerator, devices=tcfg.devices, num_nodes=tcfg.num_nodes, strategy=strategy,
                       precision=precision, plugins=[env, direct_checkpoint_io()] if world == 1 else None)
     return fabric, precision
+
+
+# train.fsdp_sharding -> torch's ShardingStrategy (train/config.py says what each shards)
+FSDP_SHARDING = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad_op": "SHARD_GRAD_OP",
+                 "hybrid_grad_op": "_HYBRID_SHARD_ZERO2"}
+
+
+def fsdp_strategy(tcfg, env, timeout):
+    """Fabric's FSDPStrategy for ``train.strategy: fsdp``, sharded as ``train.fsdp_sharding`` says."""
+    from lightning_fabric.strategies import FSDPStrategy
+
+    # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file. No
+    # activation_checkpointing_policy: the model checkpoints its own units (train.activation_checkpointing,
+    # models/looped.py), which cover what a policy on Layer cannot (StateLoop's state branch, a whole
+    # iteration); both at once would checkpoint a layer inside a checkpointed layer.
+    return FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full", timeout=timeout,
+                        sharding_strategy=FSDP_SHARDING[tcfg.fsdp_sharding])
 
 
 def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool) -> torch.optim.AdamW:
@@ -332,6 +345,7 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
     else:
         with fabric.init_module():
             raw_model = build_model(mcfg)
+    raw_model.activation_checkpointing = tcfg.activation_checkpointing  # its units: training forwards only
     model = torch.compile(raw_model) if tcfg.compile else raw_model
     model = fabric.setup_module(model)
     optimizer = configure_optimizer(model, tcfg, fused=fabric.device.type == "cuda")
@@ -508,8 +522,7 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
             x, y = run.sampler.micro_batch_at(s, micro, fabric.global_rank)
             x, y = x.to(fabric.device, non_blocking=True), y.to(fabric.device, non_blocking=True)
             with fabric.no_backward_sync(model, enabled=world > 1 and micro < accum - 1):
-                logits = model(x).logits  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / accum  # (12), over the global batch
+                loss = lm_loss(model, x, y, tcfg.loss_chunk_tokens) / accum  # (12), over the global batch
                 fabric.backward(loss)
             loss_sum += loss.detach()
         grad_norm = fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),

@@ -1,0 +1,83 @@
+"""FSDP with the model's own checkpoint units and the chunked loss, on two CPU processes.
+
+Fabric refuses FSDP on a CPU, so this wraps the model in torch's FSDP directly, with the keyword
+arguments and sharding strategy that :func:`stateloop.train.loop.fsdp_strategy` hands Fabric (one
+FSDP unit per decoder layer, use_orig_params), over a two-rank gloo process group. Under every
+sharding of train.fsdp_sharding, a training step's loss and every gradient (gathered whole) with
+"layer" and with "iteration" checkpointing are those without, bit for bit: a unit's recomputation
+in backward gathers the sharded layer parameters again and remakes exactly what the forward saved.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+from pathlib import Path
+
+import torch
+
+TESTS = Path(__file__).resolve().parents[1]
+SHARDINGS = ("full", "grad_op", "hybrid", "hybrid_grad_op")
+LEVELS = ("none", "layer", "iteration")
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from lightning_fabric.plugins.environments import LightningEnvironment
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    sys.path.insert(0, str(TESTS))
+    from helpers import tiny_config
+
+    from stateloop.models.registry import build_model
+    from stateloop.train.config import TrainConfig
+    from stateloop.train.loop import fsdp_strategy
+    from stateloop.train.loss import lm_loss
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for sharding in SHARDINGS:
+        tcfg = TrainConfig(strategy="fsdp", devices=world, global_batch=8, micro_batch=4, fsdp_sharding=sharding)
+        strategy = fsdp_strategy(tcfg, LightningEnvironment(), datetime.timedelta(seconds=60))
+        for level in LEVELS:
+            torch.manual_seed(0)
+            model = build_model(tiny_config("stateloop_mamba2"))
+            model.activation_checkpointing = level
+            wrapped = FSDP(model, sharding_strategy=strategy.sharding_strategy, device_id=torch.device("cpu"),
+                           **strategy._fsdp_kwargs)
+            idx = torch.randint(0, model.cfg.vocab_size, (2, 21), generator=torch.Generator().manual_seed(rank))
+            loss = lm_loss(wrapped, idx[:, :-1], idx[:, 1:], 16)
+            loss.backward()
+            with FSDP.summon_full_params(wrapped, with_grads=True):
+                grads = {n: p.grad.clone() for n, p in wrapped.named_parameters()}
+            results[sharding, level] = (loss.detach(), grads)
+    if rank == 0:
+        torch.save(results, out)
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_fsdp_composes_with_the_models_checkpoint_units(tmp_path):
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "results.pt"
+    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    results = torch.load(out)
+    for sharding in SHARDINGS:
+        loss, grads = results[sharding, "none"]
+        assert grads and all(g is not None for g in grads.values()), sharding
+        for level in ("layer", "iteration"):
+            loss_c, grads_c = results[sharding, level]
+            assert torch.equal(loss_c, loss), (sharding, level)
+            assert grads_c.keys() == grads.keys()
+            for key in grads:
+                assert torch.equal(grads_c[key], grads[key]), (sharding, level, key)
