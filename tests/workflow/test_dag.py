@@ -30,7 +30,27 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
     for j in trains:  # the scale's GPUs and nodes (configs/paper.yaml: 4 nodes x 8 GPUs at 1.4B)
         assert "gres=gpu:8" in j["resources"] and "nodes=4" in j["resources"] and "tasks_per_node=8" in j["resources"]
     sbatch = _sbatch(_resources(trains[0]["resources"]))
-    assert all(f in sbatch for f in ("--nodes=4", "--ntasks-per-node=8", "--gres=gpu:8", "--signal=USR1@300")), sbatch
+    assert all(f in sbatch for f in ("--nodes=4", "--ntasks-per-node=8", "--gres=gpu:8", "--signal=USR1@")), sbatch
+
+
+def test_slurms_warning_before_the_time_limit_leaves_time_to_write_each_runs_checkpoint(tmp_path):
+    """Each training job's `--signal=USR1@N` comes early enough to write and hash the run's checkpoint
+    (12 bytes a parameter) at 100 MB/s, with two minutes to spare: about 320 s for the 1.4B runs'
+    17 GB, 180 s for the 410M runs'; one N for every run was 300 s, short of the 1.4B runs' need."""
+    from stateloop.models.registry import count_params
+
+    work = copy_workflow(tmp_path)
+    planned = [j for j in jobs(snakemake(work, "--profile", "slurm", "-n", "all").stdout) if j["rule"] == "train"]
+    runs = {r.folder: r for r in expand_runs(load_pipeline(work / "configs/paper.yaml"))}
+    lead = {}
+    for job in planned:
+        sbatch = _sbatch(_resources(job["resources"]))
+        n = int(re.search(r"--signal=USR1@(\d+)\b", sbatch).group(1))
+        run = runs[job["output"].split(", ")[0].rsplit("/", 1)[0]]
+        size = 12 * count_params(run.model_config)
+        assert n >= 120 + size / 100e6 + size / 1e9, (run.id, n, size)
+        lead.setdefault(run.scale, set()).add(n)
+    assert min(lead["1.4b"]) > 300 and max(lead["410m"]) < 300, lead
 
 
 def _resources(text: str) -> dict:
@@ -93,7 +113,7 @@ def test_slurm_training_job_asks_for_one_task_per_device_and_the_time_limit_warn
     job = _plan_train(work, train, "--profile", "slurm")
     resources = _resources(job["resources"])
     sbatch = _sbatch(resources)
-    for flag in expect + ["--signal=USR1@300", "--open-mode=append"]:
+    for flag in expect + ["--signal=USR1@120", "--open-mode=append"]:  # 120 s: the margin, a tiny run's checkpoint
         assert flag in sbatch, (flag, sbatch)
     for flag in refuse:
         assert flag not in sbatch, (flag, sbatch)

@@ -12,9 +12,10 @@ from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.pipeline import checked_pipeline, decoding_specs
-from stateloop.models.registry import MODELS
+from stateloop.models.registry import MODELS, count_params
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
+from stateloop.train.slurm import warning_seconds
 
 # A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was
 # given. The SLURM plugin starts it with the submitting host's --cores (profiles/default's `cores:
@@ -229,16 +230,33 @@ def launcher(wc, resources):
     return f"srun --kill-on-bad-exit=1 --nodes={t.num_nodes} --ntasks-per-node={t.devices} --cpus-per-task={resources.cpus_per_task}"
 
 
+_PARAMS = {}
+
+
+def warning_lead(wc, runtime):
+    """N of the training job's ``--signal=USR1@N``, sized for the run's checkpoint (its parameters
+    counted on the meta device, once per model config). Counting imports torch into Snakemake,
+    about 5 s; a local run, which submits nothing, skips it (a dry run counts, to show N)."""
+    if workflow.local_exec and not workflow.dryrun:
+        return warning_seconds(0, runtime)
+    cfg = run_of(wc).model_config
+    key = json.dumps(to_dict(cfg), sort_keys=True)
+    if key not in _PARAMS:
+        _PARAMS[key] = count_params(cfg)
+    return warning_seconds(_PARAMS[key], runtime)
+
+
 def train_resources(wc):
     """What a training job asks SLURM for: the scale's runtime, memory and CPUs (per task), its
     GPUs per node (``accelerator: auto`` asks for them too: a SLURM job sees only the GPUs it
     requested, and would otherwise train on the CPU), one task per device, and
-    ``slurm_extra``: SIGUSR1 to the job steps 300 s before the time limit (a quarter of a time
-    limit under 20 minutes; train/slurm.py: the trainer checkpoints and requeues the job) and the
-    job's SLURM log appended to, not truncated, when SLURM restarts a requeued job."""
+    ``slurm_extra``: SIGUSR1 to the job steps (not ``B:``, the batch shell, where the plugin runs
+    the rule: srun's tasks would never see it) N seconds before the time limit, N sized for the
+    run's checkpoint (train/slurm.py, warning_seconds: 1.4B 320 s, 410M 180 s; the trainer then
+    checkpoints and requeues the job), and the job's SLURM log appended to, not truncated, when
+    SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")
-    # 300 s: a full checkpoint of the paper's 1.4B runs, plus the up to 60 s SLURM may send it early
-    warning_s = min(300, res.runtime * 15)
+    warning_s = warning_lead(wc, res.runtime)
     out = {
         "runtime": res.runtime,
         "mem_mb": res.mem_mb,

@@ -23,6 +23,30 @@ import time
 
 REQUEUE_ENV = "STATELOOP_SLURM_REQUEUE"
 
+# How early SLURM's warning before the time limit comes (``--signal=USR1@N``, the train rule's
+# slurm_extra): early enough for the step in flight, the checkpoint's write and hash, and the
+# requeue. [choice] The write is sized at 100 MB/s, a shared file system under load (a parallel
+# one writes a stream faster; an NFS home may be slower: then set N yourself, docs/cluster.md).
+CHECKPOINT_BYTES_PER_PARAM = 12  # float32 weights and AdamW's two float32 moments
+CHECKPOINT_WRITE_BYTES_PER_S = 100e6
+CHECKPOINT_HASH_BYTES_PER_S = 1e9  # sha256 of the written file: 9-17 s for the 1.4B runs' 17 GB
+WARNING_MARGIN_S = 120  # the step in flight, the requeue, and SLURM's signal timer, which runs about once a minute
+
+
+def checkpoint_bytes(params: int) -> int:
+    """Bytes of a run's checkpoint, about (the model's parameters with AdamW's state)."""
+    return CHECKPOINT_BYTES_PER_PARAM * params
+
+
+def warning_seconds(params: int, runtime_min: int) -> int:
+    """N of ``--signal=USR1@N`` for a training of ``params`` parameters whose job has a time limit
+    of ``runtime_min`` minutes: the margin plus the checkpoint's write and hash at the rates above,
+    rounded up to 10 s; a quarter of a time limit that is shorter than four times that."""
+    size = checkpoint_bytes(params)
+    need = WARNING_MARGIN_S + size / CHECKPOINT_WRITE_BYTES_PER_S + size / CHECKPOINT_HASH_BYTES_PER_S
+    need = -(-int(need) // 10) * 10
+    return max(1, min(need, runtime_min * 15))
+
 
 def say(msg: str) -> None:
     print(f"stateloop train: {msg}", file=sys.stderr, flush=True)
