@@ -201,6 +201,30 @@ def test_an_export_never_writes_over_around_or_into_what_it_reads(data_dir, tmp_
     assert _tree(tmp_path) == before
 
 
+def test_an_export_replaces_only_an_empty_folder_or_an_earlier_export(data_dir, tmp_path, capsys):
+    """`--out` a folder of other files (a slip such as `--out ~` or `--out src`) or a file is refused
+    in one line and left as it was; an empty folder and an earlier export are replaced."""
+    from evaluate_support import save_run
+
+    run_dir = tmp_path / "runs" / "stateloop"
+    save_run(run_dir, data_dir, "stateloop")
+    other = tmp_path / "src"
+    (other / "pkg").mkdir(parents=True)
+    (other / "pkg" / "code.py").write_text("x = 1\n")
+    (tmp_path / "file").write_text("keep\n")
+    for out in (other, tmp_path / "file"):
+        before = _tree(tmp_path)
+        capsys.readouterr()
+        assert main(["export", str(run_dir), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"stateloop export: error: --out {out}: "), err
+        assert _tree(tmp_path) == before
+    (tmp_path / "empty").mkdir()
+    for out in (tmp_path / "empty", tmp_path / "empty"):  # the second time over the first export
+        assert main(["export", str(run_dir), "--out", str(out)]) == 0
+        assert json.loads((out / "config.json").read_text())["model_type"] == "stateloop"
+
+
 @pytest.mark.parametrize("name", ["../tokenizer.json", "ABSOLUTE/tokenizer.json", "ABSOLUTE/notes.txt"])
 def test_a_tokenizer_file_outside_the_data_folder_is_refused(data_dir, tmp_path, capsys, name):
     """meta.json's tokenizer.file is a file name inside the data folder, as the shards' names are:

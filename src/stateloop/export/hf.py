@@ -161,10 +161,30 @@ def check_out(out: Path, folder: Path, what: str) -> None:
                           f"whole: choose a folder outside it")
 
 
+def check_replaceable(out: Path) -> None:
+    """An existing ``out`` is replaced whole only when it is empty or an earlier export (its
+    config.json says ``model_type: stateloop``); any other folder or file is refused in one line,
+    so a slip such as ``--out ~`` or ``--out src`` never deletes what is there."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if not out.is_dir() or out.is_symlink():
+        raise ConfigError(f"--out {out}: exists and is not a folder; an export writes a folder there: choose a new path")
+    if not any(out.iterdir()):
+        return
+    try:
+        earlier = json.loads((out / "config.json").read_text(encoding="utf-8")).get("model_type") == "stateloop"
+    except (OSError, ValueError, AttributeError):
+        earlier = False
+    if not earlier:
+        raise ConfigError(f"--out {out}: a folder that is not an earlier export (no config.json of model_type "
+                          f"stateloop); an export replaces its folder whole: choose a new or empty folder")
+
+
 def export_run(run_dir: str | Path, out: str | Path) -> Path:
     """Write the Hugging Face directory of a run folder to ``out`` (replaced whole, atomically:
     written beside it, then renamed into place). ``out`` must lie outside the run folder and the
-    data folder, and hold neither (:func:`check_out`)."""
+    data folder, and hold neither (:func:`check_out`); an existing ``out`` must be empty or an earlier
+    export (:func:`check_replaceable`)."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
     from stateloop.runs import code_version, load_model, run_id_of, saved_run_config, trained_length, weights_metadata, write_safetensors
@@ -177,6 +197,7 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"{run_dir}: the saved config has no data.dir (where the run's tokenizer is)")
     data_dir = Path(config.data.dir)
     check_out(out, data_dir, "data folder")
+    check_replaceable(out)
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir)  # checked against meta.json's sha256
     try:
