@@ -202,3 +202,14 @@ def test_rehearse_refuses_fewer_than_one_core(cores, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"stateloop rehearse: error: argument --cores: must be a whole number of cores >= 1, got {cores}", err
+
+
+@pytest.mark.parametrize("threads", ["0", "-2", "two"])
+def test_bench_decode_refuses_fewer_than_one_thread(threads, capsys):
+    """`stateloop bench decode --threads 0` was ignored without a word and a negative count ended in
+    torch's traceback: both are refused by the parser, in one line."""
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["bench", "decode", "--threads", threads])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"stateloop bench decode: error: argument --threads: must be a whole number of threads >= 1, got {threads}", err

@@ -78,6 +78,21 @@ def test_analyze_errors_are_one_line(tmp_path, capsys):
     assert "no final weights" in capsys.readouterr().err
 
 
+def test_analyze_refuses_damaged_shards_in_one_line(tmp_path, capsys):
+    """A held-out shard of the wrong size (cut short, as by a full disk) or changed bytes end in one
+    line naming the file, as in training, not in a traceback."""
+    run_dir, _ = make_run(tmp_path)
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    shard = tmp_path / "data" / meta["splits"]["val"]["shards"][0]["file"]
+    data = shard.read_bytes()
+    for damaged, words in ((data[:-2], "size does not match"), (bytes(len(data)), "sha256")):
+        shard.write_bytes(damaged)
+        capsys.readouterr()
+        assert main(["analyze", "shapley", str(run_dir), "--no-mlflow", "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(shard.name) in err[0] and words in err[0], err
+
+
 TINY_SHAPE = ["model.n_layers=2", "model.d_model=32", "model.d_ff=64", "model.n_heads=4", "model.head_dim=8",
               "model.vocab_size=97", "model.mixer_heads=4", "model.mixer_head_dim=8", "model.mamba_d_state=8",
               "model.mamba_head_dim=8", "model.mamba_n_groups=2", "model.attn_impl=torch", "model.ssd_impl=torch"]

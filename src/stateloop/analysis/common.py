@@ -115,15 +115,24 @@ class WindowSet:
         return torch.from_numpy(np.stack(rows))
 
 
-def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
-    """The windows of :func:`split_windows` (the same windows, the same one-line errors) as a
-    :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
+def open_shards(data_dir, split: str):
+    """The split's :class:`~stateloop.data.shards.ShardSet`; a missing split, a shard of the wrong size,
+    dtype or checksum, or ids outside the vocabulary are one-line ConfigErrors (as in training)."""
     from stateloop.data.shards import ShardSet
 
     try:
-        shards = ShardSet(_data_dir(config, run_dir), split)
+        return ShardSet(data_dir, split)
     except KeyError as err:
-        raise ConfigError(err.args[0]) from None
+        raise ConfigError(str(err.args[0])) from None
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
+    """The windows of :func:`split_windows` (the same windows, the same one-line errors) as a
+    :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
+
+    shards = open_shards(_data_dir(config, run_dir), split)
     n = (len(shards) - 1) // seq_len
     if max_windows is not None:
         n = min(n, max_windows)
@@ -155,13 +164,8 @@ def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int
     import numpy as np
     import torch
 
-    from stateloop.data.shards import ShardSet
 
-    data_dir = _data_dir(config, run_dir)
-    try:
-        shards = ShardSet(data_dir, split)
-    except KeyError as err:
-        raise ConfigError(err.args[0]) from None
+    shards = open_shards(_data_dir(config, run_dir), split)
     slots = (len(shards) - 1) // seq_len
     if slots <= 0:
         raise ConfigError(f"{shards.dir}: split {split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")

@@ -15,8 +15,21 @@ overrides); with neither, the shapes of the decoding experiment of ``--config`` 
 
 from __future__ import annotations
 
+import argparse
+
 from stateloop.commands import RUN_HELP
 from stateloop.report.outputs import BENCH_FILE
+
+
+def threads(text: str) -> int:
+    """``--threads``: a whole number >= 1 (torch rejects 0 and below with a traceback)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of threads >= 1, got {text}")
+    return n
 
 
 def add_arguments(p) -> None:
@@ -38,7 +51,7 @@ def add_arguments(p) -> None:
     d.add_argument("--warmup", type=int, help="untimed warm-up runs per model (default 1)")
     d.add_argument("--dtype", help="auto (default: bfloat16 on CUDA, else float32), float32, bfloat16, float16")
     d.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    d.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice)")
+    d.add_argument("--threads", type=threads, help="CPU threads for torch, >= 1 (default: torch's choice)")
     d.add_argument("--interleave", choices=["run", "token"],
                    help="run: whole runs round-robin across models (paper protocol); token (default): models decode in "
                         "lockstep, one token each in turn, synced per step (robust ratios on a busy CPU)")
