@@ -132,8 +132,16 @@ def shrink_eval(ev: dict) -> dict:
     return e
 
 
+SHARD_KEYS = ("shapley_shards", "interventions_shards")  # resources.analyze's, kept (at most 2) so the sharded DAG runs
+
+
 def shrink_resources(resources: dict) -> dict:
-    return {stage: {"runtime": 30, "mem_mb": 4000, "cpus_per_task": 1, "gpus": 0} for stage in resources}
+    out = {stage: {"runtime": 30, "mem_mb": 4000, "cpus_per_task": 1, "gpus": 0} for stage in resources}
+    for key in SHARD_KEYS:
+        n = (resources.get("analyze") or {}).get(key)
+        if n:
+            out["analyze"][key] = min(int(n), 2)
+    return out
 
 
 def shrink_experiment(exp: dict, factor: float) -> dict:

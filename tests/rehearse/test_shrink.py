@@ -1,0 +1,25 @@
+"""What `stateloop rehearse` keeps of a config's job layout when it shrinks the sizes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_paper_rehearsal_runs_the_analyses_sharded():
+    """paper.yaml splits the 410M analyses into shards with a merge (resources.analyze.*_shards); the
+    rehearsal keeps that layout, at most two shards each, so the sharded jobs and their merge run
+    offline before a cluster sees them. A config without shards stays unsharded."""
+    from stateloop.rehearse.config import shrink
+
+    raw = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
+    assert raw["scales"]["410m"]["resources"]["analyze"]["shapley_shards"] > 2  # the point of the min below
+    out = shrink(raw)["scales"]
+    assert {k: out["410m"]["resources"]["analyze"].get(k) for k in ("shapley_shards", "interventions_shards")} == \
+        {"shapley_shards": 2, "interventions_shards": min(2, raw["scales"]["410m"]["resources"]["analyze"]["interventions_shards"])}
+    assert "shapley_shards" not in out["1.4b"]["resources"]["analyze"]
+    tiny = shrink(yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text()))["scales"]
+    assert all("shapley_shards" not in s["resources"].get("analyze", {}) for s in tiny.values() if "resources" in s)
