@@ -26,6 +26,7 @@ PIPELINE: dict[str, tuple[str, str]] = {
     "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
 }
 TOOLS: dict[str, tuple[str, str]] = {
+    "prefetch": ("stateloop.commands.prefetch", "fetch what a config's jobs read from the Hugging Face Hub, for offline jobs"),
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
     "plan": ("stateloop.commands.plan", "training tokens, FLOPs and GPU-hours of every run in a config"),
     "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),

@@ -27,6 +27,15 @@ SLURM_JOB_CPUS = int(_slurm_cpus) if workflow.remote_exec and os.environ.get("SL
 if SLURM_JOB_CPUS:
     workflow.global_resources["_cores"] = SLURM_JOB_CPUS
 
+# A rule job of a SLURM submission runs offline: its commands read the Hugging Face caches that
+# `stateloop prefetch --config C` filled where the network is, and stop at their start, in one line
+# naming what is missing, otherwise (stateloop/prefetch.py). Compute nodes often have no network;
+# where they do, HF_HUB_OFFLINE=0 and HF_DATASETS_OFFLINE=0 in the submitting shell (sbatch passes
+# its environment on) keep the jobs online.
+if workflow.remote_exec and os.environ.get("SLURM_JOB_ID"):
+    for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(_var, "1")
+
 CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_configfiles else "configs/tiny.yaml"
 try:
     for _path in workflow.overwrite_configfiles or [CONFIG_NAME]:

@@ -83,8 +83,10 @@ def tokenize_stage(args, scale: ScaleConfig | None = None) -> int:
     scale ``--config``/``--scale`` name, loaded by the command) say; warn where the train split
     is shorter than one training window."""
     from stateloop.data.tokenize import tokenize
+    from stateloop.prefetch import data_needs, require
 
     data, model_vocab = resolve_data(args, scale)
+    require(data_needs(data), args.config)  # offline: the hub tokenizer and dataset files are cached
     meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
     if scale is not None:  # a corpus too small to train on: said now, not at training time
         window = scale.train.seq_len + 1

@@ -8,7 +8,9 @@ Pipeline, for a :class:`~stateloop.data.config.DataConfig`:
    ``datasets.load_dataset(name, hub_config, split=..., streaming=True)`` (with
    ``data_files=...`` when the config names each split's files; one local folder is read by the
    same call, as a local copy of a hub repository, when the config sets ``data_files`` or
-   ``hub_config`` or the folder's README.md declares ``configs:``). Nothing is held in memory
+   ``hub_config`` or the folder's README.md declares ``configs:``). Offline (``HF_HUB_OFFLINE=1``),
+   a hub dataset is read by that call from its snapshot in the hub cache, which ``stateloop
+   prefetch`` fills (stateloop/prefetch.py). Nothing is held in memory
    beyond a few batches of documents; a document longer than :data:`MAX_DOC_CHARS` is refused,
    naming its file and line, and a local file is read no further than that bound.
 2. **Held-out documents.** Unless the source names its own val/test split, a document of the
@@ -54,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from stateloop import prefetch
 from stateloop.config import to_dict
 from stateloop.data import synthetic
 from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError, SyntheticConfig, is_local_source
@@ -287,6 +290,8 @@ def _raw_batches(stream: Stream, cfg: DataConfig) -> Iterator[list]:
     from datasets import load_dataset
 
     path = os.path.expanduser(cfg.source) if stream.kind == "folder" else cfg.source
+    if stream.kind == "hub" and prefetch.offline():  # the files `stateloop prefetch` cached, read by the same call
+        path = str(prefetch.corpus_snapshot(cfg))
     where = f"{cfg.source}" + (f" ({cfg.hub_config})" if cfg.hub_config else "") + f" split {stream.hub_split!r}"
     extra = {"data_files": cfg.data_files} if cfg.data_files is not None else {}
     try:

@@ -45,8 +45,11 @@ def load_tokenizer_spec(spec: str):
         except Exception as err:  # tokenizers raises plain Exception subclasses
             raise DataError(f"data.tokenizer: {path}: not a tokenizers JSON file ({str(err).splitlines()[0]})") from None
         return tok, text, {"kind": "file", "name": str(path.resolve())}
-    try:
-        tok = Tokenizer.from_pretrained(spec)
+    from huggingface_hub import hf_hub_download
+
+    try:  # through huggingface_hub's cache: offline (HF_HUB_OFFLINE=1) the file `stateloop prefetch` put there
+        path = hf_hub_download(spec, TOKENIZER_FILE)
+        tok = Tokenizer.from_file(path)
     except Exception as err:
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise DataError(f"data.tokenizer: cannot load {spec!r} from the hub ({type(err).__name__}: {first})") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from stateloop import prefetch
 from stateloop.config import ConfigError, parse_dotlist
 from stateloop.evaluate import harness, resolve
 from stateloop.pipeline import PipelineConfig, Run
@@ -31,6 +32,7 @@ def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
     rc = resolve.resolve_eval(run_dir, pipeline, overrides)
+    prefetch.require(prefetch.task_needs(rc.eval.tasks, rc.eval), args.config)  # offline: the tasks' data is cached
     if args.depths:
         if rc.eval.K is not None:
             raise ConfigError("--depths: evaluates the depths it names; drop eval.K")

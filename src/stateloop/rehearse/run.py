@@ -2,17 +2,23 @@
 
 A rehearsal folder ``OUT`` holds
 
-    config.yaml      the shrunk config (rehearse/config.py) pointing at the local copies below
+    config.yaml      the shrunk config (rehearse/config.py); hub names stay hub names
     hub-data/        each hub dataset of the config as a local folder in its hub layout (mirrors.py)
-    hf-cache/        the config's hub tokenizer in huggingface_hub's cache layout, so that the
-                     tokenizer loads by its hub name (``Tokenizer.from_pretrained``) offline
+    hub-models/      the config's hub tokenizer's tokenizer.json, as its hub repository holds it
+    hf-home/         the Hugging Face caches the jobs read (hub/, datasets/), empty until the prefetch
     tasks/           the config's lm-eval tasks over local data files (evaluate/tasks/rehearsal.py)
     bin/srun         the local stand-in for SLURM's srun (srun.py)
 
 and, once the DAG ran, its ``data/``, ``results/``, ``figures/`` and ``logs/``: Snakemake runs
 the repository's own Snakefile with ``--directory OUT``, so nothing of a real run is touched.
-The jobs see ``PATH=OUT/bin:$PATH``, ``HF_HUB_CACHE=OUT/hf-cache`` and offline switches for
-huggingface_hub and datasets (nothing is downloaded; a missing local copy fails).
+
+As on a cluster whose nodes have no network, :func:`prepare` ends with ``stateloop prefetch``
+(stateloop/prefetch.py) against a stand-in for the Hub that serves ``hub-data/`` and
+``hub-models/`` (hub.py) under the config's own hub names, into the empty ``hf-home/``; then the
+stand-in stops. The jobs see ``PATH=OUT/bin:$PATH``, ``HF_HOME=OUT/hf-home``, the offline switches
+of huggingface_hub and datasets, and no network: the Hub's endpoint and every HTTP proxy point at
+a closed port (loopback itself stays, for the training's processes). A job that needs a file the
+prefetch did not fetch fails at its start, naming it.
 """
 
 from __future__ import annotations
@@ -38,7 +44,10 @@ from stateloop.runs import atomic_write_bytes
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder
 TOKENIZERS = {"EleutherAI/gpt-neox-20b": "gpt-neox-20b/tokenizer.json"}
-CACHE_REVISION = "0" * 40  # the snapshot name of the local hub cache (any 40-hex string)
+HF_HOME = "hf-home"
+NO_NETWORK = "http://127.0.0.1:9"  # a closed port: the Hub's endpoint and the proxies of the offline jobs
+PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def _is_hub_source(value) -> bool:
@@ -46,23 +55,19 @@ def _is_hub_source(value) -> bool:
     return isinstance(value, str) and value != "synthetic" and not is_local_source(value)
 
 
-def hub_cache(tokenizer: str, out: Path, shared_data: Path) -> Path:
-    """``out`` in huggingface_hub's cache layout holding ``tokenizer``'s tokenizer.json."""
+def tokenizer_repo(tokenizer: str, out: Path, shared_data: Path) -> Path:
+    """A folder holding ``tokenizer``'s tokenizer.json, served as its hub repository."""
     if tokenizer not in TOKENIZERS:
         raise ConfigError(f"data.tokenizer: {tokenizer!r} has no local copy for a rehearsal "
                           f"(known: {', '.join(TOKENIZERS)}); set a local tokenizer.json")
     source = shared_data / TOKENIZERS[tokenizer]
     if not source.is_file():
         raise FileNotFoundError(f"{source}: the local copy of {tokenizer} is missing (shared data)")
-    repo = out / ("models--" + tokenizer.replace("/", "--"))
-    snapshot = repo / "snapshots" / CACHE_REVISION
-    snapshot.mkdir(parents=True, exist_ok=True)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(CACHE_REVISION)
-    target = snapshot / "tokenizer.json"
-    if not target.exists() or target.stat().st_size != source.stat().st_size:
-        target.write_bytes(source.read_bytes())
-    return out
+    folder = out / tokenizer.replace("/", "--")
+    target = folder / "tokenizer.json"
+    if not target.is_file() or target.read_bytes() != source.read_bytes():
+        atomic_write_bytes(target, source.read_bytes())
+    return folder
 
 
 def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None = None) -> Path:
@@ -74,10 +79,13 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     cfg = shrink(raw)
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
     written_tasks: dict[tuple, dict] = {}
+    repos: dict[tuple[str, str], Path] = {}  # what the stand-in hub serves
     for name, scale in cfg["scales"].items():
         data = scale["data"]
         if _is_hub_source(data.get("source")):
-            data.update(write_mirror(from_dict(DataConfig, data, f"scales.{name}.data"), out / "hub-data", shared))
+            mirror = Path(write_mirror(from_dict(DataConfig, data, f"scales.{name}.data"), out / "hub-data", shared)["source"])
+            if repos.setdefault(("dataset", data["source"]), mirror) != mirror:
+                data["source"] = str(mirror)  # another scale's mirror of the same name is served: read this one as a folder
         elif data.get("source", "synthetic") != "synthetic":  # local files: relative to where the config is run
             sources = data["source"] if isinstance(data["source"], list) else [data["source"]]
             absolute = [str(Path(src).resolve()) for src in sources]
@@ -85,7 +93,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
             data.setdefault("max_docs", 400)
         tok = data.get("tokenizer", "bpe")
         if tok != "bpe" and not is_local_tokenizer(tok):
-            hub_cache(tok, out / "hf-cache", shared)
+            repos[("model", tok)] = tokenizer_repo(tok, out / "hub-models", shared)
         names = from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval").tasks
         hub_tasks = tuple(t for t in names if t not in local_tasks)
         if hub_tasks:
@@ -101,7 +109,25 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     srun.write_text(f"#!/bin/sh\n# local stand-in for SLURM's srun (stateloop.rehearse.srun)\n"
                     f"exec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
     srun.chmod(0o755)
+    prefetch(out, repos)
     return out / "config.yaml"
+
+
+def prefetch(out: Path, repos: dict[tuple[str, str], Path]) -> None:
+    """``stateloop prefetch --config OUT/config.yaml`` against the stand-in hub serving ``repos``,
+    into ``OUT/hf-home``; the stand-in stops after it. One line on failure."""
+    from stateloop.rehearse.hub import Repo, serve_hub
+
+    with serve_hub([Repo(kind, name, folder) for (kind, name), folder in repos.items()]) as url:
+        env = {k: v for k, v in environment(out).items() if k not in OFFLINE_VARS + PROXY_VARS}
+        env.update(HF_ENDPOINT=url, HF_HUB_DISABLE_PROGRESS_BARS="1")
+        proc = subprocess.run([sys.executable, "-m", "stateloop.cli", "prefetch", "--config", str(out / "config.yaml")],
+                              env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("stateloop prefetch")]
+    if proc.returncode != 0:
+        raise ConfigError(f"the rehearsal's prefetch failed ({proc.returncode}): "
+                          f"{(lines or proc.stderr.strip().splitlines() or ['no output'])[-1]}")
+    (out / "prefetch.log").write_text(proc.stderr)
 
 
 def environment(out: str | Path) -> dict:
@@ -110,9 +136,12 @@ def environment(out: str | Path) -> dict:
     env = dict(os.environ)
     # bin/srun first; then this Python's scripts (stateloop, snakemake), as in an activated venv
     path = os.pathsep.join([str(out / "bin"), str(Path(sys.executable).parent), env.get("PATH", "")])
-    env.update(PATH=path, HF_HUB_CACHE=str(out / "hf-cache"),
-               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+    home = out / HF_HOME
+    env.update(PATH=path, HF_HOME=str(home), HF_HUB_CACHE=str(home / "hub"), HF_DATASETS_CACHE=str(home / "datasets"),
+               HF_ENDPOINT=NO_NETWORK, NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost",
                MLFLOW_TRACKING_URI=f"sqlite:///{out / 'results' / 'mlflow.db'}")
+    env.update(dict.fromkeys(OFFLINE_VARS, "1"))
+    env.update(dict.fromkeys(PROXY_VARS, NO_NETWORK))
     return env
 
 

@@ -3,7 +3,28 @@ and turn how it ended into the command's exit status (commands/train.py lists th
 
 from __future__ import annotations
 
+import os
 import sys
+
+
+def require_eval_data(config_path: str, run_id: str) -> None:
+    """Offline (HF_HUB_OFFLINE=1: the DAG's SLURM jobs), in the first task only: the data of the
+    lm-eval tasks that this run's evaluation will score must be in the caches before the training
+    starts, not found missing by the evaluation after it (stateloop/prefetch.py)."""
+    if any(os.environ.get(var, "0") != "0" for var in ("SLURM_PROCID", "LOCAL_RANK", "RANK")):
+        return
+    from stateloop import prefetch
+
+    if not prefetch.offline():
+        return
+    from stateloop.pipeline import load_checked
+
+    pipeline, runs = load_checked(config_path)
+    run = runs.get(run_id)
+    if run is None or not (run.scores_tasks() or run.scores_tasks(depths=True)):
+        return
+    ev = pipeline.scales[run.scale].eval
+    prefetch.require(prefetch.task_needs(ev.tasks, ev, f"scales.{run.scale}.eval"), config_path)
 
 
 def train_stage(args) -> int:
@@ -24,6 +45,7 @@ def train_stage(args) -> int:
                               f"three components are the run id); or give the run id and --out DIR")
         config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
         slurm.warn_cpu_fallback(config.train.accelerator)
+        require_eval_data(args.config, run.id)
         out = args.out or str(run.folder)
         try:
             result = train(config, out, progress=not args.no_progress, restart=args.restart_on_change)

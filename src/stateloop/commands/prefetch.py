@@ -1,0 +1,35 @@
+"""``stateloop prefetch --config C``: fetch what a config's jobs read from the Hugging Face Hub
+(tokenizers, hub datasets' files, lm-eval tasks' data) into the caches, where the network is, so
+that the jobs can run offline (stateloop/prefetch.py; docs/cluster.md, "Before you send paper.yaml").
+
+    stateloop prefetch --config configs/paper.yaml                # on a login node, once
+    stateloop prefetch --config configs/paper.yaml --check        # anywhere: what is missing (no network)
+    HF_HOME=/shared/hf stateloop prefetch --config configs/paper.yaml   # the cache the jobs read
+
+Rerun it safely: it fetches only what is missing (an interrupted download resumes).
+"""
+
+from __future__ import annotations
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
+    p.add_argument("--scales", nargs="+", metavar="SCALE", help="only these scales (default: every trained one)")
+    p.add_argument("--check", action="store_true",
+                   help="fetch nothing: say whether everything is in the caches, as an offline job would find it")
+
+
+def run(args) -> int:
+    from stateloop.pipeline import load_checked
+    from stateloop.prefetch import NotPrefetched, caches, config_needs, prefetch, say
+
+    pipeline, runs = load_checked(args.config)
+    needs = config_needs(pipeline, runs, args.scales)
+    if not args.check:
+        return prefetch(needs, args.config)
+    missing = [m for need in needs if (m := need.check()) is not None]
+    if missing:
+        raise NotPrefetched(f"not in the caches ({caches()}): {'; '.join(missing)}; run `stateloop prefetch --config "
+                            f"{args.config}` where the network is")
+    say(f"{args.config}: all {len(needs)} needs are in the caches ({caches()})")
+    return 0

@@ -1,0 +1,391 @@
+"""What a config's jobs read from the Hugging Face Hub: fetched where the network is, and checked at
+each job's start where there is none.
+
+On a cluster whose compute nodes have no network, ``stateloop prefetch --config C`` runs first on
+a machine that has it (a login node), into the caches the jobs read (``HF_HOME``: the hub cache
+and the datasets cache, on a file system the nodes share); the jobs then run offline: the SLURM
+jobs of the DAG set ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1`` (workflow/rules/common.smk).
+Offline, ``stateloop tokenize``, ``train`` and ``eval`` first check that what they (and, for a
+training, its evaluation) will read is in the caches, and otherwise stop in one line that names
+every missing piece and the prefetch command, before any work: not at the end of a 30-hour training.
+
+A config's needs (:func:`data_needs`, :func:`task_needs`), per scale:
+
+- **tokenizer**: a hub name in ``data.tokenizer``: its ``tokenizer.json``, as the tokenize stage
+  loads it (``hf_hub_download``; data/tokenizer.py);
+- **corpus**: a hub dataset in ``data.source``: the files of the splits the tokenize stage reads
+  (``snapshot_download`` with ``allow_patterns``: ``data.data_files``' patterns of ``split``,
+  ``val_split`` and ``test_split``; without data_files, the files the dataset card's ``configs:``
+  give ``hub_config``, else every file; README.md always). huggingface_hub records the
+  snapshot's file listing, so an incomplete snapshot (an interrupted prefetch) is told from a
+  complete one offline. Offline, the tokenize stage reads the snapshot folder with the same
+  ``datasets.load_dataset`` call and arguments (data/tokenize.py);
+- **tasks**: the scale's lm-eval tasks (``eval.tasks``), where a run of it scores them: the
+  datasets lm-eval loads for them, fetched by lm-eval's own download (``get_task_dict``, as
+  ``stateloop eval`` builds the tasks) into the datasets cache; offline, each task's
+  ``datasets.load_dataset_builder(dataset_path, dataset_name, **dataset_kwargs)`` must resolve
+  from the cache (what lm-eval's ``load_dataset`` then reads).
+
+Fetching is resumable (huggingface_hub downloads into ``.incomplete`` files and links complete
+ones only) and repeatable: a second run fetches only what is missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from stateloop.config import ConfigError
+from stateloop.data.config import DataConfig, is_local_source
+
+CARD = "README.md"
+TOKENIZER_FILE = "tokenizer.json"  # data/tokenizer.py's name for it
+
+
+class NotPrefetched(ConfigError):
+    """Offline, and something a job reads is not in the caches. One line."""
+
+
+def say(msg: str) -> None:
+    print(f"stateloop prefetch: {msg}", file=sys.stderr, flush=True)
+
+
+def offline() -> bool:
+    """Whether huggingface_hub (and with it datasets) is offline in this process (HF_HUB_OFFLINE,
+    read when it is imported; datasets also reads HF_DATASETS_OFFLINE)."""
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE) or _true(os.environ.get("HF_DATASETS_OFFLINE"))
+
+
+def _true(value: str | None) -> bool:
+    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def caches() -> str:
+    """The caches this process reads, in words (for the messages)."""
+    from huggingface_hub import constants
+
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(constants.HF_HOME, "datasets")
+    return f"HF_HUB_CACHE={constants.HF_HUB_CACHE}, HF_DATASETS_CACHE={datasets_cache}"
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing from the Hub: what it is, how to fetch it, and how to tell offline whether it is
+    there (``check`` returns None when it is, else what is missing, in a few words)."""
+
+    what: str  # e.g. "tokenizer EleutherAI/gpt-neox-20b"
+    fetch: Callable[[], str]  # returns a line saying what it fetched
+    check: Callable[[], str | None]
+    key: str = ""  # two needs of the same key are one (default: what)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def hub_tokenizer(data: DataConfig) -> str | None:
+    """The hub name in ``data.tokenizer`` (None: a trained BPE or a local file)."""
+    from stateloop.data.tokenizer import is_local_tokenizer
+
+    return None if data.tokenizer == "bpe" or is_local_tokenizer(data.tokenizer) else data.tokenizer
+
+
+def tokenizer_need(name: str) -> Need:
+    def fetch() -> str:
+        from huggingface_hub import hf_hub_download
+
+        return f"tokenizer {name}: {hf_hub_download(name, TOKENIZER_FILE)}"
+
+    def check() -> str | None:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name, TOKENIZER_FILE)
+        return None if isinstance(found, str) else f"tokenizer {name} ({TOKENIZER_FILE})"
+
+    return Need(f"tokenizer {name}", fetch, check)
+
+
+# ----------------------------------------------------------------------------------------------
+# Corpus
+
+
+def hub_corpus(data: DataConfig) -> str | None:
+    """The hub dataset in ``data.source`` (None: synthetic or local files)."""
+    source = data.source
+    if not isinstance(source, str) or source == "synthetic" or is_local_source(source):
+        return None
+    return source
+
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def card_patterns(card_text: str | None, config: str | None, splits: list[str]) -> list[str] | None:
+    """The data files the dataset card's ``configs:`` give config ``config`` (None: its default) for
+    ``splits``; None where the card names none (then every file of the repository)."""
+    if not card_text:
+        return None
+    lines = card_text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end])) if end else None
+    except yaml.YAMLError:
+        return None
+    configs = front.get("configs") if isinstance(front, dict) else None
+    if not isinstance(configs, list):
+        return None
+    chosen = None
+    for entry in configs:
+        if not isinstance(entry, dict):
+            continue
+        name = entry.get("config_name", "default")
+        if name == (config or "default") or (config is None and entry.get("default")):
+            chosen = entry
+            break
+    if chosen is None:
+        return None
+    files = chosen.get("data_files")
+    if isinstance(files, str):
+        return [files]
+    out: list[str] = []
+    if isinstance(files, dict):  # split -> path(s)
+        for split, paths in files.items():
+            if not splits or split in splits:
+                out += _as_list(paths)
+    elif isinstance(files, list):  # paths, or {split, path} entries
+        for item in files:
+            if isinstance(item, str):
+                out.append(item)
+            elif isinstance(item, dict) and (not splits or item.get("split", "train") in splits):
+                out += _as_list(item.get("path"))
+    return out or None
+
+
+def corpus_patterns(data: DataConfig, card_text: str | None) -> list[str] | None:
+    """The repository files the tokenize stage reads (``allow_patterns``); None: every file."""
+    splits = [s for s in (data.split, data.val_split, data.test_split) if s]
+    if data.data_files is not None:
+        patterns = [p for s in splits for p in _as_list(data.data_files.get(s))]
+    else:
+        patterns = card_patterns(card_text, data.hub_config, splits)
+        if patterns is None:
+            return None
+    return [CARD, *dict.fromkeys(patterns)]
+
+
+def corpus_snapshot(data: DataConfig) -> Path:
+    """The complete cached snapshot of the hub dataset ``data.source`` that the tokenize stage reads
+    offline (only the files it needs); :class:`NotPrefetched` names the missing files otherwise."""
+    from huggingface_hub import constants, get_cached_repo_tree
+    from huggingface_hub.file_download import repo_folder_name
+    from huggingface_hub.utils import filter_repo_objects
+
+    repo = hub_corpus(data)
+    storage = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="dataset")
+    ref = storage / "refs" / "main"
+    commit = ref.read_text().strip() if ref.is_file() else None
+    try:  # the snapshot's file listing, which snapshot_download recorded when it fetched
+        tree = get_cached_repo_tree(repo, repo_type="dataset", revision=commit) if commit else None
+    except Exception:  # noqa: BLE001 - no listing: never fetched by snapshot_download
+        tree = None
+    if not tree:
+        raise NotPrefetched(f"dataset {repo}: not in the hub cache")
+    folder = storage / "snapshots" / commit
+    card = folder / CARD
+    patterns = corpus_patterns(data, card.read_text(encoding="utf-8") if card.is_file() else None)
+    wanted = list(filter_repo_objects([f.path for f in tree], allow_patterns=patterns))
+    missing = [p for p in wanted if not (folder / p).is_file()]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise NotPrefetched(f"dataset {repo}: {len(missing)} of {len(wanted)} files missing ({shown})")
+    return folder
+
+
+def corpus_need(data: DataConfig) -> Need:
+    repo = hub_corpus(data)
+
+    def fetch() -> str:
+        from huggingface_hub import hf_hub_download, snapshot_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            card = Path(hf_hub_download(repo, CARD, repo_type="dataset")).read_text(encoding="utf-8")
+        except EntryNotFoundError:
+            card = None
+        patterns = corpus_patterns(data, card)
+        plan = snapshot_download(repo, repo_type="dataset", allow_patterns=patterns, dry_run=True)
+        todo = [f for f in plan if f.will_download]
+        size = sum(f.file_size or 0 for f in todo)
+        say(f"dataset {repo}: {len(plan)} files ({', '.join(patterns or ['all'])}), "
+            f"{len(todo)} to download ({size / 1e6:,.1f} MB)")
+        folder = snapshot_download(repo, repo_type="dataset", allow_patterns=patterns)
+        return f"dataset {repo}: {len(plan)} files in {folder}"
+
+    def check() -> str | None:
+        try:
+            corpus_snapshot(data)
+        except NotPrefetched as err:
+            return str(err)
+        return None
+
+    key = repr((repo, data.hub_config, data.data_files, data.split, data.val_split, data.test_split))
+    return Need(f"dataset {repo}", fetch, check, key)
+
+
+def data_needs(data: DataConfig) -> list[Need]:
+    """What the tokenize stage of a ``data:`` section reads from the Hub."""
+    out = []
+    if (name := hub_tokenizer(data)) is not None:
+        out.append(tokenizer_need(name))
+    if hub_corpus(data) is not None:
+        out.append(corpus_need(data))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# lm-eval tasks
+
+
+@contextlib.contextmanager
+def _prepared(tasks: list[str], eval_cfg):
+    """The tasks as ``stateloop eval`` prepares them (evaluate/tasks/prepare.py), in a temporary folder."""
+    from stateloop.evaluate.tasks.prepare import prepare_tasks
+
+    with tempfile.TemporaryDirectory(prefix="stateloop-prefetch-") as tmp:
+        yield prepare_tasks(list(tasks), tmp, eval_cfg)
+
+
+def _task_datasets(prepared, tasks: list[str]) -> dict[str, tuple | None]:
+    """Task -> (dataset_path, dataset_name, dataset_kwargs) lm-eval loads it from; None where the
+    task's config does not say (a group), which is then checked by building it."""
+    out = {}
+    for name in tasks:
+        entry = prepared.task_manager.task_index.get(name)
+        cfg = dict((entry.cfg if entry is not None else None) or {})
+        if not cfg.get("dataset_path") or cfg.get("custom_dataset"):
+            out[name] = None
+            continue
+        kwargs = {k: v for k, v in dict(cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"}
+        out[name] = (cfg["dataset_path"], cfg.get("dataset_name"), kwargs)
+    return out
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    import datasets
+
+    level = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(level)
+
+
+def task_needs(tasks: list[str], eval_cfg, where: str = "eval") -> list[Need]:
+    """The datasets of lm-eval tasks ``tasks`` under the eval settings ``eval_cfg``: one need for
+    them all (lm-eval's task index is built once)."""
+    tasks = list(tasks)
+    if not tasks:
+        return []
+
+    def fetch() -> str:
+        from lm_eval.tasks import get_task_dict
+
+        with _prepared(tasks, eval_cfg) as prepared:
+            get_task_dict(tasks, prepared.task_manager)  # each task's download(): datasets.load_dataset
+        return f"lm-eval tasks {', '.join(tasks)}"
+
+    def check() -> str | None:
+        import datasets
+
+        missing = []
+        try:
+            with _prepared(tasks, eval_cfg) as prepared, _quiet_datasets():
+                for task, spec in _task_datasets(prepared, tasks).items():
+                    try:
+                        if spec is None:
+                            from lm_eval.tasks import get_task_dict
+
+                            get_task_dict([task], prepared.task_manager)
+                        else:
+                            datasets.load_dataset_builder(spec[0], spec[1], **spec[2])
+                    except Exception:  # noqa: BLE001 - not cached (or not readable): named below
+                        shown = f" ({spec[0]}" + (f", {spec[1]}" if spec and spec[1] else "") + ")" if spec else ""
+                        missing.append(f"{task}{shown}")
+        except (ConfigError, FileNotFoundError) as err:
+            return f"lm-eval tasks of {where}: {err}"
+        return f"lm-eval task data {', '.join(missing)}" if missing else None
+
+    return [Need(f"lm-eval tasks {', '.join(tasks)}", fetch, check, repr((tasks, eval_cfg)))]
+
+
+# ----------------------------------------------------------------------------------------------
+# A config's needs; fetching them; requiring them offline
+
+
+def config_needs(pipeline, runs: dict, scales: list[str] | None = None) -> list[Need]:
+    """Every need of the config's trained runs' scales (``scales``: only these): their data
+    stage's, and their lm-eval tasks where a run of the scale scores them."""
+    names = list(dict.fromkeys(r.scale for r in runs.values()))
+    if scales:
+        unknown = [s for s in scales if s not in pipeline.scales]
+        if unknown:
+            raise ConfigError(f"--scales: {unknown[0]!r} is not a scale of the config (has: {', '.join(pipeline.scales)})")
+        names = [s for s in names if s in scales]
+    out: list[Need] = []
+    seen: set[str] = set()
+    for name in names:
+        scale = pipeline.scales[name]
+        scored = any(r.scale == name and (r.scores_tasks() or r.scores_tasks(depths=True)) for r in runs.values())
+        for need in data_needs(scale.data) + (task_needs(scale.eval.tasks, scale.eval, f"scales.{name}.eval")
+                                              if scored else []):
+            key = need.key or need.what
+            if key not in seen:
+                seen.add(key)
+                out.append(need)
+    return out
+
+
+def prefetch(needs: list[Need], config: str) -> int:
+    """Fetch every need (online), then check each as a job would offline. 0 when all are there."""
+    if offline():
+        raise ConfigError("prefetch: the Hub is switched off here (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); "
+                          "run it where the network is, with those unset")
+    if not needs:
+        say(f"{config}: nothing to fetch (no hub tokenizer, dataset or lm-eval task data)")
+        return 0
+    say(f"into {caches()}")
+    for need in needs:
+        say(need.fetch())
+    missing = [m for need in needs if (m := need.check()) is not None]
+    if missing:
+        raise NotPrefetched(f"fetched, but not found in the caches after: {'; '.join(missing)}")
+    say(f"{len(needs)} needs of {config} are in the caches: the jobs can run offline (HF_HUB_OFFLINE=1)")
+    return 0
+
+
+def require(needs: list[Need], config: str | None) -> None:
+    """Offline only: stop in one line naming everything of ``needs`` the caches lack, and the
+    prefetch command; nothing online (a job with the network fetches what it reads itself)."""
+    if not needs or not offline():
+        return
+    missing = [m for need in needs if (m := need.check()) is not None]
+    if missing:
+        command = f"stateloop prefetch --config {config}" if config else "stateloop prefetch --config CONFIG"
+        raise NotPrefetched(f"offline (HF_HUB_OFFLINE=1), and not in the caches ({caches()}): {'; '.join(missing)}; "
+                            f"run `{command}` where the network is, with the jobs' HF_HOME")
