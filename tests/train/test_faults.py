@@ -229,7 +229,7 @@ def test_a_disk_full_inside_torchs_writer_is_one_line_exit_74_and_leaves_no_tmp(
         subprocess.run(["umount", str(full)], check=True)
 
 
-def _wait_for(predicate, proc, timeout=120.0):
+def _wait_for(predicate, proc, timeout=600.0):  # a hang guard: the command starts (imports) first
     deadline = time.time() + timeout
     while time.time() < deadline:
         if predicate():

@@ -7,14 +7,14 @@ import json
 import signal
 import time
 
-from train_support import assert_bitwise_equal, cli, resolved, weights
+from train_support import SUBPROCESS_WAIT_S, assert_bitwise_equal, cli, resolved, weights
 
 from stateloop.cli import main
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT, train
 
 
-def _wait_for_checkpoint(proc, store: CheckpointStore, min_step: int, timeout: float = 120.0) -> int:
+def _wait_for_checkpoint(proc, store: CheckpointStore, min_step: int, timeout: float = SUBPROCESS_WAIT_S) -> int:
     deadline = time.time() + timeout
     while time.time() < deadline:
         done = [s for s in store.steps() if s >= min_step and store.sidecar(store.path(s)).is_file()]

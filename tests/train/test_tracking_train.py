@@ -9,7 +9,7 @@ import signal
 import time
 from pathlib import Path
 
-from train_support import cli, resolved
+from train_support import SUBPROCESS_WAIT_S, cli, resolved
 
 from stateloop.data.shards import ShardSet
 from stateloop.runs import code_version
@@ -25,7 +25,7 @@ def _start(cfg_path, data, run_dir, overrides):
                 "--no-progress", "--set", "train.max_steps=100000", *overrides], cwd=run_dir.parent)
 
 
-def _kill_when(proc, condition, timeout: float = 120.0) -> None:
+def _kill_when(proc, condition, timeout: float = SUBPROCESS_WAIT_S) -> None:
     deadline = time.time() + timeout
     while not condition():
         if proc.poll() is not None:

@@ -195,16 +195,24 @@ def test_sigusr1_checkpoints_at_the_step_boundary_then_resumes(tiny_setup, tmp_p
     run_dir = tmp_path / "run"
     store = CheckpointStore(run_dir / "checkpoints")
 
+    finished = threading.Event()
+
     def send_when_training():
-        deadline = time.time() + 60
-        while time.time() < deadline and not store.steps():
+        # The signal only once the loop is checkpointing (its handler is installed), however slow
+        # the machine; never after train() returned (SIGUSR1 would end pytest itself). If no
+        # checkpoint ever comes, the run goes on to step 400 and the assertions below fail.
+        while not finished.is_set() and not store.steps():
             time.sleep(0.01)
-        os.kill(os.getpid(), signal.SIGUSR1)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGUSR1)
 
     watcher = threading.Thread(target=send_when_training, daemon=True)
     watcher.start()
-    result = train(cfg, run_dir, progress=False)
-    watcher.join()
+    try:
+        result = train(cfg, run_dir, progress=False)
+    finally:
+        finished.set()
+        watcher.join()
     assert result.status == "interrupted" and 3 <= result.step < 400
     assert store.steps()[0] == result.step and store.verify(result.step) is None
     assert "SIGUSR1: checkpoint" in capsys.readouterr().err and not (run_dir / "model.safetensors").exists()
