@@ -248,13 +248,14 @@ def test_decoding_benchmark_runs_alone(tmp_path):
     """Table 3 is timed with no other job beside it: locally it takes every core Snakemake has,
     under SLURM a whole node."""
     work = copy_workflow(tmp_path)
-    cores = os.cpu_count()
-    assert cores >= 2, "this test needs a machine with two cores"
+    cores = os.cpu_count() or 1  # the most a job's threads may be (all_cores, workflow/rules/common.smk)
     planned = jobs(snakemake(work, "-n", "--cores", str(cores), "results/bench/decode.json").stdout)
     bench = next(j for j in planned if j["rule"] == "bench_decode")
     others = [j for j in planned if j["rule"] != "bench_decode"]
-    assert bench.get("threads") == str(cores) and all(j.get("threads", "1") == "1" for j in others)
     assert "slurm_extra='--exclusive'" in bench["resources"]
+    if cores < 2:
+        pytest.skip("one core: every job runs alone, and the plan cannot show the benchmark taking more cores than the others")
+    assert bench.get("threads") == str(cores) and all(j.get("threads", "1") == "1" for j in others)
 
 
 def test_paper_config_plans_26_training_runs_once_each(tmp_path):

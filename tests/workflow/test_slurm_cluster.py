@@ -78,7 +78,7 @@ def fake_scontrol(tmp_path, monkeypatch):
     return calls
 
 
-def _wait_for(predicate, timeout=5.0):
+def _wait_for(predicate, timeout=60.0):  # a hang guard: the hand-over thread polls every 0.05 s
     deadline = time.time() + timeout
     while not predicate():
         assert time.time() < deadline, "timed out"
@@ -194,7 +194,7 @@ def test_warning_to_the_job_step_while_it_starts_checkpoints_and_requeues(tmp_pa
                             env=child_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         task = None
-        deadline = time.time() + 60
+        deadline = time.time() + 600  # a hang guard: the task imports torch before it listens
         while task is None or not _catches(task, signal.SIGUSR1):  # the command has started listening
             assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timed out"
             children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
@@ -314,7 +314,7 @@ def test_a_warning_to_a_two_rank_step_under_kill_on_bad_exit_still_requeues(tmp_
                              "--no-progress"],
                             env=child_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 600  # a hang guard: two tasks import torch and meet over gloo
         while not list(run_dir.glob("config.yaml")):  # both ranks are in the training (past setup's collectives)
             assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else "timed out"
             time.sleep(0.05)
