@@ -46,15 +46,22 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 class ShardWriter:
     """Append token arrays to one split; cuts shards of ``shard_tokens`` tokens, each written
-    to ``.name.tmp`` and renamed when full. ``close()`` returns the split's meta entry."""
+    to ``.name.tmp`` and renamed when full. ``close()`` returns the split's meta entry.
+
+    The writer hashes what it writes and keeps each shard's largest id (:attr:`tops`), so that
+    the tokenizer can stamp its shards as verified (:func:`stamp_verified`). :meth:`state` and
+    :meth:`restore` let an interrupted tokenization continue: the complete shards as they are,
+    the open one cut back to the tokens the state recorded (and hashed again)."""
 
     def __init__(self, data_dir: str | Path, split: str, dtype: np.dtype, shard_tokens: int = 1 << 27):
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.split, self.dtype, self.shard_tokens = split, np.dtype(dtype), shard_tokens
         self.shards: list[dict] = []
+        self.tops: dict[str, int] = {}  # shard file -> its largest token id
         self._fh = None
         self._n = 0
+        self._top = -1
         self._hash = None
 
     def _open(self) -> None:
@@ -63,6 +70,7 @@ class ShardWriter:
         self._tmp = self.dir / f".{name}.tmp"
         self._fh = open(self._tmp, "wb")
         self._n = 0
+        self._top = -1
         self._hash = hashlib.sha256()
 
     def _finish(self) -> None:
@@ -71,6 +79,7 @@ class ShardWriter:
         self._fh.close()
         os.replace(self._tmp, self.dir / self._name)
         self.shards.append({"file": self._name, "tokens": self._n, "sha256": self._hash.hexdigest()})
+        self.tops[self._name] = self._top
         self._fh = None
 
     def add(self, tokens) -> None:
@@ -82,10 +91,71 @@ class ShardWriter:
             data = arr[:take].astype(self.dtype.newbyteorder("<"), copy=False).tobytes()
             self._fh.write(data)
             self._hash.update(data)
+            self._top = max(self._top, int(arr[:take].max()))
             self._n += take
             arr = arr[take:]
             if self._n == self.shard_tokens:
                 self._finish()
+
+    def state(self) -> dict:
+        """What :meth:`restore` needs to continue from here; the open shard's bytes are made
+        durable first (flush, fsync). Each complete shard's size, mtime and inode are kept, so
+        that a shard changed since is noticed."""
+        if self._fh is not None:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        files = {}
+        for shard in self.shards:
+            st = (self.dir / shard["file"]).stat()
+            files[shard["file"]] = [st.st_size, st.st_mtime_ns, st.st_ino]
+        return {"shards": self.shards, "tops": self.tops, "files": files,
+                "open_tokens": self._n if self._fh is not None else 0}
+
+    @staticmethod
+    def check_state(data_dir: str | Path, split: str, dtype: np.dtype, state: dict) -> None:
+        """ValueError (one line) where the files :meth:`state` recorded are no longer as it left
+        them: a complete shard missing or changed (size, mtime, inode), the open one shorter."""
+        folder = Path(data_dir)
+        for shard in state["shards"]:
+            path = folder / shard["file"]
+            st = path.stat() if path.is_file() else None
+            if st is None or [st.st_size, st.st_mtime_ns, st.st_ino] != state["files"].get(shard["file"]):
+                raise ValueError(f"{path}: missing or changed since it was written")
+        n = int(state["open_tokens"])
+        name = f"{split}_{len(state['shards']):05d}.bin"
+        # the open shard: still its temporary file, or already complete and renamed after the record
+        found = next((p for p in (folder / f".{name}.tmp", folder / name) if p.is_file()), None)
+        if n and (found is None or found.stat().st_size < n * np.dtype(dtype).itemsize):
+            raise ValueError(f"{folder / name}: shorter than the {n} tokens recorded")
+
+    @classmethod
+    def restore(cls, data_dir: str | Path, split: str, dtype: np.dtype, shard_tokens: int, state: dict) -> ShardWriter:
+        """A writer continuing from :meth:`state`'s record (checked by :meth:`check_state`)."""
+        w = cls(data_dir, split, dtype, shard_tokens)
+        cls.check_state(data_dir, split, dtype, state)
+        w.shards, w.tops = [dict(s) for s in state["shards"]], {k: int(v) for k, v in state["tops"].items()}
+        n = int(state["open_tokens"])
+        if n:
+            w._open_existing(n)
+        return w
+
+    def _open_existing(self, n: int) -> None:
+        """Reopen the open shard's temporary file, cut back to its first ``n`` tokens."""
+        name = f"{self.split}_{len(self.shards):05d}.bin"
+        tmp = self.dir / f".{name}.tmp"
+        size = n * self.dtype.itemsize
+        if not tmp.is_file():  # completed (and renamed) after the record: open again, cut back below
+            os.replace(self.dir / name, tmp)
+        fh = open(tmp, "r+b")
+        fh.truncate(size)
+        h, top = hashlib.sha256(), -1
+        step = (1 << 22) - (1 << 22) % self.dtype.itemsize
+        while block := fh.read(step):
+            h.update(block)
+            ids = np.frombuffer(block, dtype=self.dtype.newbyteorder("<"))
+            top = max(top, int(ids.max())) if ids.size else top
+        fh.seek(size)
+        self._name, self._tmp, self._fh, self._n, self._top, self._hash = name, tmp, fh, n, top, h
 
     @property
     def tokens(self) -> int:
@@ -151,6 +221,16 @@ def stamp_key(path: Path, sha256: str, vocab_size: int) -> str:
     checksum it matched and the vocabulary its ids were checked against."""
     st = path.stat()
     return f"{st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino} {sha256} {vocab_size}"
+
+
+def stamp_verified(path: Path, sha256: str, top: int, vocab_size: int) -> None:
+    """Stamp a shard as :func:`verify_once` does after reading it, for the writer that has just
+    hashed its bytes (``sha256``) and seen its largest id (``top``): the first training to open it
+    then does not read it again, nor does each of its ranks. ValueError where an id is outside
+    the vocabulary."""
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} is outside the vocabulary (vocab_size {vocab_size})")
+    atomic_write_bytes(path.parent / VERIFIED / path.name, stamp_key(path, sha256, vocab_size).encode())
 
 
 def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int, chunk: int = 1 << 22) -> None:

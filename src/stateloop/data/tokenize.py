@@ -46,6 +46,7 @@ import collections
 import dataclasses
 import glob
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -60,10 +61,10 @@ from stateloop import prefetch
 from stateloop.config import to_dict
 from stateloop.data import synthetic
 from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError, SyntheticConfig, is_local_source
-from stateloop.data.shards import META, ShardWriter, read_meta, sha256_file, token_dtype, write_meta
+from stateloop.data.shards import META, VERIFIED, ShardWriter, read_meta, sha256_file, stamp_verified, token_dtype, write_meta
 from stateloop.data.synthetic import document
 from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, train_bpe, vocab_size_of
-from stateloop.runs import code_version
+from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version
 
 PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
 PARTIAL = ".partial"
@@ -455,6 +456,20 @@ def _work(task: tuple):
     return {s: (_encode(g), len(g)) for s, g in groups.items()}
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its allocation (a SLURM job's cgroup, taskset), not the
+    machine's count, which on a cluster node is every core of the node."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_threads(workers: int) -> int:
+    """Threads of each encoding process's tokenizer: the allocation's CPUs shared out."""
+    return max(1, usable_cpus() // max(1, workers))
+
+
 class _Runner:
     """Runs :func:`_work` in order: in this process (workers=0) or a spawn pool with at most
     ``2 * workers`` tasks in flight (bounded memory; ``Pool.imap`` would read ahead without limit)."""
@@ -467,10 +482,9 @@ class _Runner:
         else:
             import multiprocessing as mp
 
-            # Each worker's tokenizer may use threads too; share the cores out between workers.
-            threads = max(1, (os.cpu_count() or 1) // workers)
+            # Each worker's tokenizer may use threads too; share the allocation's CPUs out between workers.
             ctx = mp.get_context("spawn")  # no inherited tokenizer thread pools or datasets threads
-            self.pool = ctx.Pool(workers, _init_worker, (threads, *initargs))
+            self.pool = ctx.Pool(workers, _init_worker, (worker_threads(workers), *initargs))
 
     def map(self, tasks: Iterator[tuple]) -> Iterator[dict]:
         if self.pool is None:
@@ -542,6 +556,7 @@ def _clear(out: Path) -> None:
             path.unlink()
     (out / "tokenizer.json").unlink(missing_ok=True)
     shutil.rmtree(out / PARTIAL, ignore_errors=True)
+    shutil.rmtree(out / VERIFIED, ignore_errors=True)
 
 
 def _progress(desc: str, total: int | None, enabled: bool):
@@ -609,6 +624,16 @@ def _check_streams_have_text(cfg: DataConfig, streams: list[Stream]) -> None:
             raise DataError(f"{key}: {what}: no documents with text (field {cfg.text_field!r})")
 
 
+def _tokenizer_from(tok_json: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(tok_json)
+
+
+def _dtype_of(tok_json: str) -> np.dtype:
+    return token_dtype(vocab_size_of(_tokenizer_from(tok_json)))
+
+
 def _fresh_stage(out: Path) -> Path:
     """Clear ``out`` (:func:`_clear`) and return its new, empty staging folder ``out/.partial``."""
     out.mkdir(parents=True, exist_ok=True)
@@ -635,54 +660,109 @@ def _stream_tasks(cfg: DataConfig, stream: Stream) -> Iterator[tuple]:
 
 
 def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dict[str, ShardWriter],
-                  docs: dict[str, int], progress: bool) -> None:
-    """Encode one stream into the splits' writers, counting documents per split in ``docs``."""
+                  docs: dict[str, int], progress: bool, skip: int = 0, save=None) -> None:
+    """Encode one stream into the splits' writers, counting documents per split in ``docs``.
+    ``skip``: the results of an earlier attempt (their tasks are read, not encoded); ``save(n)``
+    is called after the n-th result of the stream whenever a shard was completed in it."""
     # max_tokens ends the hash-assigned stream after the first batch that reaches it:
     # results arrive in order, so the cut is the same for any number of workers.
     budget = cfg.max_tokens if stream.split is None else None
+    if budget is not None and skip and writers["train"].tokens >= budget:
+        return  # the earlier attempt had reached the budget
     with _progress(f"tokenize {stream.split or 'train+held-out'}", stream.n_docs, progress) as bar:
         n_tokens = 0
-        for result in runner.map(_stream_tasks(cfg, stream)):
+        done = skip
+        for result in runner.map(itertools.islice(_stream_tasks(cfg, stream), skip, None)):
+            before = sum(len(w.shards) for w in writers.values())
             for split, (arr, n_docs) in result.items():
                 writers[split].add(arr)
                 docs[split] += n_docs
                 n_tokens += arr.size
                 bar.update(n_docs)
+            done += 1
             bar.set_postfix(tokens=f"{n_tokens:,}", refresh=False)
+            if save is not None and sum(len(w.shards) for w in writers.values()) > before:
+                save(done)
             if budget is not None and writers["train"].tokens >= budget:
                 break
 
 
+RESUME = "resume.json"  # in the staging folder: where an interrupted tokenization continues
+RESUME_VERSION = 1
+
+
+def _save_resume(stage: Path, fp: str, tok_desc: dict, stream: int, results: int, docs: dict,
+                 writers: dict[str, ShardWriter]) -> None:
+    """Record (atomically) that the first ``results`` results of stream ``stream`` are in the
+    writers, whose open shards are made durable first."""
+    state = {"version": RESUME_VERSION, "fingerprint": fp, "tokenizer": tok_desc, "stream": stream, "results": results,
+             "docs": docs, "writers": {s: w.state() for s, w in writers.items()}}
+    atomic_write_json(stage / RESUME, state)
+
+
+def _resume_state(out: Path, fp: str, dtype_of) -> dict | None:
+    """The resume record of an interrupted tokenization of the same inputs in ``out``, checked
+    against the staged files; None where there is none (or it no longer holds)."""
+    stage = out / PARTIAL
+    try:
+        state = json.loads((stage / RESUME).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(state, dict) or state.get("version") != RESUME_VERSION or state.get("fingerprint") != fp:
+        return None
+    try:
+        tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
+        dtype = dtype_of(tok_json)
+        for split, wstate in state["writers"].items():  # every recorded file as it was
+            ShardWriter.check_state(stage, split, dtype, wstate)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return state
+
+
 def _write_shards(cfg: DataConfig, streams: list[Stream], stage: Path, tok_json: str, eos_id: int,
-                  dtype: np.dtype, progress: bool) -> dict:
-    """Encode every stream into shards under ``stage``; returns meta.json's ``splits`` (the
-    splits that have tokens). Fails when no document went to ``train``."""
-    writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
-    docs = dict.fromkeys(SPLITS, 0)
+                  dtype: np.dtype, progress: bool, fp: str = "", tok_desc: dict | None = None,
+                  resume: dict | None = None) -> tuple[dict, dict]:
+    """Encode every stream into shards under ``stage``, recording after each completed shard where
+    to continue (``resume.json``), or continuing from ``resume``; returns meta.json's ``splits``
+    (the splits that have tokens) and each shard's largest id. Fails when no document went to ``train``."""
+    if resume is None:
+        writers = {s: ShardWriter(stage, s, dtype, cfg.shard_tokens) for s in SPLITS}
+        docs, first, skip = dict.fromkeys(SPLITS, 0), 0, 0
+    else:
+        writers = {s: ShardWriter.restore(stage, s, dtype, cfg.shard_tokens, resume["writers"][s]) for s in SPLITS}
+        docs, first, skip = {s: int(resume["docs"][s]) for s in SPLITS}, int(resume["stream"]), int(resume["results"])
     synth = to_dict(cfg.synthetic) if cfg.is_synthetic else None
     runner = _Runner(cfg.workers, cfg.seed, synth, tok_json, eos_id, dtype.name, cfg.holdout_fractions)
     try:
-        for stream in streams:
-            _write_stream(cfg, stream, runner, writers, docs, progress)
+        for i, stream in enumerate(streams[first:], first):
+            def save(done: int, i=i) -> None:
+                _save_resume(stage, fp, tok_desc or {}, i, done, docs, writers)
+
+            _write_stream(cfg, stream, runner, writers, docs, progress, skip if i == first else 0, save)
     finally:
         runner.close()
-    splits = {}
+    splits, tops = {}, {}
     origin = split_sources(cfg, streams)
     for s, w in writers.items():
         entry = w.close()
+        tops.update(w.tops)
         if entry["tokens"]:
             splits[s] = {"tokens": entry["tokens"], "documents": docs[s], "source": origin.get(s, "?"),
                          "shards": entry["shards"]}
     if "train" not in splits:
         raise DataError(f"data.source: {cfg.source}: no training documents (all were empty or held out)")
-    return splits
+    return splits, tops
 
 
-def _publish(stage: Path, out: Path, splits: dict) -> None:
-    """Move the shards and the tokenizer from ``stage`` into ``out`` and remove ``stage``."""
+def _publish(stage: Path, out: Path, splits: dict, tops: dict, vocab_size: int) -> None:
+    """Move the shards and the tokenizer from ``stage`` into ``out``, stamp each shard as verified
+    (its writer hashed its bytes and saw its ids: a training does not read it again), and remove
+    ``stage``."""
     for entry in splits.values():
         for shard in entry["shards"]:
             os.replace(stage / shard["file"], out / shard["file"])
+            stamp_verified(out / shard["file"], shard["sha256"], tops[shard["file"]], vocab_size)
     os.replace(stage / "tokenizer.json", out / "tokenizer.json")
     shutil.rmtree(stage, ignore_errors=True)
 
@@ -710,17 +790,25 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         return meta
 
     _check_streams_have_text(cfg, streams)
-    stage = _fresh_stage(out)
-    if tok is None:
-        tok, tok_json, tok_desc = _train_tokenizer(cfg, streams[0], tok_desc, log)
+    resume = None if force else _resume_state(out, fp, _dtype_of)
+    if resume is not None:  # an interrupted run of the same inputs: its tokenizer and complete shards stay
+        stage = out / PARTIAL
+        tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
+        tok, tok_desc = _tokenizer_from(tok_json), resume["tokenizer"]
+        done = sum(len(w["shards"]) for w in resume["writers"].values())
+        log(f"{out}: resuming an interrupted tokenization after its last complete shard ({done} shards kept)")
+    else:
+        stage = _fresh_stage(out)
+        if tok is None:
+            tok, tok_json, tok_desc = _train_tokenizer(cfg, streams[0], tok_desc, log)
+        atomic_write_bytes(stage / "tokenizer.json", tok_json.encode("utf-8"))
     eos_token, eos_id = find_eos(tok, cfg.eos_token, tok_desc.get("name", "the trained BPE"))
     n_vocab = vocab_size_of(tok)
     _check_fit(n_vocab, model_vocab_size, cfg.tokenizer)
     dtype = token_dtype(n_vocab)
-    (stage / "tokenizer.json").write_text(tok_json, encoding="utf-8")
 
-    splits = _write_shards(cfg, streams, stage, tok_json, eos_id, dtype, progress)
-    _publish(stage, out, splits)  # meta.json last: only a complete folder has one
+    splits, tops = _write_shards(cfg, streams, stage, tok_json, eos_id, dtype, progress, fp, tok_desc, resume)
+    _publish(stage, out, splits, tops, n_vocab)  # meta.json last: only a complete folder has one
     write_meta(out, {
         "dtype": dtype.name,
         "vocab_size": n_vocab,
