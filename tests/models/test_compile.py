@@ -38,4 +38,5 @@ def test_a_models_forward_is_one_graph_for_torch_compile(name):
     assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message) for w in caught]
     model.eval()
     with torch.no_grad():  # validation and evaluation (train/loop.py, evaluate/perplexity.py)
+        # bitwise: the eager backend calls the forward's own operators, in its order, in this process
         torch.testing.assert_close(compiled(idx).logits, model(idx).logits, rtol=0, atol=0)

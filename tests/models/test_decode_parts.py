@@ -70,6 +70,7 @@ def test_rope_is_rotate_half_to_the_last_bit():
             torch.testing.assert_close(r.cos, torch.cat([angles, angles], -1).cos().float())
             torch.testing.assert_close(r.sin, torch.cat([angles, angles], -1).sin().float())
             x = torch.randn(2, 5, 3, D)
+            # bitwise on any machine: both are elementwise products and a sum, each correctly rounded
             assert torch.equal(r.apply(x), _rotate_half_by_hand(x, r.cos, r.sin))
 
 
@@ -207,4 +208,4 @@ def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
         g = torch.exp(-torch.nn.functional.softplus(pre) * torch.exp(cell.A_log.float()))
         out = cell(S, H)
     assert out.dtype == torch.float32
-    assert torch.equal(out, torch.lerp(P, S, g))  # (6): g S^k + (1 - g) P^k
+    assert torch.equal(out, torch.lerp(P, S, g))  # (6): g S^k + (1 - g) P^k, by the cell's own operators in its order

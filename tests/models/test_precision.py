@@ -185,7 +185,7 @@ def test_gated_norm_twin_upcasts_before_gating():
             theirs = ref(y, z)
             exact = kernels.gated_rms_norm_ref(y.float(), z.float(), weight, group_size, 1e-5)
         assert ours.dtype == torch.bfloat16
-        assert torch.equal(ours, exact.to(torch.bfloat16)), group_size
+        assert torch.equal(ours, exact.to(torch.bfloat16)), group_size  # the same float32 operators once upcast
         assert ((ours.float() - theirs.float()).abs() <= 2 * 2.0 ** -7 * theirs.float().abs() + 1e-6).all(), group_size
         # gating in bf16 first (the old twin) rounds y * SiLU(z) before the norm: not the reference
         gated_first = kernels.rms_norm((y * F.silu(z)).view(3, 5, -1, group_size).float(), None, 1e-5)
