@@ -205,21 +205,34 @@ def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
     base.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     env = {**base, **warm.SERVER_ENV, "STATELOOP_WARM_BASE_ENV": json.dumps(base)}
     code = "import sys; del sys.path[0]; from stateloop.warm import main; sys.exit(main())"
-    server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(parent.pid)], env=env, cwd=tmp_path,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server_log = tmp_path / "server.log"
+    with open(server_log, "w") as log_file:
+        server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(parent.pid)], env=env, cwd=tmp_path,
+                                  stdout=log_file, stderr=subprocess.STDOUT, text=True)
     _wait(lambda: sock.exists() or server.poll() is not None, 300, "the server to listen")
     assert server.poll() is None
-    job = subprocess.Popen([sys.executable, "-m", "stateloop.cli", *_train_args(tmp_path, "run", "train.max_steps=600",
+    job = subprocess.Popen([sys.executable, "-m", "stateloop.cli", *_train_args(tmp_path, "run", "train.max_steps=200",
                            "train.checkpoint_every=25", "train.val_every=1000")],
                            cwd=tmp_path, env={**base, warm.ENV: str(sock)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                            text=True)
     store = CheckpointStore(tmp_path / "run" / "checkpoints")
     _wait(lambda: bool(store.steps()) or job.poll() is not None, 180, "training to start")
-    parent.kill()
-    parent.wait()
+    assert job.poll() is None
+    (pid,) = [int(line.split()[1]) for line in server_log.read_text().splitlines() if " started: train " in line]
+    # The job is held while its parent goes (the server looks once a second): on a fast machine
+    # it could otherwise end first, and there would be no running job to wait for.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        parent.kill()
+        parent.wait()
+        _wait(lambda: f"parent {parent.pid} is gone" in server_log.read_text() or server.poll() is not None, 120,
+              "the server to see its parent gone")
+    finally:
+        os.kill(pid, signal.SIGCONT)
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0 and (tmp_path / "run" / "model.safetensors").is_file(), err[-2000:]
-    log, _ = server.communicate(timeout=60)
+    server.wait(timeout=60)
+    log = server_log.read_text()
     assert server.returncode == 0, log
     assert f"parent {parent.pid} is gone: stopping after the 1 jobs running" in log, log
     assert '"exit": 0' in log.splitlines()[-1] and not sock.exists()
