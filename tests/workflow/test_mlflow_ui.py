@@ -33,7 +33,7 @@ _spec = importlib.util.spec_from_file_location("mlflow_screenshot", ROOT / "scri
 shot = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(shot)
 
-WAIT = 60  # seconds a page may take to render (the first one loads the app's bundles)
+WAIT = 300  # seconds a page may take to render (the first one loads the app's bundles): a hang guard for a loaded machine
 
 
 class UI:
