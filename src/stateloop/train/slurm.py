@@ -33,6 +33,18 @@ CHECKPOINT_HASH_BYTES_PER_S = 1e9  # sha256 of the written file: 9-17 s for the 
 WARNING_MARGIN_S = 120  # the step in flight, the requeue, and SLURM's signal timer, which runs about once a minute
 
 
+PARAMS_MARGIN = 1.25  # the estimate's margin over the shape's own count: state branches, mixers, baselines' extras
+
+
+def estimated_params(model) -> int:
+    """A scale's parameters from its ``model:`` shape, without building a model (planning imports
+    no torch): untied embedding and head, each layer's attention and SwiGLU, plus
+    :data:`PARAMS_MARGIN`. At least every run's real count in configs/paper.yaml (whose largest,
+    StateLoop + Mamba-2 at 1.4B, is 3% above the shape's count), gpu.yaml and the ladders."""
+    layer = 4 * model.d_model * model.n_heads * model.head_dim + 3 * model.d_model * model.d_ff
+    return int(PARAMS_MARGIN * (model.n_layers * layer + 2 * model.vocab_size * model.d_model))
+
+
 def checkpoint_bytes(params: int) -> int:
     """Bytes of a run's checkpoint, about (the model's parameters with AdamW's state)."""
     return CHECKPOINT_BYTES_PER_PARAM * params
