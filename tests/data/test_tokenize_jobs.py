@@ -115,3 +115,30 @@ def test_an_interrupted_tokenization_continues_after_its_last_complete_shard(tmp
     meta, ref = json.loads((out / "meta.json").read_text()), json.loads((reference / "meta.json").read_text())
     assert meta["splits"] == ref["splits"] and meta["fingerprint"] == ref["fingerprint"]
     assert not (out / ".partial").exists()
+
+
+def test_which_scales_train_on_another_scales_tokens():
+    """A scale reads another's folder where its own tokens would be that folder's start (same source,
+    tokenizer, order; a budget at most the other's; no hold-out that moves with the budget) and its
+    model's vocabulary is as large: configs/paper.yaml's 410M reads its 1.4B's."""
+    from stateloop.data.stage import data_homes
+    from stateloop.pipeline import load_pipeline
+
+    root = Path(__file__).resolve().parents[2]
+    paper = load_pipeline(root / "configs/paper.yaml")
+    assert data_homes(paper.scales, ["1.4b", "410m"]) == {"1.4b": "1.4b", "410m": "1.4b"}
+    scales = dict(paper.scales)
+    import dataclasses
+
+    def variant(**data):
+        return dataclasses.replace(scales["410m"], data=dataclasses.replace(scales["410m"].data, **data))
+
+    for changed in ({"tokenizer": "gpt2"}, {"split": "validation"}, {"seed": 1}, {"shard_tokens": 1 << 20},
+                    {"max_tokens": 31_000_000_000}):  # another tokenizer, split, order, sharding; a larger budget
+        assert data_homes({**scales, "410m": variant(**changed)}, ["1.4b", "410m"])["410m"] == "410m", changed
+    held_out = {"val_split": None, "val_fraction": 0.001}  # val held out by hash grows with the budget
+    both = {"1.4b": dataclasses.replace(scales["1.4b"], data=dataclasses.replace(scales["1.4b"].data, **held_out)),
+            "410m": variant(**held_out)}
+    assert data_homes(both, ["1.4b", "410m"])["410m"] == "410m"
+    small_vocab = dataclasses.replace(scales["410m"], model=dataclasses.replace(scales["410m"].model, vocab_size=50304))
+    assert data_homes({**scales, "410m": small_vocab}, ["1.4b", "410m"])["410m"] == "410m"

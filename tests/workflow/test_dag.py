@@ -33,10 +33,21 @@ def test_slurm_profile_plans_the_ten_table1_runs(tmp_path):
     assert all(f in sbatch for f in ("--nodes=4", "--ntasks-per-node=8", "--gres=gpu:8", "--signal=USR1@")), sbatch
 
 
+def test_the_410m_runs_train_on_the_1_4b_scales_tokens_which_are_tokenized_once(tmp_path):
+    """configs/paper.yaml's two scales read the same source with the same tokenizer in the same
+    order, 30B and 25B tokens: one tokenize job (data/1.4b), and every 410M training reads its folder."""
+    work = copy_workflow(tmp_path)
+    out = snakemake(work, "--profile", "slurm", "-n", "-p", "all").stdout
+    planned = jobs(out)
+    assert [j["output"] for j in planned if j["rule"] == "tokenize"] == ["data/1.4b/meta.json"]
+    trains = [line for line in out.splitlines() if " stateloop train " in line]
+    assert len(trains) == 26 and all('--data-dir "$(dirname data/1.4b/meta.json)"' in t for t in trains), trains[:2]
+
+
 def test_slurms_warning_before_the_time_limit_leaves_time_to_write_each_runs_checkpoint(tmp_path):
     """Each training job's `--signal=USR1@N` comes early enough to write and hash the run's checkpoint
-    (12 bytes a parameter) at 100 MB/s, with two minutes to spare: about 320 s for the 1.4B runs'
-    17 GB, 180 s for the 410M runs'; one N for every run was 300 s, short of the 1.4B runs' need."""
+    (12 bytes a parameter, counted on the meta device here) at 100 MB/s, with two minutes to spare:
+    360 s at 1.4B, 190 s at 410M; one N for every run was 300 s, short of the 1.4B runs' need."""
     from stateloop.models.registry import count_params
 
     work = copy_workflow(tmp_path)

@@ -11,11 +11,12 @@ from snakemake.utils import validate
 from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
+from stateloop.data.stage import data_homes
 from stateloop.pipeline import checked_pipeline, decoding_specs
-from stateloop.models.registry import MODELS, count_params
+from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
-from stateloop.train.slurm import warning_seconds
+from stateloop.train.slurm import estimated_params, warning_seconds
 
 # A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was
 # given. The SLURM plugin starts it with the submitting host's --cores (profiles/default's `cores:
@@ -27,11 +28,11 @@ SLURM_JOB_CPUS = int(_slurm_cpus) if workflow.remote_exec and os.environ.get("SL
 if SLURM_JOB_CPUS:
     workflow.global_resources["_cores"] = SLURM_JOB_CPUS
 
-# A rule job of a SLURM submission runs offline: its commands read the Hugging Face caches that
-# `stateloop prefetch --config C` filled where the network is, and stop at their start, in one line
-# naming what is missing, otherwise (stateloop/prefetch.py). Compute nodes often have no network;
-# where they do, HF_HUB_OFFLINE=0 and HF_DATASETS_OFFLINE=0 in the submitting shell (sbatch passes
-# its environment on) keep the jobs online.
+# Every job of a SLURM submission runs offline, inside its SLURM job. Its commands read the Hugging
+# Face caches that `stateloop prefetch --config C` filled where the network is, and stop at their
+# start in one line naming what is missing otherwise (stateloop/prefetch.py). Compute nodes often
+# have no network; where they do, HF_HUB_OFFLINE=0 and HF_DATASETS_OFFLINE=0 in the submitting
+# shell (sbatch passes its environment on) keep the jobs online.
 if workflow.remote_exec and os.environ.get("SLURM_JOB_ID"):
     for _var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(_var, "1")
@@ -117,6 +118,16 @@ if "table2" in MADE and not PIPE.scales[PIPE.experiments["table1"].scale].eval.t
 BENCH_SCALE = PIPE.experiments["decoding"].scale if "decoding" in PIPE.experiments else None
 if BENCH_SCALE is not None and PIPE.experiments["decoding"].trained:
     raise WorkflowError(f"invalid config: {CONFIG_NAME}: experiments.decoding.trained: must be false (Table 3 times untrained shapes)")
+
+# The data folder each scale trains on: data/<scale>, or another scale's whose tokens its own would
+# be the start of (data/stage.py: data_homes; configs/paper.yaml's 410M reads the 1.4B's folder).
+DATA_HOME = data_homes(PIPE.scales, [s for s in PIPE.scales if any(r.scale == s for r in RUNS.values())])
+
+
+def data_meta(wc):
+    """Input of a training: the meta.json of its scale's data folder (DATA_HOME)."""
+    return f"data/{DATA_HOME[wc.scale]}/meta.json"
+
 
 TABLES = [f for t in of_kind("table") if t in MADE for f in OUTPUTS[t].files]
 FIGURES = [f for t in of_kind("figure") if t in MADE for f in OUTPUTS[t].files]
@@ -239,20 +250,10 @@ def launcher(wc, resources):
     return f"srun --kill-on-bad-exit=1 --nodes={t.num_nodes} --ntasks-per-node={t.devices} --cpus-per-task={resources.cpus_per_task}"
 
 
-_PARAMS = {}
-
-
 def warning_lead(wc, runtime):
-    """N of the training job's ``--signal=USR1@N``, sized for the run's checkpoint (its parameters
-    counted on the meta device, once per model config). Counting imports torch into Snakemake,
-    about 5 s; a local run, which submits nothing, skips it (a dry run counts, to show N)."""
-    if workflow.local_exec and not workflow.dryrun:
-        return warning_seconds(0, runtime)
-    cfg = run_of(wc).model_config
-    key = json.dumps(to_dict(cfg), sort_keys=True)
-    if key not in _PARAMS:
-        _PARAMS[key] = count_params(cfg)
-    return warning_seconds(_PARAMS[key], runtime)
+    """N of the training job's ``--signal=USR1@N``, sized for a checkpoint of the scale's shape
+    (train/slurm.py: estimated_params, warning_seconds)."""
+    return warning_seconds(estimated_params(PIPE.scales[wc.scale].model), runtime)
 
 
 def train_resources(wc):
@@ -261,7 +262,7 @@ def train_resources(wc):
     requested, and would otherwise train on the CPU), one task per device, and
     ``slurm_extra``: SIGUSR1 to the job steps (not ``B:``, the batch shell, where the plugin runs
     the rule: srun's tasks would never see it) N seconds before the time limit, N sized for the
-    run's checkpoint (train/slurm.py, warning_seconds: 1.4B 320 s, 410M 180 s; the trainer then
+    scale's checkpoint (train/slurm.py, warning_seconds: 1.4B 360 s, 410M 190 s; the trainer then
     checkpoints and requeues the job), and the job's SLURM log appended to, not truncated, when
     SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")

@@ -78,6 +78,58 @@ def resolve_data(args, scale: ScaleConfig | None = None) -> tuple[DataConfig, in
     return data, model_vocab
 
 
+# The keys of a data section that say how much of the source is read, not which tokens in what order.
+BUDGET_KEYS = ("max_tokens", "max_docs")
+
+
+def _covers(big: int | None, small: int | None) -> bool:
+    """A read bounded by ``big`` (None: all) includes one bounded by ``small``."""
+    return big is None or (small is not None and big >= small)
+
+
+def reads_within(small: DataConfig, big: DataConfig) -> bool:
+    """Whether the tokens of ``small``'s data section are the start of ``big``'s, split by split:
+    the same source, splits, tokenizer, hold-out and shard settings (every key but the budgets and
+    ``workers``, which the output never depends on), and ``big``'s budget covering ``small``'s.
+    A budget moves where documents held out by hash end (the val and test splits grow with it),
+    so with a hash hold-out only equal budgets share."""
+    a, b = to_dict(small), to_dict(big)
+    for d in (a, b):
+        d.pop("workers")
+    budgets = [(a.pop(k), b.pop(k)) for k in BUDGET_KEYS]
+    if a != b:
+        return False
+    if any(small.holdout_fractions):
+        return all(x == y for x, y in budgets)
+    return all(_covers(y, x) for x, y in budgets)
+
+
+def data_homes(scales: dict[str, ScaleConfig], names: list[str]) -> dict[str, str]:
+    """Scale -> the scale whose data folder (``data/<scale>``) it trains on, for the scales
+    ``names`` (in config order). [choice] A scale reads another's tokens where its own would be
+    their start (:func:`reads_within`; e.g. configs/paper.yaml's 410M, 25B tokens of the Pile, and
+    its 1.4B's 30B in the same order with the same tokenizer) and its model's vocabulary is at
+    least as large: the one with the largest budget (the first in order among equals), so the
+    shared tokens are tokenized once. Its runs then draw their budget's windows from the larger
+    split (train/sampler.py: no window twice within a budget the split holds), not from a split
+    the size of their budget."""
+    def size(name: str) -> tuple:
+        d = scales[name].data
+        return tuple(float("inf") if getattr(d, k) is None else getattr(d, k) for k in BUDGET_KEYS)
+
+    out = {}
+    for name in names:
+        own = scales[name]
+        hosts = [other for other in names if reads_within(own.data, scales[other].data)
+                 and own.model.vocab_size >= scales[other].model.vocab_size]
+        best = max(size(h) for h in hosts)
+        out[name] = next(h for h in hosts if size(h) == best)
+    for name in names:  # a host is its own host
+        while out[out[name]] != out[name]:
+            out[name] = out[out[name]]
+    return out
+
+
 def tokenize_stage(args, scale: ScaleConfig | None = None) -> int:
     """Tokenize as the flags (an argparse namespace of ``stateloop tokenize``) and ``scale`` (the
     scale ``--config``/``--scale`` name, loaded by the command) say; warn where the train split

@@ -38,6 +38,14 @@ split is complete; the old ``meta.json`` is removed before anything changes and 
 written last. A folder with a ``meta.json`` is complete; an interrupted run leaves none (and no
 shard outside ``.partial/``). A rerun whose inputs have the same fingerprint as the existing
 ``meta.json`` returns at once; any other rerun rewrites the folder.
+
+Resuming: after each result that completed a shard, ``.partial/resume.json`` records (atomically,
+the open shards fsynced first) the stream and the number of its results written, each writer's
+complete shards (with size, mtime and inode) and open-shard token count, and the document counts.
+A rerun with the same fingerprint (not ``--force``) keeps the staged tokenizer and those shards,
+cuts each open shard back to its recorded tokens, reads the source up to the record without
+encoding it, and goes on: the shards are the same bytes as an uninterrupted run's. Published
+shards are stamped as verified (data/shards.py: ``stamp_verified``) by the writer that hashed them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ So "we train for 30B tokens", read as one pass over 30B distinct tokens, is exac
 ``total_steps * global_batch <= n_windows``: no window is drawn twice, and no token of the split
 goes unseen except the windows the budget does not reach. (configs/paper.yaml tokenizes
 data.max_tokens = train.max_tokens training tokens, so a paper run is one epoch: at 1.4B,
-57,220 steps x 256 rows = 14,648,320 of the split's >= 14,648,437 windows.) (Drawing window starts uniformly with
+57,220 steps x 256 rows = 14,648,320 of the split's >= 14,648,437 windows; its 410M runs train on
+the same split, data/stage.py's ``data_homes``, and draw their 25B tokens from its 30B, none twice.) (Drawing window starts uniformly with
 replacement, as this sampler did before, makes the number of times a token is a target Poisson(1)
 distributed for a budget the size of the split: ~37% (1/e) of the tokens are never targets and
 ~26% (1 - 2/e) are targets twice or more.) A budget larger than the split wraps into further
