@@ -7,8 +7,9 @@ same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); stra
 shape (several nodes become 2 "nodes" x 1 process started by a local ``srun`` with SLURM's
 variables, several devices on one node 2 processes; DDP over gloo); gradient accumulation; the
 checkpoint / validation cadence (every 2 steps, so a resume has a checkpoint); the data stage's
-code path (a hub source is read from a local folder in the hub's layout, the tokenizer loaded by
-its hub name from a local hub cache); the evaluation tasks by their lm-eval names and shot
+code path and the offline one (a hub source and the tokenizer keep their hub names, fetched by
+``stateloop prefetch`` from a stand-in Hub serving local folders in the hub's layout into empty
+caches, then read offline: rehearse/run.py); the evaluation tasks by their lm-eval names and shot
 counts; the analyses' splits; Table 3's dtype (``auto`` is bf16 on the GPUs a CUDA config runs
 on); rendering.
 
