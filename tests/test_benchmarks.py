@@ -23,6 +23,8 @@ SCRIPTS = {
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
     "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
     "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256", "--groups", "2"],
+    "bench_memory.py": ["--layers", "1", "--width", "64", "--seq", "16", "--batch", "2", "--vocab", "256", "--chunk", "8",
+                        "--rounds", "1"],
 }
 
 
@@ -46,6 +48,11 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
         for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
+    elif script == "bench_memory.py":  # saved MiB, its ratio, step s, time ratio for every setting; per-token rows
+        for setting in ("none", "layer", "iteration", "none + loss/8", "iteration + loss/8", "layer, branch kept"):
+            assert any(re.match(rf"\s+{re.escape(setting)}\s+-?\d+\.\d\s+\d+\.\d{{3}}\s+\d+\.\d\d", ln)
+                       for ln in out.splitlines()), (setting, out)
+        assert out.count("per token (") == 2
     elif script == "bench_cold_ops.py":  # its step-by-step cell and SwiGLU were checked equal to the modules first
         for piece in import_benchmark("bench_cold_ops").PIECES:
             line = next(ln for ln in out.splitlines() if ln.startswith(piece))

@@ -4,9 +4,12 @@
 exactly as the training step does (train/loss.py) under a precision, an activation checkpointing
 level and a loss chunk size, and returns the bytes of every distinct storage autograd saved for
 backward, the parameters' own excluded. That is the activation memory a training step holds at its
-peak (between the loss and the backward), beside the parameters, gradients and optimizer state;
-backward's transient buffers (one checkpoint unit's recomputation, one loss chunk's logits) come on
-top of it and are not counted.
+peak (between the loss and the backward), beside the parameters, gradients and optimizer state.
+Backward's transient buffers come on top of it and are not counted: under checkpointing, the
+recomputed unit's own saved tensors while its backward runs (one layer application's under
+``"layer"``, a whole stack application's under ``"iteration"``: the per-layer figure of
+``activation_checkpointing="none"`` times the layers of the unit), and the loss's logits (the whole
+micro-batch's without chunks, one chunk's with them), besides the gradients in flight.
 
 What is counted, under ``"bf16-mixed"`` (torch.autocast, as Lightning Fabric's plugin runs it):
 every activation a kernel keeps (in its dtype: bf16 matmul inputs, float32 norms and the state),
