@@ -165,7 +165,7 @@ def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, ca
 
 
 def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch):
-    import stateloop.train.loop as loop
+    import stateloop.train.loss as loss_module  # the training step's loss (train/loss.py)
 
     cfg_path, data = tiny_setup
     cfg = resolved(cfg_path, data, overrides=["train.checkpoint_every=2", "train.val_tokens=0"])
@@ -177,7 +177,7 @@ def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch)
         loss = real(logits, target)
         return loss * float("nan") if calls["n"] > 10 else loss
 
-    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    monkeypatch.setattr(loss_module.F, "cross_entropy", poisoned)
     run_dir = tmp_path / "run"
     with pytest.raises(NonFiniteLoss,
                        match=r"^step 6: non-finite loss or gradient norm .*the last good checkpoint is .*step_00000004\.ckpt"):
