@@ -351,7 +351,9 @@ def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depth
 
     def fake_resolve(run_dir, config_file, overrides):
         seen.update(overrides)
-        return RunConfig(RunSection(), ModelConfig(), None, DataSection(), resolve.EvalConfig())
+        # no tasks in the result: offline (this module's autouse fixture) the command would first
+        # check that the tasks' data is cached (tests/test_prefetch.py), and the paper's is not here
+        return RunConfig(RunSection(), ModelConfig(), None, DataSection(), resolve.EvalConfig(tasks=[]))
 
     monkeypatch.setattr(resolve, "resolve_eval", fake_resolve)
     monkeypatch.setattr(harness, "evaluate_run", lambda *a, **k: {})
