@@ -198,7 +198,8 @@ TEXT_FIELDS = {
     "model.attn_impl": "one of auto, torch, kernel", "model.ssd_impl": "one of auto, torch, kernel",
     "model.read_init": "one of residual, input", "model.options": "a variant's options, checked by the registry",
     "train.accelerator": "one of a list", "train.strategy": "one of a list", "train.precision": "one of a list",
-    "train.schedule": "one of a list", "train.val_split": "a key of meta.json's splits",
+    "train.schedule": "one of a list", "train.activation_checkpointing": "one of a list",
+    "train.fsdp_sharding": "one of a list", "train.val_split": "a key of meta.json's splits",
     "train.mlflow_experiment": "an experiment name; its artifact folder is one component (tested above)",
     "train.mlflow_tracking_uri": "never read from a run folder (tested above)",
     "train.mlflow_register_model": "a name template of plain {scale}/{model}/{K}/{d_s} fields, no lookups "
