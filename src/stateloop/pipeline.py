@@ -267,12 +267,20 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
 def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig, dict[str, Run]]:
     """(the pipeline config of a config mapping, checked strictly; every run its experiments
     define, by id): the runs are the ones the check expands, so a caller that needs both expands
-    the experiment grid once."""
+    the experiment grid once. Where a scale sets ``train.gpu_memory_gib``, a run whose planned peak
+    memory does not fit is refused too (train/memory.py: ``check_fit``)."""
     try:
         cfg = from_dict(PipelineConfig, data)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    return cfg, validate_pipeline(cfg, where)
+    runs = validate_pipeline(cfg, where)
+    if any(scale.train.gpu_memory_gib for scale in cfg.scales.values()):
+        # every run of a scale that states its device memory must fit it (train/memory.py), before
+        # any job is submitted; the other scales cost nothing here (no torch, no model)
+        from stateloop.train.memory import check_fit
+
+        check_fit(cfg, runs, where)
+    return cfg, runs
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words

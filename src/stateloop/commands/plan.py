@@ -2,9 +2,12 @@
 
 For each run: parameters, decoder-layer applications per token (loop iterations unrolled),
 training tokens (the scale's ``train`` budget), training FLOPs (forward + backward matmuls
-counted on the meta device, models/flops.py) and GPU-hours at a given MFU and per-GPU peak.
-Then totals per experiment (a run shared by several experiments counts in each) and overall
-(each run once).
+counted on the meta device, models/flops.py), the planned peak memory per GPU against
+``train.gpu_memory_gib`` (train/memory.py), and the time of its training at an MFU: one optimiser
+step with its exposed communication, the wall time, the SLURM jobs of ``resources.train.runtime``
+it spans, GPU-hours (train/cost.py). Then totals per experiment (a run shared by several
+experiments counts in each) and overall (each run once). ``--compare-strategies``: each run's
+alternatives (DDP / FSDP shardings, micro-batch, activation checkpointing, the loss in chunks).
 """
 
 from __future__ import annotations
@@ -13,19 +16,44 @@ import sys
 
 
 def add_arguments(p) -> None:
+    from stateloop.train.cost import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
+
+    net = Network()
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
     p.add_argument("--experiments", nargs="*", help="only these experiments (default: all)")
-    p.add_argument("--mfu", type=float, default=0.40, help="model FLOPs utilisation assumed (default 0.40)")
-    p.add_argument("--peak-tflops", type=float, default=989.0,
-                   help="per-GPU peak, TFLOP/s (default 989: H100 SXM dense bf16)")
+    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
+                   help=f"model FLOPs utilisation assumed (default {DEFAULT_MFU:.2f}: measured for these models in eager "
+                        f"PyTorch on an H200, benchmarks/records/gpu_check_h200_2026-12-04.json; it was 0.40 before)")
+    p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
+                   help=f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)")
+    p.add_argument("--inter-node-gbps", type=float, default=net.inter_node_gbps,
+                   help=f"network bandwidth per node between nodes, Gb/s (default {net.inter_node_gbps:g}: one 400 Gb/s "
+                        "InfiniBand port; 8 ports: 3200)")
+    p.add_argument("--intra-node-gbs", type=float, default=net.intra_node_gbs,
+                   help=f"bandwidth per GPU within a node, GB/s (default {net.intra_node_gbs:g}: NCCL over NVLink, 8 x H100 SXM)")
+    p.add_argument("--compare-strategies", action="store_true",
+                   help="also each run's alternatives: DDP or FSDP (full, grad_op; hybrid ones on several nodes), "
+                        "micro-batch 1/2/4/8, activation checkpointing none/layer/iteration, the loss whole or per "
+                        "sequence; memory and time of each, the fastest that fits marked")
+    p.add_argument("--gpu-memory-gib", type=float, default=None,
+                   help="device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; unset: not judged)")
+    p.add_argument("--top", type=int, default=6, help="alternatives shown per run, fastest first (default 6)")
     p.add_argument("--out", help="also write the per-run rows as CSV here")
 
 
 def run(args) -> int:
     from stateloop.pipeline import load_pipeline
-    from stateloop.train.cost import print_plan
+    from stateloop.train.cost import Network, print_plan
 
-    if not 0 < args.mfu <= 1:
-        print(f"stateloop plan: error: --mfu must be in (0, 1], got {args.mfu}", file=sys.stderr)
-        return 2
-    return print_plan(load_pipeline(args.config), args.experiments, args.mfu, args.peak_tflops, args.out)
+    for key, value, ok in (("--mfu", args.mfu, 0 < args.mfu <= 1), ("--peak-tflops", args.peak_tflops, args.peak_tflops > 0),
+                           ("--inter-node-gbps", args.inter_node_gbps, args.inter_node_gbps > 0),
+                           ("--intra-node-gbs", args.intra_node_gbs, args.intra_node_gbs > 0),
+                           ("--gpu-memory-gib", args.gpu_memory_gib, args.gpu_memory_gib is None or args.gpu_memory_gib > 0),
+                           ("--top", args.top, args.top > 0)):
+        if not ok:
+            bound = "in (0, 1]" if key == "--mfu" else "positive"
+            print(f"stateloop plan: error: {key} must be {bound}, got {value}", file=sys.stderr)
+            return 2
+    network = Network(args.inter_node_gbps, args.intra_node_gbs)
+    return print_plan(load_pipeline(args.config), args.experiments, args.mfu, args.peak_tflops, args.out, network,
+                      args.compare_strategies, args.gpu_memory_gib, args.top)

@@ -1,49 +1,353 @@
 """What training every run of a pipeline config costs (``stateloop plan``): per run, parameters,
-decoder-layer applications per token, training tokens, training FLOPs (models/flops.py) and
-GPU-hours at a given MFU and per-GPU peak; totals per experiment and overall (each run once)."""
+decoder-layer applications per token, training tokens and FLOPs (models/flops.py), the planned
+peak GPU memory per device (train/memory.py) against ``train.gpu_memory_gib``, and the wall time
+of its training at an MFU: compute, the exposed gradient communication, validation, checkpoints and
+restarts, against the runtime its SLURM job asks for; then totals per experiment and overall (each
+run once). ``--compare-strategies`` sets each run's alternatives side by side (DDP or FSDP's
+shardings, micro-batch, activation checkpointing, the loss in chunks).
+
+**Time of one optimiser step** (per device; ``accumulation`` micro-batches):
+
+- Compute: the micro-batch's training FLOPs (forward + backward matmuls, models/flops.py) at ``mfu``
+  of ``peak_tflops``. [assume] The MFU is the one measured for these models in eager PyTorch: 30%
+  of an H200's datasheet bf16 peak at Table 4's 410M shapes (benchmarks/records/
+  gpu_check_h200_2026-12-04.json), and [assume] the same at every micro-batch (there: 4 x 2,048
+  tokens; the plan compares 1 to 8). Activation checkpointing adds the recomputed forward (a third of
+  the checkpointed part's FLOPs: everything but the head, whose share is 6 d V per token), a chunked
+  loss the head's forward again (2 d V per token), at the same rate.
+- Exposed communication: the gradients' reduction overlaps the backward only from the moment a
+  gradient is final, which for a parameter is when backward reaches its first use in the forward
+  (the measured order, train/memory.py). In a looped model the shared stack's gradients are final
+  only in the backward of its first application, the last 1/K of backward, so little of the
+  reduction overlaps. Modelled as one queue: each parameter's bytes join when final (at the
+  fraction of backward their first use sets), the link reduces them in turn, and what is left
+  when backward ends is exposed. DDP: one all-reduce of the float32 gradients per step (on the last
+  micro-batch), a ring over all ranks: 2 (N - 1) / N of the bytes cross each node's links.
+  FSDP: the bf16 gradients reduce-scattered over the shard group ((S - 1) / S of them; the hybrid
+  shardings all-reduce the shards across nodes too), and parameters all-gathered, each
+  all-gather exposed where it takes longer than the application before it computes: in the
+  forward at every application of a unit for ``full``/``hybrid`` (K per looped unit: FSDP1
+  reshards after each call) or once per unit for ``grad_op`` (kept until backward ends); in the
+  backward once per unit for ``full``/``hybrid``. [assume] Links: ``inter_node_gbps`` per node
+  (default 400 Gb/s, one NDR InfiniBand port: a node with a port per GPU has 8 x that, ``--inter-
+  node-gbps 3200``) and ``intra_node_gbs`` per GPU within a node (default 360 GB/s, NCCL's
+  all-reduce bus bandwidth over NVLink on 8 x H100 SXM); a collective that spans nodes runs at the
+  inter-node rate.
+- Validation every ``val_every`` steps (the forward's third of the FLOPs over ``val_tokens``),
+  checkpoints every ``checkpoint_every`` steps and at the end (weights and AdamW's moments in
+  float32, written and hashed at the rates train/slurm.py sizes SLURM's warning by:
+  :func:`checkpoint_seconds`), and each job's start (:data:`STARTUP_S`, plus reading the checkpoint
+  back, [assume] as long as writing it, when it resumes).
+
+**Per job, not per total.** A SLURM training job asks for the scale's ``resources.train.runtime``
+minutes; before the limit (train/slurm.py's ``warning_seconds``: time to save a checkpoint) SLURM
+signals it, it checkpoints and requeues itself, and SLURM
+starts it again with a fresh limit, resuming (train/slurm.py): a run legitimately spans several
+such jobs, and Snakemake sees one. So the check is per job: a job must be able to make progress
+within its limit (start, resume, at least one step and a checkpoint before the warning); the plan
+prints how many jobs (limits) a run takes and flags ``requeue xN`` where it takes more than one
+(each requeue waits in the queue again) and ``no progress`` where a job cannot save a step, which
+would requeue forever.
+"""
 
 from __future__ import annotations
 
 import csv
+import math
+from dataclasses import dataclass
 
 from stateloop.pipeline import PipelineConfig, expand_runs
+from stateloop.train.slurm import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    CHECKPOINT_HASH_BYTES_PER_S,
+    CHECKPOINT_WRITE_BYTES_PER_S,
+    estimated_params,
+    warning_seconds,
+)
+
+DEFAULT_MFU = 0.30  # measured: benchmarks/records/gpu_check_h200_2026-12-04.json (eager PyTorch, 410M shapes)
+DEFAULT_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16
+STARTUP_S = 120.0  # [assume] a job's start: imports, process group, model, data, before the first step
 
 
-def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = 0.4, peak_tflops: float = 989.0) -> list[dict]:
-    """One row per run of the chosen experiments (default: every trained one)."""
+@dataclass(frozen=True)
+class Network:
+    """The links gradients and parameters travel over ([assume]: module docstring)."""
+
+    inter_node_gbps: float = 400.0  # per node, Gb/s
+    intra_node_gbs: float = 360.0  # per GPU within a node, GB/s (NCCL bus bandwidth over NVLink)
+
+    def bandwidth(self, spans_nodes: bool) -> float:
+        """Bytes/s of a collective's bottleneck link."""
+        return self.inter_node_gbps * 1e9 / 8 if spans_nodes else self.intra_node_gbs * 1e9
+
+
+@dataclass(frozen=True)
+class TimePlan:
+    compute_s: float  # per optimiser step
+    comm_s: float  # exposed communication per optimiser step
+    step_s: float
+    train_s: float  # steps, validation, checkpoints
+    jobs: int  # SLURM jobs (time limits) the run spans
+    wall_s: float  # train_s + every job's start (and resume)
+    gpu_hours: float
+    flag: str  # "", "requeue xN", "no progress"
+
+
+def checkpoint_seconds(params: int) -> float:
+    """Seconds to write and hash (or read and hash) a checkpoint of ``params`` parameters."""
+    size = CHECKPOINT_BYTES_PER_PARAM * params
+    return size / CHECKPOINT_WRITE_BYTES_PER_S + size / CHECKPOINT_HASH_BYTES_PER_S
+
+
+def _reduce_queue(ready: list[tuple[float, float]], backward_s: float) -> float:
+    """Exposed seconds of a queue of reductions: (time in backward the bytes are final, seconds
+    their reduction takes), reduced in turn by one link; what is left when backward ends."""
+    done = 0.0
+    for at, seconds in sorted(ready):
+        done = max(done, at) + seconds
+    return max(0.0, done - backward_s)
+
+
+def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params, runtime_min: int,
+              mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network()) -> TimePlan:
+    """The time plan of one run of ``model_cfg`` trained as ``setting`` (train/memory.py's Setting)
+    with the budget and cadence of ``tcfg`` (module docstring). ``profile``: the run's
+    memory.SavedProfile (for the parameters' first uses); ``params``: its memory.ParamCounts."""
+    from stateloop.train.memory import parameter_bytes
+
+    rate = mfu * peak_tflops * 1e12
+    d, V = model_cfg.d_model, model_cfg.vocab_size
+    head_share = min(1.0, 6 * d * V / flops_per_token)
+    recompute = 0.0
+    if setting.activation_checkpointing != "none":
+        recompute += (1 - head_share) / 3
+    if setting.loss_chunk_tokens:
+        recompute += 2 * d * V / flops_per_token
+    tokens = setting.micro_batch * tcfg.seq_len
+    micro_s = tokens * flops_per_token * (1 + recompute) / rate
+    forward_s = tokens * flops_per_token / 3 / rate
+    backward_s = micro_s - forward_s
+    apps = max(profile.layer_apps, 1)
+    app_forward_s = forward_s * (1 - head_share) / apps
+    app_backward_s = backward_s * (1 - head_share) / apps
+    comm = 0.0
+    nodes, world = setting.num_nodes, setting.world
+    if world > 1 and not setting.sharded:  # DDP: one all-reduce of the float32 gradients per step
+        pb = parameter_bytes(setting.precision)
+        bw = network.bandwidth(nodes > 1)
+        ready = [(backward_s * (1 - f), 2 * (world - 1) / world * pb * n / bw) for f, n in profile.first_use]
+        comm = _reduce_queue(ready, backward_s)
+    elif setting.sharded:
+        low = 2 if setting.precision.endswith("mixed") else parameter_bytes(setting.precision)  # FSDP's compute dtype
+        group = setting.shard_group
+        hybrid = setting.fsdp_sharding.startswith("hybrid")
+        bw_group = network.bandwidth(group > setting.devices)
+        bw_nodes = network.bandwidth(True)
+
+        def gather_s(n):
+            return (group - 1) / group * low * n / bw_group
+
+        def reduce_s(n):
+            s = gather_s(n)
+            if hybrid and nodes > 1:  # the shards all-reduced across nodes
+                s += 2 * (nodes - 1) / nodes * low * n / bw_nodes
+            return s
+
+        unit = params.unit_max
+        per_app_fwd = max(0.0, gather_s(unit) - app_forward_s)
+        per_app_bwd = max(0.0, gather_s(unit) - app_backward_s)
+        layer_units = round((params.loop + params.unique_layers) / unit) if unit else 0
+        if setting.fsdp_sharding in ("grad_op", "hybrid_grad_op"):
+            gathers = layer_units * per_app_fwd  # once per unit, kept until backward ends
+        else:
+            gathers = apps * per_app_fwd + layer_units * per_app_bwd
+        gathers += gather_s(params.root)  # the root unit, before the first layer
+        ready = [(backward_s * (1 - f), reduce_s(n)) for f, n in profile.first_use]
+        comm = setting.accumulation * gathers + _reduce_queue(ready, backward_s)
+    compute = setting.accumulation * micro_s
+    step = compute + comm
+    steps = tcfg.total_steps
+    val_passes = (steps // tcfg.val_every if tcfg.val_every else 0) + 1 if tcfg.val_tokens else 0
+    val_s = val_passes * tcfg.val_tokens * flops_per_token / 3 / world / rate
+    ckpt_s = checkpoint_seconds(params.total)
+    saves = (steps // tcfg.checkpoint_every if tcfg.checkpoint_every else 0) + 1
+    train_s = steps * step + val_s + saves * ckpt_s + 4 * params.total / CHECKPOINT_WRITE_BYTES_PER_S
+    warning = warning_seconds(estimated_params(model_cfg), runtime_min)
+    usable = runtime_min * 60 - warning - STARTUP_S - ckpt_s
+    if usable < step + ckpt_s:
+        jobs, flag = math.inf, "no progress"
+        wall = math.inf
+    else:
+        jobs = max(1, math.ceil(train_s / usable))
+        flag = f"requeue x{jobs}" if jobs > 1 else ""
+        wall = train_s + jobs * STARTUP_S + (jobs - 1) * ckpt_s
+    return TimePlan(compute, comm, step, train_s, jobs, wall, wall * world / 3600, flag)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rows
+
+
+def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network) -> dict:
+    """Memory and time of one run trained as ``setting``: the columns of a row."""
+    from stateloop.models.flops import compute_profile
+    from stateloop.train import memory
+
+    scale = cfg.scales[run.scale]
+    tcfg = scale.train
+    prof = compute_profile(run.model_config, tcfg.seq_len)
+    saved = memory.saved_profile(run.model_config, setting.micro_batch, tcfg.seq_len, setting.precision)
+    params = memory.param_counts(run.model_config, tcfg.seq_len, setting.precision)
+    mem = memory.plan_memory(run.model_config, tcfg.seq_len, setting, profile=saved)
+    t = plan_time(run.model_config, tcfg, setting, prof.flops_per_token, saved, params, scale.resources.train.runtime,
+                  mfu, peak_tflops, network)
+    return {"setting": setting.label, "mem_gib": mem.total / memory.GIB, "mem_allocated_gib": mem.allocated / memory.GIB,
+            "mem_static_gib": mem.static / memory.GIB, "mem_activations_gib": mem.activations / memory.GIB,
+            "mem_loss_gib": mem.loss / memory.GIB, "mem_instant": mem.instant,
+            "step_s": t.step_s, "comm_s": t.comm_s, "wall_h": t.wall_s / 3600, "jobs": t.jobs,
+            "job_limit_h": scale.resources.train.runtime / 60, "gpu_hours": t.gpu_hours, "flag": t.flag}
+
+
+def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS,
+              network: Network = Network()) -> list[dict]:
+    """One row per run of the chosen experiments (default: every trained one), ``job`` = "train"."""
     from stateloop.models.flops import compute_profile
     from stateloop.models.registry import count_params
+    from stateloop.train.memory import Setting
 
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
         prof, params = compute_profile(run.model_config, train.seq_len), count_params(run.model_config)
         tokens = train.total_steps * train.tokens_per_step
-        flops = prof.flops_per_token * tokens
-        rows.append({
-            "run": run.id, "experiments": " ".join(run.experiments), "params": params,
-            "layer_apps_per_token": round(prof.layer_applications_per_token, 2), "train_tokens": tokens,
-            "train_flops": flops, "gpu_hours": flops / (mfu * peak_tflops * 1e12) / 3600,
-        })
+        row = {"job": "train", "run": run.id, "experiments": " ".join(run.experiments), "params": params,
+               "layer_apps_per_token": round(prof.layer_applications_per_token, 2), "train_tokens": tokens,
+               "train_flops": prof.flops_per_token * tokens, "gpu_memory_gib": train.gpu_memory_gib or None}
+        row.update(_run_plan(cfg, run, Setting.of(train), mfu, peak_tflops, network))
+        row["fits"] = None if not train.gpu_memory_gib else row["mem_gib"] <= train.gpu_memory_gib
+        rows.append(row)
     return rows
 
 
-def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, peak_tflops: float,
-               out: str | None = None) -> int:
-    """Print the rows of :func:`plan_rows` and the totals; write the rows as CSV to ``out`` when given."""
-    rows = plan_rows(cfg, experiments, mfu, peak_tflops)
-    print(f"{'run':<36}{'params (M)':>12}{'layers/tok':>11}{'tokens (B)':>12}{'train FLOPs':>13}{'GPU-h':>11}")
+def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float = DEFAULT_MFU,
+                 peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network()) -> list[dict]:
+    """The run's alternatives: DDP and FSDP's shardings (the hybrid ones where there are several
+    nodes), micro-batches 1, 2, 4, 8 (those the global batch divides into), activation
+    checkpointing none / layer / iteration, the loss whole or a sequence at a time; each with its
+    memory and time (rows as :func:`plan_rows`'s columns), fastest first. ``fits``: within
+    ``limit_gib`` (None: not judged)."""
+    from stateloop.train.memory import Setting
+
+    tcfg = cfg.scales[run.scale].train
+    current = Setting.of(tcfg)
+    world = current.world
+    strategies = [("ddp", "full"), ("fsdp", "full"), ("fsdp", "grad_op")]
+    if current.num_nodes > 1:
+        strategies += [("fsdp", "hybrid"), ("fsdp", "hybrid_grad_op")]
+    rows = []
+    for strategy, sharding in strategies:
+        for mb in (1, 2, 4, 8):
+            if tcfg.global_batch % (mb * world):
+                continue
+            for ckpt in ("none", "layer", "iteration"):
+                for chunk in sorted({0, tcfg.seq_len, tcfg.loss_chunk_tokens}):
+                    s = Setting.of(tcfg, strategy=strategy, fsdp_sharding=sharding, micro_batch=mb,
+                                   activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
+                    row = {"run": run.id, **_run_plan(cfg, run, s, mfu, peak_tflops, network)}
+                    row["current"] = s == current
+                    row["fits"] = None if limit_gib is None else row["mem_gib"] <= limit_gib
+                    rows.append(row)
+    return sorted(rows, key=lambda r: (r["wall_h"], r["mem_gib"]))
+
+
+# ----------------------------------------------------------------------------------------------
+# Printing: a table is a list of columns (header, width, format of a row); another job kind's rows
+# print through the same function with its own columns.
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, spec)
+
+
+TRAIN_COLUMNS = [
+    ("run", 42, lambda r: r["run"], "<"),
+    ("params (M)", 11, lambda r: _fmt(r["params"] / 1e6, ".1f"), ">"),
+    ("layers/tok", 11, lambda r: _fmt(r["layer_apps_per_token"], "g"), ">"),
+    ("tokens (B)", 11, lambda r: _fmt(r["train_tokens"] / 1e9, ".2f"), ">"),
+    ("FLOPs", 10, lambda r: _fmt(r["train_flops"], ".2e"), ">"),
+    ("GiB/GPU", 9, lambda r: _fmt(r["mem_gib"], ".1f"), ">"),
+    ("limit", 7, lambda r: _fmt(r["gpu_memory_gib"], "g"), ">"),
+    ("step s", 8, lambda r: _fmt(r["step_s"], ".2f"), ">"),
+    ("comm s", 8, lambda r: _fmt(r["comm_s"], ".3f"), ">"),
+    ("wall h", 8, lambda r: _fmt(r["wall_h"], ".1f"), ">"),
+    ("jobs", 5, lambda r: _fmt(r["jobs"], "d") if r["jobs"] != math.inf else "inf", ">"),
+    ("GPU-h", 9, lambda r: _fmt(r["gpu_hours"], ".0f"), ">"),
+    ("", 0, lambda r: "  " + ", ".join(x for x in (
+        "" if r.get("fits") is None else ("fits" if r["fits"] else "DOES NOT FIT"), r["flag"]) if x), "<"),
+]
+
+ALTERNATIVE_COLUMNS = [
+    ("", 4, lambda r: ("*" if r.get("recommended") else "") + ("=" if r.get("current") else ""), "<"),
+    ("setting", 44, lambda r: r["setting"], "<"),
+    ("GiB/GPU", 9, lambda r: _fmt(r["mem_gib"], ".1f"), ">"),
+    ("step s", 8, lambda r: _fmt(r["step_s"], ".2f"), ">"),
+    ("comm s", 8, lambda r: _fmt(r["comm_s"], ".3f"), ">"),
+    ("wall h", 8, lambda r: _fmt(r["wall_h"], ".1f"), ">"),
+    ("jobs", 5, lambda r: _fmt(r["jobs"], "d") if r["jobs"] != math.inf else "inf", ">"),
+    ("GPU-h", 9, lambda r: _fmt(r["gpu_hours"], ".0f"), ">"),
+    ("", 0, lambda r: "  " + ", ".join(x for x in (
+        "" if r.get("fits") is None else ("fits" if r["fits"] else "does not fit"), r["flag"]) if x), "<"),
+]
+
+
+def print_table(rows: list[dict], columns, indent: str = "") -> None:
+    """Print ``rows`` under ``columns`` ((header, width, value of a row, alignment) each)."""
+    print(indent + "".join(format(h, f"{a}{w}") for h, w, _, a in columns).rstrip())
     for r in rows:
-        print(f"{r['run']:<36}{r['params'] / 1e6:>12.2f}{r['layer_apps_per_token']:>11g}{r['train_tokens'] / 1e9:>12.3f}"
-              f"{r['train_flops']:>13.3e}{r['gpu_hours']:>11.1f}")
-    print(f"\nTotals at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per GPU:")
+        print(indent + "".join(format(str(v(r)), f"{a}{w}") for _, w, v, a in columns).rstrip())
+
+
+def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, peak_tflops: float,
+               out: str | None = None, network: Network = Network(), compare: bool = False,
+               limit_gib: float | None = None, top: int = 6) -> int:
+    """Print the rows of :func:`plan_rows`, the totals and (``compare``) every run's alternatives;
+    write the rows as CSV to ``out`` when given."""
+    from stateloop.train.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB
+
+    rows = plan_rows(cfg, experiments, mfu, peak_tflops, network)
+    print_table(rows, TRAIN_COLUMNS)
+    print(f"\nTotals at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
     names = experiments or [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
         sel = [r for r in rows if name in r["experiments"].split()]
         print(f"  {name:<16}{len(sel):>4} runs {sum(r['train_flops'] for r in sel):>12.3e} FLOPs "
-              f"{sum(r['gpu_hours'] for r in sel):>11.1f} GPU-h")
+              f"{sum(r['gpu_hours'] for r in sel):>11.0f} GPU-h")
     print(f"  {'all (each once)':<16}{len(rows):>4} runs {sum(r['train_flops'] for r in rows):>12.3e} FLOPs "
-          f"{sum(r['gpu_hours'] for r in rows):>11.1f} GPU-h")
+          f"{sum(r['gpu_hours'] for r in rows):>11.0f} GPU-h")
+    print(f"\nGiB/GPU: the planned peak per device (weights, gradients, optimizer state; activations of the K "
+          f"unrolled iterations; the loss's logits) + {ALLOWANCE_GIB:g} GiB + {ALLOWANCE_FRACTION:.0%} for the "
+          f"allocator and workspaces (train/memory.py); limit: train.gpu_memory_gib. step s: one optimiser step, "
+          f"comm s of it the exposed gradient/parameter communication ({network.inter_node_gbps:g} Gb/s per node, "
+          f"{network.intra_node_gbs:g} GB/s per GPU within a node). jobs: SLURM time limits of "
+          f"resources.train.runtime the run spans (it requeues itself: docs/cluster.md).")
+    if compare:
+        for row in rows:
+            run = next(r for r in expand_runs(cfg, experiments) if r.id == row["run"])
+            limit = limit_gib or cfg.scales[run.scale].train.gpu_memory_gib or None
+            alts = alternatives(cfg, run, limit, mfu, peak_tflops, network)
+            best = next((a for a in alts if a["fits"] is not False), None)
+            if best is not None:
+                best["recommended"] = True
+            shown = [a for a in alts if a["fits"] is not False][:top]
+            shown += [a for a in alts if a.get("current") and a not in shown]
+            print(f"\n{row['run']}: {len(alts)} settings, {sum(a['fits'] is not False for a in alts)} fit "
+                  f"{'' if limit is None else f'{limit:g} GiB'} (the fastest {top} shown; * fastest that fits, = the config's)")
+            print_table(shown, ALTERNATIVE_COLUMNS, indent="  ")
     if out:
         import io
 
@@ -55,3 +359,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
         writer.writerows(rows)
         atomic_write_bytes(out, buf.getvalue().encode())
     return 0
+
+
+__all__ = ["DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "plan_rows", "plan_time",
+           "print_plan", "print_table"]
