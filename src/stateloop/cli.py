@@ -28,7 +28,7 @@ PIPELINE: dict[str, tuple[str, str]] = {
 TOOLS: dict[str, tuple[str, str]] = {
     "prefetch": ("stateloop.commands.prefetch", "fetch what a config's jobs read from the Hugging Face Hub, for offline jobs"),
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
-    "plan": ("stateloop.commands.plan", "training tokens, FLOPs and GPU-hours of every run in a config"),
+    "plan": ("stateloop.commands.plan", "tokens, FLOPs, peak GPU memory, training time and GPU-hours of every run in a config"),
     "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
     "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
     "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
