@@ -57,7 +57,7 @@ rule shapley_shard:
         run_dir=run_dir,
     shell:
         "stateloop analyze shapley {params.run_dir:q} --config {params.config:q}"
-        " --shard {wildcards.shard}/{wildcards.shards} --no-progress > {log:q} 2>&1"
+        " --shard {wildcards.shard:q}/{wildcards.shards:q} --no-progress > {log:q} 2>&1"
 
 
 rule interventions:
@@ -128,7 +128,7 @@ rule interventions_shard:
         run_dir=run_dir,
     shell:
         "stateloop analyze interventions {params.run_dir:q} --config {params.config:q}"
-        " --shard {wildcards.shard}/{wildcards.shards} --no-progress > {log:q} 2>&1"
+        " --shard {wildcards.shard:q}/{wildcards.shards:q} --no-progress > {log:q} 2>&1"
 
 
 # Table 3 is timed alone: the job takes every core Snakemake was given (so no other job of the DAG
