@@ -282,3 +282,20 @@ def test_plan_help_says_the_measured_mfu(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "default 0.30: measured for these models" in text and "--compare-strategies" in text
     assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--inter-node-gbps", "0"]) == 2
+
+
+def test_plan_lists_the_analysis_jobs_against_their_limits(capsys):
+    """`stateloop plan --analyses` adds every evaluation and analysis job (analysis/cost.py) with its
+    hours on one GPU against its rule's runtime limit."""
+    assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--analyses", "--experiments", "state_analysis"]) == 0
+    out = capsys.readouterr().out
+    assert "Evaluation and analysis jobs (0 of " in out
+    jobs = {line.split()[0] for line in out.split("Evaluation and analysis jobs")[1].splitlines()[2:] if line and not line.startswith("(")}
+    assert {"eval", "shapley", "interventions"} <= jobs, jobs
+
+
+def test_paper_and_gpu_configs_fit_their_devices():
+    """The shipped GPU configs set train.gpu_memory_gib and load: every run passed the gate."""
+    for name in ("paper.yaml", "gpu.yaml"):
+        cfg = load_pipeline(ROOT / "configs" / name)
+        assert all(s.train.gpu_memory_gib == 79 for s in cfg.scales.values() if s.train.accelerator == "cuda"), name

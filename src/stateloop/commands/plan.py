@@ -38,6 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; unset: not judged)")
     p.add_argument("--top", type=int, default=6, help="alternatives shown per run, fastest first (default 6)")
+    p.add_argument("--analyses", action="store_true",
+                   help="also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
+                        "merges): FLOPs and hours on one GPU against the job's runtime limit (analysis/cost.py)")
     p.add_argument("--out", help="also write the per-run rows as CSV here")
 
 
@@ -55,5 +58,15 @@ def run(args) -> int:
             print(f"stateloop plan: error: {key} must be {bound}, got {value}", file=sys.stderr)
             return 2
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
-    return print_plan(load_pipeline(args.config), args.experiments, args.mfu, args.peak_tflops, args.out, network,
-                      args.compare_strategies, args.gpu_memory_gib, args.top)
+    cfg = load_pipeline(args.config)
+    rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
+                    args.compare_strategies, args.gpu_memory_gib, args.top)
+    if args.analyses:
+        from stateloop.analysis.cost import analysis_plan_rows, print_analysis_plan
+
+        rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
+        print(f"\nEvaluation and analysis jobs ({sum(r['fits'] is False for r in rows)} of {len(rows)} past their limit):")
+        print_analysis_plan(rows, args.mfu, args.peak_tflops)
+        if any(r["fits"] is False for r in rows):
+            rc = rc or 1
+    return rc
