@@ -98,6 +98,20 @@ def test_the_split_size_comes_from_the_tokenized_data(tmp_path):
         "interventions_calibration", "interventions_shard", "interventions_shard", "interventions_shard", "interventions"]
 
 
+def test_a_scale_reading_another_scales_data_folder_counts_that_split(tmp_path):
+    """paper.yaml's 410M runs read data/1.4b (data/stage.py data_homes): their held-out size comes
+    from data/1.4b/meta.json, as the jobs will read it."""
+    import json
+
+    from stateloop.analysis.cost import heldout
+
+    cfg = load_pipeline("configs/paper.yaml")
+    (tmp_path / "1.4b").mkdir()
+    (tmp_path / "1.4b" / "meta.json").write_text(json.dumps({"splits": {"val": {"tokens": 2048 * 1000 + 1}}}))
+    h = heldout(cfg, "410m", data_root=tmp_path)
+    assert h.windows == 1000 and str(tmp_path / "1.4b" / "meta.json") in h.source
+
+
 @pytest.mark.slow  # counts every paper model's forward pass on the meta device (about 30 s)
 def test_the_paper_configs_analysis_jobs_fit_their_limit(tmp_path):
     """Sec. 5: "We analyze a trained 410M StateLoop with identity mixing and K = 7 on the full Pile

@@ -67,7 +67,10 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
     scale = cfg.scales[scale_name]
     ev, model, train = scale.eval, scale.model, scale.train
     seq_len = int(ev.max_length or min(train.seq_len, model.max_seq_len))
-    meta = Path(data_root) / scale_name / "meta.json"
+    from stateloop.data.stage import data_homes
+
+    home = data_homes(cfg.scales, list(cfg.scales)).get(scale_name, scale_name)  # a scale may read another's folder
+    meta = Path(data_root) / home / "meta.json"
     tokens, source = None, None
     if meta.is_file():
         try:
