@@ -65,7 +65,7 @@ def test_stand_ins_give_the_full_forwards_total_at_the_paper_width(paper):
     fitted = memory.saved_profile(cfg, 4, 2048)
     direct = memory.measure_saved(cfg, 4, 2048)[0]
     for key in ("total", "copies", "kept_layer", "kept_iteration", "recompute_layer", "loop_app_bytes"):
-        assert getattr(fitted, key) == direct[key], key
+        assert getattr(fitted, key) == pytest.approx(direct[key], abs=2**20), key  # RoPE's tables, as above
 
 
 def test_measurements_are_kept_on_disk_and_read_back(tmp_path, monkeypatch):
@@ -111,7 +111,7 @@ def test_static_bytes_of_a_tiny_model_by_hand():
 def test_checkpointing_and_chunks_lower_the_plan_at_the_1_4b_width(paper):
     scale = paper.scales["1.4b"]
     cfg = run_model_config(scale, "stateloop", 4, 2048)
-    plans = {(ckpt, chunk): memory.plan_memory(cfg, 2048, Setting.of(scale.train, activation_checkpointing=ckpt,
+    plans = {(ckpt, chunk): memory.plan_memory(cfg, 2048, Setting.of(scale.train, micro_batch=4, activation_checkpointing=ckpt,
                                                                        loss_chunk_tokens=chunk))
              for ckpt in ("none", "layer", "iteration") for chunk in (0, 2048)}
     assert plans["layer", 0].total < plans["iteration", 0].total < plans["none", 0].total
@@ -242,7 +242,8 @@ def test_fsdp_full_gathers_every_application_and_grad_op_once(paper):
     full, grad_op = rows["fsdp:full mb1 ckpt:none"], rows["fsdp:grad_op mb1 ckpt:none"]
     assert full["comm_s"] > grad_op["comm_s"]  # 96 all-gathers per micro-batch in the forward against 24
     assert full["mem_gib"] < grad_op["mem_gib"]
-    assert rows["ddp mb4 ckpt:none"]["current"] and scale.train.micro_batch == 4
+    current = f"fsdp:{scale.train.fsdp_sharding} mb{scale.train.micro_batch} ckpt:{scale.train.activation_checkpointing}"
+    assert scale.train.strategy == "fsdp" and rows[current]["current"] and not rows["ddp mb4 ckpt:none"]["current"]
 
 
 def _runs(cfg):
