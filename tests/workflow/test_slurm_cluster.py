@@ -403,7 +403,10 @@ def test_the_training_launcher_ends_every_rank_when_one_fails_on_the_cluster(clu
     scripts/slurm-cluster.sh), not after its 600 s."""
     launcher = _launcher(tmp_path, monkeypatch)
     assert launcher[:2] == ["srun", "--kill-on-bad-exit=1"], launcher
-    proc = _run_failing_step(launcher, tmp_path)
+    # The rule's srun runs inside the job SLURM allocated (one node, two tasks, as the profile asks for
+    # devices=2): salloc makes that allocation and sets the job's variables, replacing _launcher's stand-in id.
+    monkeypatch.delenv("SLURM_JOB_ID")
+    proc = _run_failing_step(["salloc", "--nodes=1", "--ntasks=2", "--cpus-per-task=1", *launcher], tmp_path)
     assert proc.returncode != 0, proc.stderr[-2000:]
     assert (tmp_path / "rank.1").exists() and not (tmp_path / "rank.survived").exists(), proc.stderr[-2000:]
     assert not _alive(int((tmp_path / "rank.1").read_text()))
