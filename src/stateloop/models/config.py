@@ -28,9 +28,14 @@ class ModelConfig:
     K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
     d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
     max_seq_len: int = 2048  # longest sequence (RoPE tables, position checks)
-    rope_theta: float = 10000.0  # [assume] the paper does not give RoPE's base; LLaMA's 10,000
-    norm_eps: float = 1e-5  # [assume] the paper does not give RMSNorm's epsilon; LLaMA-2's 1e-5 (every RMSNorm)
+    rope_theta: float = 10000.0  # [assume] the paper does not give RoPE's base; LLaMA's 10,000, as the authors' configs
+    norm_eps: float = 1e-5  # [assume] the paper does not give RMSNorm's epsilon; LLaMA's 1e-5, as the authors' first release
     init_std: float = 0.02  # std of the normal init of embeddings and input projections
+    # [choice] The backbone's init scheme (the paper gives only the cell's; models/init.py):
+    # "depth_scaled": residual-output projections N(0, init_std / sqrt(2N)), N = layer applications
+    # of the unrolled model (GPT-2's rule over the loop); "plain": every Linear and Embedding
+    # N(0, init_std), as transformers' LlamaForCausalLM in the authors' PonderLM-2 configs.
+    init_scheme: str = "depth_scaled"
     # Causal attention mixer over the state (eq. 8).
     mixer_heads: int = 32  # heads of the attention mixer
     mixer_head_dim: int = 64  # width of each head of the attention mixer
@@ -66,6 +71,8 @@ class ModelConfig:
                 raise ConfigError(f"model.{key}: {getattr(self, key)} is above the sane bound {cap}")
         if self.d_state < 0:
             raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
+        if self.init_scheme not in ("depth_scaled", "plain"):
+            raise ConfigError(f"model.init_scheme: must be one of depth_scaled, plain; got {self.init_scheme!r}")
         if self.read_init not in ("residual", "input"):
             raise ConfigError(f"model.read_init: must be one of residual, input; got {self.read_init!r}")
         for key in ("attn_impl", "ssd_impl"):

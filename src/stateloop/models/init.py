@@ -5,14 +5,18 @@ following the LLaMA / GPT-2 convention that the baselines' recipes also use):
 
 - ``nn.Linear`` and ``nn.Embedding`` weights: N(0, init_std) (init_std = 0.02 by default).
 - Residual-output projections (attention W_o, SwiGLU W_down, Mamba-2 out_proj; flagged with
-  ``residual_out = True``): N(0, init_std / sqrt(2 N)), N = layer applications per token of the
-  unrolled model (``model.n_layer_applications``: K x L for a looped model, 96 at 1.4B), so the
-  residual stream's variance does not grow with the loop depth.
+  ``residual_out = True``), by ``model.init_scheme``: "depth_scaled" (default) N(0, init_std /
+  sqrt(2 N)), N = layer applications per token of the unrolled model
+  (``model.n_layer_applications``: K x L for a looped model, 96 at 1.4B), so the residual
+  stream's variance does not grow with the loop depth; "plain" N(0, init_std) like every other
+  Linear, as transformers' ``LlamaForCausalLM._init_weights`` initialises the authors' backbones
+  (LUMIA-Group/PonderLM-2, ``llama_config/*/config.json``: ``initializer_range``).
 - RMSNorm gains: 1.
 - StateLoop cell (paper): W_Delta = 0, b_Delta = log(e^0.3 - 1) (softplus(b_Delta) = 0.3),
   lambda = exp(A_log) log-spaced from 0.01 to 4 over the d_s channels; W_u: N(0, init_std).
   The read projections W_{s->z}, W_{s->out} (``model.read_init``, a choice the paper leaves
-  open): "residual" (default) N(0, init_std / sqrt(2 N)) like the residual-output projections,
+  open): "residual" (default) like the residual-output projections (so N(0, init_std) under the
+  plain scheme),
   because each read is a term added to the residual stream, the role W_o and W_down play; "input"
   N(0, init_std) like input projections, under which each read adds at init a term as large as
   the embedding itself. Both were trained with seeds (docs/results.md, "The read projections' init").
@@ -36,7 +40,7 @@ from stateloop.models.mixers import GatedRMSNorm
 def init_weights(model: nn.Module) -> nn.Module:
     cfg = model.cfg
     std = cfg.init_std
-    std_out = std / math.sqrt(2 * model.n_layer_applications)
+    std_out = std / math.sqrt(2 * model.n_layer_applications) if cfg.init_scheme == "depth_scaled" else std
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.normal_(module.weight, std=std_out if getattr(module, "residual_out", False) else std)

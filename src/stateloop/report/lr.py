@@ -51,8 +51,8 @@ class Point:
         return stats.verdict(self.gap, PAPER_SIGN)
 
 
-def experiments(cfg) -> list[str]:
-    return [e for e in POINTS if e in cfg.experiments and cfg.experiments[e].trained]
+def experiments(cfg, names: tuple[str, ...] = POINTS) -> list[str]:
+    return [e for e in names if e in cfg.experiments and cfg.experiments[e].trained]
 
 
 def lr_of(cfg, experiment: str) -> float:
@@ -63,13 +63,14 @@ def loop_counts(cfg) -> list[int]:
     return sorted({r.K for e in experiments(cfg) for r in expand_runs(cfg, [e]) if r.model == MODEL})
 
 
-def bracket(cfg, results: Path, K: int) -> list[Point]:
+def bracket(cfg, results: Path, K: int, names: tuple[str, ...] = POINTS) -> list[Point]:
     """The points of the bracket at loop count K, lowest lr first; an lr whose experiment lacks
-    one of the two models at K is left out."""
+    one of the two models at K is left out. ``names``: the experiments that make the bracket
+    (another recipe's, report/recipe.py)."""
     from stateloop.report.tables import heldout_by_seed
 
     out = []
-    for e in experiments(cfg):
+    for e in experiments(cfg, names):
         groups = [rs for rs in cells(expand_runs(cfg, [e])).values() if rs[0].K == K]
         ppl = {rs[0].model: heldout_by_seed(results, rs) for rs in groups if rs[0].model in (MODEL, REFERENCE)}
         if len(ppl) == 2:

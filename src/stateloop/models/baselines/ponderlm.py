@@ -26,8 +26,9 @@ What the paper leaves open, and the choices made here:
 - [code] sqrt(d) embedding scale and the x s multiplier of z^0 follow the official 1.4B Pile
   recipe (``scale_embeds``, ``mutiply_pondering_steps``); both are options. With s = 0 (K = 1)
   there is nothing to multiply and z^0 = c E[x].
-- [assume] The backbone init is the shared one (residual outputs scaled by sqrt(2 K L), the NeoX
-  recipe's unrolled depth), not the official truncated-normal sqrt(2 / 5d).
+- [assume] The backbone init is the shared one (``model.init_scheme``: residual outputs scaled by
+  sqrt(2 K L), the NeoX recipe's unrolled depth, or the authors' plain N(0, init_std) in
+  paper.yaml), not the official truncated-normal sqrt(2 / 5d).
 """
 
 from __future__ import annotations
