@@ -1,4 +1,4 @@
-"""The state branch's share of each decoded token, timed inside the model (issue 24's decode aim).
+"""The state branch's share of each decoded token, timed inside the model.
 
 ``bench_decode.py`` measures the branch as the difference of two models' latencies, timed in
 lockstep; at d = 512, 8 layers a token takes about 60 ms and the branch a few, so on a shared

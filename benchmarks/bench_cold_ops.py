@@ -1,4 +1,4 @@
-"""The state cell's operators timed inside decoded tokens and in a hot loop (issue 24's decode aim).
+"""The state cell's operators timed inside decoded tokens and in a hot loop.
 
 A decoded token streams the backbone's weights (about 100 MB per iteration at d = 512, 8 layers)
 through the caches between two calls of the same cell operator, and one layer's weights between two

@@ -1,6 +1,6 @@
 """Time per FLOP of the backbone's pieces and of the state branch's, forward + backward, side by side.
 
-Why the mixers' training steps sit above their FLOP-share floor (issue 24): the floor assumes the
+Why the mixers' training steps sit above their FLOP-share floor: the floor assumes the
 state branch runs at the backbone's time per FLOP. This prints, for one application of each piece
 at the model shape of ``bench_forward_backward.py --layers 8 --width 512`` (batch 1 x 128 tokens,
 fp32, one torch thread), its forward + backward time, its FLOPs (models/flops.py's counter) and

@@ -13,7 +13,7 @@ nothing else (no Fabric, no data reads, no clipping, no logging).
 
 The two alternate ``--repeats`` times in one process, each going first in turn (so machine load
 hits both alike). Printed: the ratio ours / bare of each pair, their median, and best-of-N ours
-over best-of-N bare (the least disturbed run of each). Aim (issue 4): >= 0.9.
+over best-of-N bare (the least disturbed run of each). Aim: >= 0.9.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The command line speaks one dialect (issue 16, item 6): one spelling for the output path and
+"""The command line speaks one dialect: one spelling for the output path and
 for quiet runs across every command, unknown names refused, `none` read as unset."""
 
 import argparse

@@ -155,7 +155,7 @@ def test_nan_infinite_and_absurd_values_are_refused(tmp_path, key, value, msg):
 
 
 def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monkeypatch):
-    """Issue 25: "one resolve_run(...) that returns a frozen, typed run config ... built once per
+    """The request: "one resolve_run(...) that returns a frozen, typed run config ... built once per
     process" (the grid was expanded twice per call): the check of the file expands it, once."""
     import dataclasses
 
@@ -177,7 +177,7 @@ def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monk
 
 
 def test_a_finished_runs_saved_config_reads_back_typed():
-    """A run folder's saved config reads back into RunConfig (issue 25: "A run folder's saved config
+    """A run folder's saved config reads back into RunConfig (the request: "A run folder's saved config
     reads back into the same type"): strictly, a bad key one line naming the file; the sections a
     folder lacks at their defaults, train as None (the trained context is then unknown)."""
     from stateloop.pipeline import RunConfig
@@ -197,7 +197,7 @@ def test_a_finished_runs_saved_config_reads_back_typed():
 
 
 def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
-    """Issue 25's run config has an eval section, resolved only when a run is evaluated: what
+    """The run config has an eval section, resolved only when a run is evaluated: what
     config.yaml and the weights save (as_dict) is the same with it or without, and reads back
     as without; an old folder's saved eval section is accepted beside the others."""
     import dataclasses

@@ -23,7 +23,7 @@ def test_committed_schema_is_generated_from_the_dataclasses():
 
 
 def test_config_reference_is_generated_and_documents_every_key():
-    """Issue 23: "`config/README.md`-style documentation of every config key (generated from the
+    """The request: "`config/README.md`-style documentation of every config key (generated from the
     schema)". configs/README.md is what `stateloop schema --docs` writes; every key of every
     section has a line of its own, with its default, and the schema carries the same words."""
     import dataclasses

@@ -1,4 +1,4 @@
-"""The documentation as an index (issue 25): "README.md at most about 150 lines ... Results (the
+"""The documentation as an index: "README.md at most about 150 lines ... Results (the
 verdict tables, measured times) go to `docs/results.md`, generated or checked against the latest
 outputs so it cannot drift ... choices the paper leaves open to `docs/choices.md` (one table,
 linked from the code's `[choice]` marks) ... No fact is written in two of these."

@@ -146,7 +146,7 @@ def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, 
 
 
 def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the_overrides(make_run, tmp_path, monkeypatch):
-    """Issue 25: one typed run config "(model, data, train, eval sections)" that every stage takes:
+    """The request: one typed run config "(model, data, train, eval sections)" that every stage takes:
     `stateloop eval` hands the harness the run's saved RunConfig with ``eval`` resolved: the scale's
     section of --config, then --set and the flags; the saved sections as the folder has them."""
     from stateloop.evaluate import harness
@@ -304,7 +304,7 @@ def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
 @pytest.mark.parametrize("case", ["eval-device-cuda", "lm-eval-max-length", "lm-eval-batch-size", "lm-eval-unknown-task",
                                   "lm-eval-num-fewshot"])
 def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
-    """Issue 26: "Tracebacks to turn into one line: eval --device cuda without CUDA; stateloop
+    """The request: "Tracebacks to turn into one line: eval --device cuda without CUDA; stateloop
     lm-eval with max_length=-1, batch_size=0, or an unknown task"; "--num_fewshot -1" was accepted."""
     from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR
 

@@ -1,4 +1,4 @@
-"""A received run folder is data, never code (issue 26): whatever its saved config says, evaluating
+"""A received run folder is data, never code: whatever its saved config says, evaluating
 it runs no code the folder brings and reads or writes no file it names outside itself. The
 settings that name code or files (``eval.task_dir``, ``eval.task_data``, the MLflow store) come
 from the command line (``--config``, ``--set``) or the local defaults only.

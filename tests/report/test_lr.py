@@ -2,7 +2,7 @@
 and claim verdict, each model's best lr, the row's verdict (holding at every lr, or changing), on
 constructed perplexities whose answers are known; and the bracket the decide config plans.
 
-Issue 22: "run three peak lrs ... paired seeds; report each model's best lr and whether the verdict
+The request: "run three peak lrs ... paired seeds; report each model's best lr and whether the verdict
 changes with lr (a claims row: "the verdict holds at every lr tried" or which lr flips it). Do not
 tune for StateLoop: the same grid for both models."
 """

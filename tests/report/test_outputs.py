@@ -1,5 +1,5 @@
 """One table of outputs (stateloop.report.outputs): each has its renderer, and the CLI offers
-exactly these names (issue 16, item 4: output names spelled once)."""
+exactly these names (output names spelled once)."""
 
 from stateloop.cli import build_parser
 from stateloop.report import figures, tables

@@ -1,4 +1,4 @@
-"""Bad input gets one clear line, before any work (issue 15): each case through the command a
+"""Bad input gets one clear line, before any work: each case through the command a
 user types, exit status 2, one line naming the key, value or file, and no output folder."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _case(name, tmp_path):
         needle = "text.txt: not UTF-8 text (invalid continuation byte: byte 0xe9)" if name == "not-utf8" else "text.txt: file is empty"
         return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
                 "--no-progress"], needle
-    if name in ("long-line", "long-document"):  # issue 26: a 60 MB line took 4.9 GB and 14+ minutes to tokenize
+    if name in ("long-line", "long-document"):  # a 60 MB line took 4.9 GB and 14+ minutes to tokenize
         from stateloop.data.tokenize import MAX_DOC_CHARS
 
         text = tmp_path / "text.txt"
@@ -74,7 +74,7 @@ def _case(name, tmp_path):
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
-    if name in ("meta-no-splits", "meta-no-eos", "oov-ids", "tokenizer-outside"):  # issue 26
+    if name in ("meta-no-splits", "meta-no-eos", "oov-ids", "tokenizer-outside"):  # a case the fault probe found
         meta = json.loads((data / "meta.json").read_text())
         key = {"meta-no-splits": "splits", "meta-no-eos": "eos_id"}.get(name)
         if key:
@@ -103,7 +103,7 @@ def _case(name, tmp_path):
         "zero-steps": (_train(cfg, data, out, RUN, "train.max_steps=0"), "train.max_tokens: set a token budget (or train.max_steps)"),
         "negative-lr": (_train(cfg, data, out, RUN, "train.lr=-1"), "train.lr: must be positive, got -1.0"),
         "nan-lr": (_train(cfg, data, out, RUN, "train.lr=.nan"), "train.lr: expected a finite number, got nan"),
-        # issue 26
+        # a case the fault probe found
         "init-std-negative": (_train(cfg, data, out, RUN, "model.init_std=-0.02"), "model.init_std: must be positive, got -0.02"),
         "norm-eps-zero": (_train(cfg, data, out, RUN, "model.norm_eps=0"), "model.norm_eps: must be positive, got 0"),
         "mixer-heads-zero": (_train(cfg, data, out, RUN, "model.mixer_heads=0"), "model.mixer_heads: must be positive, got 0"),
@@ -114,7 +114,7 @@ def _case(name, tmp_path):
 
 CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not-utf8", "empty-text", "run-not-in-config", "run-escapes-up",
          "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr",
-         # issue 26
+         # a case the fault probe found
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
          "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside"]
 
@@ -143,7 +143,7 @@ def test_an_offline_lm_eval_task_without_the_shared_data_names_the_folder(tmp_pa
 
 
 def test_a_corpus_smaller_than_one_training_window_is_warned_about_at_tokenize_time(tmp_path, capsys):
-    """Issue 26: "a corpus of a few words (warn when the token count is below one training window)"."""
+    """The request: "a corpus of a few words (warn when the token count is below one training window)"."""
     text = tmp_path / "text.txt"
     text.write_text("a few words\n")
     cfg = _tokenize_config(tmp_path, text)

@@ -1,4 +1,4 @@
-"""Faults while training (issue 15, "Faults"): SIGKILL at several points of a checkpoint's life,
+"""Faults while training ("Faults"): SIGKILL at several points of a checkpoint's life,
 a disk that fills during a checkpoint write, Ctrl-C, and what each leaves behind; the progress
 lines a non-interactive training prints."""
 
@@ -107,7 +107,7 @@ def _child_env():
 @pytest.mark.parametrize("point,at", [("mid-write", 8), ("before-rename", 8), ("before-sidecar", 8),
                                       ("mid-prune", 4), ("after-save", 4)])
 def test_sigkill_at_each_point_of_a_checkpoint_resumes_bitwise(setup, tmp_path, point, at, capsys):
-    """Issue 15: "SIGKILL at random points, including inside a checkpoint write: resume gives
+    """The request: "SIGKILL at random points, including inside a checkpoint write: resume gives
     final weights bitwise equal to an uninterrupted run" and "A kill during checkpoint pruning
     leaves an orphan full checkpoint forever"."""
     cfg, data, reference = setup
@@ -169,7 +169,7 @@ def _mount_tmpfs(path, size: int) -> None:
 
 
 def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(setup, tmp_path, capsys):
-    """Issue 15: "Disk full during a checkpoint write ...: the write fails with a clear message,
+    """The request: "Disk full during a checkpoint write ...: the write fails with a clear message,
     the previous checkpoint stays intact and resumable, and no partial file is mistaken for a
     good one." The checkpoints folder is a real file system with room for one and a half
     checkpoints: step 4's fits, step 8's runs out of space (ENOSPC) part-way."""
@@ -199,7 +199,7 @@ def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(setup, tmp
 
 
 def test_a_disk_full_inside_torchs_writer_is_one_line_exit_74_and_leaves_no_tmp(setup, tmp_path, capsys):
-    """Issue 26: "torch's zip writer raises RuntimeError: ... unexpected pos rather than OSError, so
+    """The request: "torch's zip writer raises RuntimeError: ... unexpected pos rather than OSError, so
     the documented exit 74 is a traceback and the .tmp stays". Room for half a checkpoint: the first
     one (step 4) runs out of space inside torch's writer; then the final weights' write does."""
     cfg, data, reference = setup
@@ -242,7 +242,7 @@ def _wait_for(predicate, proc, timeout=600.0):  # a hang guard: the command star
 
 
 def test_ctrl_c_checkpoints_like_sigterm(setup, tmp_path):
-    """Issue 15: "Ctrl-C should checkpoint like SIGTERM", with one line and no traceback."""
+    """The request: "Ctrl-C should checkpoint like SIGTERM", with one line and no traceback."""
     cfg, data, _ = setup
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "stateloop.cli",
@@ -286,7 +286,7 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(setup, tmp_path, monkeypatch,
 
 
 def test_without_a_progress_bar_training_prints_progress_lines(setup, tmp_path, capsys, monkeypatch):
-    """Issue 14: "In non-interactive mode, print a periodic progress line (step, tokens, loss,
+    """The request: "In non-interactive mode, print a periodic progress line (step, tokens, loss,
     tok/s, ETA) to the log." Every log step here (interval 0); with the default interval a
     seconds-long run prints its first and last log step only."""
     cfg, data, _ = setup
@@ -302,7 +302,7 @@ def test_without_a_progress_bar_training_prints_progress_lines(setup, tmp_path, 
 
 
 def test_checkpoints_are_not_staged_in_tmpdir(setup, tmp_path, monkeypatch):
-    """Issue 15: "Lightning stages every checkpoint in memory and in $TMPDIR, so a small
+    """The request: "Lightning stages every checkpoint in memory and in $TMPDIR, so a small
     node-local /tmp kills training although the run folder has room." Every temporary file a
     training makes is opened beside its target (mkstemp with dir=...), none in $TMPDIR."""
     import tempfile

@@ -148,7 +148,7 @@ def _with_tokenizer(data: Path) -> Path:
 
 
 def test_a_finished_run_is_an_mlflow_model_with_its_system_metrics(tiny_setup, tmp_path, mlflow_uri):
-    """Issue 23: "Each trained run logs its final weights as an MLflow model (a LoggedModel, with
+    """The request: "Each trained run logs its final weights as an MLflow model (a LoggedModel, with
     the export's directory ...) so the Models tab lists it; optionally register models by name with
     a config switch" and "System metrics (MLflow's own monitor) for training runs, on by default".
     The model's artifacts, downloaded through models:/<id>, load in transformers and give the run's

@@ -349,7 +349,7 @@ def _train_cli(cfg_path, data, run_dir, *args):
 
 
 def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
-    """Issue 25: the run config's eval section is resolved when the run is evaluated; a run trained
+    """The request: the run config's eval section is resolved when the run is evaluated; a run trained
     from a RunConfig carrying one writes the config.yaml and weights of one without."""
     import dataclasses
 
@@ -367,7 +367,7 @@ def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
 
 
 def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tmp_path, capsys):
-    """Issue 26: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
+    """The request: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
     finished run's model.pt and train.json, and then stateloop train refuses". The DAG's train rule
     passes --restart-on-change: the rerun starts the run afresh, saying so, and records the lr it
     trained with; by hand, without the flag, the change is refused and nothing is removed."""
@@ -394,7 +394,7 @@ def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tm
 
 
 def test_a_folder_copied_without_its_config_resumes_only_its_own_optimizer(tiny_setup, tmp_path, capsys):
-    """Issue 26: "A run folder copied without its config.yaml: resuming with train.lr=1e-3 trains
+    """The request: "A run folder copied without its config.yaml: resuming with train.lr=1e-3 trains
     with the checkpoint's lr but records 1e-3". The checkpoint's own config decides: refused in one
     line naming it, and nothing is recorded."""
     import shutil
@@ -412,7 +412,7 @@ def test_a_folder_copied_without_its_config_resumes_only_its_own_optimizer(tiny_
 
 
 def test_an_inexact_resume_says_so_records_it_and_mlflow_keeps_the_new_values(tiny_setup, tmp_path, capsys, mlflow_uri):
-    """Issue 26: "train.max_tokens and train.grad_clip changed on resume are applied silently ...
+    """The request: "train.max_tokens and train.grad_clip changed on resume are applied silently ...
     After an inexact resume, MLflow keeps the redone steps' new values, not the old ones." A resume
     from step 4 of a run that had logged steps 1-8, with another grad_clip and a longer budget: one
     warning each, train.json and an MLflow tag record them, and MLflow's value at step 8 is the

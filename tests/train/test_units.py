@@ -109,7 +109,7 @@ def test_run_id_errors(tmp_path):
         resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
         resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")
-    # Issue 15: "Today a run id that is not in the config (tiny/stateloop/K9_ds64) silently starts
+    # The request: "Today a run id that is not in the config (tiny/stateloop/K9_ds64) silently starts
     # a training run." A K, seed or model the experiments do not list is refused, naming its neighbours.
     for run in ("t/vanilla_looped/K5_ds0_seed1234", "t/stateloop/K2_ds32_seed8", "t/stateloop/K2_ds64_seed7"):
         with pytest.raises(ConfigError, match=rf"^RUN: {run} is not a run of .*cfg.yaml; add it to an experiment "

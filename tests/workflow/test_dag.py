@@ -147,7 +147,7 @@ def test_slurm_job_starts_training_as_a_job_step_on_one_node_too(tmp_path, monke
 
 
 def test_a_slurm_job_uses_the_cpus_it_was_given_not_the_submit_hosts_cores(tmp_path, monkeypatch):
-    """Issue 23: "A job submitted to SLURM uses the cores it asked for (today the inner job inherits
+    """The request: "A job submitted to SLURM uses the cores it asked for (today the inner job inherits
     `--cores` from the submit host's profile)". The plugin starts the rule job with the submit
     host's --cores (here 1); inside the SLURM job (remote mode, SLURM_JOB_ID set) the job's threads,
     which Snakemake exports as OMP_NUM_THREADS, are the CPUs SLURM gave it (SLURM_CPUS_ON_NODE = 4,
@@ -194,7 +194,7 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
 
 
 def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_path):
-    """Issue 27: "An experiment key (test_time_K) adds these evaluations to the DAG for the runs it
+    """The request: "An experiment key (test_time_K) adds these evaluations to the DAG for the runs it
     names; held-out PPL only by default". configs/decide.yaml's test_time_depth names Figure 2's
     runs: no training beyond Figure 2's, one eval_depth job per run (40), each at every listed
     depth with no lm-eval task; its figure reads them, and the claims read the figure's inputs."""
@@ -227,7 +227,7 @@ def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
 
 
 def test_the_gpu_ladder_plans_its_rungs_on_one_gpu_each(tmp_path):
-    """Issue 22: "The same ladder for one GPU (on configs/gpu.yaml's data and tokenizer, rungs up
+    """The request: "The same ladder for one GPU (on configs/gpu.yaml's data and tokenizer, rungs up
     to its ~110M model), with `stateloop plan` figures for its cost". configs/ladder_gpu.yaml: 3
     rungs x 2 models x K = 4, 7 x 3 seeds on one GPU each, gpu.yaml's data and tokenizer, its
     largest rung gpu.yaml's own shape and budget; the plan prints each run's GPU-hours."""
@@ -335,7 +335,7 @@ def _files(root):
 
 
 def test_a_job_reads_the_config_it_was_scheduled_with_and_dry_runs_write_nothing(tmp_path):
-    """Issue 15: "Every snakemake call rewrites results/config.yaml, dry runs and lock-refused calls
+    """The request: "Every snakemake call rewrites results/config.yaml, dry runs and lock-refused calls
     included, and running jobs read that file when they start ... A job's config must be fixed
     when the job is scheduled, and a change of the effective config must rerun what it affects."
     """
@@ -441,7 +441,7 @@ def test_the_export_rule_turns_a_trained_run_into_a_hugging_face_directory(tmp_p
 
 
 def test_every_rule_quotes_the_paths_and_wildcards_of_its_shell_command():
-    """Issue 26: "Quote every wildcard in every rule's shell command (the tokenize rule does not)":
+    """The request: "Quote every wildcard in every rule's shell command (the tokenize rule does not)":
     every wildcard, log, output, input and file-naming param in a shell string is written ``{...:q}``."""
     from pathlib import Path
 
@@ -453,7 +453,7 @@ def test_every_rule_quotes_the_paths_and_wildcards_of_its_shell_command():
 
 
 def test_a_changed_train_lr_reruns_the_run_afresh_instead_of_deleting_its_weights_and_refusing(tmp_path):
-    """Issue 26: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
+    """The request: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
     finished run's model.pt and train.json, and then stateloop train refuses ... the run is left
     without weights". The rerun trains the run afresh with the new lr, saying so in its log."""
     work = copy_workflow(tmp_path)

@@ -197,7 +197,7 @@ def _logged_models(ui, exp: str) -> list[dict]:
 
 
 def test_models_tab_lists_every_trained_runs_model(ui):
-    """Issue 23: "Each trained run logs its final weights as an MLflow model ... so the Models tab
+    """The request: "Each trained run logs its final weights as an MLflow model ... so the Models tab
     lists it". Every training run of the smoke DAG has one READY logged model whose source is that
     run, and the experiment's Models tab shows each by name."""
     trained = {str(p.parent.relative_to(ui.root / "results/runs")) for p in (ui.root / "results/runs").glob("*/*/*/train.json")}

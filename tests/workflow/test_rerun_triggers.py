@@ -1,4 +1,4 @@
-"""Rerun triggers (issue 23): a job reruns when what it reads changes, and only then. The smoke
+"""Rerun triggers: a job reruns when what it reads changes, and only then. The smoke
 DAG's outputs are placeholders, marked done with `snakemake --touch --forceall` (which records
 every job's params as a run would); each config change is then planned by a dry run, whose jobs
 are the ones the change reruns. No job runs."""
