@@ -278,8 +278,8 @@ class StateLoopLM(LoopedLM):
         """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
         # The norm's function and F.linear on the weights, not calls of the modules: the read runs K
         # times per decoded token, and inside a token a module's call cost about as much as a small
-        # operator (benchmarks/README.md, issue 24). S is float32 (models/state.py); the matmul runs
-        # in W's dtype.
+        # operator (measured in benchmarks/README.md, "exact FLOPs, the state branch, Table 3's decode
+        # shape"). S is float32 (models/state.py); the matmul runs in W's dtype.
         norm = self.norm_s
         N = rms_norm(S, norm.weight, norm.eps)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
         weight = W.weight

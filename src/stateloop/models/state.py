@@ -83,7 +83,7 @@ class SelectiveStateCell(nn.Module):
         iteration k."""
         norm = self.norm_h
         # (2), through the norm's function, not a call of the module: this runs K times per decoded
-        # token, where the module's call cost about as much as a small operator (issue 24)
+        # token, where the module's call cost about as much as a small operator (benchmarks/README.md)
         U = rms_norm(H, norm.weight, norm.eps)
         W, b, neg_lambda = self._fused()
         # (5) and Delta^k's pre-activation, one matmul; both in the state's dtype (module docstring),
