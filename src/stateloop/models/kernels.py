@@ -165,6 +165,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "au
     return attention_ref(q, k, v)
 
 
+def qkv_fused(x: torch.Tensor, W_qkv: torch.Tensor, rope, n_heads: int, head_dim: int):
+    """Twin of the q, k, v of ``backbone.Attention`` (models/backbone.py), taken without gradients:
+    one product with W_qkv = [W_q; W_k; W_v] instead of three, and RoPE (``rope.apply``, a
+    :class:`~stateloop.models.backbone.Rotary`) once on q and k side by side. x: (B, T, d_in);
+    returns q, k, v (B, T, n_heads, head_dim). The same products as the three, up to the order
+    of a matmul's accumulation, which a BLAS may choose by the product's shape."""
+    B, T, _ = x.shape
+    H = n_heads
+    qkv = F.linear(x, W_qkv).view(B, T, 3 * H, head_dim)
+    qk = rope.apply(qkv[:, :, : 2 * H])
+    return qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
+
+
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Pure-PyTorch twin of :func:`attention` (``scaled_dot_product_attention``)."""
     Tq, Tk = q.shape[1], k.shape[1]
