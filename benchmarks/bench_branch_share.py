@@ -120,7 +120,7 @@ def plain_stateloop(model) -> None:
     no read masks): the bound for a branch with no Python around its operators (module docstring)."""
     cell, d_s = model.cell, model.cfg.d_state
     with torch.no_grad():
-        W, b, neg_lambda = (t.clone() for t in cell._fused())
+        W, b, neg_lambda = (t.clone() for t in cell.fused_weights())
     g_h, g_s, eps = cell.norm_h.weight.detach(), model.norm_s.weight.detach(), cell.norm_h.eps
     d = g_h.numel()
     linear, rms_norm, softplus, exp, lerp, addcmul = F.linear, torch.rms_norm, F.softplus, torch.exp, torch.lerp, torch.addcmul

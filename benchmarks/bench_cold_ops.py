@@ -46,8 +46,8 @@ PIECES = (
 
 
 def cell_steps(cell, S, H, spent: dict | None):
-    """SelectiveStateCell.forward (S^k given) one operator at a time; each step's seconds appended
-    to ``spent[piece]`` when given. Returns S~^{k+1} and the step's inputs (for the hot loop)."""
+    """The cell's decoding twin (kernels.selective_state_step, S^k given) one operator at a time;
+    each step's seconds appended to ``spent[piece]`` when given. Returns S~^{k+1} and the step's inputs (for the hot loop)."""
     t = [time.perf_counter()]
 
     def mark():
@@ -55,7 +55,7 @@ def cell_steps(cell, S, H, spent: dict | None):
 
     U = rms_norm(H, cell.norm_h.weight, cell.norm_h.eps)  # as the cell calls it (models/state.py)
     mark()
-    W, b, neg_lambda = cell._fused()
+    W, b, neg_lambda = cell.fused_weights()
     mark()
     y = upcast(F.linear(U, W, b))
     mark()
@@ -77,7 +77,7 @@ def hot_calls(cell, x: dict, a, b_, n: int) -> dict[str, float]:
     """Seconds per call of each piece repeated ``n`` times on the same tensors."""
     calls = {
         "cell RMSNorm": lambda: rms_norm(x["H"], cell.norm_h.weight, cell.norm_h.eps),
-        "cell [W_u; W_Delta] lookup": cell._fused,
+        "cell [W_u; W_Delta] lookup": cell.fused_weights,
         "cell product": lambda: F.linear(x["U"], x["W"], x["b"]),
         "cell chunk": lambda: x["y"].chunk(2, dim=-1),
         "softplus": lambda: F.softplus(x["pre"]),

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.kernels import attention, rms_norm
+from stateloop.models.kernels import attention, qkv_fused, rms_norm
 
 
 class RMSNorm(nn.Module):
@@ -96,7 +96,8 @@ class DerivedWeights(nn.Module):
     changes, so the parameters are looked up only at the first call of the pass: a looped model
     asks for the same tensor K times per decoded token (every application of the backbone's
     attention, every iteration of the state cell), and the lookup, a few attribute reads per
-    parameter, cost about as much as an operator inside a token (benchmarks/README.md, issue 24)."""
+    parameter, cost about as much as an operator inside a token (measured in benchmarks/README.md,
+    "exact FLOPs, the state branch, Table 3's decode shape")."""
 
     _passes = itertools.count(1)
 
@@ -159,10 +160,12 @@ class DerivedWeights(nn.Module):
 class Attention(nn.Module):
     """Causal self-attention with RoPE; optional KV cache for incremental decoding.
 
-    Without gradients (decoding, evaluation) q, k and v come from one product with [W_q; W_k; W_v],
-    which is kept while the weights stay: one operator instead of three per application, at the
-    cost of a copy of the three matrices in memory beside them ([choice]; with gradients, training
-    takes the three products, so its numbers are unchanged)."""
+    With gradients (training) q, k and v are three products, q = RoPE(x W_q^T), k = RoPE(x W_k^T),
+    v = x W_v^T. Without (decoding, evaluation) they come from their twin
+    :func:`~stateloop.models.kernels.qkv_fused`, one product with [W_q; W_k; W_v], which is kept
+    while the weights stay: one operator instead of three per application, at the cost of a copy
+    of the three matrices in memory beside them ([choice]; training's numbers are the three
+    products'; the twin's agree to the dtype's rounding, tests/models/test_decode_parts.py)."""
 
     def __init__(self, d_in: int, n_heads: int, head_dim: int, impl: str = "auto"):
         super().__init__()
@@ -178,16 +181,15 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        if DerivedWeights.differentiable(self._qkv_weights):  # training: three products, each weight's gradient its own
-            q, k, v = (F.linear(x, W).view(B, T, H, D) for W in self._qkv_weights())
-            q, k = rope.apply(q), rope.apply(k)
-        else:  # decoding, evaluation: one product with [W_q; W_k; W_v] (kept while the weights stay), RoPE once on q, k
-            qkv = F.linear(x, self._qkv.get(self._qkv_weights, lambda: torch.cat(self._qkv_weights()))).view(B, T, 3 * H, D)
-            qk = rope.apply(qkv[:, :, : 2 * H])
-            q, k, v = qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
+        if not DerivedWeights.differentiable(self._qkv_weights):  # decoding, evaluation: the fused twin
+            q, k, v = qkv_fused(x, self._qkv.get(self._qkv_weights, lambda: torch.cat(self._qkv_weights())), rope, H, D)
+        else:  # the weights on F.linear, not calls of their modules (the mixer's attention sits outside the layers)
+            q = rope.apply(F.linear(x, self.wq.weight).view(B, T, H, D))  # RoPE(x W_q^T)
+            k = rope.apply(F.linear(x, self.wk.weight).view(B, T, H, D))  # RoPE(x W_k^T)
+            v = F.linear(x, self.wv.weight).view(B, T, H, D)  # x W_v^T
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, T_past + T, H, D)
-        y = attention(q, k, v, impl=self.impl)  # (B, T, H, D)
+        y = attention(q, k, v, impl=self.impl)  # (B, T, H, D): softmax(q k^T / sqrt(D), causal) v
         return self.wo(y.reshape(B, T, -1))
 
     def _qkv_weights(self):

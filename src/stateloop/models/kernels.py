@@ -1,7 +1,10 @@
-"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d).
+"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d), and the
+home of the fused decoding twins of the paper-form model code.
 
 Every kernel has a pure-PyTorch twin with the same signature, used on CPU and whenever the
-package is missing. ``impl`` selects: ``"auto"`` takes the kernel on CUDA tensors when the package
+package is missing. The other way round, :func:`selective_state_step` is the fused twin of a
+reference written as the paper's equations (StateLoop's cell, models/state.py), which decoding
+takes: the same floats in fewer operators. ``impl`` selects: ``"auto"`` takes the kernel on CUDA tensors when the package
 imports, ``"torch"`` never does, ``"kernel"`` requires it and fails loudly otherwise.
 Tests force the torch path with ``impl="torch"``; ``tests/models/test_kernels_gpu.py`` compares
 both on a GPU.
@@ -116,6 +119,36 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 # ----------------------------------------------------------------------------------------------
+# StateLoop's state update, eqs. (2), (5), (6): the decoding twin
+
+
+def selective_state_gates(H: torch.Tensor, norm_weight: torch.Tensor, eps: float, W: torch.Tensor, b: torch.Tensor,
+                          neg_lambda: torch.Tensor):
+    """Proposal P^k and retention g^k of :class:`~stateloop.models.state.SelectiveStateCell` for H^k:
+    U = RMSNorm_h(H), [P, pre] = U W^T + b with W = [W_u; W_Delta], b = [0; b_Delta], and
+    g = exp(softplus(pre) * neg_lambda) with neg_lambda = -lambda. Both in the state's dtype."""
+    U = rms_norm(H, norm_weight, eps)
+    P, pre = upcast(F.linear(U, W, b)).chunk(2, dim=-1)  # inside a decoded token `chunk` costs less than `split`
+    return P, torch.exp(F.softplus(pre) * neg_lambda)
+
+
+def selective_state_step(S: torch.Tensor | None, H: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                         W: torch.Tensor, b: torch.Tensor, neg_lambda: torch.Tensor) -> torch.Tensor:
+    """Twin of ``SelectiveStateCell.forward`` (models/state.py, the reference, written as the paper's
+    eqs. 2, 5, 6), taken without gradients: decoding and evaluation. The same arithmetic on the same
+    operands, hence the same floats (tests/models/test_state_equations.py checks them bit for bit), on
+    weights the cell concatenates once while its parameters stay (``SelectiveStateCell.fused_weights``:
+    W = [W_u; W_Delta], b = [0; b_Delta], neg_lambda = -exp(A_log)), with the norm's function instead
+    of a call of its module and -lambda made once: it runs K times per decoded token, where a module's
+    call or an operator on the d_s vector costs about as much as a small operator on the token.
+    S = None is S^k = 0."""
+    P, g = selective_state_gates(H, norm_weight, eps, W, b, neg_lambda)
+    if S is None:  # (1 - g) P = P - g P
+        return torch.addcmul(P, g, P, value=-1.0)
+    return torch.lerp(P, cast(S, P.dtype), g)  # g S + (1 - g) P as P + g (S - P)
+
+
+# ----------------------------------------------------------------------------------------------
 # Causal attention
 
 
@@ -130,6 +163,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "au
         # flash-attn >= 2.1 aligns the causal mask to the bottom-right corner, as we need.
         return _flash_attn_func(q, k, v, causal=True)
     return attention_ref(q, k, v)
+
+
+def qkv_fused(x: torch.Tensor, W_qkv: torch.Tensor, rope, n_heads: int, head_dim: int):
+    """Twin of the q, k, v of ``backbone.Attention`` (models/backbone.py), taken without gradients:
+    one product with W_qkv = [W_q; W_k; W_v] instead of three, and RoPE (``rope.apply``, a
+    :class:`~stateloop.models.backbone.Rotary`) once on q and k side by side. x: (B, T, d_in);
+    returns q, k, v (B, T, n_heads, head_dim). The same products as the three, up to the order
+    of a matmul's accumulation, which a BLAS may choose by the product's shape."""
+    B, T, _ = x.shape
+    H = n_heads
+    qkv = F.linear(x, W_qkv).view(B, T, 3 * H, head_dim)
+    qk = rope.apply(qkv[:, :, : 2 * H])
+    return qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -168,8 +214,8 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
     ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
     SiLU's on the transposed layout cost more than the rest of the block's elementwise work
-    (benchmarks/README.md, issue 24). Being elementwise, it is not counted by models/flops.py's
-    matmul count, like the decoding step's window (:func:`conv1d_step`)."""
+    (measured in benchmarks/README.md, "exact FLOPs, the state branch, Table 3's decode shape").
+    Being elementwise, it is not counted by models/flops.py's matmul count, like the decoding step's window (:func:`conv1d_step`)."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
     T, w = x.shape[1], weight.view(-1, W)

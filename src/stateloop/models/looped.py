@@ -274,19 +274,16 @@ class StateLoopLM(LoopedLM):
             # model.read_init (config.py): "residual" scales both like residual-output projections.
             self.W_sz.residual_out = self.W_sout.residual_out = cfg.read_init == "residual"
 
-    def read(self, W: nn.Linear, S: torch.Tensor, keep) -> torch.Tensor:
-        """R = N W^T with the state read N = RMSNorm_s(S) (eq. 3), times the read mask's multiplier."""
-        # The norm's function and F.linear on the weights, not calls of the modules: the read runs K
-        # times per decoded token, and inside a token a module's call cost about as much as a small
-        # operator (benchmarks/README.md, issue 24). S is float32 (models/state.py); the matmul runs
-        # in W's dtype.
-        norm = self.norm_s
-        N = rms_norm(S, norm.weight, norm.eps)  # (3): N^{k+1} = RMSNorm_s(S^{k+1})
-        weight = W.weight
-        R = F.linear(cast(N, weight.dtype), weight)
-        if keep is not None:
-            R = R * keep
-        return R
+    def read(self, W: nn.Linear, S: torch.Tensor, keep=None) -> torch.Tensor:
+        """A read of the state, R = N W^T with W = W_{s->z} (feedback, eq. 4) or W_{s->out} (terminal,
+        eq. 10), times ``keep``, the read mask's multiplier (analyses; None keeps the read)."""
+        N = rms_norm(S, self.norm_s.weight, self.norm_s.eps)  # (3)  N^{k+1} = RMSNorm_s(S^{k+1})
+        R = F.linear(cast(N, W.weight.dtype), W.weight)        # (4), (10)  R_{k+1} = N^{k+1} W^T
+        return R if keep is None else R * keep
+        # RMSNorm_s's function and F.linear on W's weight, not calls of the modules: the floats are
+        # the same, and a read runs K times per decoded token, where a module's call costs about as
+        # much as a small operator (measured in benchmarks/README.md, "exact FLOPs, the state
+        # branch, Table 3's decode shape"). S is float32 (models/state.py); the product runs in W's dtype.
 
     # [choice] Under "layer" checkpointing the state branch of an iteration (cell and mixer, ``update``)
     # is a checkpoint unit of its own, beside the K x L layer units: it keeps only (S^k, H^k) instead
@@ -314,13 +311,12 @@ class StateLoopLM(LoopedLM):
         return self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (8), (9)
 
     def feedback(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The feedback read, eq. (4): Z^{k+1} = H^k + N^{k+1} W_{s->z}^T = H^k + R_{k+1}."""
-        return H + self.read(self.W_sz, S, keep)
+        """The feedback read, eq. (4): the next backbone input from H^k and the state S^{k+1}."""
+        return H + self.read(self.W_sz, S, keep)  # (4)  Z^{k+1} = H^k + N^{k+1} W_{s->z}^T = H^k + R_{k+1}
 
     def terminal(self, H: torch.Tensor, S: torch.Tensor, keep=None) -> torch.Tensor:
-        """The terminal read, eq. (10), the input of the final norm and head:
-        Y = H^{K-1} + N^K W_{s->out}^T = H^{K-1} + R_K."""
-        return H + self.read(self.W_sout, S, keep)
+        """The terminal read, eq. (10): the input of the final norm and head from H^{K-1} and S^K."""
+        return H + self.read(self.W_sout, S, keep)  # (10)  Y = H^{K-1} + N^K W_{s->out}^T = H^{K-1} + R_K
 
     def loop(self, h, rope, cache, return_states: bool = False, read_mask=None, state_overrides=None,
              diagnostics: dict | None = None) -> ModelOutput:

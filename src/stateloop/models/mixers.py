@@ -40,7 +40,7 @@ class IdentityMixer(nn.Module):
     """Eq. (7): S^{k+1} = X_id(S~^{k+1}) = S~^{k+1}, StateLoop's mixer."""
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache=None) -> torch.Tensor:
-        return S
+        return S  # (7)  S^{k+1} = S~^{k+1} (StateLoopLM.update does not even call it)
 
     def new_cache(self):
         return None
@@ -56,8 +56,8 @@ class AttentionMixer(nn.Module):
         self.attn = Attention(d_s, n_heads, head_dim, impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: KVCache | None = None) -> torch.Tensor:
-        u = cast(self.norm(S), self.attn.wq.weight.dtype)  # the state is float32; the matmuls run in the weights' dtype
-        return S + self.attn(u, rope.for_head_dim(self.attn.head_dim), cache)
+        u = cast(self.norm(S), self.attn.wq.weight.dtype)  # RMSNorm_m(S~^{k+1}); the products run in the weights' dtype
+        return S + self.attn(u, rope.for_head_dim(self.attn.head_dim), cache)  # (8)  S^{k+1} = S~^{k+1} + CausalAttention(u)
 
     def new_cache(self) -> KVCache:
         return KVCache()
@@ -199,8 +199,8 @@ class Mamba2Mixer(nn.Module):
                             cfg.mamba_n_groups, cfg.mamba_chunk_size, cfg.norm_eps, cfg.ssd_impl)
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache: Mamba2Cache | None = None) -> torch.Tensor:
-        u = cast(self.norm(S), self.mamba.in_proj.weight.dtype)  # as in AttentionMixer
-        return S + self.mamba(u, cache)
+        u = cast(self.norm(S), self.mamba.in_proj.weight.dtype)  # RMSNorm(S~^{k+1}) (cfg.mamba_prenorm), as in AttentionMixer
+        return S + self.mamba(u, cache)  # (9)  S^{k+1} = Mamba2Block(S~^{k+1}), the block's residual written out
 
     def new_cache(self) -> Mamba2Cache:
         return Mamba2Cache()
