@@ -47,6 +47,7 @@ def pytest_collection_modifyitems(config, items):
         if ("smoke_dag" in getattr(item, "fixturenames", ()) or params.get("rehearsal") in ("tiny.yaml", "paper.yaml", "ladder.yaml")
                 or item.nodeid.startswith(BALANCED)):
             item.add_marker(pytest.mark.shared_dag)
+            item.add_marker(pytest.mark.slow)  # the rehearsals take minutes: never in the fast tier
 
 
 BALANCED = ("tests/workflow/test_slurm_cluster.py", "tests/workflow/test_rehearse.py::test_interrupted_rehearsal",

@@ -43,6 +43,7 @@ def _rule_commands() -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow
 def test_help_lists_the_pipeline_in_the_dags_order_then_the_tools(capsys, tmp_path):
     listed = _listed(_run(capsys, "--help"))
     assert listed == list(PIPELINE) + list(TOOLS)

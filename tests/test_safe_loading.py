@@ -105,6 +105,7 @@ def test_lm_eval_adapter_and_load_model_refuse_a_malicious_model_pt(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_resume_passes_over_a_malicious_checkpoint(tmp_path, monkeypatch, capsys):
     """The newest checkpoint carries a payload (with a matching sha256 sidecar): the resume warns,
     naming it, and continues from the previous one; loading it directly is refused."""

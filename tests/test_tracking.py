@@ -47,6 +47,7 @@ def here(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_artifacts_sit_beside_the_store_and_follow_it_when_it_moves(empty_db, here):
     uri = _store(empty_db, here / "a" / "results" / "mlflow.db")
     c = client(uri)
@@ -80,6 +81,7 @@ def _smoke_config(path: Path, uri: str | None = None) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_received_run_folder_never_chooses_the_store(empty_db, here, monkeypatch):
     """train.json and the saved config of a run folder trained elsewhere name the trainer's store:
     the stages after training use $MLFLOW_TRACKING_URI, else the local config's setting, else the
@@ -172,6 +174,7 @@ for r in range(3):  # as training logs: the background logger, a batch per step
 """
 
 
+@pytest.mark.slow
 def test_parallel_jobs_on_one_sqlite_store_lose_nothing(tmp_path):
     """Four processes, as four parallel Snakemake jobs, on one new sqlite store: every run with
     every metric point, and one run where all four find-or-make the same name."""
@@ -208,6 +211,7 @@ def _fake_evals(cfg, results: Path) -> None:
         (folder / "eval.json").write_text(json.dumps({"heldout": {"ppl": 10.0 + i}, "tasks": {}}))
 
 
+@pytest.mark.slow
 def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
     from mlflow.tracking import MlflowClient
 

@@ -17,6 +17,7 @@ MFU, PEAK = 0.30, 989.0
 
 
 @pytest.mark.parametrize("name,K", [("stateloop", 3), ("stateloop", 4), ("stateloop_attn", 3), ("stateloop_gru", 4)])
+@pytest.mark.slow
 def test_the_estimates_count_what_the_analysis_code_runs(name, K):
     """The FLOP counter over the Shapley tree, the interventions' tree and the forward pass
     themselves (on the meta device) gives each per-window estimate exactly."""

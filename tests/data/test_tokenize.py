@@ -104,6 +104,7 @@ def test_rerun_is_a_noop_and_a_changed_input_rewrites(tmp_path):
     assert not (tmp_path / ".partial").exists()
 
 
+@pytest.mark.slow
 def test_neox_tokenizer_round_trips_tinyshakespeare(shared_data, tmp_path):
     text_path = shared_data / "tinyshakespeare" / "input.txt"
     tok_path = shared_data / "gpt-neox-20b" / "tokenizer.json"

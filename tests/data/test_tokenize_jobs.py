@@ -77,6 +77,7 @@ def test_tokenizer_threads_come_from_the_jobs_allocation_not_the_nodes_cores(mon
     assert tok_mod.worker_threads(8) == 1 and tok_mod.usable_cpus() == 4
 
 
+@pytest.mark.slow
 def test_an_interrupted_tokenization_continues_after_its_last_complete_shard(tmp_path, monkeypatch):
     """Interrupted while a batch is being written (its train tokens added, the held-out ones not):
     the rerun keeps the shards complete at the last record, cuts the open one back, encodes only

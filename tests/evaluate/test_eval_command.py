@@ -19,6 +19,7 @@ def eval_cli(run_dir, *args):
     return main(["eval", str(run_dir), "--no-progress", *args])
 
 
+@pytest.mark.slow
 def test_lambada_piqa_wikitext_from_shared_data(make_run, shared_data, tmp_path):
     """The local YAMLs over ../shared/data: LAMBADA gives token perplexity and accuracy, PIQA
     accuracy, WikiText-2 word perplexity; eval.json names versions and sample counts."""
@@ -63,6 +64,7 @@ def test_lambada_piqa_wikitext_from_shared_data(make_run, shared_data, tmp_path)
     assert held["ppl"] == pytest.approx(math.exp(nll / (20 * L)), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_logs_into_the_runs_mlflow_run(make_run):
     """Into train.json's mlflow_run_id when training recorded one; else into a run named by the
     run id, the same one on every evaluation."""
@@ -251,6 +253,7 @@ def test_task_manager_falls_back_to_lm_evals_whole_folder(monkeypatch, tmp_path)
     assert calls == [(local, True), ([folder, *local], False), (local, True), (local, False)]
 
 
+@pytest.mark.slow
 def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
     """The synthetic multiple-choice and cloze tasks run offline through lm-eval at 0 and 5 shots;
     the logged 5-shot prompts hold five answered examples from the few-shot pool, then the item."""
@@ -303,6 +306,7 @@ def test_offline_synthetic_tasks_zero_and_five_shot(make_run):
 
 @pytest.mark.parametrize("case", ["eval-device-cuda", "lm-eval-max-length", "lm-eval-batch-size", "lm-eval-unknown-task",
                                   "lm-eval-num-fewshot"])
+@pytest.mark.slow
 def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
     """The request: "Tracebacks to turn into one line: eval --device cuda without CUDA; stateloop
     lm-eval with max_length=-1, batch_size=0, or an unknown task"; "--num_fewshot -1" was accepted."""

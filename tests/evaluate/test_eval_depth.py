@@ -84,6 +84,7 @@ def test_a_depth_without_a_meaning_is_one_line_before_any_work(make_run, capsys,
     assert sorted(p.name for p in run_dir.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_a_sweep_with_tasks_keeps_each_depths_files_apart_from_eval_json(make_run):
     """test_time_tasks: the sweep runs the lm-eval tasks at every depth, and its samples and
     lm-eval files go to folders of their own: eval.json's (eval_samples/, lm_eval/) stay as the

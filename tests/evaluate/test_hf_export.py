@@ -82,6 +82,7 @@ def load_in_clean_interpreter(dirs: dict[str, Path], tmp_path: Path) -> tuple[di
     return load_file(job["out"] + ".safetensors"), json.loads(Path(job["out"] + ".json").read_text())
 
 
+@pytest.mark.slow
 def test_every_model_loads_in_transformers_alone_with_equal_logits_and_cached_generation(make_run, data_dir, tmp_path):
     dirs, models = {}, {}
     for name in MODELS:
@@ -247,6 +248,7 @@ def test_a_tokenizer_file_outside_the_data_folder_is_refused(data_dir, tmp_path,
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.slow
 def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, data_dir, tmp_path, monkeypatch):
     """`lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True` (lm-eval's own command
     line, in this process): 2-shot synth_mc, the same prompts and per-request log-likelihoods as

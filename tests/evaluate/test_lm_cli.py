@@ -52,6 +52,7 @@ def pipeline(run_dir: Path, data_dir: Path, work: Path, **settings) -> dict:
                      data_meta=read_meta(data_dir))
 
 
+@pytest.mark.slow
 def test_synth_mc_through_lm_evals_cli_equals_stateloop_eval(make_run, data_dir, tmp_path, caplog, monkeypatch):
     """2-shot synth_mc: same prompts and log-likelihoods as `stateloop eval`, the questions drawn
     with the generator settings of the run's data; cuda:0 falls back to the CPU with a warning;
@@ -88,6 +89,7 @@ def assert_synth_mc_equals_the_pipelines(res: dict, run_dir, data_dir, work) -> 
     return theirs
 
 
+@pytest.mark.slow
 def test_shared_tasks_through_lm_evals_cli_equal_stateloop_eval(make_run, data_dir, shared_data, tmp_path, monkeypatch):
     """PIQA accuracy and WikiText-2 word perplexity over ../shared data, from another folder."""
     for folder in ("piqa", "wikitext-2"):

@@ -96,6 +96,7 @@ def _hostile(out: Path) -> dict:
 
 @pytest.mark.parametrize("field", ["eval.task_dir", "eval.task_data", "train.mlflow_tracking_uri", "train.mlflow_experiment",
                                    "run.id", "model.name"])
+@pytest.mark.slow
 def test_a_hostile_saved_setting_runs_no_code_and_touches_nothing_outside(field, tmp_path, data_dir, outside, monkeypatch, capsys):
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.chdir(tmp_path)  # the local default store: tmp_path/results/mlflow.db
@@ -141,6 +142,7 @@ def test_a_saved_eval_section_gives_the_run_config_its_values_never_its_folders(
     assert resolve_eval(run_dir, None, {"task_dir": mine}).eval.task_dir == mine  # --set is the user's choice
 
 
+@pytest.mark.slow
 def test_the_config_file_a_run_names_gives_values_only(tmp_path, data_dir, outside, monkeypatch, capsys):
     """run.config names a pipeline config (here a hostile one): its value settings apply (the
     evaluation asks for its task), its task folder, task data and MLflow store do not."""
@@ -196,7 +198,8 @@ TEXT_FIELDS = {
     "run.experiments": "names, recorded",
     "model.name": "looked up in the model registry (tested above)",
     "model.attn_impl": "one of auto, torch, kernel", "model.ssd_impl": "one of auto, torch, kernel",
-    "model.read_init": "one of residual, input", "model.options": "a variant's options, checked by the registry",
+    "model.read_init": "one of residual, input", "model.init_scheme": "one of depth_scaled, plain",
+    "model.options": "a variant's options, checked by the registry",
     "train.accelerator": "one of a list", "train.strategy": "one of a list", "train.precision": "one of a list",
     "train.schedule": "one of a list", "train.activation_checkpointing": "one of a list",
     "train.fsdp_sharding": "one of a list", "train.val_split": "a key of meta.json's splits",

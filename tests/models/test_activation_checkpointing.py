@@ -50,6 +50,7 @@ def assert_same(name: str, level: str, **cfg) -> None:
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow
 def test_the_loss_and_every_gradient_are_those_without_checkpointing(name, level):
     assert_same(name, level)
 

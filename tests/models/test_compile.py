@@ -24,6 +24,7 @@ TRACED = [name for name in MODELS if name != "parcae"]
 
 
 @pytest.mark.parametrize("name", TRACED)
+@pytest.mark.slow
 def test_a_models_forward_is_one_graph_for_torch_compile(name):
     torch.manual_seed(0)
     model = build_model(tiny_config(name))

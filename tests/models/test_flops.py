@@ -125,6 +125,7 @@ def backward_extra(name: str, c, T: int) -> int:
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("name", MODELS)
+@pytest.mark.slow
 def test_training_flops_equal_the_analytic_count(name, shape):
     """Every model's training step (forward and backward) as models/flops.py counts it, within 1%
     of the count by hand."""

@@ -38,6 +38,7 @@ def decode(model, idx, prompt: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow
 def test_bf16_autocast_forward_backward_and_cached_decoding(name):
     """Forward and backward under CPU bf16 autocast, then cached decoding against the full forward.
 
@@ -144,6 +145,7 @@ class DowncastRecorder(TorchDispatchMode):
 
 
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow
 def test_float64_runs_stay_float64(name):
     """A float64 verification run (the SSD and Mamba-2 references, the cached-decoding checks) is
     computed in float64 throughout: no operation turns a float64 tensor into float32 (as a

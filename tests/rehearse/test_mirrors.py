@@ -109,6 +109,7 @@ def test_pile_mirror_has_the_hub_layout_and_record_schema(tmp_path, shared_data)
     assert cfg.data_files == {"train": "train/*.jsonl.zst", "validation": "val.jsonl.zst"}
 
 
+@pytest.mark.slow
 def test_pile_mirror_tokenizes_with_the_paper_config_by_the_hubs_call(tmp_path, shared_data, load_calls):
     """val = exactly val.jsonl.zst's documents, train = the train/ files' documents, in order;
     the call for the mirror folder equals the call for the hub name but for the path."""
@@ -174,6 +175,7 @@ def test_fineweb_mirror_has_the_hub_layout_and_columns(tmp_path, shared_data):
         assert 2.5 <= r["score"] < 4.5 and r["int_score"] == int(r["score"] + 0.5) >= 3
 
 
+@pytest.mark.slow
 def test_fineweb_mirror_tokenizes_with_the_gpu_config_by_the_hubs_call(tmp_path, shared_data, load_calls):
     """The gpu config's hub_config reads the folder by load_dataset(folder, "sample-10BT",
     split="train", streaming=True), as the hub name; val and test are held out by content hash
@@ -225,6 +227,7 @@ def test_a_folder_is_read_as_a_repository_with_hub_config_or_a_card_that_declare
 # Writing
 
 
+@pytest.mark.slow
 def test_rewriting_is_a_no_op_and_the_content_is_deterministic(tmp_path, shared_data):
     for config, scale in (("paper.yaml", "1.4b"), ("gpu.yaml", "gpu")):
         cfg = real_data(config, scale)

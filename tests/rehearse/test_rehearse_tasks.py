@@ -217,6 +217,7 @@ def _run_dir(folder: Path, data_dir: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_paper_tasks_evaluate_offline_by_their_real_names(written, shared_data, tmp_path, offline):
     """`stateloop eval` over the written task folder: every paper task under its real name, the eight
     accuracy tasks at 0 and 5 shots and WikiText-2 at 0, each with the metric its table reports;

@@ -166,6 +166,7 @@ def test_every_figure_is_drawn_here():
 
 
 @pytest.mark.parametrize("name", FIGURE_NAMES)
+@pytest.mark.slow
 def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_the_edge(render, name):
     """One column (3.3 in) or the full width (6.9 in); the PDF embeds its fonts as TrueType, no
     Type 3; every title, label, tick label and legend entry lies inside the canvas (constrained
@@ -194,6 +195,7 @@ def test_a_figure_fits_a_two_column_page_with_truetype_fonts_and_nothing_cut_at_
 
 
 @pytest.mark.parametrize("seeds, says", [((1,), "one seed, no interval"), ((1, 2, 3), "mean and 95% CI over 3 seeds")])
+@pytest.mark.slow
 def test_titles_say_what_the_error_bars_are(render, seeds, says):
     """With one seed there is no interval, and the titles say so; "seed(s)" appears nowhere."""
     for name in FIGURE_NAMES:

@@ -3,6 +3,7 @@
 import math
 
 import pandas as pd
+import pytest
 
 from stateloop.report.stats import t_interval
 from stateloop.report.tables import put, reference, to_markdown
@@ -75,6 +76,7 @@ def test_table1_overheads_from_exact_counts_and_compute_per_token(tmp_path):
     assert any("layer_apps_per_token" in n for n in notes)
 
 
+@pytest.mark.slow
 def test_compute_per_token_at_the_papers_shapes():
     """Table 1's baselines at the paper's 1.4B shapes: Vanilla Looped applies its 24 layers K = 4
     times (96 per token); Hyperloop's 6 begin + 12 middle x 4 loops + 6 end layers are 60 per

@@ -51,6 +51,7 @@ BARRIER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_collective_gives_up_after_the_configs_timeout(tmp_path):
     """Two gloo ranks started as a job step (the rehearsals' srun stand-in): rank 0's barrier fails
     with gloo's timeout at train.dist_timeout_s = 3 s, instead of waiting Fabric's 1,800 s."""

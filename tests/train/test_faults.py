@@ -106,6 +106,7 @@ def _child_env():
 
 @pytest.mark.parametrize("point,at", [("mid-write", 8), ("before-rename", 8), ("before-sidecar", 8),
                                       ("mid-prune", 4), ("after-save", 4)])
+@pytest.mark.slow
 def test_sigkill_at_each_point_of_a_checkpoint_resumes_bitwise(setup, tmp_path, point, at, capsys):
     """The request: "SIGKILL at random points, including inside a checkpoint write: resume gives
     final weights bitwise equal to an uninterrupted run" and "A kill during checkpoint pruning
@@ -136,6 +137,7 @@ def test_sigkill_at_each_point_of_a_checkpoint_resumes_bitwise(setup, tmp_path, 
         assert f"removed 1 incomplete file(s) of interrupted writes: {expected_leftover}" in err
 
 
+@pytest.mark.slow
 def test_a_sigkill_inside_the_final_weights_write_is_cleaned_up_by_the_resume(setup, tmp_path, capsys):
     """A kill inside model.safetensors' write leaves its temporary file in the run folder; the
     training that completes the run removes it, and the other interrupted writes of the files
@@ -168,6 +170,7 @@ def _mount_tmpfs(path, size: int) -> None:
         pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {proc.stderr.strip()}")
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(setup, tmp_path, capsys):
     """The request: "Disk full during a checkpoint write ...: the write fails with a clear message,
     the previous checkpoint stays intact and resumable, and no partial file is mistaken for a
@@ -241,6 +244,7 @@ def _wait_for(predicate, proc, timeout=600.0):  # a hang guard: the command star
     raise AssertionError("timed out")
 
 
+@pytest.mark.slow
 def test_ctrl_c_checkpoints_like_sigterm(setup, tmp_path):
     """The request: "Ctrl-C should checkpoint like SIGTERM", with one line and no traceback."""
     cfg, data, _ = setup
@@ -285,6 +289,7 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(setup, tmp_path, monkeypatch,
     assert capsys.readouterr().err.strip().splitlines() == ["stateloop train: interrupted (Ctrl-C)"]
 
 
+@pytest.mark.slow
 def test_without_a_progress_bar_training_prints_progress_lines(setup, tmp_path, capsys, monkeypatch):
     """The request: "In non-interactive mode, print a periodic progress line (step, tokens, loss,
     tok/s, ETA) to the log." Every log step here (interval 0); with the default interval a

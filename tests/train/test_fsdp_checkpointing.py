@@ -16,6 +16,7 @@ import socket
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -66,6 +67,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_fsdp_composes_with_the_models_checkpoint_units(tmp_path):
     import torch.multiprocessing as mp
 

@@ -49,6 +49,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
@@ -240,6 +241,7 @@ def _recordings() -> list[dict]:
     return json.loads(GOLDEN.read_text())["recordings"]
 
 
+@pytest.mark.slow
 def test_loss_curves_equal_the_golden_file(tmp_path):
     result = _child(tmp_path, "--curves")
     machine, curves = result["machine"], result["curves"]
@@ -252,6 +254,7 @@ def test_loss_curves_equal_the_golden_file(tmp_path):
     assert not bad, f"golden losses differ ({how}):\n" + "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_the_comparison_fails_on_real_changes(tmp_path):
     """Each plausible change of the math fails the tolerant comparison on this machine (and so the
     bitwise one), for every run it touches; the unchanged runs of the same child pass it."""

@@ -39,6 +39,7 @@ def paper():
 
 @pytest.mark.parametrize("name", ["vanilla_looped", "stateloop", "stateloop_mamba2", "mesh", "hyperloop", "parcae",
                                   "pause_token", "ponderlm", "state_only"])
+@pytest.mark.slow
 def test_the_fake_measurement_is_the_real_forwards_saved_bytes(name):
     """At a tiny shape, what the fake-tensor measurement (with its decoder-layer stand-ins) finds kept
     for backward equals what train/memory_probe.py measures on real tensors, at every checkpointing
@@ -121,6 +122,7 @@ def test_checkpointing_and_chunks_lower_the_plan_at_the_1_4b_width(paper):
 # -- calibration ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_h200_record_within_its_tolerance(paper):
     """benchmarks/records/gpu_check_h200_2026-12-04.json: 82.84 GiB, the largest peak of four models
     trained one after the other (one read of max_memory_allocated). With the record's kernels the
@@ -235,6 +237,7 @@ def test_a_looped_stacks_gradients_reduce_late_and_are_exposed():
     assert faster.comm_s < exposed.comm_s
 
 
+@pytest.mark.slow
 def test_fsdp_full_gathers_every_application_and_grad_op_once(paper):
     scale = paper.scales["1.4b"]
     run = next(r for r in _runs(paper) if r.id == "1.4b/vanilla_looped/K4_ds0_seed1234")
@@ -285,6 +288,7 @@ def test_plan_help_says_the_measured_mfu(capsys):
     assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--inter-node-gbps", "0"]) == 2
 
 
+@pytest.mark.slow
 def test_plan_lists_the_analysis_jobs_against_their_limits(capsys):
     """`stateloop plan --analyses` adds every evaluation and analysis job (analysis/cost.py) with its
     hours on one GPU against its rule's runtime limit."""

@@ -7,6 +7,7 @@ import json
 import signal
 import time
 
+import pytest
 from train_support import SUBPROCESS_WAIT_S, assert_bitwise_equal, cli, resolved, weights
 
 from stateloop.cli import main
@@ -27,6 +28,7 @@ def _wait_for_checkpoint(proc, store: CheckpointStore, min_step: int, timeout: f
     raise AssertionError("no checkpoint appeared in time")
 
 
+@pytest.mark.slow
 def test_sigkill_then_restart_is_bitwise_equal_to_an_uninterrupted_run(tiny_setup, tmp_path, capsys):
     cfg_path, data = tiny_setup
     overrides = ["train.max_steps=40", "train.checkpoint_every=4", "train.val_every=10"]
@@ -56,6 +58,7 @@ def test_sigkill_then_restart_is_bitwise_equal_to_an_uninterrupted_run(tiny_setu
     assert_bitwise_equal(weights(run_dir), weights(tmp_path / "ref"))
 
 
+@pytest.mark.slow
 def test_sigterm_leaves_a_complete_checkpoint_and_requeue_status(tiny_setup, tmp_path):
     """Two DDP processes on CPU (gloo): the signal reaches the launching process (rank 0) only, the
     per-step all-reduce tells rank 1, both save one checkpoint together and exit with 75. The

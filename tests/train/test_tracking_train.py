@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from train_support import SUBPROCESS_WAIT_S, cli, resolved
 
 from stateloop.data.shards import ShardSet
@@ -48,6 +49,7 @@ def _steps(client, run_dir) -> tuple[str | None, list]:
     return run_id, client.get_metric_history(run_id, "train/loss")
 
 
+@pytest.mark.slow
 def test_sigkill_before_the_first_checkpoint_leaves_no_run_running(tiny_setup, tmp_path, mlflow_uri, monkeypatch):
     from mlflow.tracking import MlflowClient
 
@@ -77,6 +79,7 @@ def test_sigkill_before_the_first_checkpoint_leaves_no_run_running(tiny_setup, t
     assert run.data.tags["mlflow.source.git.commit"] == code_version().removesuffix("+dirty")
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_resume_logs_every_step_once(tiny_setup, tmp_path, mlflow_uri):
     from mlflow.tracking import MlflowClient
 
@@ -147,6 +150,7 @@ def _with_tokenizer(data: Path) -> Path:
     return data
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_an_mlflow_model_with_its_system_metrics(tiny_setup, tmp_path, mlflow_uri):
     """The request: "Each trained run logs its final weights as an MLflow model (a LoggedModel, with
     the export's directory ...) so the Models tab lists it; optionally register models by name with
@@ -196,6 +200,7 @@ def test_a_finished_run_is_an_mlflow_model_with_its_system_metrics(tiny_setup, t
     assert cpu and all(0 <= m.value <= 100 * 64 for m in cpu) and [m.step for m in cpu] == list(range(len(cpu)))
 
 
+@pytest.mark.slow
 def test_system_metrics_and_the_model_are_off_by_their_keys(tiny_setup, tmp_path, mlflow_uri):
     """On by default ("System metrics ... for training runs, on by default, off by a config key")."""
     from mlflow.tracking import MlflowClient
@@ -228,6 +233,7 @@ def test_a_register_name_mlflow_refuses_is_one_line_naming_the_key(tiny_setup):
         assert says in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_setup, tmp_path):
     """train.mlflow_tracking: false is the one key that takes MLflow out of a training job: no
     import (about 3 CPU-s of a job's fixed cost, benchmarks/bench_startup.py), no store, no run;

@@ -29,6 +29,7 @@ def _mlflow_run(run_dir):
     return client, client.get_run(info["run_id"])
 
 
+@pytest.mark.slow
 def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     cfg_path, data = tiny_setup
     cfg = resolved(cfg_path, data, overrides=["train.max_steps=60", "train.val_every=20", "train.checkpoint_every=0",
@@ -98,6 +99,7 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
                                       "sha256": hashlib.sha256(windows.long().numpy().tobytes()).hexdigest()}
 
 
+@pytest.mark.slow
 def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tmp_path, capsys):
     cfg_path, data = tiny_setup
     cfg = resolved(cfg_path, data)  # 12 steps, checkpoints at 4, 8, 12 (keeps 2)
@@ -137,6 +139,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
     assert store.latest() == store.path(8)
 
 
+@pytest.mark.slow
 def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, capsys):
     """The checkpoint records which train tokens the batch stream came from; resuming on a
     re-tokenized data folder says so (the run continues: re-tokenizing can be deliberate)."""
@@ -189,6 +192,7 @@ def test_nonfinite_loss_stops_naming_the_step(tiny_setup, tmp_path, monkeypatch)
     assert run.info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_sigusr1_checkpoints_at_the_step_boundary_then_resumes(tiny_setup, tmp_path, capsys):
     cfg_path, data = tiny_setup
     cfg = resolved(cfg_path, data, overrides=["train.max_steps=400", "train.checkpoint_every=3", "train.val_tokens=0"])
@@ -225,6 +229,7 @@ def test_sigusr1_checkpoints_at_the_step_boundary_then_resumes(tiny_setup, tmp_p
     assert done.summary["resumed_from_step"] == result.step and done.status == "finished"
 
 
+@pytest.mark.slow
 def test_loss_falls_on_the_synthetic_corpus_at_the_tiny_config(synthetic_shards, tmp_path, mlflow_uri, monkeypatch):
     """configs/tiny.yaml's model (stateloop, K=4, d_s=64) for a short budget: from ln(2048) = 7.6
     nats at initialisation to well below guessing among the 512 BPE ids (6.2 nats)."""
@@ -249,6 +254,7 @@ def test_loss_falls_on_the_synthetic_corpus_at_the_tiny_config(synthetic_shards,
 
 
 @pytest.mark.parametrize("model", ["stateloop", "stateloop_mamba2", "state_only"])
+@pytest.mark.slow
 def test_bf16_mixed_training_runs_on_the_cpu(tiny_setup, tmp_path, model):
     """``train.precision: bf16-mixed`` (configs/paper.yaml, configs/gpu.yaml) through Fabric's CPU
     bf16 autocast, the nearest run of the GPU setting here: StateLoop trains (it crashed in its
@@ -323,6 +329,7 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
     assert (run_dir / ".lock").read_text() == ""  # released
 
 
+@pytest.mark.slow
 def test_an_old_model_pt_folder_is_rewritten_as_safetensors_by_a_train_job(tiny_setup, tmp_path, capsys):
     """A finished run folder of the old format (model.pt, no model.safetensors), as the DAG sees it:
     its train job resumes from the final checkpoint, trains nothing, writes model.safetensors with
@@ -348,6 +355,7 @@ def _train_cli(cfg_path, data, run_dir, *args):
                  "--out", str(run_dir), "--no-progress", "--set", "train.max_steps=8", *args])
 
 
+@pytest.mark.slow
 def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
     """The request: the run config's eval section is resolved when the run is evaluated; a run trained
     from a RunConfig carrying one writes the config.yaml and weights of one without."""
@@ -366,6 +374,7 @@ def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
     assert_bitwise_equal(weights(tmp_path / "eval"), weights(tmp_path / "plain"))
 
 
+@pytest.mark.slow
 def test_a_changed_setting_never_deletes_weights_and_then_refuses(tiny_setup, tmp_path, capsys):
     """The request: "Changing train.lr and rerunning the DAG: Snakemake plans the retrain, deletes the
     finished run's model.pt and train.json, and then stateloop train refuses". The DAG's train rule
@@ -411,6 +420,7 @@ def test_a_folder_copied_without_its_config_resumes_only_its_own_optimizer(tiny_
     assert sorted(p.name for p in copy.iterdir()) == [".lock", "checkpoints"]  # no config.yaml, weights, mlflow.json
 
 
+@pytest.mark.slow
 def test_an_inexact_resume_says_so_records_it_and_mlflow_keeps_the_new_values(tiny_setup, tmp_path, capsys, mlflow_uri):
     """The request: "train.max_tokens and train.grad_clip changed on resume are applied silently ...
     After an inexact resume, MLflow keeps the redone steps' new values, not the old ones." A resume
@@ -445,6 +455,7 @@ def test_an_inexact_resume_says_so_records_it_and_mlflow_keeps_the_new_values(ti
     assert run.data.tags["changed_on_resume.train.grad_clip"] == "0.05"  # ... and the truthful record of the change
 
 
+@pytest.mark.slow
 def test_a_resume_with_another_micro_batch_says_so_and_records_it_as_the_other_settings(tiny_setup, tmp_path, capsys,
                                                                                         mlflow_uri):
     """train.micro_batch changed on a resume was applied without a word, while the other changed

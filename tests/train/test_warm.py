@@ -77,6 +77,7 @@ def _entries(log: Path, kind: str) -> list[str]:
     return [line for line in log.read_text().splitlines() if kind in line]
 
 
+@pytest.mark.slow
 def test_a_served_training_is_bitwise_the_fresh_process(served):
     home, log = served
     fresh = cli(_train_args(home, "fresh"), cwd=home, env_extra={warm.ENV: "off"})
@@ -96,6 +97,7 @@ def test_a_served_training_is_bitwise_the_fresh_process(served):
     assert served_summary["val_curve"] == fresh_summary["val_curve"]
 
 
+@pytest.mark.slow
 def test_errors_and_exit_status_pass_through(served):
     home, log = served
     args = ["train", "--config", "missing.yaml", RUN, "--data-dir", "data", "--out", "x"]
@@ -120,6 +122,7 @@ def test_sigterm_reaches_the_served_job(served):
     assert not (home / "term" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_command_stops_its_served_job(served):
     home, log = served
     proc = cli(_train_args(home, "killed", "train.max_steps=400", "train.checkpoint_every=4"), cwd=home)
@@ -134,6 +137,7 @@ def test_a_killed_command_stops_its_served_job(served):
     assert f'"exit": {REQUEUE_EXIT}' in ended  # stopped as SIGTERM stops it, checkpoint written
 
 
+@pytest.mark.slow
 def test_a_command_with_another_environment_runs_in_its_own_process(served):
     home, log = served
     args = ["params", "--config", "cfg.yaml"]
@@ -170,6 +174,7 @@ def test_the_same_environment_through_a_symlinked_folder_is_served_and_its_base_
     assert any(line.startswith("refused (interpreter") for line in _entries(log, "refused"))
 
 
+@pytest.mark.slow
 def test_a_job_step_task_is_served_where_it_runs_as_the_server_does(served):
     """An srun task's variables (SLURM_*, the rendezvous address) are read when a command runs, so
     such a request is served, as the rehearsals' stand-in srun sends it; a command pinned to other
@@ -194,6 +199,7 @@ def test_a_job_step_task_is_served_where_it_runs_as_the_server_does(served):
     assert any("placement (cgroup or CPU affinity) differs" in line for line in _entries(log, "refused"))
 
 
+@pytest.mark.slow
 def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
     """Its parent (Snakemake) gone, the server takes no new job, waits for the job it runs, hands
     the command its status, and ends."""
