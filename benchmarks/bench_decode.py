@@ -22,7 +22,7 @@ dominated by per-operator overhead, as the paper's batch-1 GPU decoding is by ke
     PYTHONPATH=src python benchmarks/bench_decode.py --layers 8 --width 512                      # wide and shallow
 
 The context length changes the ratios: the backbone's K x L KV caches grow with it, the state
-branch of StateLoop and Mamba-2 does not (benchmarks/README.md has both settings).
+branch of StateLoop and Mamba-2 does not (benchmarks/records/2026-11-30-decode-latency-cpu.md has both settings).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 # Uses the python3 that holds a CUDA torch (PYTHON to choose another); installs nothing. The
 # fused kernels are used when the `gpu` extra is importable there, else the pure-PyTorch paths;
 # `--mamba-ssm-src DIR` (an unpacked mamba-ssm sdist) brings mamba_ssm's Triton kernels to a machine
-# where nothing can be installed (as on 2026-12-04: benchmarks/README.md, "On one GPU").
+# where nothing can be installed (as on 2026-12-04: benchmarks/records/2026-12-04-gpu-check-h200.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

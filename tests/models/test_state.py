@@ -55,7 +55,7 @@ def test_float32_retention_holds_at_large_step_sizes_with_finite_gradients():
     state", with Delta^k = softplus(U^k W_Delta^T + b_Delta) (eq. 6). A slow channel (lambda = 0.01)
     with a pre-activation of 90 keeps exp(-0.9) = 0.41 of its state, in float32 too. Fails for the
     same function written as sigmoid(-x)^lambda (two operators instead of three): sigmoid(-90)
-    underflows to 0 in float32, so g would be 0 and its backward NaN (benchmarks/README.md)."""
+    underflows to 0 in float32, so g would be 0 and its backward NaN (benchmarks/records/2026-12-05-norms-as-functions.md)."""
     cell = SelectiveStateCell(2, 2)
     with torch.no_grad():
         cell.norm_h.weight.fill_(1.0)

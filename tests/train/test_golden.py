@@ -11,8 +11,7 @@ Exact floats are not something torch or MKL promise across CPUs, so the comparis
   machine, another torch build), against the recording of the same torch release if there is one.
 
 Where the tolerance comes from (measured on 2026-12-05 with the 13 curves of the EPYC recording as
-reference, on an Intel Xeon with AVX512 and AMX, benchmarks/README.md "The golden losses across
-machines"): ATen's kernels pinned to AVX2, left at AVX512, or forced to the scalar ``default``
+reference, on an Intel Xeon with AVX512 and AMX, benchmarks/records/2026-12-05-golden-noise.md): ATen's kernels pinned to AVX2, left at AVX512, or forced to the scalar ``default``
 path; MKL limited to SSE4.2 or in its conditional-reproducibility mode ``MKL_CBWR=COMPATIBLE``;
 one and two threads; every nn.Linear computed in float64 and rounded once (a BLAS that differs from
 MKL in the last bit of most products, as ARM's does); and every initial weight moved one ulp up or
@@ -266,7 +265,7 @@ def test_the_comparison_fails_on_real_changes(tmp_path):
         caught = {line.split(":")[0] for line in bad}
         assert caught == curves.keys(), f"{name}: not caught within {TOLERANCE_ULPS} ulps: {sorted(curves.keys() - caught)}"
         worst = min(max(_ulps(x, y) for x, y in zip(c, mutated[r])) for r, c in curves.items())
-        print(f"{name}: at least {worst} ulps from the recording")  # benchmarks/README.md records these
+        print(f"{name}: at least {worst} ulps from the recording")  # benchmarks/records/2026-12-05-golden-noise.md records these
         assert worst > 10 * TOLERANCE_ULPS, f"{name}: only {worst} ulps from the recording"
     control = {run: golden["curves"][run] for run in result["unchanged"]}
     assert not compare(result["unchanged"], control, TOLERANCE_ULPS), "the unchanged control runs differ"

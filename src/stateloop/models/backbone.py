@@ -96,8 +96,8 @@ class DerivedWeights(nn.Module):
     changes, so the parameters are looked up only at the first call of the pass: a looped model
     asks for the same tensor K times per decoded token (every application of the backbone's
     attention, every iteration of the state cell), and the lookup, a few attribute reads per
-    parameter, cost about as much as an operator inside a token (measured in benchmarks/README.md,
-    "exact FLOPs, the state branch, Table 3's decode shape")."""
+    parameter, cost about as much as an operator inside a token (measured in
+    benchmarks/records/2026-12-01-flops-state-branch-startup.md)."""
 
     _passes = itertools.count(1)
 

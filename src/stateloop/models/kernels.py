@@ -214,7 +214,7 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
     ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
     SiLU's on the transposed layout cost more than the rest of the block's elementwise work
-    (measured in benchmarks/README.md, "exact FLOPs, the state branch, Table 3's decode shape").
+    (measured in benchmarks/records/2026-12-01-flops-state-branch-startup.md).
     Being elementwise, it is not counted by models/flops.py's matmul count, like the decoding step's window (:func:`conv1d_step`)."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)

@@ -282,14 +282,14 @@ class StateLoopLM(LoopedLM):
         return R if keep is None else R * keep
         # RMSNorm_s's function and F.linear on W's weight, not calls of the modules: the floats are
         # the same, and a read runs K times per decoded token, where a module's call costs about as
-        # much as a small operator (measured in benchmarks/README.md, "exact FLOPs, the state
-        # branch, Table 3's decode shape"). S is float32 (models/state.py); the product runs in W's dtype.
+        # much as a small operator (measured in
+        # benchmarks/records/2026-12-01-flops-state-branch-startup.md). S is float32 (models/state.py); the product runs in W's dtype.
 
     # [choice] Under "layer" checkpointing the state branch of an iteration (cell and mixer, ``update``)
     # is a checkpoint unit of its own, beside the K x L layer units: it keeps only (S^k, H^k) instead
     # of the cell's proposal, gates and norm input (about 6 d + 22 d_s bytes per token and iteration
     # under bf16 autocast, the mixer's on top), for one more recomputation of the cell's d x 2 d_s
-    # matmul in backward. Measured in benchmarks/README.md ("Activation memory"); None here leaves the
+    # matmul in backward. Measured in benchmarks/records/2026-12-05-activation-memory.md; None here leaves the
     # branch un-checkpointed (benchmarks/bench_memory.py compares the two).
     state_branch_unit: str | None = "layer"
 
