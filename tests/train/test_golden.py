@@ -11,7 +11,8 @@ Exact floats are not something torch or MKL promise across CPUs, so the comparis
   machine, another torch build), against the recording of the same torch release if there is one.
 
 Where the tolerance comes from (measured on 2026-12-05 with the 13 curves of the EPYC recording as
-reference, on an Intel Xeon with AVX512 and AMX, benchmarks/records/2026-12-05-golden-noise.md): ATen's kernels pinned to AVX2, left at AVX512, or forced to the scalar ``default``
+reference, on an Intel Xeon with AVX512 and AMX, benchmarks/records/2026-12-05-golden-noise.md):
+ATen's kernels pinned to AVX2, left at AVX512, or forced to the scalar ``default``
 path; MKL limited to SSE4.2 or in its conditional-reproducibility mode ``MKL_CBWR=COMPATIBLE``;
 one and two threads; every nn.Linear computed in float64 and rounded once (a BLAS that differs from
 MKL in the last bit of most products, as ARM's does); and every initial weight moved one ulp up or

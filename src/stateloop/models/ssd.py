@@ -34,7 +34,8 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
 
     Written for a CPU, where every pass over memory and every copy costs as much as the small
     batched products (measured in
-    benchmarks/records/2026-12-01-flops-state-branch-startup.md): the tensors stay in the token-major layout the module hands over, (b, l, h, p)
+    benchmarks/records/2026-12-01-flops-state-branch-startup.md): the tensors stay in the
+    token-major layout the module hands over, (b, l, h, p)
     and (b, l, g, n), so that the products with B and C run once per group over its r heads side
     by side (B and C are never copied to each head), and
     a chunk's state is kept transposed, (n, r p) per group, which is the layout both of its
