@@ -2,7 +2,7 @@
 
 Every DAG job is a fresh ``stateloop`` process, and most of a small job's cost is importing torch,
 Lightning Fabric (which imports ``torch._dynamo``), MLflow with its sqlalchemy store, lm-eval and
-transformers: about 5-7 CPU-seconds of a tiny training job's 7 (benchmarks/README.md). For a local
+transformers: about 5-7 CPU-seconds of a tiny training job's 7 (benchmarks/records/2026-12-03-warm-starts.md). For a local
 run, the Snakefile's ``onstart`` starts a server (:func:`start`) that imports them once and listens
 on a Unix socket named by ``$STATELOOP_WARM``. A ``stateloop`` command (:func:`delegate`, called
 first thing by the console script) sends it its argv, working directory, environment and its three

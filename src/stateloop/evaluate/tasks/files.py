@@ -174,7 +174,8 @@ def lm_eval_task_files(names: Iterable[str]) -> dict[str, Path] | None:
     of each YAML and parses as text only those holding a requested name (0.45 CPU-s for the
     paper's nine tasks, measured 2026-12-04), so that a task manager indexes only the folders of
     the files found (:func:`stateloop.evaluate.tasks.prepare.task_manager`, which checks the
-    index against them and falls back to the whole tree; figures in benchmarks/README.md).
+    index against them and falls back to the whole tree; figures in
+    benchmarks/records/2026-12-04-lm-eval-task-index.md).
     [assume] No YAML of another folder registers a requested name through a template it includes
     (none does in lm-eval 0.4.13 for the tasks the test suite compares with the whole index)."""
     names = list(dict.fromkeys(names))

@@ -186,7 +186,7 @@ def task_manager(builtin: list[str], include_path: list[str] = ()):
 
     [choice] Only the folders of lm-eval's tree holding the YAMLs of ``builtin`` are indexed
     (:func:`~stateloop.evaluate.tasks.files.lm_eval_task_files`; measured 2026-12-04, see
-    benchmarks/README.md), listed before ``include_path`` as lm-eval lists its whole folder; when
+    benchmarks/records/2026-12-04-lm-eval-task-index.md), listed before ``include_path`` as lm-eval lists its whole folder; when
     the scan cannot place every name, or the index does not give a name the file found, lm-eval's
     whole folder is indexed, as lm-eval does by default. Without built-in tasks, it is not indexed."""
     from lm_eval.tasks import TaskManager
