@@ -16,8 +16,7 @@ following the LLaMA / GPT-2 convention that the baselines' recipes also use):
   lambda = exp(A_log) log-spaced from 0.01 to 4 over the d_s channels; W_u: N(0, init_std).
   The read projections W_{s->z}, W_{s->out} (``model.read_init``, a choice the paper leaves
   open): "residual" (default) like the residual-output projections (so N(0, init_std) under the
-  plain scheme),
-  because each read is a term added to the residual stream, the role W_o and W_down play; "input"
+  plain scheme), because each read is a term added to the residual stream, the role W_o and W_down play; "input"
   N(0, init_std) like input projections, under which each read adds at init a term as large as
   the embedding itself. Both were trained with seeds (docs/results.md, "The read projections' init").
 - GRU cell: PyTorch's default U(-1/sqrt(d_s), 1/sqrt(d_s)).

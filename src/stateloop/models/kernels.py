@@ -4,8 +4,8 @@ home of the fused decoding twins of the paper-form model code.
 Every kernel has a pure-PyTorch twin with the same signature, used on CPU and whenever the
 package is missing. The other way round, :func:`selective_state_step` is the fused twin of a
 reference written as the paper's equations (StateLoop's cell, models/state.py), which decoding
-takes: the same floats in fewer operators. ``impl`` selects: ``"auto"`` takes the kernel on CUDA tensors when the package
-imports, ``"torch"`` never does, ``"kernel"`` requires it and fails loudly otherwise.
+takes: the same floats in fewer operators. ``impl`` selects: ``"auto"`` takes the kernel on CUDA
+tensors when the package imports, ``"torch"`` never does, ``"kernel"`` requires it and fails loudly otherwise.
 Tests force the torch path with ``impl="torch"``; ``tests/models/test_kernels_gpu.py`` compares
 both on a GPU.
 """
@@ -214,8 +214,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
     ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
     SiLU's on the transposed layout cost more than the rest of the block's elementwise work
-    (measured in benchmarks/records/2026-12-01-flops-state-branch-startup.md).
-    Being elementwise, it is not counted by models/flops.py's matmul count, like the decoding step's window (:func:`conv1d_step`)."""
+    (measured in benchmarks/records/2026-12-01-flops-state-branch-startup.md). Being elementwise,
+    it is not counted by models/flops.py's matmul count, like the decoding step's window
+    (:func:`conv1d_step`)."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
     T, w = x.shape[1], weight.view(-1, W)

@@ -277,13 +277,14 @@ class StateLoopLM(LoopedLM):
     def read(self, W: nn.Linear, S: torch.Tensor, keep=None) -> torch.Tensor:
         """A read of the state, R = N W^T with W = W_{s->z} (feedback, eq. 4) or W_{s->out} (terminal,
         eq. 10), times ``keep``, the read mask's multiplier (analyses; None keeps the read)."""
-        N = rms_norm(S, self.norm_s.weight, self.norm_s.eps)  # (3)  N^{k+1} = RMSNorm_s(S^{k+1})
-        R = F.linear(cast(N, W.weight.dtype), W.weight)        # (4), (10)  R_{k+1} = N^{k+1} W^T
-        return R if keep is None else R * keep
         # RMSNorm_s's function and F.linear on W's weight, not calls of the modules: the floats are
         # the same, and a read runs K times per decoded token, where a module's call costs about as
         # much as a small operator (measured in
-        # benchmarks/records/2026-12-01-flops-state-branch-startup.md). S is float32 (models/state.py); the product runs in W's dtype.
+        # benchmarks/records/2026-12-01-flops-state-branch-startup.md). S is float32
+        # (models/state.py); the product runs in W's dtype.
+        N = rms_norm(S, self.norm_s.weight, self.norm_s.eps)  # (3)  N^{k+1} = RMSNorm_s(S^{k+1})
+        R = F.linear(cast(N, W.weight.dtype), W.weight)        # (4), (10)  R_{k+1} = N^{k+1} W^T
+        return R if keep is None else R * keep
 
     # [choice] Under "layer" checkpointing the state branch of an iteration (cell and mixer, ``update``)
     # is a checkpoint unit of its own, beside the K x L layer units: it keeps only (S^k, H^k) instead

@@ -59,8 +59,8 @@ def lr_of(cfg, experiment: str) -> float:
     return cfg.scales[cfg.experiments[experiment].scale].train.lr
 
 
-def loop_counts(cfg) -> list[int]:
-    return sorted({r.K for e in experiments(cfg) for r in expand_runs(cfg, [e]) if r.model == MODEL})
+def loop_counts(cfg, names: tuple[str, ...] = POINTS) -> list[int]:
+    return sorted({r.K for e in experiments(cfg, names) for r in expand_runs(cfg, [e]) if r.model == MODEL})
 
 
 def bracket(cfg, results: Path, K: int, names: tuple[str, ...] = POINTS) -> list[Point]:

@@ -33,9 +33,7 @@ def experiments(cfg) -> list[str]:
 
 
 def loop_counts(cfg) -> list[int]:
-    from stateloop.pipeline import expand_runs
-
-    return sorted({r.K for e in experiments(cfg) for r in expand_runs(cfg, [e]) if r.model == lr.MODEL})
+    return lr.loop_counts(cfg, POINTS)
 
 
 def _on_seeds(points: list[lr.Point], seeds: set[int]) -> list[lr.Point]:
