@@ -29,8 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.files import code_version
 from stateloop.pipeline import PipelineConfig, RunConfig
-from stateloop.runs import TRAIN_SUMMARY, code_version
+from stateloop.runs import TRAIN_SUMMARY
 
 DEFAULT_DB = Path("results") / "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside a sqlite store

@@ -1,7 +1,7 @@
 """One module per ``stateloop`` command: ``add_arguments(parser)`` and ``run(args)``. Building the
 parser imports no torch, lightning, mlflow or lm-eval (the heavy imports sit inside ``run``)."""
 
-from stateloop.runs import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
+from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 
 # RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); decided by
 # runs.resolve_run_arg.

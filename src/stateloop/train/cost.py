@@ -351,7 +351,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
     if out:
         import io
 
-        from stateloop.runs import atomic_write_bytes
+        from stateloop.files import atomic_write_bytes
 
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")

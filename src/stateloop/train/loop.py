@@ -54,6 +54,7 @@ import yaml
 
 from stateloop.config import ConfigError, load_yaml
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
+from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
 from stateloop.pipeline import RunConfig
@@ -63,9 +64,6 @@ from stateloop.runs import (
     MLFLOW_FILE,
     RUN_CONFIG,
     TRAIN_SUMMARY,
-    atomic_write_bytes,
-    atomic_write_json,
-    code_version,
     has_final_weights,
     resolve_device,
     save_final,

@@ -604,7 +604,7 @@ def measure_saved(model_cfg, micro_batches, seq_len: int, precision: str = "bf16
             _MEASURED[keys[mb]] = found
             if folder is not None:
                 with contextlib.suppress(OSError):
-                    from stateloop.runs import atomic_write_bytes
+                    from stateloop.files import atomic_write_bytes
 
                     folder.mkdir(parents=True, exist_ok=True)
                     atomic_write_bytes(folder / f"{keys[mb]}.json", json.dumps(found).encode())
