@@ -9,7 +9,7 @@
         train.log          what every attempt of the DAG's train job printed (the rule appends)
         mlflow.json        the MLflow store, experiment and run the training logged to
         .lock              held by the training that writes the folder (flock)
-        eval.json, shapley.json, interventions.json, ...   results of later stages
+        eval.json, eval_depth.json, shapley.json, interventions.json, ...   results of later stages
 
 A run folder alone rebuilds its model: the variant and its shape come from the saved config,
 never from command-line arguments.
@@ -39,6 +39,7 @@ CONFIG_METADATA = "stateloop_config"  # the safetensors metadata key of the reso
 RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"
 MLFLOW_FILE = "mlflow.json"
+DEPTH_FILE = "eval_depth.json"  # a run's held-out PPL at its test-time depths (`stateloop eval RUN --depths ...`)
 
 
 def weights_metadata(config: dict) -> dict[str, str]:
