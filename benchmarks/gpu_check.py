@@ -371,7 +371,7 @@ def main(argv=None) -> int:
         "kernels": kernels_found(),
         "steps": {},
     }
-    from stateloop.runs import atomic_write_json
+    from stateloop.files import atomic_write_json
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stateloop.cli import build_parser
+from stateloop.commands import build_parser
 
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
@@ -59,11 +59,11 @@ def test_none_on_the_command_line_unsets_a_number(spelling):
 
 def test_building_the_parser_imports_no_heavy_library():
     """`stateloop --help` and every command's parser start without torch, lightning or mlflow
-    (stateloop/cli.py: command modules import them inside run)."""
+    (stateloop/commands/__init__.py: command modules import them inside run)."""
     import subprocess
     import sys
 
-    code = ("import sys, stateloop.cli; stateloop.cli.build_parser(); "
+    code = ("import sys, stateloop.cli, stateloop.commands; stateloop.commands.build_parser(); "
             "print(sorted(m for m in ('torch', 'lightning_fabric', 'mlflow', 'lm_eval') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"

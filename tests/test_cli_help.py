@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from dag_helpers import ROOT, copy_workflow, snakemake
 
-from stateloop.cli import PIPELINE, TOOLS, main
+from stateloop.cli import main
+from stateloop.commands import PIPELINE, TOOLS
 
 
 def _run(capsys, *argv) -> str:

@@ -40,7 +40,7 @@ def test_the_readme_is_an_index():
 
 def test_the_readme_lists_every_command_and_config():
     """The commands table names every `stateloop` command `--help` lists, the scales table every config."""
-    from stateloop.cli import PIPELINE, TOOLS
+    from stateloop.commands import PIPELINE, TOOLS
 
     text = (ROOT / "README.md").read_text()
     for command in [*PIPELINE, *TOOLS]:

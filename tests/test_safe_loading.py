@@ -111,7 +111,7 @@ def test_resume_passes_over_a_malicious_checkpoint(tmp_path, monkeypatch, capsys
     naming it, and continues from the previous one; loading it directly is refused."""
     from train_support import resolved, write_config, write_shards
 
-    from stateloop.runs import atomic_write_json
+    from stateloop.files import atomic_write_json
     from stateloop.train.checkpoint import CheckpointStore
     from stateloop.train.loop import train
 

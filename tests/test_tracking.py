@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from stateloop.config import ConfigError
+from stateloop.files import code_version
 from stateloop.pipeline import RunConfig, load_pipeline
-from stateloop.runs import code_version
 from stateloop.tracking import client, experiment_id, run_of, tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,88 +1,25 @@
-"""``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
-
-Each command lives in the module named in :data:`COMMANDS`, which provides
-``add_arguments(parser)`` and ``run(args) -> int``. Command modules are imported to build the
-parser, so they import heavy dependencies (lightning, lm-eval, mlflow) inside ``run`` only.
+"""The console script ``stateloop``: a command started from a shell in a local DAG runs in a child of
+the DAG's warm server where there is one (stateloop/warm.py), any other in this process. The
+commands, their parser and their running are stateloop/commands/.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import sys
 
-from stateloop.config import ConfigError
 
-# command -> (module, one-line help): the pipeline's stages in the order the DAG runs them
-# (workflow/rules/*.smk: tokens -> runs -> evaluations -> analyses -> timings -> tables and
-# figures -> exports), then the tools around it. `stateloop --help` lists them in this order.
-PIPELINE: dict[str, tuple[str, str]] = {
-    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
-    "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
-    "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
-    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
-    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
-    "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
-    "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
-}
-TOOLS: dict[str, tuple[str, str]] = {
-    "prefetch": ("stateloop.commands.prefetch", "fetch what a config's jobs read from the Hugging Face Hub, for offline jobs"),
-    "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
-    "plan": ("stateloop.commands.plan", "tokens, FLOPs, peak GPU memory, training time and GPU-hours of every run in a config"),
-    "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
-    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
-    "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
-}
-COMMANDS = {**PIPELINE, **TOOLS}
-
-
-def version() -> str:
-    """The installed distribution's version (pyproject.toml), from its metadata."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("stateloop")
-    except PackageNotFoundError:
-        return "unknown (not installed: pip install -e .)"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
-        epilog=f"pipeline, in the DAG's order: {' -> '.join(PIPELINE)}; tools: {', '.join(TOOLS)}. "
-               "`stateloop COMMAND --help` for one command.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
-    return parser
-
-
-def main(argv: list[str] | None = None, warm: bool = True) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None). A command started from a shell in a
     local DAG runs in a child of the DAG's warm server where there is one (stateloop/warm.py)."""
-    if argv is None and warm:
+    if argv is None:
         from stateloop.warm import delegate
 
         code = delegate()
         if code is not None:
             return code
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return importlib.import_module(args._module).run(args) or 0
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
-        return 2
-    except OSError as err:  # a full disk, a folder without write permission: one line, no traceback
-        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
-        return 74  # EX_IOERR (sysexits.h)
-    except KeyboardInterrupt:
-        print(f"stateloop {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports it
+    from stateloop.commands import run_command  # after delegating: a served command's process imports little
+
+    return run_command(argv)
 
 
 if __name__ == "__main__":

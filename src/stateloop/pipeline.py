@@ -34,8 +34,16 @@ from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import MODELS, get_spec
-from stateloop.runs import RUN_CELL_FORM, RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 from stateloop.train.config import TrainConfig
+
+# The run id, spelled here once: a cell (every seed of one shape) and the seed, always last.
+RUN_CELL_FORM = "{scale}/{model}/K{K}_ds{ds}"
+RUN_ID_FORM = RUN_CELL_FORM + "_seed{seed}"
+_ID_FIELDS = {"scale": r"[^/\s]+", "model": r"[a-z0-9_]+", "K": r"\d+", "ds": r"\d+", "seed": r"\d+"}
+# Matched whole (fullmatch): a pattern ending in $ would also match before a final newline.
+RUN_ID = re.compile(re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m[1]}>{_ID_FIELDS[m[1]]})", RUN_ID_FORM))
+RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
+RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
 
 
 @dataclass
@@ -189,7 +197,7 @@ class Run:
 
     @staticmethod
     def parse(run_id: str) -> tuple[str, str, int, int, int]:
-        """(scale, model, K, d_s, seed) of a run id (runs.RUN_ID_FORM)."""
+        """(scale, model, K, d_s, seed) of a run id (RUN_ID_FORM)."""
         m = RUN_ID.fullmatch(run_id)
         if not m:
             raise ConfigError(f"RUN: expected {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}), got {run_id!r}")
@@ -197,7 +205,7 @@ class Run:
 
     @staticmethod
     def format_id(scale: str, model: str, K: int, d_s: int, seed: int) -> str:
-        """The run id of (scale, model, K, d_s, seed): runs.RUN_ID_FORM filled in."""
+        """The run id of (scale, model, K, d_s, seed): RUN_ID_FORM filled in."""
         return RUN_ID_FORM.format(scale=scale, model=model, K=K, ds=d_s, seed=seed)
 
     @property

@@ -29,8 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.files import code_version
 from stateloop.pipeline import PipelineConfig, RunConfig
-from stateloop.runs import TRAIN_SUMMARY, code_version
+from stateloop.runs import TRAIN_SUMMARY
 
 DEFAULT_DB = Path("results") / "mlflow.db"
 ARTIFACTS = "mlartifacts"  # beside a sqlite store
@@ -186,27 +187,6 @@ def logged_model_name(run_name: str) -> str:
     """A run id as MLflow allows a logged model's name: tiny/stateloop/K4_ds32_seed1 ->
     tiny-stateloop-K4_ds32_seed1 (the run id itself is the model's tag ``stateloop.run``)."""
     return MODEL_NAME_FORBIDDEN.sub("-", run_name)
-
-
-def registered_model_name(template: str, **fields) -> str:
-    """``train.mlflow_register_model`` filled in for one run; one line naming the key when the
-    template names an unknown field or yields a name the registry refuses."""
-    import string
-
-    try:
-        # plain {field} names only: no attribute or index lookups ("{model.__class__}"), so a saved
-        # config's template reads nothing but the four values given here
-        unknown = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f not in fields]
-        if unknown:
-            raise KeyError(unknown[0])
-        name = template.format(**fields)
-    except (KeyError, IndexError, ValueError) as err:
-        raise ConfigError(f"train.mlflow_register_model: {template!r} is not a name with the fields "
-                          f"{{{'}, {'.join(fields)}}} ({type(err).__name__}: {err})") from None
-    if not name.strip() or "/" in name or ":" in name:
-        raise ConfigError(f"train.mlflow_register_model: {template!r} gives {name!r}; a registered model's name "
-                          f"is not empty and has no '/' or ':'")
-    return name
 
 
 def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], tags: dict[str, str],

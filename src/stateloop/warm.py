@@ -239,9 +239,9 @@ def _child(req: dict, fds: list[int], conn: socket.socket, listener: socket.sock
     import traceback
 
     try:
-        from stateloop.cli import main
+        from stateloop.commands import run_command
 
-        code = main(None, warm=False)
+        code = run_command(None)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught exception

@@ -1,7 +1,7 @@
 """One table of outputs (stateloop.report.outputs): each has its renderer, and the CLI offers
 exactly these names (output names spelled once)."""
 
-from stateloop.cli import build_parser
+from stateloop.commands import build_parser
 from stateloop.report import figures, tables
 from stateloop.report.outputs import OUTPUTS, of_kind
 

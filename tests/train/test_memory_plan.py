@@ -131,14 +131,14 @@ def test_the_h200_record_within_its_tolerance(paper):
     3%); the allowance's fraction takes the estimate above the record."""
     record = json.loads(RECORD.read_text())
     observed = record["steps"]["train_410m_bf16"]["max_memory_gib"] * GIB
-    plans = memory.record_plans(paper, record)
+    plans = cost.record_plans(paper, record)
     assert set(plans) == {"vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"}
     largest = max(plans, key=lambda m: plans[m].allocated)
     assert largest == "stateloop_mamba2"
     assert -0.06 <= plans[largest].allocated / observed - 1 <= 0.0
     assert all(p.allocated < observed for p in plans.values())
     assert plans[largest].allocated * (1 + memory.ALLOWANCE_FRACTION) >= observed
-    twins = memory.record_plans(paper, {**record, "kernels": {**record["kernels"], "mamba_ssm": False}})
+    twins = cost.record_plans(paper, {**record, "kernels": {**record["kernels"], "mamba_ssm": False}})
     assert abs(twins[largest].allocated / observed - 1) <= 0.03
 
 

@@ -13,7 +13,7 @@ import pytest
 from train_support import SUBPROCESS_WAIT_S, cli, resolved
 
 from stateloop.data.shards import ShardSet
-from stateloop.runs import code_version
+from stateloop.files import code_version
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import train
 

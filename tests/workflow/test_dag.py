@@ -372,7 +372,7 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     assert "Nothing to be done" in dag(smoke_dag, "-n").stdout
     # Snakemake compares checksums of small files (under --max-checksum-file-size), so a bare
     # touch of the smoke model changes nothing: write the weights file anew, as retraining does.
-    from stateloop.runs import read_safetensors, write_safetensors
+    from stateloop.files import read_safetensors, write_safetensors
 
     model = smoke_dag / "results/runs/tiny/stateloop_gru/K7_ds32_seed1234/model.safetensors"
     state, metadata = read_safetensors(model, True)
@@ -410,8 +410,9 @@ def test_the_export_rule_turns_a_trained_run_into_a_hugging_face_directory(tmp_p
     from stateloop.config import to_dict
     from stateloop.data.shards import write_meta
     from stateloop.data.tokenizer import EOS, train_bpe
+    from stateloop.files import atomic_write_json
     from stateloop.models.registry import build_model
-    from stateloop.runs import atomic_write_json, save_final, saved_config
+    from stateloop.runs import save_final, saved_config
 
     work = copy_workflow(tmp_path)
     runs = expand_runs(load_pipeline(work / "configs/smoke.yaml"))

@@ -12,10 +12,11 @@ from stateloop import warm
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.data.stage import data_homes
-from stateloop.pipeline import checked_pipeline, decoding_specs
+from stateloop.files import atomic_write_bytes
+from stateloop.pipeline import RUN_ID_FORM, RUNS_ROOT, checked_pipeline, decoding_specs
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
-from stateloop.runs import FINAL_WEIGHTS, RUN_ID_FORM, RUNS_ROOT, atomic_write_bytes
+from stateloop.runs import FINAL_WEIGHTS
 from stateloop.train.slurm import estimated_params, warning_seconds
 
 # A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was

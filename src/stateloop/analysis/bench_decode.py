@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.files import atomic_write_json, code_version
 from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
@@ -45,7 +46,7 @@ from stateloop.pipeline import (
     run_model_config,
     scale_of,
 )
-from stateloop.runs import atomic_write_json, code_version, load_model, resolve_device, resolve_run_arg
+from stateloop.runs import load_model, resolve_device, resolve_run_arg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -208,7 +208,7 @@ def run_shard(analysis: str, key: dict, shard: Shard, n_windows: int, batch_size
         return {**base, "next_batch": next_batch, "complete": complete, **sums.to_json(), "device": device,
                 "code_version": code_version}
 
-    from stateloop.runs import atomic_write_json
+    from stateloop.files import atomic_write_json
 
     last = time.monotonic()
     bar = tqdm(total=hi - lo, initial=start - lo, desc=f"{analysis} {shard.label}", unit="batch", disable=not progress,

@@ -1,8 +1,90 @@
-"""One module per ``stateloop`` command: ``add_arguments(parser)`` and ``run(args)``. Building the
-parser imports no torch, lightning, mlflow or lm-eval (the heavy imports sit inside ``run``)."""
+"""``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
 
-from stateloop.runs import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
+One module per command, named in :data:`COMMANDS`, provides ``add_arguments(parser)`` and
+``run(args) -> int``. Command modules are imported to build the parser, so they import heavy
+dependencies (torch, lightning, lm-eval, mlflow) inside ``run`` only: building the parser imports
+none of them.
+
+:func:`run_command` parses a command line and runs its command in this process. The console script
+(stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/warm.py), whose
+children call :func:`run_command` in turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from stateloop.config import ConfigError
+from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 
 # RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); decided by
 # runs.resolve_run_arg.
 RUN_HELP = f"a run folder, or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}; its folder {RUNS_ROOT}/<id>)"
+
+# command -> (module, one-line help): the pipeline's stages in the order the DAG runs them
+# (workflow/rules/*.smk: tokens -> runs -> evaluations -> analyses -> timings -> tables and
+# figures -> exports), then the tools around it. `stateloop --help` lists them in this order.
+PIPELINE: dict[str, tuple[str, str]] = {
+    "tokenize": ("stateloop.commands.tokenize", "text (synthetic, local files or a hub dataset) -> token shards"),
+    "train": ("stateloop.commands.train", "train one run with Lightning Fabric (resumes from its checkpoints)"),
+    "eval": ("stateloop.commands.eval", "held-out perplexity and lm-eval tasks (0/5-shot) of a trained run"),
+    "analyze": ("stateloop.commands.analyze", "analyses of a trained run: Shapley values of state reads, replacement/freezing"),
+    "bench": ("stateloop.commands.bench", "benchmarks: decode (per-token latency, Table 3)"),
+    "render": ("stateloop.commands.render", "one table (CSV + Markdown) or figure (PDF + PNG) from the results"),
+    "export": ("stateloop.commands.export", "a trained run as a Hugging Face model directory (transformers, stock lm-eval)"),
+}
+TOOLS: dict[str, tuple[str, str]] = {
+    "prefetch": ("stateloop.commands.prefetch", "fetch what a config's jobs read from the Hugging Face Hub, for offline jobs"),
+    "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
+    "plan": ("stateloop.commands.plan", "tokens, FLOPs, peak GPU memory, training time and GPU-hours of every run in a config"),
+    "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
+    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
+    "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
+}
+COMMANDS = {**PIPELINE, **TOOLS}
+
+
+def version() -> str:
+    """The installed distribution's version (pyproject.toml), from its metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("stateloop")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
+        epilog=f"pipeline, in the DAG's order: {' -> '.join(PIPELINE)}; tools: {', '.join(TOOLS)}. "
+               "`stateloop COMMAND --help` for one command.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def run_command(argv: list[str] | None = None) -> int:
+    """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None) in this process; a failure the user can
+    act on is one line on stderr and an exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return importlib.import_module(args._module).run(args) or 0
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, a folder without write permission: one line, no traceback
+        print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
+        return 74  # EX_IOERR (sysexits.h)
+    except KeyboardInterrupt:
+        print(f"stateloop {args.command}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports it
+

@@ -25,7 +25,7 @@ def run(args) -> int:
     writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
     writer.writerows(rows)
     if args.out:
-        from stateloop.runs import atomic_write_bytes
+        from stateloop.files import atomic_write_bytes
 
         atomic_write_bytes(args.out, buf.getvalue().encode())
     else:

@@ -13,7 +13,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.runs import atomic_write_bytes
+    from stateloop.files import atomic_write_bytes
     from stateloop.schema import render, render_docs
 
     text = render()

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from stateloop.config import ConfigError
-from stateloop.runs import atomic_write_bytes, atomic_write_json
+from stateloop.files import atomic_write_bytes, atomic_write_json
 
 META = "meta.json"
 FORMAT_VERSION = 1

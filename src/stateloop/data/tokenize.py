@@ -72,7 +72,7 @@ from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError, Syntheti
 from stateloop.data.shards import META, VERIFIED, ShardWriter, read_meta, sha256_file, stamp_verified, token_dtype, write_meta
 from stateloop.data.synthetic import document
 from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, train_bpe, vocab_size_of
-from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version
+from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 
 PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
 PARTIAL = ".partial"

@@ -45,9 +45,9 @@ from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
 from stateloop.evaluate.perplexity import split_windows, token_nll
 from stateloop.evaluate.tasks.prepare import prepare_tasks
+from stateloop.files import atomic_write_bytes, atomic_write_json, code_version, current_umask
 from stateloop.pipeline import PipelineConfig, RunConfig
-from stateloop.report.outputs import DEPTH_FILE
-from stateloop.runs import atomic_write_bytes, atomic_write_json, code_version, current_umask, trained_length
+from stateloop.runs import DEPTH_FILE, trained_length
 from stateloop.tracking import flatten, log_stage
 
 WORK_DIR = "eval_work"

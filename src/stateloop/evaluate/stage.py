@@ -11,7 +11,7 @@ from stateloop import prefetch
 from stateloop.config import ConfigError, parse_dotlist
 from stateloop.evaluate import harness, resolve
 from stateloop.pipeline import PipelineConfig, Run
-from stateloop.runs import resolve_run_arg
+from stateloop.runs import DEPTH_FILE, resolve_run_arg
 
 
 def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
@@ -41,7 +41,7 @@ def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run
         if not args.no_progress:
             for point in results["depths"]:
                 print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
-            print(f"wrote {run_dir / harness.DEPTH_FILE}", file=sys.stderr)
+            print(f"wrote {run_dir / DEPTH_FILE}", file=sys.stderr)
         return 0
     results = harness.evaluate_run(run_dir, rc, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
     if not args.no_progress:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import stateloop
 from stateloop.config import ConfigError
-from stateloop.runs import current_umask
+from stateloop.files import current_umask
 
 ENTRY = "stateloop.export.hf_modeling"
 MODELING_FILE = "modeling_stateloop.py"  # the entry module's name in an export (transformers' convention)
@@ -187,7 +187,8 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     export (:func:`check_replaceable`)."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
-    from stateloop.runs import code_version, load_model, run_id_of, saved_run_config, trained_length, weights_metadata, write_safetensors
+    from stateloop.files import code_version, write_safetensors
+    from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
 
     run_dir, out = Path(run_dir), Path(out)
     check_out(out, run_dir, "run folder")

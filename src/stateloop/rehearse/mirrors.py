@@ -51,7 +51,7 @@ from stateloop.data import synthetic
 from stateloop.data.config import DataConfig, DataError, SyntheticConfig
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import holdout_key, holdout_split
-from stateloop.runs import atomic_write_bytes
+from stateloop.files import atomic_write_bytes
 
 MIRROR_VERSION = 1  # in every README: bump when the same arguments would give other files
 PILE = "monology/pile-uncopyrighted"

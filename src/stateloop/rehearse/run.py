@@ -36,10 +36,10 @@ from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
 from stateloop.evaluate.tasks.rehearsal import write_tasks
+from stateloop.files import atomic_write_bytes
 from stateloop.pipeline import pipeline_from_dict
 from stateloop.rehearse.config import shrink
 from stateloop.rehearse.mirrors import write_mirror
-from stateloop.runs import atomic_write_bytes
 
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder

@@ -22,9 +22,9 @@ from matplotlib.lines import Line2D
 from stateloop.models.registry import get_spec
 from stateloop.pipeline import cells, expand_runs
 from stateloop.report import style
-from stateloop.report.outputs import DEPTH_FILE
 from stateloop.report.stats import paired, relative_pct, t_interval
 from stateloop.report.tables import read_json
+from stateloop.runs import DEPTH_FILE
 
 EXPERIMENT = "test_time_depth"
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stateloop.runs import DEPTH_FILE
+
 BENCH_FILE = "bench/decode.json"  # Table 3's timings (`stateloop bench decode`), under the results folder
-DEPTH_FILE = "eval_depth.json"  # a run's held-out PPL at its test-time depths (`stateloop eval RUN --depths ...`)
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from stateloop.files import atomic_write_bytes
 from stateloop.pipeline import PipelineConfig
 from stateloop.report.outputs import OUTPUTS
-from stateloop.runs import atomic_write_bytes
 
 
 def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Path, bench: Path | None = None,

@@ -18,7 +18,7 @@ state dicts are tensors and plain values already; the RNG states are stored as
 
 (:func:`rng_to_plain` / :func:`rng_from_plain`). Checkpoints written before this format hold
 numpy's key as a numpy array; the safe loader accepts plain numpy arrays for those
-(:data:`stateloop.runs.LEGACY_NUMPY_GLOBALS`), so old run folders resume unchanged. A checkpoint
+(:data:`stateloop.files.LEGACY_NUMPY_GLOBALS`), so old run folders resume unchanged. A checkpoint
 the safe unpickler refuses (it would run code to load) is reported like a corrupt one and skipped.
 
 Writing: every rank calls ``fabric.save`` on a temporary name (rank 0 writes the file; FSDP
@@ -44,19 +44,8 @@ from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
-from stateloop.runs import (
-    FINAL_WEIGHTS,
-    LEGACY_WEIGHTS,
-    MLFLOW_FILE,
-    RUN_CONFIG,
-    TRAIN_SUMMARY,
-    _numpy_globals,
-    atomic_write_json,
-    is_unsafe_load_error,
-    safe_torch_load,
-    torch_write_error,
-    unsafe_load_message,
-)
+from stateloop.files import _numpy_globals, atomic_write_json, is_unsafe_load_error, safe_torch_load, torch_write_error, unsafe_load_message
+from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY
 
 NAME = re.compile(r"step_(\d{8})\.ckpt")
 
@@ -203,7 +192,7 @@ class CheckpointStore:
 
 
 # The files training writes into the run folder, each through a temporary file beside it,
-# ``.<name>.XXXXXXXX.tmp`` (runs.atomic_write_bytes, runs.write_safetensors).
+# ``.<name>.XXXXXXXX.tmp`` (files.atomic_write_bytes, files.write_safetensors).
 RUN_FILES = (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY, RUN_CONFIG, MLFLOW_FILE)
 
 

@@ -119,8 +119,6 @@ class TrainConfig:
             if getattr(self, key) < 0:
                 raise ConfigError(f"train.{key}: must be >= 0, got {getattr(self, key)}")
         if self.mlflow_register_model:
-            from stateloop.tracking import registered_model_name
-
             registered_model_name(self.mlflow_register_model, scale="s", model="m", K=1, d_s=0)  # one line if malformed
         if self.min_lr > self.lr:
             raise ConfigError(f"train.min_lr: the floor {self.min_lr} is above the peak lr {self.lr}")
@@ -162,3 +160,24 @@ class TrainConfig:
     @property
     def total_steps(self) -> int:
         return self.max_tokens // self.tokens_per_step if self.max_tokens else self.max_steps
+
+
+def registered_model_name(template: str, **fields) -> str:
+    """``train.mlflow_register_model`` filled in for one run; one line naming the key when the
+    template names an unknown field or yields a name the registry refuses."""
+    import string
+
+    try:
+        # plain {field} names only: no attribute or index lookups ("{model.__class__}"), so a saved
+        # config's template reads nothing but the four values given here
+        unknown = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None and f not in fields]
+        if unknown:
+            raise KeyError(unknown[0])
+        name = template.format(**fields)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ConfigError(f"train.mlflow_register_model: {template!r} is not a name with the fields "
+                          f"{{{'}, {'.join(fields)}}} ({type(err).__name__}: {err})") from None
+    if not name.strip() or "/" in name or ":" in name:
+        raise ConfigError(f"train.mlflow_register_model: {template!r} gives {name!r}; a registered model's name "
+                          f"is not empty and has no '/' or ':'")
+    return name

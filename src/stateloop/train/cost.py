@@ -55,8 +55,9 @@ from __future__ import annotations
 import csv
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from stateloop.pipeline import PipelineConfig, expand_runs
+from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
 from stateloop.train.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_HASH_BYTES_PER_S,
@@ -64,6 +65,9 @@ from stateloop.train.slurm import (
     estimated_params,
     warning_seconds,
 )
+
+if TYPE_CHECKING:
+    from stateloop.train.memory import MemoryPlan
 
 DEFAULT_MFU = 0.30  # measured: benchmarks/records/gpu_check_h200_2026-12-04.json (eager PyTorch, 410M shapes)
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16
@@ -351,7 +355,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
     if out:
         import io
 
-        from stateloop.runs import atomic_write_bytes
+        from stateloop.files import atomic_write_bytes
 
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
@@ -361,5 +365,27 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
     return 0
 
 
+# -- calibration: the memory plan against a GPU check's record (train/memory.py's docstring) -----
+
+
+def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan]:
+    """The plan of each model of the training step of a GPU check's record
+    (benchmarks/gpu_check.py's JSON, ``steps.train_410m_bf16``), as that step trained: one device, no
+    DDP, bf16 autocast, its micro-batch and sequence length, one micro-batch per step, gradients set
+    to None between steps, the logits kept alive through backward (its loop holds them), and the
+    kernels the record says it had (mamba_ssm's for Mamba-2's scan and gated norm)."""
+    from stateloop.train.memory import Setting, plan_memory
+
+    step = record["steps"]["train_410m_bf16"]
+    scale = pipeline.scales[step["scale"]]
+    setting = Setting(micro_batch=step["micro_batch"], devices=1, num_nodes=1, precision="bf16-mixed", accumulation=1)
+    kernels = bool(record.get("kernels", {}).get("mamba_ssm"))
+    out = {}
+    for name in step["models"]:
+        cfg = run_model_config(scale, name, step["K"], step["d_state"])
+        out[name] = plan_memory(cfg, step["seq_len"], setting, logits_kept=True, mamba_kernels=kernels)
+    return out
+
+
 __all__ = ["DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "plan_rows", "plan_time",
-           "print_plan", "print_table"]
+           "print_plan", "print_table", "record_plans"]

@@ -54,6 +54,7 @@ import yaml
 
 from stateloop.config import ConfigError, load_yaml
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
+from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
 from stateloop.pipeline import RunConfig
@@ -63,9 +64,6 @@ from stateloop.runs import (
     MLFLOW_FILE,
     RUN_CONFIG,
     TRAIN_SUMMARY,
-    atomic_write_bytes,
-    atomic_write_json,
-    code_version,
     has_final_weights,
     resolve_device,
     save_final,
@@ -605,7 +603,8 @@ def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
     train.mlflow_register_model names a model."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import TOKENIZER_FILE
-    from stateloop.tracking import log_model, registered_model_name
+    from stateloop.tracking import log_model
+    from stateloop.train.config import registered_model_name
 
     r, tcfg = run.rc.run, run.tcfg
     data_dir = Path(run.rc.data.dir)

@@ -96,7 +96,7 @@ allocator's block rounding, or the previous model's memory not yet freed would e
 allowance's fraction covers it. The form an outside estimate used (CPU's decomposed RMSNorm,
 16 bytes a parameter, no loss buffers) gives StateLoop 83.3 GiB (+0.6%), but StateLoop + attention
 84.6 and + Mamba-2 92.4: above the record, which bounds all four. tests/train/test_memory_plan.py
-holds these numbers.
+holds these numbers (the record's plans: train/cost.py, ``record_plans``).
 """
 
 from __future__ import annotations
@@ -604,7 +604,7 @@ def measure_saved(model_cfg, micro_batches, seq_len: int, precision: str = "bf16
             _MEASURED[keys[mb]] = found
             if folder is not None:
                 with contextlib.suppress(OSError):
-                    from stateloop.runs import atomic_write_bytes
+                    from stateloop.files import atomic_write_bytes
 
                     folder.mkdir(parents=True, exist_ok=True)
                     atomic_write_bytes(folder / f"{keys[mb]}.json", json.dumps(found).encode())
@@ -992,26 +992,3 @@ def check_fit(cfg, runs, where: str = "config") -> None:
             f"{where}: scales.{run.scale}.train.micro_batch: {run.id} needs ~{plan.gib:.0f} GiB per GPU at micro_batch "
             f"{setting.micro_batch} ({setting.label}) > train.gpu_memory_gib {tcfg.gpu_memory_gib:g}; {_fix_hint(setting)}"
             f"{more} (stateloop plan --config ... --compare-strategies)")
-
-
-# ----------------------------------------------------------------------------------------------
-# Calibration
-
-
-def record_plans(pipeline, record: dict) -> dict[str, MemoryPlan]:
-    """The plan of each model of the training step of a GPU check's record
-    (benchmarks/gpu_check.py's JSON, ``steps.train_410m_bf16``), as that step trained: one device, no
-    DDP, bf16 autocast, its micro-batch and sequence length, one micro-batch per step, gradients set
-    to None between steps, the logits kept alive through backward (its loop holds them), and the
-    kernels the record says it had (mamba_ssm's for Mamba-2's scan and gated norm)."""
-    from stateloop.pipeline import run_model_config
-
-    step = record["steps"]["train_410m_bf16"]
-    scale = pipeline.scales[step["scale"]]
-    setting = Setting(micro_batch=step["micro_batch"], devices=1, num_nodes=1, precision="bf16-mixed", accumulation=1)
-    kernels = bool(record.get("kernels", {}).get("mamba_ssm"))
-    out = {}
-    for name in step["models"]:
-        cfg = run_model_config(scale, name, step["K"], step["d_state"])
-        out[name] = plan_memory(cfg, step["seq_len"], setting, logits_kept=True, mamba_kernels=kernels)
-    return out

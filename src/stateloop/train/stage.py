@@ -35,8 +35,8 @@ def train_stage(args) -> int:
     # training loop instead of ending the process, and the signals that stop training are known.
     with signals.SignalLog() as received:
         from stateloop.config import ConfigError
-        from stateloop.pipeline import resolve_run
-        from stateloop.runs import RUN_ID_FORM, resolve_run_arg
+        from stateloop.pipeline import RUN_ID_FORM, resolve_run
+        from stateloop.runs import resolve_run_arg
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
 
         run = resolve_run_arg(args.run)

@@ -31,7 +31,7 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.runs import atomic_write_bytes
+from stateloop.files import atomic_write_bytes
 
 REPO = Path(__file__).resolve().parents[4]
 DEFAULT_TASK_DIR = REPO / "workflow" / "tasks"

@@ -1,0 +1,204 @@
+"""Every module of the package imports downward only. The layers, bottom first: a module may import
+modules of its own layer and of the layers listed before it, never of one listed after it.
+
+core: the package itself and config.py (typed configs from YAML, ConfigError)
+files: files.py (atomic writes, safe loading, the code version)
+models: models/ (the architectures and their registry; cycles inside models/ are allowed)
+data: data/'s config, synthetic text, shards and tokenizer
+parts: the pieces of stages that read no pipeline config: config sections, memory plan, tokenizing, prefetch, task files, metrics
+pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
+runs: runs.py (run folders, saved weights and configs)
+export: export/ (a run as a Hugging Face directory)
+tracking: tracking.py (MLflow)
+stages: the stages that read runs: data/stage.py, train/, evaluate/, analysis/
+report: report/ (tables, figures, claims)
+rehearse: rehearse/ (a config's DAG offline, sizes shrunk)
+commands: commands/ (the command table, the parser, one module per command)
+warm: warm.py (the DAG's warm server)
+cli: cli.py (the console script)
+
+Imports are read with ast, function-local and ``if TYPE_CHECKING:`` ones included; a module named
+in a string (commands/__init__.py's table, importlib) is not an import. Outside models/, the
+imports also form no cycle, within a layer either.
+"""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "stateloop"
+
+# module or package -> its layer; a module not named takes its closest named package's layer
+LAYER_OF = {
+    "stateloop": "core",
+    "stateloop.config": "core",
+    "stateloop.files": "files",
+    "stateloop.models": "models",
+    "stateloop.data": "data",
+    "stateloop.data.config": "data",
+    "stateloop.data.synthetic": "data",
+    "stateloop.data.shards": "data",
+    "stateloop.data.tokenizer": "data",
+    "stateloop.data.tokenize": "parts",
+    "stateloop.prefetch": "parts",
+    "stateloop.evaluate.config": "parts",
+    "stateloop.evaluate.metrics": "parts",
+    "stateloop.evaluate.perplexity": "parts",
+    "stateloop.evaluate.diagnostics": "parts",
+    "stateloop.evaluate.tasks.files": "parts",
+    "stateloop.evaluate.tasks.prepare": "parts",
+    "stateloop.evaluate.tasks.rehearsal": "parts",
+    "stateloop.train.config": "parts",
+    "stateloop.train.memory": "parts",
+    "stateloop.train.memory_probe": "parts",
+    "stateloop.train.slurm": "parts",
+    "stateloop.train.signals": "parts",
+    "stateloop.train.loss": "parts",
+    "stateloop.train.schedule": "parts",
+    "stateloop.train.flops": "parts",
+    "stateloop.train.sampler": "parts",
+    "stateloop.pipeline": "pipeline",
+    "stateloop.schema": "pipeline",
+    "stateloop.runs": "runs",
+    "stateloop.export": "export",
+    "stateloop.tracking": "tracking",
+    "stateloop.data.stage": "stages",
+    "stateloop.train": "stages",
+    "stateloop.evaluate": "stages",
+    "stateloop.analysis": "stages",
+    "stateloop.report": "report",
+    "stateloop.rehearse": "rehearse",
+    "stateloop.commands": "commands",
+    "stateloop.warm": "warm",
+    "stateloop.cli": "cli",
+}
+
+
+def _docstring_layers() -> list[str]:
+    """The layer names of this module's docstring, bottom first (its `name: ...` lines)."""
+    lines = __doc__.split("\n\n")[1].splitlines()
+    return [line.split(":", 1)[0] for line in lines]
+
+
+ORDER = _docstring_layers()
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """module name -> (its file, whether it is a package's __init__)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+MODULES = _modules()
+
+
+def _known(name: str) -> str:
+    """The module a dotted name imports: itself, else the closest enclosing module (a name imported
+    from a module: ``from stateloop.runs import load_model`` -> stateloop.runs)."""
+    while name not in MODULES and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports(module: str) -> list[tuple[int, str]]:
+    """(line, imported stateloop module) of every import in ``module``'s file, nested ones included."""
+    path, is_package = MODULES[module]
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, _known(a.name)) for a in node.names if a.name.split(".")[0] == "stateloop"]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "stateloop":
+                continue
+            for alias in node.names:  # `from stateloop.evaluate import harness` imports a module
+                full = f"{source}.{alias.name}"
+                out.append((node.lineno, full if full in MODULES else _known(source)))
+    return list(dict.fromkeys((line, target) for line, target in out if target != module))
+
+
+def layer_of(module: str) -> str | None:
+    name = module
+    while name not in LAYER_OF and "." in name:
+        name = name.rpartition(".")[0]
+    return LAYER_OF.get(name) if name != "stateloop" or module == "stateloop" else None
+
+
+def upward_imports() -> list[str]:
+    found = []
+    for module in MODULES:
+        if layer_of(module) is None:
+            continue  # test_every_module_has_a_layer names it
+        here = ORDER.index(layer_of(module))
+        for line, target in imports(module):
+            if layer_of(target) is not None and ORDER.index(layer_of(target)) > here:
+                found.append(f"{MODULES[module][0].relative_to(SRC.parent)}:{line} imports {target} "
+                             f"(layer {layer_of(target)}) from layer {layer_of(module)}")
+    return found
+
+
+def cycles() -> list[list[str]]:
+    """The strongly connected components (Tarjan) of more than one module of the import graph that
+    are not wholly inside stateloop.models."""
+    graph = {m: sorted({t for _, t in imports(m)}) for m in MODULES}
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 and not all(m.startswith("stateloop.models.") for m in component):
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_table_names_the_docstrings_layers():
+    assert len(set(ORDER)) == len(ORDER) and set(ORDER) == set(LAYER_OF.values()), (ORDER, set(LAYER_OF.values()))
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in MODULES if layer_of(m) is None]
+    assert not missing, f"modules without a layer (add them to LAYER_OF): {missing}"
+
+
+def test_imports_go_downward_only():
+    found = upward_imports()
+    assert not found, "imports of a higher layer:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_outside_models():
+    found = cycles()
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_reader_sees_nested_imports():
+    """Function-local imports and ``from PACKAGE import MODULE`` are read as imports of that module."""
+    assert "stateloop.train.memory" in {t for _, t in imports("stateloop.pipeline")}  # inside checked_pipeline
+    assert "stateloop.evaluate.diagnostics" in {t for _, t in imports("stateloop.evaluate.harness")}
