@@ -136,3 +136,84 @@ def test_the_papers_points_are_table1_and_table4_at_their_runs_training_compute(
     assert seen == ["1.4b/stateloop/K4_ds2048_seed1234", "410m/stateloop/K7_ds1024_seed1234"]
     assert points[4][1] == pytest.approx(100 * (7.61 / 7.79 - 1)) and points[7][1] == pytest.approx(100 * (9.04 / 9.34 - 1))
     assert points[4][0] == pytest.approx(1e9 * 2048 * 30e9 / 2048, rel=1e-3)  # 30B tokens in 2,048-token sequences
+
+
+# An lr bracket per rung (configs/overlays/ladder_lr.yaml): each model's PPL factor at each peak lr,
+# chosen so that the two models' best lrs differ on two rungs and lie at the grid's edge on two.
+FACTOR = {
+    "ladder_1": {"vanilla_looped": {3e-3: 1.30, 9e-3: 1.00, 2.7e-2: 1.10}, "stateloop": {3e-3: 1.40, 9e-3: 1.06, 2.7e-2: 1.02}},
+    "ladder_2": {"vanilla_looped": {1e-3: 1.20, 3e-3: 1.00, 9e-3: 1.04}, "stateloop": {1e-3: 1.25, 3e-3: 1.03, 9e-3: 1.05}},
+    "ladder_3": {"vanilla_looped": {1e-3: 1.00, 3e-3: 1.02, 9e-3: 1.30}, "stateloop": {1e-3: 1.09, 3e-3: 1.04, 9e-3: 1.20}},
+}
+
+
+@pytest.fixture
+def bracketed(tmp_path, monkeypatch):
+    from stateloop.config import load_yaml
+
+    cfg = load_pipeline(ROOT / "configs" / "ladder.yaml", load_yaml(ROOT / "configs" / "overlays" / "ladder_lr.yaml"))
+    monkeypatch.setattr(ladder, "training_flops", lambda cfg, run: 10 ** LOG_FLOPS[run.scale.split("_lr")[0]])
+    rung_of = {s: f"ladder_{i}" for i, size in enumerate(("ladder_s", "ladder_m", "ladder_l"), 1)
+               for s in cfg.scales if s.split("_lr")[0] == size}
+    results = tmp_path / "results"
+    for run in expand_runs(cfg):
+        seed_base = 30.0 + 2.0 * run.seed  # shared by both models at every lr: the pairing is by seed
+        if run.K == 4:
+            ppl = seed_base * FACTOR[rung_of[run.scale]][run.model][cfg.scales[run.scale].train.lr]
+        else:  # K = 7: the ladder's own single lr, a flat 3% gap
+            ppl = seed_base * (1.03 if run.model == "stateloop" else 1.0)
+        folder = results / "runs" / run.id
+        folder.mkdir(parents=True)
+        (folder / "eval.json").write_text(json.dumps({"heldout": {"ppl": ppl}, "tasks": {}}))
+    return cfg, results
+
+
+def test_the_lr_overlay_adds_a_bracket_per_rung_that_changes_only_the_lr():
+    """The overlay's points are the rungs' own scales with another peak lr (min_lr a tenth of it),
+    at K = 4, the same models and seeds as the rung."""
+    from stateloop.config import load_yaml
+
+    base = load_pipeline(ROOT / "configs" / "ladder.yaml")
+    cfg = load_pipeline(ROOT / "configs" / "ladder.yaml", load_yaml(ROOT / "configs" / "overlays" / "ladder_lr.yaml"))
+    assert ladder.rungs(cfg) == ladder.rungs(base) and len(expand_runs(cfg)) == len(expand_runs(base)) + 6 * 2 * 6
+    for name in ladder.rungs(cfg):
+        own = cfg.scales[cfg.experiments[name].scale]
+        lrs = set()
+        for point in ladder.bracket_names(cfg, name)[1:]:
+            exp = cfg.experiments[point]
+            other = cfg.scales[exp.scale]
+            assert exp.K == [4] and exp.seeds == cfg.experiments[name].seeds and exp.models == cfg.experiments[name].models
+            assert other.model == own.model and other.data == own.data and other.eval == own.eval
+            t, t0 = vars(other.train), vars(own.train)
+            assert {k for k in t if t[k] != t0[k]} == {"lr", "min_lr"} and t["min_lr"] == pytest.approx(t["lr"] / 10)
+            lrs.add(t["lr"])
+        assert len(lrs) == 2 and own.train.lr not in lrs  # three distinct lrs per rung
+
+
+def test_a_rungs_gap_takes_each_model_at_its_own_best_lr(bracketed):
+    cfg, results = bracketed
+    tr = ladder.trend(cfg, results, 4)
+    want = {"ladder_1": 100 * (1.02 / 1.00 - 1), "ladder_2": 100 * (1.03 / 1.00 - 1), "ladder_3": 100 * (1.04 / 1.00 - 1)}
+    for rung in tr.rungs:
+        # every seed: StateLoop at its best lr over Vanilla at its own (the seed's base cancels)
+        assert list(rung.gaps) == [1, 2, 3, 4, 5, 6]
+        assert all(g == pytest.approx(want[rung.name]) for g in rung.gaps.values()), rung.name
+    r1, r2, r3 = tr.rungs
+    assert (r1.best_lr["stateloop"], r1.best_lr["vanilla_looped"]) == (2.7e-2, 9e-3)
+    assert (r3.best_lr["stateloop"], r3.best_lr["vanilla_looped"]) == (3e-3, 1e-3)
+    # the misreading: both models at the rung's own lr (3e-3) would read rung 3 as +2%, not +4%
+    assert r3.gaps[1] != pytest.approx(100 * (1.04 / 1.02 - 1))
+    assert "stateloop at the grid's edge" in r1.best_text() and "not bracketed" not in r2.best_text()
+    assert "vanilla_looped at the grid's edge" in r3.best_text()
+    assert r2.best_text() == "best lr of 0.001, 0.003, 0.009: StateLoop 0.003, Vanilla Looped 0.003"
+    # K = 7 has one lr per rung: the rung's own gap, no bracket
+    flat = ladder.trend(cfg, results, 7)
+    assert all(r.lrs == (3e-3,) and r.best_text() == "" for r in flat.rungs)
+    assert all(g == pytest.approx(3.0) for r in flat.rungs for g in r.gaps.values())
+
+
+def test_the_claims_note_names_each_rungs_best_lrs(bracketed):
+    cfg, results = bracketed
+    row = judge(cfg, results).set_index("id").loc["ladder_gap_vs_compute_K4"]
+    assert row.n == 18 and "ladder_3" in row.note
+    assert "best lr of 0.001, 0.003, 0.009: StateLoop 0.003, Vanilla Looped 0.001 (vanilla_looped at the grid's edge" in row.note

@@ -319,7 +319,7 @@ def ladder_rows(cfg) -> list[Claim]:
         def measure(cfg, results, K=K):
             tr = ladder.trend(cfg, results, K)
             gaps = "; ".join(f"{r.name} {r.flops:.2e} FLOPs: {stats.t_interval(list(r.gaps.values())).format()}%"
-                             for r in tr.rungs)
+                             + (f" ({r.best_text()})" if r.best_text() else "") for r in tr.rungs)
             return tr.slope, f"{tr.crossing_text()}; gaps {gaps}", tr.verdict
 
         rows.append(Claim(f"ladder_gap_vs_compute_K{K}", f"StateLoop's PPL gap to Vanilla Looped shrinks as training "

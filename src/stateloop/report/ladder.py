@@ -16,6 +16,13 @@ Looped at one scale, at the same loop counts and seeds (configs/ladder.yaml). Fo
   when the slope's interval excludes 0; otherwise the row says "no crossing within the fit's
   interval".
 
+[choice] An lr bracket per rung (configs/overlays/ladder_lr.yaml): experiments ``ladder_N_lr_*``
+train rung N's models at other peak lrs, nothing else changed. A rung with more than one lr takes,
+seed by seed, StateLoop at its own best lr of the rung's points against Vanilla Looped at its own
+(report/lr.py's rule: the lowest mean held-out PPL over the seeds every point has for both models),
+and the claims note names each rung's best lrs and whether one lies at the edge of the rung's grid
+(then the optimum is not bracketed there).
+
 The paper's two points, on the same axes (a % PPL change is scale-free): 1.4B StateLoop against
 Vanilla Looped at K = 4 (Table 1) and 410M at K = 7 (Table 4), at the training FLOPs of
 configs/paper.yaml's runs by the same count.
@@ -25,10 +32,11 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.pipeline import cells, expand_runs
+from stateloop.pipeline import expand_runs
+from stateloop.report import lr
 from stateloop.report.stats import Estimate, relative_pct, t_quantile
 from stateloop.report.trends import trend_verdict
 
@@ -43,6 +51,18 @@ class Rung:
     name: str  # the experiment
     flops: float  # StateLoop's training FLOPs at this rung
     gaps: dict[int, float]  # seed -> % PPL gap
+    lrs: tuple[float, ...] = ()  # the rung's peak lrs, lowest first
+    best_lr: dict[str, float] = field(default_factory=dict)  # model -> its best of ``lrs``
+
+    def best_text(self) -> str:
+        """Each model's best lr of the rung's bracket, and whether it lies at the grid's edge; empty
+        for a rung trained at one lr."""
+        if len(self.lrs) < 2:
+            return ""
+        grid = ", ".join(f"{x:g}" for x in self.lrs)
+        edge = [m for m, x in self.best_lr.items() if x in (self.lrs[0], self.lrs[-1])]
+        text = f"best lr of {grid}: StateLoop {self.best_lr[MODEL]:g}, Vanilla Looped {self.best_lr[REFERENCE]:g}"
+        return text + (f" ({' and '.join(edge)} at the grid's edge: not bracketed)" if edge else "")
 
 
 @dataclass
@@ -91,21 +111,29 @@ def training_flops(cfg, run) -> float:
     return float(_FLOPS[key]) * t.total_steps * t.global_batch
 
 
-def rung_points(cfg, results: Path, K: int) -> list[Rung]:
-    """Each rung's StateLoop - Vanilla gaps at loop count K, paired by seed."""
-    from stateloop.report.tables import heldout_by_seed
+def bracket_names(cfg, name: str) -> tuple[str, ...]:
+    """Rung ``name``'s experiments: its own and every ``{name}_lr_*`` of its lr bracket."""
+    return (name, *sorted(e for e in cfg.experiments if e.startswith(f"{name}_lr_")))
 
+
+def rung_points(cfg, results: Path, K: int) -> list[Rung]:
+    """Each rung's StateLoop - Vanilla gaps at loop count K, paired by seed: at the rung's one lr,
+    or each model at its own best lr of the rung's bracket."""
     out = []
     for name in rungs(cfg):
-        groups = cells(expand_runs(cfg, [name])).values()
-        ours = next((rs for rs in groups if rs[0].model == MODEL and rs[0].K == K), None)
-        ref = next((rs for rs in groups if rs[0].model == REFERENCE and rs[0].K == K), None)
-        if ours is None or ref is None:
+        points = lr.bracket(cfg, results, K, bracket_names(cfg, name))
+        if not points:
             continue
-        a, b = heldout_by_seed(results, ours), heldout_by_seed(results, ref)
-        gaps = {s: relative_pct(a[s], b[s]) for s in sorted(set(a) & set(b))}
-        if gaps:
-            out.append(Rung(name, training_flops(cfg, ours[0]), gaps))
+        # the seeds every point has for both models: the best lr is picked on the same seeds at every lr
+        seeds = sorted(set.intersection(*(set(p.ppl[m]) for p in points for m in (MODEL, REFERENCE))))
+        if not seeds:
+            continue
+        on = [lr.Point(p.experiment, p.lr, {m: {s: p.ppl[m][s] for s in seeds} for m in p.ppl}) for p in points]
+        ours, ref = lr.best(on, MODEL), lr.best(on, REFERENCE)
+        gaps = {s: relative_pct(ours.ppl[MODEL][s], ref.ppl[REFERENCE][s]) for s in seeds}
+        run = next(r for r in expand_runs(cfg, [points[0].experiment]) if r.model == MODEL and r.K == K)
+        out.append(Rung(name, training_flops(cfg, run), gaps, tuple(p.lr for p in points),
+                        {MODEL: ours.lr, REFERENCE: ref.lr}))
     return out
 
 
