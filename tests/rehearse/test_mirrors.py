@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import encoded, split_tokens
 
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
 from stateloop.pipeline import load_pipeline
 from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
+from support.data import encoded, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 PILE = "monology/pile-uncopyrighted"
