@@ -19,14 +19,10 @@ from stateloop.data import load_tokenizer
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import tokenize
 from stateloop.pipeline import load_pipeline
-from support.data import encoded, split_tokens
+from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 PILE = "monology/pile-uncopyrighted"
-
-
-def quiet(*_a, **_k):
-    pass
 
 
 def _zstd_available() -> bool:
