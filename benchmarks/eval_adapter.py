@@ -52,13 +52,13 @@ def main() -> None:
     ap.add_argument("--gen-tokens", type=int, default=64)
     args = ap.parse_args()
 
-    from helpers import tiny_config, to_transformers_llama
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     from transformers import PreTrainedTokenizerFast
 
     from stateloop.evaluate.lm import StateLoopEvalLM
     from stateloop.models.registry import build_model
+    from support.models import tiny_config, to_transformers_llama
 
     tok, words = tokenizer(1000)
     eos = tok.token_to_id("<|endoftext|>")

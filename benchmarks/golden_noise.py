@@ -78,7 +78,7 @@ def _patch(name: str | None) -> None:
 def child(out: Path, threads: int, patch: str | None) -> None:
     import torch
 
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # test_golden, and tests/support that it imports
     import test_golden
 
     torch.set_num_threads(threads)
@@ -95,7 +95,7 @@ def main() -> int:
         out, threads, patch = args.child
         child(Path(out), int(threads), None if patch == "-" else patch)
         return 0
-    sys.path.insert(0, str(TESTS))
+    sys.path[:0] = [str(TESTS), str(TESTS.parent)]  # test_golden, and tests/support that it imports
     import test_golden
 
     golden, _ = test_golden.reference(test_golden._recordings(), test_golden._machine())

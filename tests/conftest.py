@@ -1,12 +1,7 @@
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from stateloop.evaluate.tasks.files import default_shared_data
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/helpers.py
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from dag_helpers import ROOT, copy_workflow, snakemake
 
 from stateloop.cli import main
 from stateloop.commands import PIPELINE, TOOLS
+from support.dag import ROOT, copy_workflow, snakemake
 
 
 def _run(capsys, *argv) -> str:

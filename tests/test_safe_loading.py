@@ -9,19 +9,16 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_config
 
 from stateloop.cli import main
 from stateloop.config import ConfigError, to_dict
 from stateloop.models.registry import build_model
 from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS, load_model, save_final
-
-sys.path.insert(0, str(Path(__file__).parent / "train"))  # train_support (shards + tiny training config)
+from support.models import tiny_config
 
 
 class Payload:
@@ -109,11 +106,10 @@ def test_lm_eval_adapter_and_load_model_refuse_a_malicious_model_pt(tmp_path):
 def test_resume_passes_over_a_malicious_checkpoint(tmp_path, monkeypatch, capsys):
     """The newest checkpoint carries a payload (with a matching sha256 sidecar): the resume warns,
     naming it, and continues from the previous one; loading it directly is refused."""
-    from train_support import resolved, write_config, write_shards
-
     from stateloop.files import atomic_write_json
     from stateloop.train.checkpoint import CheckpointStore
     from stateloop.train.loop import train
+    from support.training import resolved, write_config, write_shards
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     data = write_shards(tmp_path / "data", n_train=20_000, n_val=2_000)

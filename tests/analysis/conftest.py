@@ -1,5 +1,6 @@
 import pytest
-from analysis_helpers import make_run
+
+from support.analysis import make_run
 
 
 @pytest.fixture

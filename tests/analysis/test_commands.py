@@ -5,9 +5,9 @@ import json
 import math
 
 import pytest
-from analysis_helpers import make_run
 
 from stateloop.cli import main
+from support.analysis import make_run
 
 
 def test_analyze_shapley_writes_json_into_the_run(tiny_run, capsys):

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from dag_helpers import copy_workflow, snakemake
 
 from stateloop.cli import main
 from stateloop.config import to_dict
@@ -28,6 +27,7 @@ from stateloop.data.shards import ShardWriter, sha256_file, token_dtype, write_m
 from stateloop.models.registry import build_model, get_spec
 from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.runs import save_final
+from support.dag import copy_workflow, snakemake
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -251,9 +251,8 @@ def test_sharding_a_finished_analysis_reruns_that_analysis_only(tmp_path):
     """The smoke DAG done (its outputs touched): asking for 3 Shapley shards plans the 3 shard
     jobs and their merge (no GPU, the merge's runtime), then the figure and the claims that read
     shapley.json; no training, evaluation or interventions. A runtime alone reruns nothing."""
-    from dag_helpers import jobs
-
     from stateloop.analysis.shards import MERGE_JOB
+    from support.dag import jobs
 
     work = copy_workflow(tmp_path / "work")
     base = ("--configfile", "configs/smoke.yaml")

@@ -6,12 +6,12 @@ import dataclasses
 import pytest
 import torch
 import yaml
-from helpers import tiny_config
 
 from stateloop.analysis import cost, interventions, shapley
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
 from stateloop.pipeline import load_pipeline
+from support.models import tiny_config
 
 MFU, PEAK = 0.30, 989.0
 

@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from analysis_helpers import run_windows
 
 from stateloop.analysis.interventions import (
     StateStats,
@@ -17,6 +16,7 @@ from stateloop.analysis.interventions import (
     state_statistics,
 )
 from stateloop.evaluate.perplexity import mean_nll
+from support.analysis import run_windows
 
 
 def test_calibration_with_identical_statistics_is_the_identity_up_to_epsilon():

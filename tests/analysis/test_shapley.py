@@ -5,9 +5,9 @@ import math
 
 import pytest
 import torch
-from analysis_helpers import make_run, run_windows
 
 from stateloop.analysis.shapley import keep_vector, masked_nll_sums, shapley_analysis, shapley_values
+from support.analysis import make_run, run_windows
 
 
 def test_shapley_values_by_hand():

@@ -9,11 +9,11 @@ from fractions import Fraction
 
 import pytest
 import torch
-from analysis_helpers import run_windows
 
 from stateloop.analysis import interventions, shapley, shards
 from stateloop.analysis.shards import Shard, Sums
 from stateloop.cli import main
+from support.analysis import run_windows
 
 QUIET = ["--no-mlflow", "--no-progress"]
 RESULT_KEYS = {  # what the analysis measured: everything but the settings, paths and versions

@@ -22,6 +22,7 @@ from stateloop.data import load_tokenizer, synthetic
 from stateloop.data.config import DataConfig, SyntheticConfig
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.tokenize import is_complete, tokenize
+from support.data import quiet
 
 ROOT = Path(__file__).resolve().parents[2]
 NEOX_SHA = "56ac4821e129d2c520fdaba60abd920fa852ada51b45c0dd52bbb6bd8c985ade"  # shared/data/gpt-neox-20b/SOURCE.md
@@ -47,10 +48,6 @@ def write_jsonl(path: Path, texts, field="text") -> Path:
         for t in texts:
             fh.write(json.dumps({field: t, "n": 1}) + "\n")
     return path
-
-
-def quiet(*a, **k):
-    pass
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,7 @@ from stateloop.data.config import DataConfig, SyntheticConfig
 from stateloop.data.shards import ShardSet
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import tokenize
-
-
-def quiet(*a, **k):
-    pass
+from support.data import quiet
 
 
 def _corpus(path: Path, n: int = 3000) -> Path:

@@ -13,20 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import encoded, split_tokens
 
 from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import tokenize
 from stateloop.pipeline import load_pipeline
+from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 PILE = "monology/pile-uncopyrighted"
-
-
-def quiet(*_a, **_k):
-    pass
 
 
 def _zstd_available() -> bool:

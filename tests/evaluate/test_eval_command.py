@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from evaluate_support import save_run
 
 from stateloop.cli import main
+from support.evaluation import save_run
 
 
 def eval_cli(run_dir, *args):
@@ -115,9 +115,8 @@ def one_line_error(capsys, run_dir, path_part):
 
 
 def test_bad_run_folders_fail_with_one_line_naming_the_file(tmp_path, data_dir, capsys):
-    from helpers import tiny_config
-
     from stateloop.config import to_dict
+    from support.models import tiny_config
 
     one_line_error(capsys, tmp_path / "nowhere", "nowhere")
     empty = tmp_path / "runs" / "empty"

@@ -14,11 +14,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 from stateloop.cli import main
 from stateloop.data.shards import ShardSet
 from stateloop.models.registry import build_model
+from support.models import tiny_config
 
 
 def eval_cli(run_dir, *args):

@@ -185,7 +185,7 @@ def test_an_export_never_writes_over_around_or_into_what_it_reads(data_dir, tmp_
     """An export replaces its folder whole: `--out` the run folder, a folder holding it (its parent,
     the working directory as `.` or ''), a folder inside it, or the run's data folder is refused in
     one line naming the folder, and nothing is touched."""
-    from evaluate_support import save_run
+    from support.evaluation import save_run
 
     data, run_dir = tmp_path / "data", tmp_path / "runs" / "stateloop"
     shutil.copytree(data_dir, data)
@@ -205,7 +205,7 @@ def test_an_export_never_writes_over_around_or_into_what_it_reads(data_dir, tmp_
 def test_an_export_replaces_only_an_empty_folder_or_an_earlier_export(data_dir, tmp_path, capsys):
     """`--out` a folder of other files (a slip such as `--out ~` or `--out src`) or a file is refused
     in one line and left as it was; an empty folder and an earlier export are replaced."""
-    from evaluate_support import save_run
+    from support.evaluation import save_run
 
     run_dir = tmp_path / "runs" / "stateloop"
     save_run(run_dir, data_dir, "stateloop")
@@ -230,7 +230,7 @@ def test_an_export_replaces_only_an_empty_folder_or_an_earlier_export(data_dir, 
 def test_a_tokenizer_file_outside_the_data_folder_is_refused(data_dir, tmp_path, capsys, name):
     """meta.json's tokenizer.file is a file name inside the data folder, as the shards' names are:
     a path out of it (relative or absolute, to a tokenizer or to any file) is refused in one line."""
-    from evaluate_support import save_run
+    from support.evaluation import save_run
 
     data, run_dir = tmp_path / "data", tmp_path / "runs" / "stateloop"
     shutil.copytree(data_dir, data)
@@ -278,11 +278,10 @@ def test_stock_lm_eval_hf_backend_scores_the_export_as_stateloop_eval(make_run, 
 def test_a_model_built_from_its_config_alone_has_the_projects_init():
     """StateLoopForCausalLM(config) (no weights: fine-tuning from scratch, tests) initialises as
     training does, the depth-scaled init of models/init.py, not transformers' N(0, 0.02) everywhere."""
-    from helpers import tiny_config
-
     from stateloop.config import to_dict
     from stateloop.export.hf_modeling import StateLoopConfig, StateLoopForCausalLM
     from stateloop.models.registry import build_model
+    from support.models import tiny_config
 
     cfg = tiny_config("stateloop_mamba2")
     torch.manual_seed(3)

@@ -9,10 +9,10 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from evaluate_support import EOS, sentences
 from lm_eval.api.instance import Instance
 
 from stateloop.evaluate.lm import StateLoopEvalLM
+from support.evaluation import EOS, sentences
 
 
 def ll_requests(pairs):
@@ -110,11 +110,12 @@ def test_matches_lm_eval_hf_backend(make_run, data_dir, tmp_path):
     """A K=1 vanilla_looped copied into transformers' Llama: lm-eval's HF backend and ours give the
     same loglikelihoods and the same accuracy on a local task."""
     import lm_eval
-    from evaluate_support import WORDS
-    from helpers import to_transformers_llama
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
     from transformers import PreTrainedTokenizerFast
+
+    from support.evaluation import WORDS
+    from support.models import to_transformers_llama
 
     run_dir, model = make_run("vanilla_looped", K=1)
     ours = StateLoopEvalLM(str(run_dir), batch_size=4, device="cpu")

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from evaluate_support import save_run
 
 from stateloop.cli import main
 from stateloop.runs import read_weights, save_final
+from support.evaluation import save_run
 
 SMALL = {"tasks": ["synth_mc"], "shots": [0], "limit": 2, "synthetic_examples": 4, "fewshot_pool": 4, "heldout_windows": 2,
          "bootstrap_iters": 0}

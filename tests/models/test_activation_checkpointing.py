@@ -12,13 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 import stateloop.models.looped as looped
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
 from stateloop.train.memory_probe import saved_bytes
+from support.models import tiny_config
 
 ALL = sorted(MODELS)
 LEVELS = ("layer", "iteration")

@@ -10,13 +10,13 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 from stateloop.config import ConfigError
 from stateloop.models.baselines.mesh import write_then_read
 from stateloop.models.baselines.parcae import StableInjection
 from stateloop.models.baselines.pause_token import expand_with_pauses
 from stateloop.models.registry import build_model, count_params
+from support.models import tiny_config
 
 # ----------------------------------------------------------------------------------------------
 # Parcae

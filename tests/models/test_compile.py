@@ -16,9 +16,9 @@ import warnings
 
 import pytest
 import torch
-from helpers import tiny_config
 
 from stateloop.models.registry import MODELS, build_model
+from support.models import tiny_config
 
 TRACED = [name for name in MODELS if name != "parcae"]
 

@@ -4,7 +4,6 @@ import contextlib
 import threading
 
 import torch
-from helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.models.backbone import Attention, DerivedWeights, Rotary
@@ -12,6 +11,7 @@ from stateloop.models.cache import KVCache, ModelCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.registry import build_model
 from stateloop.models.state import SelectiveStateCell
+from support.models import tiny_config
 
 
 def test_state_cell_is_eq6_by_hand():

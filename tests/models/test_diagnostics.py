@@ -7,10 +7,10 @@ unchanged by the hook."""
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 from stateloop.evaluate.diagnostics import curves, step_metrics, summarise
 from stateloop.models.registry import build_model
+from support.models import tiny_config
 
 
 def _model(name: str, K: int = 3, **kw):

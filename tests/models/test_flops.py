@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config
 
 from stateloop.models.flops import DECODE_MIXERS, compute_profile, counted_decode_flops, decode_flops_per_token
 from stateloop.models.registry import MODELS, matched_ffn_width
+from support.models import tiny_config
 
 SPLIT = {"n_begin": 1, "n_middle": 1, "n_end": 1}
 SHAPES = {

@@ -3,10 +3,10 @@ for every registered model (baselines included once registered)."""
 
 import pytest
 import torch
-from helpers import tiny_config
 
 from stateloop.models.generate import greedy_generate
 from stateloop.models.registry import MODELS, build_model
+from support.models import tiny_config
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

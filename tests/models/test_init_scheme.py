@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 import yaml
-from helpers import tiny_config
 
 from stateloop.config import ConfigError
 from stateloop.models.registry import build_model
+from support.models import tiny_config
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 SHAPE = dict(K=7, d_model=64, n_heads=4, head_dim=16, d_ff=256, n_layers=2)

@@ -44,9 +44,8 @@ def test_mamba_ssd_kernel_matches_torch(dtype, tol):
 def torch_and_kernel_models(name: str, mamba_d_state: int, device: str = "cuda"):
     """The same weights twice: the pure-PyTorch paths (``tiny_config``'s impl) and the fused kernels
     where they import (impl ``auto``)."""
-    from helpers import tiny_config
-
     from stateloop.models.registry import build_model
+    from support.models import tiny_config
 
     cfg = tiny_config(
         name,

@@ -3,10 +3,10 @@ against transformers' Llama."""
 
 import pytest
 import torch
-from helpers import tiny_config, to_transformers_llama
 
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
+from support.models import tiny_config, to_transformers_llama
 
 ALL = sorted(MODELS)
 

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -17,6 +16,7 @@ from stateloop.models import kernels
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
 from stateloop.models.state import DELTA_INIT, LAMBDA_RANGE, SelectiveStateCell
+from support.models import tiny_config
 
 ALL = sorted(MODELS)
 STATEFUL = [n for n in ALL if MODELS[n].has_state]

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_config
 
 from stateloop.models.registry import build_model
 from stateloop.models.state import GRUStateCell, SelectiveStateCell
+from support.models import tiny_config
 
 
 def _softplus(x):

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 import stateloop.models.state as state_module
 from stateloop.models.kernels import selective_state_step
 from stateloop.models.registry import build_model
 from stateloop.models.state import SelectiveStateCell
+from support.models import tiny_config
 
 
 def _cell(d=16, d_s=24, dtype=torch.float32, seed=0):

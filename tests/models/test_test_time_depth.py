@@ -13,11 +13,11 @@ import dataclasses
 
 import pytest
 import torch
-from helpers import tiny_config
 
 from stateloop.config import ConfigError
 from stateloop.models.generate import greedy_generate
 from stateloop.models.registry import MODELS, build_model
+from support.models import tiny_config
 
 TRAINED_K = 3
 # Depths with a meaning for each model: every K' for the shared-weight loops, K' <= K for the

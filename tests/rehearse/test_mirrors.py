@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import encoded, split_tokens
 
 from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
 from stateloop.pipeline import load_pipeline
 from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
+from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 PILE = "monology/pile-uncopyrighted"
@@ -25,10 +25,6 @@ PILE_SUBSETS = {"Pile-CC", "Wikipedia (en)", "Gutenberg (PG-19)"}  # the ones a 
 FINEWEB_DTYPES = {"text": "string", "id": "string", "dump": "string", "url": "string", "file_path": "string",
                   "language": "string", "language_score": "double", "token_count": "int64", "score": "double",
                   "int_score": "int64"}
-
-
-def quiet(*_a, **_k):
-    pass
 
 
 def real_data(config: str, scale: str) -> DataConfig:

@@ -204,11 +204,10 @@ def _data_dir(folder: Path, shared_data: Path) -> Path:
 
 
 def _run_dir(folder: Path, data_dir: Path) -> Path:
-    from helpers import tiny_config
-
     from stateloop.config import to_dict
     from stateloop.models.registry import build_model
     from stateloop.runs import save_final
+    from support.models import tiny_config
 
     cfg = tiny_config("vanilla_looped", vocab_size=MODEL_VOCAB, max_seq_len=WINDOW)
     config = {"run": {"id": f"rehearsal/{cfg.name}/K{cfg.K}_ds{cfg.d_state}_seed1234", "scale": "rehearsal"},

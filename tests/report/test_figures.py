@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import constructed_state
 
 from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import ladder
+from support.reports import constructed_state
 
 ROOT = Path(__file__).parents[2]
 TOKENS = [2048 * 50 * i for i in range(1, 6)]

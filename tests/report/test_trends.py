@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import constructed_state
 
 from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import trends
 from stateloop.report.claims import judge, to_markdown
 from stateloop.report.stats import t_interval
+from support.reports import constructed_state
 
 ROOT = Path(__file__).parents[2]
 TOKENS = [2048 * 50 * i for i in range(1, 10)]  # nine validation points, as configs/decide.yaml's

@@ -7,9 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from train_support import write_config, write_shards
 
 from stateloop.cli import main
+from support.training import write_config, write_shards
 
 RUN = "t/stateloop/K2_ds32_seed1234"
 

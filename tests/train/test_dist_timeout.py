@@ -10,11 +10,11 @@ import sys
 import textwrap
 
 import pytest
-from train_support import ROOT
 
 from stateloop.config import ConfigError
 from stateloop.train.config import TrainConfig
 from stateloop.train.loop import build_fabric
+from support.training import ROOT
 
 TWO_RANKS = dict(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", precision="32-true", micro_batch=4,
                  global_batch=8)

@@ -15,14 +15,14 @@ import textwrap
 import time
 
 import pytest
-from train_support import ROOT, assert_bitwise_equal, resolved, weights, write_config, write_shards
 
 from stateloop.cli import main
 from stateloop.train import loop, signals
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT, train
+from support.training import ROOT, assert_bitwise_equal, resolved, weights, write_config, write_shards
 
-RUN = "t/stateloop/K2_ds32_seed1234"  # 12 steps, checkpoints at 4, 8, 12, two kept (train_support)
+RUN = "t/stateloop/K2_ds32_seed1234"  # 12 steps, checkpoints at 4, 8, 12, two kept (support.training)
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,10 @@ from __future__ import annotations
 import datetime
 import os
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-TESTS = Path(__file__).resolve().parents[1]
 SHARDINGS = ("full", "grad_op", "hybrid", "hybrid_grad_op")
 LEVELS = ("none", "layer", "iteration")
 
@@ -29,13 +26,11 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from lightning_fabric.plugins.environments import LightningEnvironment
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
-    sys.path.insert(0, str(TESTS))
-    from helpers import tiny_config
-
     from stateloop.models.registry import build_model
     from stateloop.train.config import TrainConfig
     from stateloop.train.loop import fsdp_strategy
     from stateloop.train.loss import lm_loss
+    from support.models import tiny_config
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)

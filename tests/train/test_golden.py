@@ -143,12 +143,12 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
     """run id -> per-step training loss of each registered model (K = 3, d_s = 32), or of ``models``;
     ``model``: keys of the scale's model section changed."""
     import yaml
-    from train_support import TINY_MODEL, TINY_TRAIN, write_shards
 
     from stateloop import tracking
     from stateloop.models.registry import MODELS
     from stateloop.pipeline import expand_runs, load_pipeline, resolve_run
     from stateloop.train.loop import train
+    from support.training import TINY_MODEL, TINY_TRAIN, write_shards
 
     data = write_shards(tmp / "data")
     cfg = tmp / "golden.yaml"
@@ -291,15 +291,16 @@ def test_the_reference_is_bitwise_only_on_the_same_kind():
     assert reference(other, arm) == (recs[0], TOLERANCE_ULPS)  # the same torch release first
 
 
+if __name__ == "__main__":  # run as a script (the children below, --record): pytest's pythonpath is not there to
+    sys.path.insert(0, str(HERE.parent))  # put tests/ on the path, where _curves finds the support package
+
 if __name__ == "__main__" and "--curves" in sys.argv:  # the child of test_loss_curves_equal_the_golden_file
-    sys.path.insert(0, str(HERE))
     out = Path(sys.argv[-1])
     torch.set_num_threads(1)
     curves = _curves(out.parent)
     out.write_text(json.dumps({"machine": _machine(), "curves": curves}))
 
 if __name__ == "__main__" and "--mutations" in sys.argv:  # the child of test_the_comparison_fails_on_real_changes
-    sys.path.insert(0, str(HERE))
     out = Path(sys.argv[-1])
     torch.set_num_threads(1)
     mutations = {}

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
 
 from stateloop.models.registry import MODELS, build_model
 from stateloop.train.loss import ChunkedCrossEntropy, lm_loss
+from support.models import tiny_config
 
 ALL = sorted(MODELS)
 # float32 rounding of a mean over 38 tokens summed in another order, and of the gradients' sums

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import tiny_config
 
 from stateloop.cli import main
 from stateloop.config import ConfigError, load_yaml
 from stateloop.pipeline import load_pipeline, pipeline_from_dict, run_model_config
 from stateloop.train import cost, memory
 from stateloop.train.memory import GIB, Setting
+from support.models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "benchmarks/records/gpu_check_h200_2026-12-04.json"

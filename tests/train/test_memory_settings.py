@@ -8,10 +8,10 @@ import datetime
 
 import pytest
 import torch
-from train_support import assert_bitwise_equal, resolved, weights
 
 from stateloop.train import loop
 from stateloop.train.config import TrainConfig
+from support.training import assert_bitwise_equal, resolved, weights
 
 STEP = loop.Progress.step
 STEPS = ["train.max_steps=6", "train.val_every=0", "train.val_tokens=0", "train.checkpoint_every=0",

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from train_support import write_shards
 
 from stateloop.data.shards import ShardSet, ShardWriter, token_dtype, write_meta
 from stateloop.train.sampler import TokenSampler
+from support.training import write_shards
 
 SEQ = 16
 N_TOKENS = 5_025  # (5025 - 1) // 16 = 314 windows; tokens 5025 - 1 - 314 * 16 = 0 left over after the last target

@@ -8,11 +8,11 @@ import signal
 import time
 
 import pytest
-from train_support import SUBPROCESS_WAIT_S, assert_bitwise_equal, cli, resolved, weights
 
 from stateloop.cli import main
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT, train
+from support.training import SUBPROCESS_WAIT_S, assert_bitwise_equal, cli, resolved, weights
 
 
 def _wait_for_checkpoint(proc, store: CheckpointStore, min_step: int, timeout: float = SUBPROCESS_WAIT_S) -> int:

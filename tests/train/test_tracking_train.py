@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import SUBPROCESS_WAIT_S, cli, resolved
 
 from stateloop.data.shards import ShardSet
 from stateloop.files import code_version
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import train
+from support.training import SUBPROCESS_WAIT_S, cli, resolved
 
 RUN = "t/stateloop/K2_ds32_seed1234"
 FAST = ["train.log_every=1", "train.val_tokens=0"]
@@ -242,7 +242,7 @@ def test_tracking_off_trains_without_importing_mlflow_or_touching_a_store(tiny_s
     import subprocess
     import sys
 
-    from train_support import ROOT
+    from support.training import ROOT
 
     cfg_path, data = tiny_setup
     store = tmp_path / "never" / "mlflow.db"

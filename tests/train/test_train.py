@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from train_support import assert_bitwise_equal, resolved, weights
 
 from stateloop.runs import load_model, saved_config
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import NonFiniteLoss, train
+from support.training import assert_bitwise_equal, resolved, weights
 
 
 def _mlflow_run(run_dir):
@@ -143,9 +143,8 @@ def test_corrupt_latest_checkpoint_falls_back_and_resume_is_exact(tiny_setup, tm
 def test_resume_after_the_training_tokens_changed_warns(tiny_setup, tmp_path, capsys):
     """The checkpoint records which train tokens the batch stream came from; resuming on a
     re-tokenized data folder says so (the run continues: re-tokenizing can be deliberate)."""
-    from train_support import write_shards
-
     from stateloop.data.shards import ShardSet
+    from support.training import write_shards
 
     cfg_path, data = tiny_setup
     cfg = resolved(cfg_path, data)

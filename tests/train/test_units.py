@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-from train_support import resolved, write_config, write_shards
 
 from stateloop.cli import main
 from stateloop.config import ConfigError
@@ -14,6 +13,7 @@ from stateloop.data.shards import ShardSet
 from stateloop.train.config import TrainConfig
 from stateloop.train.sampler import TokenSampler
 from stateloop.train.schedule import lr_at
+from support.training import resolved, write_config, write_shards
 
 
 def test_schedule_by_hand():
@@ -138,9 +138,8 @@ def test_shipped_small_configs_resolve_every_run(name, tmp_path):
 def test_flops_per_sequence_by_hand(K):
     """Forward: 2 T (K L (4 d^2 + 3 d f) + d V) for the matmuls (q, k, v, o; SwiGLU gate, up, down;
     LM head) plus K L 4 T^2 d for QK^T and AV; backward twice the forward."""
-    from helpers import tiny_config  # tests/ is on the path (tests/conftest.py)
-
     from stateloop.train.flops import flops_per_sequence, peak_flops
+    from support.models import tiny_config  # tests/ is on the path (pytest's pythonpath)
 
     T, d, f, V, L = 16, 32, 64, 97, 2
     cfg = tiny_config("vanilla_looped", K=K, n_layers=L, d_model=d, n_heads=4, head_dim=8, d_ff=f, vocab_size=V)
@@ -153,11 +152,10 @@ def test_flops_per_sequence_by_hand(K):
 
 
 def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
-    from helpers import tiny_config
-
     from stateloop.models.registry import build_model
     from stateloop.train.config import TrainConfig
     from stateloop.train.loop import configure_optimizer
+    from support.models import tiny_config
 
     model = build_model(tiny_config("parcae"))
     opt = configure_optimizer(model, TrainConfig(micro_batch=1, global_batch=1), fused=False)

@@ -13,18 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from train_support import ROOT, assert_bitwise_equal, weights, write_config, write_shards
 
 from stateloop import warm
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT
+from support.training import ROOT, assert_bitwise_equal, weights, write_config, write_shards
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm starts are Linux only")
 RUN = "t/stateloop/K2_ds32_seed1234"
 
 
 def cli(args: list[str], cwd: Path, env_extra: dict | None = None) -> subprocess.Popen:
-    """``python -m stateloop.cli ...`` as train_support's ``cli`` runs it, less pytest's variable
+    """``python -m stateloop.cli ...`` as support.training's ``cli`` runs it, less pytest's variable
     naming the current test (which the server, started once for the module, could not match)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     env.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", **(env_extra or {}))

@@ -1,8 +1,8 @@
 import pytest
-from dag_helpers import ROOT
-from rehearsal_support import SHARED, needs_shared_data, rehearsed, start
 
 from stateloop.config import load_yaml
+from support.dag import ROOT
+from support.rehearsals import SHARED, needs_shared_data, rehearsed, start
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dag_helpers import ROOT, copy_workflow, env
+
+from support.dag import ROOT, copy_workflow, env
 
 pytestmark = pytest.mark.slow
 

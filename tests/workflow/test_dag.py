@@ -9,10 +9,10 @@ import urllib.request
 
 import pytest
 import yaml
-from dag_helpers import copy_workflow, env, jobs, snakemake
-from rehearsal_support import dag, mlflow_server
 
 from stateloop.pipeline import expand_runs, load_pipeline
+from support.dag import copy_workflow, env, jobs, snakemake
+from support.rehearsals import dag, mlflow_server
 
 pytestmark = pytest.mark.slow
 

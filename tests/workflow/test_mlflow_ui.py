@@ -16,8 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from dag_helpers import ROOT
-from rehearsal_support import mlflow_server
+
+from support.dag import ROOT
+from support.rehearsals import mlflow_server
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 _INSTALL = "run `bash scripts/install-browser.sh`"

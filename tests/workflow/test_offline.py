@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from rehearsal_support import SHARED, dag
+
+from support.rehearsals import SHARED, dag
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +26,8 @@ def _last_line(path) -> str:
 def test_the_paper_rehearsal_prefetches_into_empty_caches_then_runs_offline(tmp_path):
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} not found: rehearsing paper.yaml needs the local data copies")
-    from dag_helpers import ROOT
-
     from stateloop.rehearse.run import HF_HOME, environment, prepare, snakemake_command
+    from support.dag import ROOT
 
     out = tmp_path / "paper"
     prepare(ROOT / "configs/paper.yaml", out)

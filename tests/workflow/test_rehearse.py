@@ -13,14 +13,14 @@ import time
 import pandas as pd
 import pytest
 import yaml
-from dag_helpers import ROOT
-from rehearsal_support import SHARED, dag, needs_shared_data, rehearsed
 
 from stateloop.config import load_yaml
 from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.pipeline import expand_runs, load_pipeline, pipeline_from_dict
 from stateloop.rehearse.config import SEEDS, kept_settings
 from stateloop.report.ladder import RUNGS
+from support.dag import ROOT
+from support.rehearsals import SHARED, dag, needs_shared_data, rehearsed
 
 pytestmark = pytest.mark.slow
 

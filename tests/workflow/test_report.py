@@ -9,10 +9,10 @@ import shutil
 import subprocess
 
 import pytest
-from dag_helpers import ROOT, embedded, text_of
-from rehearsal_support import dag
 
 from stateloop.pipeline import expand_runs, load_pipeline
+from support.dag import ROOT, embedded, text_of
+from support.rehearsals import dag
 
 pytestmark = pytest.mark.slow
 

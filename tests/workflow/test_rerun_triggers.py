@@ -5,7 +5,8 @@ are the ones the change reruns. No job runs."""
 
 import pytest
 import yaml
-from dag_helpers import copy_workflow, jobs, snakemake
+
+from support.dag import copy_workflow, jobs, snakemake
 
 pytestmark = pytest.mark.slow
 BASE = ("--configfile", "configs/smoke.yaml")

@@ -18,7 +18,6 @@ commands; about 3 minutes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -32,10 +31,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dag_helpers import ROOT, copy_workflow, env
 
 from stateloop.train import signals as train_signals
 from stateloop.train import slurm
+from support.dag import ROOT, copy_workflow, env
 
 RUN = "smoke/vanilla_looped/K2_ds0_seed1234"
 STEPS = 300  # ~10 s of training on one CPU: long enough to be stopped twice in its first 100 steps
@@ -157,10 +156,9 @@ def test_auto_accelerator_without_a_gpu_in_a_slurm_job_says_so(monkeypatch, caps
 
 
 def _train_support():
-    spec = importlib.util.spec_from_file_location("train_support_for_slurm", ROOT / "tests/train/train_support.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from support import training
+
+    return training
 
 
 def _catches(pid: int, sig: int) -> bool:

@@ -5,9 +5,9 @@ own message, the Snakefile adding no traceback (dry runs and placeholder outputs
 import re
 
 import pytest
-from dag_helpers import copy_workflow, embedded, snakemake, text_of
 
 from stateloop.pipeline import load_pipeline
+from support.dag import copy_workflow, embedded, snakemake, text_of
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,8 @@ import random
 from pathlib import Path
 
 import pytest
-from helpers import tiny_config
+
+from support.models import tiny_config
 
 WORDS = ("the a one cat dog bird fox sat ran saw jumped over under on in near mat house tree hill "
          "big small red blue green quick brown lazy old young and then it was is").split()

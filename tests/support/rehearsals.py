@@ -11,10 +11,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from dag_helpers import ROOT, env
-
 from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.evaluate.tasks.files import default_shared_data
+from support.dag import ROOT, env
 
 SHARED = default_shared_data()
 # Seconds for one rehearsal, from its start (both run side by side, beside the rest of the suite).

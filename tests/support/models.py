@@ -1,4 +1,4 @@
-"""Shared test helpers: tiny model configs and a copy into transformers' Llama."""
+"""Tiny model configs for tests, and a copy of a model into transformers' Llama."""
 
 from __future__ import annotations
 
@@ -61,36 +61,3 @@ def to_transformers_llama(model):
     missing, unexpected = hf.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf
-
-
-def encoded(data_dir, texts: list[str]) -> list[int]:
-    """What a data folder's shards of ``texts`` must hold: encode(text) + [eos] per document, in order."""
-    import json
-    from pathlib import Path
-
-    from stateloop.data import load_tokenizer
-
-    tok = load_tokenizer(data_dir)
-    eos = json.loads((Path(data_dir) / "meta.json").read_text())["eos_id"]
-    return [i for t in texts for i in tok.encode(t, add_special_tokens=False).ids + [eos]]
-
-
-def split_tokens(data_dir, split: str) -> list[int]:
-    """Every token of one split of a data folder, in order."""
-    from stateloop.data.shards import ShardSet
-
-    shards = ShardSet(data_dir, split)
-    return shards.window(0, len(shards)).tolist()
-
-
-def constructed_state(run, tokens: int, read_step: float = 0.0) -> dict:
-    """eval.json's "state" section for a run, constructed (report tests): what the diagnostics
-    hook records per state i for StateLoop's family; the GRU has no write rate, State only no reads."""
-    n = run.K - 1 if run.model == "state_only" else run.K
-    out = {"states": list(range(1, n + 1)), "tokens": tokens, "state_norm": [i + 0.1 * run.seed for i in range(1, n + 1)]}
-    if run.model != "stateloop_gru":
-        out["write_rate_mean"] = [0.1 * i + 0.01 * run.seed for i in range(1, n + 1)]
-        out["write_rate_sd"] = [0.05] * n
-    if run.model != "state_only":
-        out["read_ratio"] = [0.2 + read_step * i for i in range(1, n + 1)]
-    return out

@@ -4,12 +4,12 @@ shards (train/val/test) written with ShardWriter, as `stateloop train` and `toke
 import dataclasses
 
 import numpy as np
-from helpers import tiny_config
 
 from stateloop.data.shards import ShardWriter, token_dtype, write_meta
 from stateloop.evaluate.perplexity import split_windows
 from stateloop.models.registry import build_model
 from stateloop.runs import save_final
+from support.models import tiny_config
 
 VOCAB = 97
 SEQ = 16
