@@ -7,7 +7,7 @@ models: models/ (the architectures and their registry; cycles inside models/ are
 data: data/'s config, synthetic text, shards and tokenizer
 parts: the pieces of stages that read no pipeline config: config sections, memory plan, tokenizing, prefetch, task files, metrics
 pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
-runs: runs.py (run folders, saved weights and configs)
+runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 export: export/ (a run as a Hugging Face directory)
 tracking: tracking.py (MLflow)
 stages: the stages that read runs: data/stage.py, train/, evaluate/, analysis/
@@ -60,6 +60,7 @@ LAYER_OF = {
     "stateloop.pipeline": "pipeline",
     "stateloop.schema": "pipeline",
     "stateloop.runs": "runs",
+    "stateloop.resolve": "runs",
     "stateloop.export": "export",
     "stateloop.tracking": "tracking",
     "stateloop.data.stage": "stages",

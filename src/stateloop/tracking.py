@@ -302,7 +302,7 @@ def train_summary(run_dir) -> dict:
 def _local_train_setting(config: RunConfig | None, pipeline: PipelineConfig | None = None):
     """The ``train:`` section (TrainConfig) of the run's scale in the pipeline config named on the
     command line (``pipeline``, loaded by the command), else None. Never the config file the run
-    folder names (``run.config``): a received folder could name one of its own (evaluate/resolve.py)."""
+    folder names (``run.config``): a received folder could name one of its own (resolve.py)."""
     if pipeline is None:
         return None
     scale = pipeline.scales.get(config.run.scale if config else None)

@@ -147,7 +147,8 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
 
     from stateloop import tracking
     from stateloop.models.registry import MODELS
-    from stateloop.pipeline import expand_runs, load_pipeline, resolve_run
+    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.resolve import resolve_run
     from stateloop.train.loop import train
 
     data = write_shards(tmp / "data")

@@ -62,7 +62,7 @@ HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", 
 
 def heldout_protocol(config: RunConfig, model) -> HeldoutProtocol:
     """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: ``config.eval``, the
-    run's eval section as evaluate.resolve.resolve_eval resolves it (the scale's in --config's
+    run's eval section as resolve.resolve_eval resolves it (the scale's in --config's
     pipeline config; default: the pipeline config the run was trained from, when that file exists;
     else EvalConfig's defaults: split "val", the whole split)."""
     split, windows, max_length, batch_size, precision = (getattr(config.eval, key) for key in HELDOUT_KEYS)

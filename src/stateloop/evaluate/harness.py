@@ -205,7 +205,7 @@ def summary(results: dict) -> dict[str, float]:
 
 def evaluate_run(run_dir: str | Path, rc: RunConfig, *, mlflow: bool = True, progress: bool = True,
                  pipeline: PipelineConfig | None = None) -> dict:
-    """Evaluate one run folder with ``rc.eval`` (``rc``: its config, evaluate.resolve.resolve_eval);
+    """Evaluate one run folder with ``rc.eval`` (``rc``: its config, resolve.resolve_eval);
     write ``eval.json`` (atomically) and log to MLflow (the store of the settings of ``pipeline``,
     the config named on the command line, see tracking.stage_uri). Returns the results."""
 
@@ -279,7 +279,7 @@ def _load(run_dir: Path, rc: RunConfig):
     """(the run, its lm-eval model, ``rc.eval``) for the eval section's device, batch size, window
     and precision; ``rc`` (the run's saved config) stands for the saved config, not read again."""
     if rc.eval is None:
-        raise ValueError(f"{run_dir}: the run config has no eval section (evaluate.resolve.resolve_eval)")
+        raise ValueError(f"{run_dir}: the run config has no eval section (resolve.resolve_eval)")
     cfg = rc.eval
     run = load_run(run_dir, cfg.device, rc)
     lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,

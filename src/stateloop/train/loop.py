@@ -1,6 +1,6 @@
 """The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
 
-``train(config, run_dir)`` trains one run from its resolved config (pipeline.resolve_run) and
+``train(config, run_dir)`` trains one run from its resolved config (resolve.resolve_run) and
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
@@ -238,7 +238,7 @@ def run_lock(run_dir: Path):
 
 
 def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
-    """Train (or resume) the run of a resolved config (pipeline.resolve_run's, or a saved one) in
+    """Train (or resume) the run of a resolved config (resolve.resolve_run's, or a saved one) in
     ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
