@@ -10,7 +10,7 @@ pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 export: export/ (a run as a Hugging Face directory)
 tracking: tracking.py (MLflow)
-stages: the stages that read runs: data/stage.py, train/, evaluate/, analysis/
+stages: the stages that read runs: data/stage.py, data/check.py (a run's shards, opened for training), train/, evaluate/, analysis/
 report: report/ (tables, figures, claims)
 rehearse: rehearse/ (a config's DAG offline, sizes shrunk)
 commands: commands/ (the command table, the parser, one module per command)
@@ -64,6 +64,7 @@ LAYER_OF = {
     "stateloop.export": "export",
     "stateloop.tracking": "tracking",
     "stateloop.data.stage": "stages",
+    "stateloop.data.check": "stages",
     "stateloop.train": "stages",
     "stateloop.evaluate": "stages",
     "stateloop.analysis": "stages",

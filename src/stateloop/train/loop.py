@@ -53,6 +53,7 @@ import torch
 import yaml
 
 from stateloop.config import ConfigError, load_yaml
+from stateloop.data.check import open_data
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 from stateloop.models.backbone import Layer
@@ -72,7 +73,6 @@ from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
-from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
 from stateloop.train.signals import REQUEUE_EXIT, StopRequest

@@ -1,4 +1,4 @@
-"""Open and check the data a resolved run config names, before anything trains.
+"""Open and check the token shards a resolved run config names, before anything trains (train/loop.py).
 
 A run's config resolves in one place, :func:`stateloop.resolve.resolve_run`
 (docs/architecture.md#how-a-runs-config-resolves), into a :class:`~stateloop.pipeline.RunConfig`;
