@@ -9,7 +9,7 @@ parts: the pieces of stages that read no pipeline config: config sections, memor
 pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 export: export/ (a run as a Hugging Face directory)
-tracking: tracking.py (MLflow)
+tracking: tracking/ (MLflow: the store, what runs record, model registration, training's Tracker, the later stages' runs)
 stages: the stages that read runs: data/stage.py, data/check.py (a run's shards, opened for training), train/, evaluate/, analysis/
 report: report/ (tables, figures, claims)
 rehearse: rehearse/ (a config's DAG offline, sizes shrunk)

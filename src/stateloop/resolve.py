@@ -14,7 +14,7 @@ Python hooks, and the tasks' data folders) come only from a config file named on
 line (``--config``) or from ``--set``; never from the run folder, neither from the `eval` section
 saved in its config nor from the pipeline config file it names (``run.config``), whose value
 settings (tasks, shots, ...) still apply. Without them: the checkout's ``workflow/tasks/`` and no
-task data. The MLflow store follows the same rule (tracking.stage_uri)."""
+task data. The MLflow store follows the same rule (tracking.stages.stage_uri)."""
 
 from __future__ import annotations
 

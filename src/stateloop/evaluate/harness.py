@@ -48,7 +48,8 @@ from stateloop.evaluate.tasks.prepare import prepare_tasks
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version, current_umask
 from stateloop.pipeline import PipelineConfig, RunConfig
 from stateloop.runs import DEPTH_FILE, trained_length
-from stateloop.tracking import flatten, log_stage
+from stateloop.tracking.records import flatten
+from stateloop.tracking.stages import log_stage
 
 WORK_DIR = "eval_work"
 
@@ -207,7 +208,7 @@ def evaluate_run(run_dir: str | Path, rc: RunConfig, *, mlflow: bool = True, pro
                  pipeline: PipelineConfig | None = None) -> dict:
     """Evaluate one run folder with ``rc.eval`` (``rc``: its config, resolve.resolve_eval);
     write ``eval.json`` (atomically) and log to MLflow (the store of the settings of ``pipeline``,
-    the config named on the command line, see tracking.stage_uri). Returns the results."""
+    the config named on the command line, see tracking.stages.stage_uri). Returns the results."""
 
     run_dir = Path(run_dir)
     run, lm, cfg = _load(run_dir, rc)
@@ -319,7 +320,7 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: RunConfig |
     """Log the summary metrics (as ``{stem}/<name>``), the eval settings (as ``{stem}.<key>`` params;
     a re-evaluation with other settings keeps them as ``changed_on_reeval.{stem}.<key>`` tags) and
     the results (as the artifact ``eval/{stem}.json``) into the run's MLflow run
-    (tracking.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
+    (tracking.stages.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
 
     tags = {f"{stem}.lm_eval_version": results.get("lm_eval_version", ""), f"{stem}.code_version": results.get("code_version", "")}
     curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # {stem}/state/<quantity> at step i

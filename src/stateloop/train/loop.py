@@ -69,7 +69,9 @@ from stateloop.runs import (
     resolve_device,
     save_final,
 )
-from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
+from stateloop.tracking.records import flatten, log_datasets
+from stateloop.tracking.store import tracking_uri
+from stateloop.tracking.tracker import Tracker
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
@@ -599,11 +601,11 @@ def finish(run: Run, progress: Progress) -> TrainResult:
 
 
 def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
-    """The final weights as the run's MLflow model (tracking.log_model), registered where
+    """The final weights as the run's MLflow model (tracking.registry.log_model), registered where
     train.mlflow_register_model names a model."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import TOKENIZER_FILE
-    from stateloop.tracking import log_model
+    from stateloop.tracking.registry import log_model
     from stateloop.train.config import registered_model_name
 
     r, tcfg = run.rc.run, run.tcfg
