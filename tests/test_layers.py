@@ -5,7 +5,7 @@ core: the package itself and config.py (typed configs from YAML, ConfigError)
 files: files.py (atomic writes, safe loading, the code version)
 models: models/ (the architectures and their registry; cycles inside models/ are allowed)
 data: data/'s config, synthetic text, shards and tokenizer
-parts: the pieces of stages that read no pipeline config: config sections, memory plan, tokenizing, prefetch, task files, metrics
+parts: the pieces of stages that read no pipeline config: config sections, memory plan, sources, tokenizing, prefetch, task files, metrics
 pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 export: export/ (a run as a Hugging Face directory)
@@ -39,6 +39,7 @@ LAYER_OF = {
     "stateloop.data.synthetic": "data",
     "stateloop.data.shards": "data",
     "stateloop.data.tokenizer": "data",
+    "stateloop.data.sources": "parts",
     "stateloop.data.tokenize": "parts",
     "stateloop.prefetch": "parts",
     "stateloop.evaluate.config": "parts",
