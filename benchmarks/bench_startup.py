@@ -26,8 +26,8 @@ import time
 
 STORE = """
 import sys
-from stateloop import tracking
-tracking.client(f"sqlite:///{sys.argv[1]}").search_experiments(max_results=1)
+from stateloop.tracking import store
+store.client(f"sqlite:///{sys.argv[1]}").search_experiments(max_results=1)
 """
 
 OPTIMIZER = "import torch; torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())"

@@ -108,7 +108,7 @@ def main() -> None:
         args.overrides, args.run = [args.run, *args.overrides], p.get_default("run")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

@@ -127,7 +127,7 @@ def recorded(tmp_path, monkeypatch):
         seen[-1]["folder"] = Path(out).resolve()
         raise ConfigError("recorded")
 
-    import stateloop.pipeline
+    import stateloop.resolve
     import stateloop.train.loop
     import stateloop.train.slurm
     from stateloop.models.config import ModelConfig
@@ -135,7 +135,7 @@ def recorded(tmp_path, monkeypatch):
     from stateloop.train.config import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
-    monkeypatch.setattr(stateloop.pipeline, "resolve_run", resolve_run)
+    monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)
     monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     return seen

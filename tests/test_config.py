@@ -159,15 +159,15 @@ def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monk
     process" (the grid was expanded twice per call): the check of the file expands it, once."""
     import dataclasses
 
-    from stateloop import pipeline
+    from stateloop import pipeline, resolve
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
                   + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_state: [16]}\n")
     expanded = []
     real = pipeline.expand_runs
     monkeypatch.setattr(pipeline, "expand_runs", lambda *a, **k: expanded.append(1) or real(*a, **k))
-    first = pipeline.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
-    again = pipeline.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
+    first = resolve.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
+    again = resolve.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
     assert len(expanded) == 1
     assert (first.model.K, first.model.d_state, again.train.lr, again.run.experiments) == (3, 16, 1e-3, ["a"])
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -203,7 +203,8 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     import dataclasses
 
     from stateloop.evaluate.config import EvalConfig
-    from stateloop.pipeline import RunConfig, resolve_run
+    from stateloop.pipeline import RunConfig
+    from stateloop.resolve import resolve_run
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
                   + "  a: {scale: s, models: [stateloop], K: [3], d_state: [16]}\n")
@@ -213,6 +214,6 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     assert evaluated.as_dict() == rc.as_dict() and list(rc.as_dict()) == ["run", "model", "train", "data"]
     assert RunConfig.read(evaluated.as_dict()) == rc
     old = RunConfig.read({**rc.as_dict(), "eval": {"task_dir": "/elsewhere", "limit": 3}}, "run/model.safetensors", saved=True)
-    assert old == rc and old.eval is None  # read ignores it (evaluate/resolve.py reads its value settings)
+    assert old == rc and old.eval is None  # read ignores it (resolve.py reads its value settings)
     with pytest.raises(dataclasses.FrozenInstanceError):
         evaluated.eval.limit = 4  # EvalConfig is frozen like the other sections

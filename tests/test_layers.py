@@ -5,12 +5,12 @@ core: the package itself and config.py (typed configs from YAML, ConfigError)
 files: files.py (atomic writes, safe loading, the code version)
 models: models/ (the architectures and their registry; cycles inside models/ are allowed)
 data: data/'s config, synthetic text, shards and tokenizer
-parts: the pieces of stages that read no pipeline config: config sections, memory plan, tokenizing, prefetch, task files, metrics
+parts: the pieces of stages that read no pipeline config: config sections, memory plan, sources, tokenizing, prefetch, task files, metrics
 pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
-runs: runs.py (run folders, saved weights and configs)
+runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 export: export/ (a run as a Hugging Face directory)
-tracking: tracking.py (MLflow)
-stages: the stages that read runs: data/stage.py, train/, evaluate/, analysis/
+tracking: tracking/ (MLflow: the store, what runs record, model registration, training's Tracker, the later stages' runs)
+stages: the stages that read runs: data/stage.py, data/check.py (a run's shards, opened for training), train/, evaluate/, analysis/
 report: report/ (tables, figures, claims)
 rehearse: rehearse/ (a config's DAG offline, sizes shrunk)
 commands: commands/ (the command table, the parser, one module per command)
@@ -39,6 +39,7 @@ LAYER_OF = {
     "stateloop.data.synthetic": "data",
     "stateloop.data.shards": "data",
     "stateloop.data.tokenizer": "data",
+    "stateloop.data.sources": "parts",
     "stateloop.data.tokenize": "parts",
     "stateloop.prefetch": "parts",
     "stateloop.evaluate.config": "parts",
@@ -60,9 +61,11 @@ LAYER_OF = {
     "stateloop.pipeline": "pipeline",
     "stateloop.schema": "pipeline",
     "stateloop.runs": "runs",
+    "stateloop.resolve": "runs",
     "stateloop.export": "export",
     "stateloop.tracking": "tracking",
     "stateloop.data.stage": "stages",
+    "stateloop.data.check": "stages",
     "stateloop.train": "stages",
     "stateloop.evaluate": "stages",
     "stateloop.analysis": "stages",

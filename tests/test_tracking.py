@@ -19,7 +19,8 @@ import yaml
 from stateloop.config import ConfigError
 from stateloop.files import code_version
 from stateloop.pipeline import RunConfig, load_pipeline
-from stateloop.tracking import client, experiment_id, run_of, tracking_uri
+from stateloop.tracking.stages import run_of
+from stateloop.tracking.store import client, experiment_id, tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]
 RID = "smoke/stateloop/K2_ds32_seed1234"
@@ -150,8 +151,8 @@ def test_eval_settings_are_params_of_the_run(empty_db, here):
 WORKER = """
 import sys, time
 from pathlib import Path
-from stateloop.tracking import client, named_run
-from stateloop.tracking import Tracker
+from stateloop.tracking.store import client, named_run
+from stateloop.tracking.tracker import Tracker
 
 uri, worker, ready = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 

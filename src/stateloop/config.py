@@ -4,7 +4,7 @@ Every section of a config file is read into a dataclass by :func:`from_dict`, wh
 unknown keys and values of the wrong type with a one-line :class:`ConfigError` naming the key
 (``model.d_modle: unknown key``). The sections' dataclasses live with their stages:
 ``models/config.py`` (ModelConfig), ``data/config.py``, ``train/config.py``, ``evaluate/config.py``;
-how a run's config resolves: ``pipeline.resolve_run``.
+how a run's config resolves: ``resolve.resolve_run``.
 """
 
 from __future__ import annotations

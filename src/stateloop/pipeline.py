@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.config import ConfigError, from_dict, load_yaml, merge, parse_dotlist, to_dict
+from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
 from stateloop.data.config import DataConfig
 from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
@@ -437,13 +437,13 @@ class RunConfig:
         train: TrainConfig fields
         data:  {dir: absolute path of the token shards}
 
-    and, once the run is evaluated, ``eval`` (EvalConfig), resolved then (evaluate/resolve.py)."""
+    and, once the run is evaluated, ``eval`` (EvalConfig), resolved then (resolve.py)."""
 
     run: RunSection
     model: ModelConfig
     train: TrainConfig | None  # None only where a finished run's saved config has no train section (read: saved)
     data: DataSection
-    # [choice] Resolved when the run is evaluated (evaluate.resolve.resolve_eval), never by training
+    # [choice] Resolved when the run is evaluated (resolve.resolve_eval), never by training
     # nor by read: it is not saved (as_dict), so changing the eval settings never retrains a run.
     eval: EvalConfig | None = None
 
@@ -457,7 +457,7 @@ class RunConfig:
     def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
         """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
         key of a section typed and checked as when it was resolved; other sections are ignored
-        (an ``eval`` section an old folder saved too: evaluate.resolve reads its value settings).
+        (an ``eval`` section an old folder saved too: resolve.resolve_eval reads its value settings).
 
         ``saved``: a finished run's config, as the stages after training read it from a run folder
         that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A
@@ -480,78 +480,8 @@ class RunConfig:
         return cls(**sections)
 
 
-def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
-                data_dir: str | Path | None = None) -> RunConfig:
-    """The resolved config of run ``run_id`` of the pipeline config ``config_path``.
-
-    Resolution order: the scale's sections -> the experiment's model options (an experiment of the
-    config must define the run: an unknown id is refused) -> the run id's model, K, d_s and seed
-    (the seed replaces ``train.seed``) -> ``key=value`` overrides (``train.lr=1e-3``,
-    ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of ``train.max_steps`` /
-    ``train.max_tokens`` replaces the scale's budget given by the other). Every failure is a
-    one-line :class:`ConfigError` naming the key or file."""
-    pipeline, known = load_checked(config_path)
-    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
-    scale = scale_of(pipeline, scale_name, f"RUN: unknown scale {scale_name!r} in {config_path}")
-    run = _known_run(pipeline, known, config_path, run_id)
-    extra = _run_overrides(overrides, run_id)
-    mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
-    get_spec(mcfg.name).check(mcfg)
-    train_extra = dict(extra.get("train", {}))
-    # The budget is one of two keys: overriding one replaces the scale's other.
-    for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
-        if key in train_extra and other not in train_extra:
-            train_extra[other] = 0
-    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), {**train_extra, "seed": seed}), "train")
-    tcfg.check_budget()
-    if tcfg.seq_len > mcfg.max_seq_len:
-        raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
-    data_extra = dict(extra.get("data", {}))
-    unknown = set(data_extra) - {"dir"}
-    if unknown:
-        raise ConfigError(f"data.{sorted(unknown)[0]}: unknown key (allowed: dir)")
-    folder = data_dir or data_extra.get("dir")
-    if not folder:
-        raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or --set data.dir=DIR)")
-    section = RunSection(run_id, scale_name, model_name, K, mcfg.d_state, seed, str(config_path), list(run.experiments))
-    return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
-
-
 def scale_of(pipeline: PipelineConfig, name: str, where: str) -> ScaleConfig:
     """Scale ``name`` of the pipeline config; else one line: ``where``, then the scales defined."""
     if name not in pipeline.scales:
         raise ConfigError(f"{where} (defined: {', '.join(pipeline.scales)})")
     return pipeline.scales[name]
-
-
-def _known_run(pipeline: PipelineConfig, known: dict[str, Run], config_path, run_id: str) -> Run:
-    """The run ``run_id`` of the config's experiments (``known``: its runs by id); a typo must not
-    start a training nobody planned."""
-    if run_id in known:
-        return known[run_id]
-    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
-    d_state = run_model_config(pipeline.scales[scale_name], model_name, K, d_s).d_state  # an unknown model: one line
-    if d_state != d_s:
-        raise ConfigError(f"RUN: {model_name} has no persistent state, so its run id is "
-                          f"{Run.format_id(scale_name, model_name, K, d_state, seed)}")
-    near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
-    listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
-    raise ConfigError(f"RUN: {run_id} is not a run of {config_path}; add it to an experiment there "
-                      f"(its runs like it: {listed or 'none'})")
-
-
-def _run_overrides(overrides: list[str] | None, run_id: str) -> dict:
-    """``key=value`` overrides of a run as nested sections, checked: only the run's sections, and
-    never a key its run id sets."""
-    extra = parse_dotlist(overrides or [])
-    for section in extra:
-        if section not in RUN_SECTIONS:
-            raise ConfigError(f"{section}: unknown section in override (allowed: {', '.join(RUN_SECTIONS)})")
-        if not isinstance(extra[section], dict):
-            raise ConfigError(f"{section}: override must name a key inside the section, e.g. {section}.key=value")
-    for key in FIXED_BY_RUN_ID:
-        if key in extra.get("model", {}):
-            raise ConfigError(f"model.{key}: set by the run id {run_id}, not by an override")
-    if "seed" in extra.get("train", {}):
-        raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
-    return extra

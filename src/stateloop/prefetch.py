@@ -19,7 +19,7 @@ A config's needs (:func:`data_needs`, :func:`task_needs`), per scale:
   give ``hub_config``, else every file; README.md always). huggingface_hub records the
   snapshot's file listing, so an incomplete snapshot (an interrupted prefetch) is told from a
   complete one offline. Offline, the tokenize stage reads the snapshot folder with the same
-  ``datasets.load_dataset`` call and arguments (data/tokenize.py);
+  ``datasets.load_dataset`` call and arguments (data/sources.py);
 - **tasks**: the scale's lm-eval tasks (``eval.tasks``), where a run of it scores them: the
   datasets lm-eval loads for them, fetched by lm-eval's own download (``get_task_dict``, as
   ``stateloop eval`` builds the tasks) into the datasets cache; offline, each task's

@@ -187,7 +187,7 @@ def run_id_of(run_dir: str | Path, config: RunConfig) -> str:
 def trained_length(config: RunConfig) -> int | None:
     """The context a run was trained with (``train.seq_len`` of its resolved config), or None
     where the saved config has no train section. Never above ``model.max_seq_len``: training
-    refuses a longer seq_len (pipeline.resolve_run), so only a saved train section that lacks the
+    refuses a longer seq_len (resolve.resolve_run), so only a saved train section that lacks the
     key (its default, 2048, then stands in) could say more than the model reads."""
     return min(config.train.seq_len, config.model.max_seq_len) if config.train is not None else None
 

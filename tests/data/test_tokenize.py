@@ -355,9 +355,9 @@ def test_hub_source_path_with_val_split(tmp_path, monkeypatch):
 
 
 def test_max_tokens_cuts_after_the_batch_that_reaches_it(tmp_path, monkeypatch):
-    import stateloop.data.tokenize as tk
+    import stateloop.data.sources as sources
 
-    monkeypatch.setattr(tk, "BATCH_DOCS", 10)
+    monkeypatch.setattr(sources, "BATCH_DOCS", 10)
     src = write_jsonl(tmp_path / "c.jsonl", [f"doc {i} " + "word " * 20 for i in range(200)])
     full = tokenize(DataConfig(source=str(src), vocab_size=300, val_fraction=0.0), tmp_path / "full", progress=False, log=quiet)
     per_doc = full["splits"]["train"]["tokens"] / 200

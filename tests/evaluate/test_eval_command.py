@@ -169,8 +169,8 @@ def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the
 
 def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
     from stateloop.config import ConfigError
-    from stateloop.evaluate.resolve import resolve_eval
     from stateloop.pipeline import load_pipeline
+    from stateloop.resolve import resolve_eval
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc], shots: [0], limit: 4}\n")
@@ -346,7 +346,8 @@ def test_bad_eval_and_lm_eval_arguments_are_one_line(case, make_run, capsys):
 def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depths, scored, monkeypatch):
     """The eval rule names no tasks: the command reads from the config which of its runs need
     lm-eval's tasks (Tables 1-2) and which only held-out perplexity (pipeline.Run.scores_tasks)."""
-    from stateloop.evaluate import harness, resolve
+    from stateloop import resolve
+    from stateloop.evaluate import harness
     from stateloop.models.config import ModelConfig
     from stateloop.pipeline import DataSection, RunConfig, RunSection
 

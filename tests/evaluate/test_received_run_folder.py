@@ -127,7 +127,7 @@ def test_a_hostile_saved_setting_runs_no_code_and_touches_nothing_outside(field,
 def test_a_saved_eval_section_gives_the_run_config_its_values_never_its_folders(tmp_path, data_dir, outside):
     """The `eval` section an old run folder saved beside the others reads (RunConfig.read accepts it);
     its value settings reach the RunConfig's eval section, its task folder and task data do not."""
-    from stateloop.evaluate.resolve import resolve_eval
+    from stateloop.resolve import resolve_eval
     from stateloop.runs import saved_config, saved_run_config
 
     run_dir = tmp_path / "received" / "run"
@@ -151,7 +151,7 @@ def test_the_config_file_a_run_names_gives_values_only(tmp_path, data_dir, outsi
     run_dir = tmp_path / "received" / "run"
     save_run(run_dir, data_dir, "vanilla_looped")
     _tamper(run_dir, "run", {"config": str(outside / "pipeline.yaml")})
-    from stateloop.evaluate.resolve import resolve_eval
+    from stateloop.resolve import resolve_eval
 
     cfg = resolve_eval(run_dir).eval
     assert (cfg.tasks, cfg.limit, cfg.task_dir, cfg.task_data) == (["synth_mc"], 2, None, {})
@@ -221,7 +221,7 @@ def test_every_text_field_of_a_saved_config_is_classified():
 
     from stateloop.evaluate.config import EvalConfig
     from stateloop.models.config import ModelConfig
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
     from stateloop.train.config import TrainConfig
 
     root = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from stateloop.data.config import DataConfig, DataError
-from stateloop.data.tokenize import holdout_key, holdout_split, plan_streams, tokenize
+from stateloop.data.sources import plan_streams
+from stateloop.data.tokenize import holdout_key, holdout_split, tokenize
 from stateloop.pipeline import load_pipeline
 from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
 from support.data import encoded, quiet, split_tokens
@@ -208,7 +209,7 @@ def test_fineweb_mirror_tokenizes_with_the_gpu_config_by_the_hubs_call(tmp_path,
 
 
 def test_a_folder_is_read_as_a_repository_with_hub_config_or_a_card_that_declares_configs(tmp_path, shared_data):
-    """tokenize.py: one local folder goes through load_dataset(folder, hub_config, ...) when the
+    """data/sources.py: one local folder goes through load_dataset(folder, hub_config, ...) when the
     config sets hub_config, or the folder's README.md declares configs; else it is local files."""
     real = real_data("gpu.yaml", "gpu")
     folder = Path(write_mirror(real, tmp_path, shared_data)["source"])

@@ -110,7 +110,7 @@ def tiny_setup(tmp_path, mlflow_uri, monkeypatch):
 
 
 def resolved(cfg_path: Path, data: Path, run: str = "t/stateloop/K2_ds32_seed1234", overrides: list[str] | None = None) -> dict:
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
 
     return resolve_run(cfg_path, run, overrides or [], data).as_dict()
 

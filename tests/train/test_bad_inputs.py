@@ -53,7 +53,7 @@ def _case(name, tmp_path):
         return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
                 "--no-progress"], needle
     if name in ("long-line", "long-document"):  # a 60 MB line took 4.9 GB and 14+ minutes to tokenize
-        from stateloop.data.tokenize import MAX_DOC_CHARS
+        from stateloop.data.sources import MAX_DOC_CHARS
 
         text = tmp_path / "text.txt"
         text.write_text("a short first line\n" + "x" * (MAX_DOC_CHARS + 1) + "\n")

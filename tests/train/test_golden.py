@@ -144,9 +144,10 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
     ``model``: keys of the scale's model section changed."""
     import yaml
 
-    from stateloop import tracking
     from stateloop.models.registry import MODELS
-    from stateloop.pipeline import expand_runs, load_pipeline, resolve_run
+    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.resolve import resolve_run
+    from stateloop.tracking import tracker
     from stateloop.train.loop import train
     from support.training import TINY_MODEL, TINY_TRAIN, write_shards
 
@@ -162,14 +163,14 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
             "mesh": {"n_prelude": 1, "n_core": 1, "n_coda": 1}, "parcae": {"n_prelude": 1, "n_core": 1, "n_coda": 1},
             "pause_token": {"pause_id": 95}}}}}))
     losses: dict[int, float] = {}
-    log = tracking.Tracker.log_metrics
+    log = tracker.Tracker.log_metrics
 
     def recording(self, metrics, step):
         if "train/loss" in metrics:
             losses[step] = metrics["train/loss"]
         return log(self, metrics, step)
 
-    tracking.Tracker.log_metrics = recording
+    tracker.Tracker.log_metrics = recording
     try:
         out = {}
         for run in expand_runs(load_pipeline(cfg)):
@@ -178,7 +179,7 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
             out[run.id] = [losses[s] for s in range(1, STEPS + 1)]
         return out
     finally:
-        tracking.Tracker.log_metrics = log
+        tracker.Tracker.log_metrics = log
 
 
 # -- plausible real changes of the math (each one a misreading a change could bring) -------------

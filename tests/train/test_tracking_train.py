@@ -163,7 +163,7 @@ def test_a_finished_run_is_an_mlflow_model_with_its_system_metrics(tiny_setup, t
     from transformers import AutoModelForCausalLM
 
     from stateloop.runs import load_model
-    from stateloop.tracking import log_model
+    from stateloop.tracking.registry import log_model
 
     cfg_path, data = tiny_setup
     _with_tokenizer(data)

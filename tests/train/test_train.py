@@ -236,7 +236,7 @@ def test_loss_falls_on_the_synthetic_corpus_at_the_tiny_config(synthetic_shards,
 
     from mlflow.tracking import MlflowClient
 
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_uri)
     tiny = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
@@ -261,7 +261,7 @@ def test_bf16_mixed_training_runs_on_the_cpu(tiny_setup, tmp_path, model):
     falls; the weights stay float32 master weights."""
     import yaml
 
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
 
     cfg_path, data = tiny_setup
     raw = yaml.safe_load(cfg_path.read_text())
@@ -361,7 +361,7 @@ def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
     import dataclasses
 
     from stateloop.evaluate.config import EvalConfig
-    from stateloop.pipeline import resolve_run
+    from stateloop.resolve import resolve_run
 
     cfg_path, data = tiny_setup
     rc = resolve_run(cfg_path, "t/stateloop/K2_ds32_seed1234", ["train.max_steps=2"], data)

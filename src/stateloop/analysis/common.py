@@ -62,7 +62,7 @@ HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", 
 
 def heldout_protocol(config: RunConfig, model) -> HeldoutProtocol:
     """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: ``config.eval``, the
-    run's eval section as evaluate.resolve.resolve_eval resolves it (the scale's in --config's
+    run's eval section as resolve.resolve_eval resolves it (the scale's in --config's
     pipeline config; default: the pipeline config the run was trained from, when that file exists;
     else EvalConfig's defaults: split "val", the whole split)."""
     split, windows, max_length, batch_size, precision = (getattr(config.eval, key) for key in HELDOUT_KEYS)
@@ -203,12 +203,12 @@ def require_reads(model, what: str) -> None:
 
 def log_to_mlflow(run_dir, config: RunConfig, analysis: str, metrics: dict, tags: dict, json_path,
                   curves: dict | None = None, pipeline: PipelineConfig | None = None) -> str:
-    """Log an analysis into the run's MLflow run (tracking.log_stage): metrics as
+    """Log an analysis into the run's MLflow run (tracking.stages.log_stage): metrics as
     ``{analysis}/<name>``, each curve ``{name: [(index, value), ...]}`` as one metric with the index
     as its step, settings as ``{analysis}.<name>`` tags (tags, unlike params, may change when an
     analysis is re-run with other settings), the JSON as an artifact under ``analysis/``."""
     from stateloop.runs import run_id_of
-    from stateloop.tracking import log_stage
+    from stateloop.tracking.stages import log_stage
 
     return log_stage(run_dir, run_id_of(run_dir, config), config, pipeline, "analyze", analysis, metrics,
                      curves=curves, tags={f"{analysis}.{k}": v for k, v in tags.items()}, artifact=(json_path, "analysis"))

@@ -16,9 +16,9 @@ from stateloop.analysis import common, interventions, shapley, shards
 from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import StateStats, state_statistics
 from stateloop.config import ConfigError
-from stateloop.evaluate.resolve import resolve_eval
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
 from stateloop.pipeline import PipelineConfig
+from stateloop.resolve import resolve_eval
 from stateloop.runs import load_model, resolve_device, resolve_run_arg
 
 CALIBRATION_FILE = "interventions_calibration.pt"  # in the run folder

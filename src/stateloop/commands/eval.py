@@ -10,7 +10,7 @@ where the DAG needs them (``pipeline.Run.scores_tasks``: Tables 1-2's runs; at `
 experiment's ``test_time_tasks``), else only its held-out perplexity, unless the tasks are named.
 The model itself always comes from the run folder.
 The settings that name code or files (``eval.task_dir``, ``eval.task_data``) and the MLflow store
-come only from ``--config`` and ``--set``: a run folder is data, never code (evaluate/resolve.py).
+come only from ``--config`` and ``--set``: a run folder is data, never code (resolve.py).
 
 Writes eval.json (atomically) and eval_samples/ into the run folder, and logs to the run's MLflow run.
 

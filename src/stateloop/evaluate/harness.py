@@ -48,7 +48,8 @@ from stateloop.evaluate.tasks.prepare import prepare_tasks
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version, current_umask
 from stateloop.pipeline import PipelineConfig, RunConfig
 from stateloop.runs import DEPTH_FILE, trained_length
-from stateloop.tracking import flatten, log_stage
+from stateloop.tracking.records import flatten
+from stateloop.tracking.stages import log_stage
 
 WORK_DIR = "eval_work"
 
@@ -205,9 +206,9 @@ def summary(results: dict) -> dict[str, float]:
 
 def evaluate_run(run_dir: str | Path, rc: RunConfig, *, mlflow: bool = True, progress: bool = True,
                  pipeline: PipelineConfig | None = None) -> dict:
-    """Evaluate one run folder with ``rc.eval`` (``rc``: its config, evaluate.resolve.resolve_eval);
+    """Evaluate one run folder with ``rc.eval`` (``rc``: its config, resolve.resolve_eval);
     write ``eval.json`` (atomically) and log to MLflow (the store of the settings of ``pipeline``,
-    the config named on the command line, see tracking.stage_uri). Returns the results."""
+    the config named on the command line, see tracking.stages.stage_uri). Returns the results."""
 
     run_dir = Path(run_dir)
     run, lm, cfg = _load(run_dir, rc)
@@ -279,7 +280,7 @@ def _load(run_dir: Path, rc: RunConfig):
     """(the run, its lm-eval model, ``rc.eval``) for the eval section's device, batch size, window
     and precision; ``rc`` (the run's saved config) stands for the saved config, not read again."""
     if rc.eval is None:
-        raise ValueError(f"{run_dir}: the run config has no eval section (evaluate.resolve.resolve_eval)")
+        raise ValueError(f"{run_dir}: the run config has no eval section (resolve.resolve_eval)")
     cfg = rc.eval
     run = load_run(run_dir, cfg.device, rc)
     lm = StateLoopEvalLM(model=run.model, tokenizer=run.tokenizer, eos_id=run.eos_id, batch_size=cfg.batch_size,
@@ -319,7 +320,7 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: RunConfig |
     """Log the summary metrics (as ``{stem}/<name>``), the eval settings (as ``{stem}.<key>`` params;
     a re-evaluation with other settings keeps them as ``changed_on_reeval.{stem}.<key>`` tags) and
     the results (as the artifact ``eval/{stem}.json``) into the run's MLflow run
-    (tracking.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
+    (tracking.stages.log_stage). ``stem``: "eval" at the trained depth, "eval_K{K}" at another."""
 
     tags = {f"{stem}.lm_eval_version": results.get("lm_eval_version", ""), f"{stem}.code_version": results.get("code_version", "")}
     curves = state_diagnostics.curves(results["state"]) if results.get("state") else None  # {stem}/state/<quantity> at step i

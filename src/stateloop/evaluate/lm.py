@@ -89,7 +89,7 @@ def load_tokenizer(data_dir: Path):
 
 def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None = None) -> LoadedRun:
     """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder. ``config``:
-    the folder's saved config already read (evaluate.resolve.resolve_eval's), else read here."""
+    the folder's saved config already read (resolve.resolve_eval's), else read here."""
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

@@ -1,4 +1,4 @@
-"""``stateloop eval``'s stage: the eval settings of a command line (evaluate/resolve.py, then
+"""``stateloop eval``'s stage: the eval settings of a command line (resolve.py, then
 ``--set eval.*`` and the dedicated flags; a run the pipeline config plans scores its tasks only
 where the DAG needs them, pipeline.Run.scores_tasks), the evaluation (evaluate/harness.py) and
 what it prints."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from stateloop import prefetch
+from stateloop import prefetch, resolve
 from stateloop.config import ConfigError, parse_dotlist
-from stateloop.evaluate import harness, resolve
+from stateloop.evaluate import harness
 from stateloop.pipeline import PipelineConfig, Run
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
 

@@ -2,7 +2,7 @@
 
 A rehearsal reads a config's hub dataset from a small local folder laid out as the hub
 repository is, through the same ``datasets.load_dataset(path, hub_config, data_files=...,
-split=..., streaming=True)`` call the hub name gets (data/tokenize.py): only ``data.source``
+split=..., streaming=True)`` call the hub name gets (data/sources.py): only ``data.source``
 changes, so the config's ``data_files``, split names, ``hub_config`` and held-out fractions are
 exercised as they are.
 

@@ -55,7 +55,8 @@ def log_to_mlflow(cfg, config_file, target: str, paths) -> str:
     sha256 of the config file, made once, closed FINISHED after each render). Returns its id."""
     import hashlib
 
-    from stateloop.tracking import client, named_run, standard_tags, tracking_uri
+    from stateloop.tracking.records import standard_tags
+    from stateloop.tracking.store import client, named_run, tracking_uri
 
     digest = hashlib.sha256(Path(config_file).read_bytes()).hexdigest()[:16]
     first = next(iter(cfg.scales.values()))

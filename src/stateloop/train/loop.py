@@ -1,6 +1,6 @@
 """The training loop: Lightning Fabric, AdamW, warmup + cosine, accumulation, exact resume.
 
-``train(config, run_dir)`` trains one run from its resolved config (pipeline.resolve_run) and
+``train(config, run_dir)`` trains one run from its resolved config (resolve.resolve_run) and
 leaves in ``run_dir``: config.yaml, checkpoints/, mlflow.json, model.safetensors and train.json
 (runs.py describes the folder). The parts, in litgpt's order: :func:`setup` -> :func:`fit` -> :func:`finish`:
 
@@ -53,6 +53,7 @@ import torch
 import yaml
 
 from stateloop.config import ConfigError, load_yaml
+from stateloop.data.check import open_data
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 from stateloop.models.backbone import Layer
@@ -68,11 +69,12 @@ from stateloop.runs import (
     resolve_device,
     save_final,
 )
-from stateloop.tracking import Tracker, flatten, log_datasets, tracking_uri
+from stateloop.tracking.records import flatten, log_datasets
+from stateloop.tracking.store import tracking_uri
+from stateloop.tracking.tracker import Tracker
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
-from stateloop.train.resolve import open_data
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
 from stateloop.train.signals import REQUEUE_EXIT, StopRequest
@@ -238,7 +240,7 @@ def run_lock(run_dir: Path):
 
 
 def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, restart: bool = False) -> TrainResult:
-    """Train (or resume) the run of a resolved config (pipeline.resolve_run's, or a saved one) in
+    """Train (or resume) the run of a resolved config (resolve.resolve_run's, or a saved one) in
     ``run_dir``. Call on every rank.
 
     Every check runs before anything is written; then the launching process holds the run
@@ -599,11 +601,11 @@ def finish(run: Run, progress: Progress) -> TrainResult:
 
 
 def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
-    """The final weights as the run's MLflow model (tracking.log_model), registered where
+    """The final weights as the run's MLflow model (tracking.registry.log_model), registered where
     train.mlflow_register_model names a model."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import TOKENIZER_FILE
-    from stateloop.tracking import log_model
+    from stateloop.tracking.registry import log_model
     from stateloop.train.config import registered_model_name
 
     r, tcfg = run.rc.run, run.tcfg

@@ -1,4 +1,4 @@
-"""``stateloop train``'s stage: resolve the run's config (pipeline.resolve_run), train it (train/loop.py)
+"""``stateloop train``'s stage: resolve the run's config (resolve.resolve_run), train it (train/loop.py)
 and turn how it ended into the command's exit status (commands/train.py lists them)."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def train_stage(args) -> int:
     # training loop instead of ending the process, and the signals that stop training are known.
     with signals.SignalLog() as received:
         from stateloop.config import ConfigError
-        from stateloop.pipeline import RUN_ID_FORM, resolve_run
+        from stateloop.pipeline import RUN_ID_FORM
+        from stateloop.resolve import resolve_run
         from stateloop.runs import resolve_run_arg
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
 

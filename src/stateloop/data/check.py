@@ -1,6 +1,6 @@
-"""Open and check the data a resolved run config names, before anything trains.
+"""Open and check the token shards a resolved run config names, before anything trains (train/loop.py).
 
-A run's config resolves in one place, :func:`stateloop.pipeline.resolve_run`
+A run's config resolves in one place, :func:`stateloop.resolve.resolve_run`
 (docs/architecture.md#how-a-runs-config-resolves), into a :class:`~stateloop.pipeline.RunConfig`;
 a saved one reads back with :meth:`~stateloop.pipeline.RunConfig.read`. Every failure is a one-line
 :class:`ConfigError` (or ``FileNotFoundError``) naming the key or file.
