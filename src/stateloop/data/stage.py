@@ -1,7 +1,7 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
 of ``--config``/``--scale``, then single keys from flags), the token shards they make, and a warning
-where the train split is shorter than one training window of the scale. What it is asked for is a :class:`Request`, which
-commands/tokenize.py builds from the flags."""
+where the train split is shorter than one training window of the scale. What it is asked for is
+a :class:`Request`, which commands/tokenize.py builds from the flags."""
 
 from __future__ import annotations
 
