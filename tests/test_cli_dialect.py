@@ -48,13 +48,14 @@ def test_an_unknown_state_update_is_refused():
 
 @pytest.mark.parametrize("spelling", ["none", "None", "null"])
 def test_none_on_the_command_line_unsets_a_number(spelling):
+    from stateloop.data.stage import Request
     from stateloop.data.stage import resolve_data as resolve
 
     args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", spelling])
-    data, _ = resolve(args)
+    data, _ = resolve(Request.of(args))
     assert data.max_docs is None
     args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", "12"])
-    assert resolve(args)[0].max_docs == 12
+    assert resolve(Request.of(args))[0].max_docs == 12
 
 
 def test_building_the_parser_imports_no_heavy_library():

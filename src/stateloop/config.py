@@ -126,6 +126,39 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ConfigError(msg if not where or msg.startswith(where) else f"{where}.{msg.split('.', 1)[-1]}") from None
 
 
+class StageRequest:
+    """The base of a stage's request: what one run of a stage is asked to do, as a frozen
+    dataclass ``Request`` in the stage's module whose fields are the flags of its command that the
+    stage reads (the same names, the same defaults). The stage function takes it, so a stage is a
+    Python API as well as a command: ``train_stage(Request(config=..., run=...))``; its command
+    builds it from the parsed flags in one place, ``Request.of(args)``.
+
+    Values are checked as :func:`from_dict` checks a config section, on construction from Python
+    as from flags: a value of the wrong type is a one-line :class:`ConfigError` naming the field
+    (``train.stage.Request.overrides: expected a list, got str ...``); numbers given for a string
+    field become their text, a tuple for a list field a list."""
+
+    @classmethod
+    def where(cls) -> str:
+        """The request's name in messages: its module below the package, and the class."""
+        return f"{cls.__module__.removeprefix('stateloop.')}.{cls.__name__}"
+
+    @classmethod
+    def of(cls, args) -> Any:
+        """The request of a command's parsed flags (an argparse namespace): each field from the
+        attribute of the same name; a field the namespace lacks (a flag of another subcommand)
+        keeps its default, a required one is a one-line ConfigError; attributes that are no field
+        (the command's name, flags the command itself reads) are left out."""
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        return from_dict(cls, {k: v for k, v in vars(args).items() if k in names}, cls.where())
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            if f.init:  # frozen: the checked (converted) value is set past the dataclass's guard
+                object.__setattr__(self, f.name, _convert(getattr(self, f.name), hints[f.name], f"{self.where()}.{f.name}"))
+
+
 def to_dict(obj: Any) -> Any:
     """Dataclass -> plain dict (YAML/JSON-serialisable)."""
     return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

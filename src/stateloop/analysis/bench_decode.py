@@ -28,11 +28,11 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 
-from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.config import ConfigError, StageRequest, from_dict, merge, parse_dotlist, to_dict
 from stateloop.files import atomic_write_json, code_version
 from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
@@ -362,7 +362,7 @@ def format_table(result: dict) -> str:
 
 
 @dataclass(frozen=True)
-class Request:
+class Request(StageRequest):
     """One benchmark as asked for (``stateloop bench decode``'s flags, defaults the paper's protocol)."""
 
     runs: list[str] = field(default_factory=list)  # trained runs (runs.resolve_run_arg)
@@ -383,11 +383,6 @@ class Request:
     seed: int = 0
     out: str = ""
     no_progress: bool = False
-
-    @classmethod
-    def of(cls, args) -> Request:
-        """The request of parsed flags (an argparse namespace)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
 
 BENCH_KEYS = ("prefill", "tokens", "repeats", "warmup", "dtype", "interleave")  # flags that override the bench section

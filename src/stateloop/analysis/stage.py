@@ -7,7 +7,7 @@ run's ``stateloop eval`` (analysis/common.py), then the flags."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,7 +15,7 @@ import torch
 from stateloop.analysis import common, interventions, shapley, shards
 from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import StateStats, state_statistics
-from stateloop.config import ConfigError
+from stateloop.config import ConfigError, StageRequest
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
 from stateloop.pipeline import PipelineConfig
 from stateloop.resolve import resolve_eval
@@ -26,7 +26,7 @@ SAVE_EVERY = 120.0  # seconds between two writes of a running shard's partial su
 
 
 @dataclass(frozen=True)
-class Request:
+class Request(StageRequest):
     """One analysis as asked for (``stateloop analyze``'s flags; None: the run's eval protocol)."""
 
     analysis: str  # shapley | interventions
@@ -49,11 +49,6 @@ class Request:
     merge: int | None = None  # N: merge the N finished shards instead of evaluating
     calibrate_only: bool = False  # interventions: write the calibration statistics, nothing else
     save_every: float = SAVE_EVERY
-
-    @classmethod
-    def of(cls, args) -> Request:
-        """The request of parsed flags (an argparse namespace; a flag a subcommand lacks keeps its default)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:

@@ -1,9 +1,10 @@
 """``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
 
 One module per command, named in :data:`COMMANDS`, provides ``add_arguments(parser)`` and
-``run(args) -> int``. Command modules are imported to build the parser, so they import heavy
-dependencies (torch, lightning, lm-eval, mlflow) inside ``run`` only: building the parser imports
-none of them.
+``run(args) -> int``; a stage's ``run`` turns the parsed flags into the stage's typed request
+(``Request.of(args)``: config.StageRequest) and calls the stage with it. Command modules are
+imported to build the parser, so they import heavy dependencies (torch, lightning, lm-eval,
+mlflow) inside ``run`` only: building the parser imports none of them.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
 (stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/warm.py), whose

@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.evaluate.stage import eval_stage
+    from stateloop.evaluate.stage import Request, eval_stage
     from stateloop.pipeline import load_checked
 
-    return eval_stage(args, *(load_checked(args.config) if args.config else (None, {})))
+    return eval_stage(Request.of(args), *(load_checked(args.config) if args.config else (None, {})))

@@ -22,8 +22,6 @@ requeues the job, which then resumes by itself with a fresh time limit (train/sl
 
 from __future__ import annotations
 
-import contextlib
-
 from stateloop.commands import RUN_HELP
 
 
@@ -44,8 +42,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.data.shards import reverify
-    from stateloop.train.stage import train_stage
+    from stateloop.train.stage import Request, train_stage
 
-    with reverify() if args.verify_shards else contextlib.nullcontext():
-        return train_stage(args)
+    return train_stage(Request.of(args))

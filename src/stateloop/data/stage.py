@@ -1,13 +1,15 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
 of ``--config``/``--scale``, then single keys from flags), the token shards they make, and a warning
-where the train split is shorter than one training window of the scale."""
+where the train split is shorter than one training window of the scale. What it is asked for is
+a :class:`Request`, which commands/tokenize.py builds from the flags."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stateloop.config import ConfigError, from_dict, merge, to_dict
+from stateloop.config import ConfigError, StageRequest, from_dict, merge, to_dict
 from stateloop.data.config import DataConfig
 
 if TYPE_CHECKING:
@@ -39,9 +41,46 @@ FLAGS = {
 NUMBERS = ("val_fraction", "test_fraction", "max_docs", "max_tokens", "vocab_size", "bpe_docs", "shard_tokens", "workers", "seed")
 
 
-def resolve_data(args, scale: ScaleConfig | None = None) -> tuple[DataConfig, int | None]:
+@dataclass(frozen=True)
+class Request(StageRequest):
+    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder to write, and
+    its data settings as the scale ``config``/``scale`` name and the single keys of :data:`FLAGS`
+    override them. A key of FLAGS holds the flag's text, read as YAML where it is a number or a
+    list (``max_docs="12"``, ``source="[a.txt, b.txt]"``; a number given from Python becomes its
+    text); None leaves the key as the scale (or DataConfig's default) has it, and "none"/"null"
+    unset it."""
+
+    out: str  # the data folder to write (shards, tokenizer.json, meta.json)
+    config: str | None = None  # pipeline config whose scale's data section to read; with scale
+    scale: str | None = None
+    # the keys of FLAGS, in its order
+    source: str | None = None
+    hub_config: str | None = None
+    split: str | None = None
+    val_split: str | None = None
+    test_split: str | None = None
+    val_fraction: str | None = None
+    test_fraction: str | None = None
+    text_field: str | None = None
+    text_unit: str | None = None
+    max_docs: str | None = None
+    max_tokens: str | None = None
+    tokenizer: str | None = None
+    vocab_size: str | None = None
+    bpe_docs: str | None = None
+    eos_token: str | None = None
+    shard_tokens: str | None = None
+    workers: str | None = None
+    seed: str | None = None
+    synthetic_docs: str | None = None  # "TRAIN,VAL,TEST": documents per synthetic split
+    model_vocab_size: int | None = None  # refuse a tokenizer larger than this model vocabulary (default: the scale's)
+    force: bool = False  # rewrite even when the folder is up to date
+    no_progress: bool = False
+
+
+def resolve_data(args: Request, scale: ScaleConfig | None = None) -> tuple[DataConfig, int | None]:
     """(DataConfig, model vocab size or None) from --config/--scale (``scale``: their ScaleConfig,
-    loaded by the command) and the flags."""
+    loaded by the caller) and the flags."""
     import yaml
 
     base: dict = {}
@@ -130,12 +169,17 @@ def data_homes(scales: dict[str, ScaleConfig], names: list[str]) -> dict[str, st
     return out
 
 
-def tokenize_stage(args, scale: ScaleConfig | None = None) -> int:
-    """Tokenize as the flags (an argparse namespace of ``stateloop tokenize``) and ``scale`` (the
-    scale ``--config``/``--scale`` name, loaded by the command) say; warn where the train split
-    is shorter than one training window."""
+def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
+    """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
+    by the command; a caller from Python may leave it to the stage, which then loads it first)
+    say; warn where the train split is shorter than one training window."""
     from stateloop.data.tokenize import tokenize
     from stateloop.prefetch import data_needs, require
+
+    if args.config and args.scale and scale is None:
+        from stateloop.pipeline import load_scale
+
+        scale = load_scale(args.config, args.scale)
 
     data, model_vocab = resolve_data(args, scale)
     require(data_needs(data), args.config)  # offline: the hub tokenizer and dataset files are cached

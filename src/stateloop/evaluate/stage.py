@@ -1,22 +1,45 @@
 """``stateloop eval``'s stage: the eval settings of a command line (resolve.py, then
 ``--set eval.*`` and the dedicated flags; a run the pipeline config plans scores its tasks only
 where the DAG needs them, pipeline.Run.scores_tasks), the evaluation (evaluate/harness.py) and
-what it prints."""
+what it prints. What it is asked for is a :class:`Request`, which commands/eval.py builds from the
+flags."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 
 from stateloop import prefetch, resolve
-from stateloop.config import ConfigError, parse_dotlist
+from stateloop.config import ConfigError, StageRequest, parse_dotlist
 from stateloop.evaluate import harness
-from stateloop.pipeline import PipelineConfig, Run
+from stateloop.pipeline import PipelineConfig, Run, load_checked
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
 
 
-def eval_stage(args, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
-    """Evaluate the run of ``args`` (an argparse namespace of ``stateloop eval``); ``pipeline`` and
-    its ``runs`` by id: the config ``--config`` names, loaded by the command (None, {} without one)."""
+@dataclass(frozen=True)
+class Request(StageRequest):
+    """One evaluation as asked for (``stateloop eval``'s flags; None: the eval settings of the run's
+    scale, resolve.py)."""
+
+    run: str  # a run folder or a run id (runs.resolve_run_arg)
+    config: str | None = None  # the pipeline config whose scale's eval section to use
+    tasks: list[str] | None = None  # lm-eval task names; []: held-out perplexity only
+    shots: list[int] | None = None  # few-shot counts
+    limit: int | None = None  # at most this many documents per task
+    batch_size: int | None = None
+    device: str | None = None  # auto, cpu, cuda, cuda:N
+    depths: list[int] | None = None  # test-time loop depths, each evaluated -> eval_depth.json
+    set: list[str] = field(default_factory=list)  # eval.KEY=VALUE overrides
+    no_mlflow: bool = False
+    no_progress: bool = False
+
+
+def eval_stage(args: Request, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
+    """Evaluate the run ``args`` asks for; ``pipeline`` and its ``runs`` by id: the config
+    ``args.config`` names (None, {} without one), loaded by the command; a caller from Python may
+    leave it to the stage, which then loads it first."""
+    if args.config and pipeline is None:
+        pipeline, runs = load_checked(args.config)
     target = resolve_run_arg(args.run)
     run_dir = target.folder
 

@@ -1,10 +1,30 @@
 """``stateloop train``'s stage: resolve the run's config (resolve.resolve_run), train it (train/loop.py)
-and turn how it ended into the command's exit status (commands/train.py lists them)."""
+and turn how it ended into the command's exit status (commands/train.py lists them). What it is asked
+for is a :class:`Request`, which commands/train.py builds from the flags."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from dataclasses import dataclass, field
+
+from stateloop.config import StageRequest
+
+
+@dataclass(frozen=True)
+class Request(StageRequest):
+    """One training as asked for (``stateloop train``'s flags): the run, its config and data, and
+    how the training reports and reacts to a changed config."""
+
+    config: str  # the pipeline config (configs/*.yaml) that plans the run
+    run: str  # a run id, or a run folder <...>/runs/<run id> (runs.resolve_run_arg)
+    data_dir: str | None = None  # token shards (a `stateloop tokenize` folder); None: the config's data.dir
+    out: str | None = None  # run folder to train into; None: RUN's folder
+    overrides: list[str] = field(default_factory=list)  # SECTION.KEY=VALUE over the resolved config (--set)
+    no_progress: bool = False
+    restart_on_change: bool = False  # a changed model or optimiser setting starts afresh instead of being refused
+    verify_shards: bool = False  # read every token shard against meta.json's sha256 again, stamped or not
 
 
 def require_eval_data(config_path: str, run_id: str) -> None:
@@ -27,8 +47,16 @@ def require_eval_data(config_path: str, run_id: str) -> None:
     prefetch.require(prefetch.task_needs(ev.tasks, ev, f"scales.{run.scale}.eval"), config_path)
 
 
-def train_stage(args) -> int:
-    """Train the run of ``args`` (an argparse namespace of ``stateloop train``); returns the exit status."""
+def train_stage(args: Request) -> int:
+    """Train the run ``args`` asks for; returns the exit status (commands/train.py lists them)."""
+    from stateloop.data.shards import reverify
+
+    with reverify() if args.verify_shards else contextlib.nullcontext():
+        return _train(args)
+
+
+def _train(args: Request) -> int:
+    """:func:`train_stage` within its shard verification."""
     from stateloop.train import signals, slurm
 
     # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
