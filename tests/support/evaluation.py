@@ -90,7 +90,15 @@ def mlflow_dir(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch, tmp_path, mlflow_dir):
-    """Nothing may come from the Hub; MLflow writes into the session's store."""
+    """Nothing may come from the Hub; MLflow writes into the session's store. huggingface_hub and
+    datasets read HF_HUB_OFFLINE once, when first imported: they are imported before the variable
+    is set and their copies set for this test only, so that a later test in the process does not
+    find the Hub offline because an evaluation test happened to import them first."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{mlflow_dir / 'mlflow.db'}")
