@@ -195,7 +195,7 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        d_s = cfg.d_state
+        d_s = cfg.d_s
         self.norm = RMSNorm(d_s, cfg.norm_eps) if cfg.mamba_prenorm else nn.Identity()
         self.mamba = Mamba2(d_s, cfg.mamba_expand, cfg.mamba_d_state, cfg.mamba_d_conv, cfg.mamba_head_dim,
                             cfg.mamba_n_groups, cfg.mamba_chunk_size, cfg.norm_eps, cfg.ssd_impl)
@@ -214,7 +214,7 @@ def build_mixer(kind: str, cfg) -> nn.Module:
     if kind == "identity":
         return IdentityMixer()
     if kind == "attn":
-        return AttentionMixer(cfg.d_state, cfg.mixer_heads, cfg.mixer_head_dim, cfg.norm_eps, cfg.attn_impl)
+        return AttentionMixer(cfg.d_s, cfg.mixer_heads, cfg.mixer_head_dim, cfg.norm_eps, cfg.attn_impl)
     if kind == "mamba2":
         return Mamba2Mixer(cfg)
     raise ValueError(f"unknown mixer {kind!r} (identity, attn, mamba2)")
