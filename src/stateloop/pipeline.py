@@ -433,13 +433,15 @@ def upgrade_saved(config):
     """A resolved config as a run folder saved it (config.yaml, the final weights' metadata, a
     checkpoint), in today's form; anything else (today's form, not a mapping) is returned as it is.
 
-    [compat] Runs saved before the state width had one spelling carry it twice: as ``model.d_state``
-    (today ``model.d_s``) and as ``run.d_s`` (today not saved: RunConfig.d_s reads the model's).
-    Their folders must still load, resume and compare equal to today's config of the same run, so
-    every reader of a saved config passes it through here, and the old keys are read here only."""
+    Every reader of a saved config passes it through here (RunConfig.read, runs.read_weights,
+    runs.check_folder_config, training's config.yaml and checkpoint comparisons), so the old
+    spellings are read here and nowhere else."""
     if not isinstance(config, dict):
         return config
     model, run = config.get("model"), config.get("run")
+    # Runs saved before the state width had one spelling carry it twice, as model.d_state (today
+    # model.d_s) and as run.d_s (today not saved: RunConfig.d_s reads the model's). Their folders
+    # must still load, resume, and compare equal to today's config of the same run.
     old_model = isinstance(model, dict) and "d_state" in model
     old_run = isinstance(run, dict) and "d_s" in run
     if not (old_model or old_run):
