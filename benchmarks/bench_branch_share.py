@@ -118,7 +118,7 @@ def backbone_piece_flops(cfg, piece: str, context: float) -> float:
 def plain_stateloop(model) -> None:
     """Replace ``model``'s cell and reads by closures over its current tensors (fp32, decoding only,
     no read masks): the bound for a branch with no Python around its operators (module docstring)."""
-    cell, d_s = model.cell, model.cfg.d_state
+    cell, d_s = model.cell, model.cfg.d_s
     with torch.no_grad():
         W, b, neg_lambda = (t.clone() for t in cell.fused_weights())
     g_h, g_s, eps = cell.norm_h.weight.detach(), model.norm_s.weight.detach(), cell.norm_h.eps
@@ -172,12 +172,12 @@ def main() -> None:
     torch.set_num_threads(1)
     d = args.width
     shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64, "mixer_heads": d // 64}
-    vanilla = ModelConfig(name="vanilla_looped", K=4, d_state=0, **shape)
+    vanilla = ModelConfig(name="vanilla_looped", K=4, d_s=0, **shape)
     models, clocks = {}, {}
     variants = VARIANTS + (("stateloop:plain",) if args.plain else ())
     for name in variants:
         torch.manual_seed(VARIANTS.index(name.split(":")[0]))
-        models[name] = build_model(ModelConfig(name=name.split(":")[0], K=4, d_state=d, **shape)).eval()
+        models[name] = build_model(ModelConfig(name=name.split(":")[0], K=4, d_s=d, **shape)).eval()
         if name.endswith(":plain"):
             plain_stateloop(models[name])
             with torch.inference_mode():

@@ -107,7 +107,7 @@ def main(argv=None) -> None:
     d = args.width
     shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64}
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name="stateloop", K=4, d_state=d, **shape)).eval()
+    model = build_model(ModelConfig(name="stateloop", K=4, d_s=d, **shape)).eval()
     cell, ffn = model.cell, model.backbone.layers[0].ffn
     spent, last = defaultdict(list), {}
 

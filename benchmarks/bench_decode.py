@@ -95,8 +95,8 @@ def main() -> int:
              "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64, "mixer_heads": d // 64}
     for i, (name, K, _) in enumerate(ROWS):
         torch.manual_seed(i)
-        cfg = ModelConfig(name=name, K=K, d_state=d if name.startswith("stateloop") else 0, **shape)
-        rows.append(BenchModel(f"{name}:K{K}", build_model(cfg).eval(), name, K, cfg.d_state, "untrained"))
+        cfg = ModelConfig(name=name, K=K, d_s=d if name.startswith("stateloop") else 0, **shape)
+        rows.append(BenchModel(f"{name}:K{K}", build_model(cfg).eval(), name, K, cfg.d_s, "untrained"))
     ops = {r.label: ops_per_token(r.model, args.prefill) for r in rows}
     result = bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, "cpu", interleave="token",
                           progress=sys.stderr.isatty())

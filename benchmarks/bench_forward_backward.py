@@ -29,7 +29,7 @@ def config(name: str, vocab: int, layers: int = 24, d: int = 128, groups: int = 
     """d = d_s, SwiGLU 2.6875 d rounded to 8, heads of 64 (the mixers' too)."""
     return ModelConfig(
         name=name, vocab_size=vocab, n_layers=layers, d_model=d, d_ff=8 * round(2.6875 * d / 8), n_heads=d // 64,
-        head_dim=64, K=4, d_state=d if name != "vanilla_looped" else 0, max_seq_len=1024, mixer_heads=d // 64,
+        head_dim=64, K=4, d_s=d if name != "vanilla_looped" else 0, max_seq_len=1024, mixer_heads=d // 64,
         mixer_head_dim=64, mamba_expand=2, mamba_d_state=128, mamba_d_conv=4, mamba_head_dim=64, mamba_n_groups=groups,
     )
 

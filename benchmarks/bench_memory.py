@@ -42,7 +42,7 @@ MiB, GiB = 2.0**20, 2.0**30
 def config(name: str, vocab: int, layers: int, d: int, K: int = 4) -> ModelConfig:
     has_state = name != "vanilla_looped"
     return ModelConfig(name=name, vocab_size=vocab, n_layers=layers, d_model=d, d_ff=8 * round(2.6875 * d / 8),
-                       n_heads=d // 64, head_dim=64, K=K, d_state=d if has_state else 0, max_seq_len=2048,
+                       n_heads=d // 64, head_dim=64, K=K, d_s=d if has_state else 0, max_seq_len=2048,
                        attn_impl="torch", ssd_impl="torch")
 
 

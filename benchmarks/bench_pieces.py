@@ -51,7 +51,7 @@ def pieces(cfg) -> dict:
     torch.manual_seed(0)
     layer = Layer(cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.head_dim, cfg.norm_eps, "torch")
     H = torch.randn(1, 1, cfg.d_model)  # broadcast over the tokens: the cell reads H^k per token
-    read = nn.ModuleDict({"norm_s": RMSNorm(cfg.d_state, cfg.norm_eps), "W_sz": nn.Linear(cfg.d_state, cfg.d_model, bias=False)})
+    read = nn.ModuleDict({"norm_s": RMSNorm(cfg.d_s, cfg.norm_eps), "W_sz": nn.Linear(cfg.d_s, cfg.d_model, bias=False)})
     return {
         "backbone layer": (layer, lambda m, x, r: m(x, r)),
         "backbone attention": (layer, lambda m, x, r: x + m.attn(m.attn_norm(x), r)),

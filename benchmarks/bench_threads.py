@@ -25,7 +25,7 @@ from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
 seconds = float(sys.argv[1])
 cfg = ModelConfig(name="stateloop", vocab_size=256, d_model=64, n_layers=2, n_heads=4, head_dim=16, d_ff=172,
-                  max_seq_len=64, K=4, d_state=64)
+                  max_seq_len=64, K=4, d_s=64)
 model = build_model(cfg)
 idx = torch.randint(0, 256, (1, 64))
 a, w = torch.randn(512, 32), torch.randn(32, 32)

@@ -79,7 +79,7 @@ def main() -> None:
           f"ours {args.requests / t_ours:.1f} req/s, lm-eval HFLM {args.requests / t_hf:.1f} req/s, "
           f"ratio ours/HF = {t_hf / t_ours:.2f}")
 
-    looped = build_model(tiny_config("stateloop", K=4, d_state=256, **shape)).eval()
+    looped = build_model(tiny_config("stateloop", K=4, d_s=256, **shape)).eval()
     cached = StateLoopEvalLM(model=looped, tokenizer=tok, eos_id=eos, batch_size=8, device=args.device)
     plain = StateLoopEvalLM(model=looped, tokenizer=tok, eos_id=eos, batch_size=8, device=args.device, use_cache=False)
     prompt = " ".join(words * 8)  # same length for all: one decoding batch

@@ -108,12 +108,13 @@ def train_bench(
 ) -> dict:
     """Step times of Table 4's shape (scale, K, d_s) for each model, in blocks A B .. B A."""
     from stateloop.models.flops import compute_profile
+    from stateloop.models.registry import get_spec
     from stateloop.pipeline import run_model_config
     from stateloop.train.flops import peak_flops
 
     exp = cfg.experiments["table4"]
-    scale, K, d_s = cfg.scales[exp.scale], exp.K[0], exp.d_state[0]
-    configs = {m: run_model_config(scale, m, K, d_s) for m in models}
+    scale, K, d_s = cfg.scales[exp.scale], exp.K[0], exp.d_s[0]
+    configs = {m: run_model_config(scale, m, K, get_spec(m).width(d_s)) for m in models}
     seq = min(seq, scale.model.max_seq_len)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     times: dict[str, list[float]] = {m: [] for m in models}
@@ -138,7 +139,7 @@ def train_bench(
     out = {
         "scale": exp.scale,
         "K": K,
-        "d_state": d_s,
+        "d_s": d_s,
         "micro_batch": micro,
         "seq_len": seq,
         "steps": steps,

@@ -102,7 +102,7 @@ def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
     from stateloop.models.flops import decode_flops_per_token
 
     for shape in (dict(n_layers=8, d_model=512, d_ff=1376, n_heads=8), dict(n_layers=3, d_model=96, d_ff=256, n_heads=3)):
-        cfg = ModelConfig(name="vanilla_looped", K=4, d_state=0, vocab_size=4096, head_dim=32, **shape)
+        cfg = ModelConfig(name="vanilla_looped", K=4, d_s=0, vocab_size=4096, head_dim=32, **shape)
         for context in (0, 32, 63.5):
             pieces = sum(backbone_piece_flops(cfg, piece, context) for piece in ("attention", "swiglu"))
             assert pieces + 2 * cfg.d_model * cfg.vocab_size == decode_flops_per_token(cfg, context)

@@ -40,7 +40,7 @@ def test_an_unknown_state_update_is_refused():
     from stateloop.models.config import ModelConfig
     from stateloop.models.looped import StateLoopLM
 
-    cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, d_ff=32, n_heads=2, head_dim=8, max_seq_len=16, K=2, d_state=8)
+    cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, d_ff=32, n_heads=2, head_dim=8, max_seq_len=16, K=2, d_s=8)
     with pytest.raises(ValueError, match=r"unknown state update 'gur' \(known: ssm, gru\)"):
         StateLoopLM(cfg, update="gur")
     assert type(StateLoopLM(cfg, update="gru").cell).__name__ == "GRUStateCell"

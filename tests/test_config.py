@@ -51,8 +51,8 @@ experiments:
 
 def test_runs_are_deduplicated_across_experiments(tmp_path):
     cfg = load_pipeline(_write(tmp_path, BASE + """
-  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_state: [16]}
-  b: {scale: s, models: [stateloop], K: [3], d_state: [8, 16]}
+  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_s: [16]}
+  b: {scale: s, models: [stateloop], K: [3], d_s: [8, 16]}
 """))
     runs = expand_runs(cfg)
     ids = [r.id for r in runs]
@@ -66,8 +66,8 @@ def test_seeds_make_one_run_each_with_the_seed_spelled_last(tmp_path):
     """An experiment's seeds: one run per seed, ids {scale}/{model}/K{K}_ds{ds}_seed{seed}; seeds
     shared between experiments share runs; without seeds the scale's train.seed is the one."""
     cfg = load_pipeline(_write(tmp_path, BASE + """
-  a: {scale: s, models: [stateloop, vanilla_looped], K: [3], d_state: [16], seeds: [1, 2, 3]}
-  b: {scale: s, models: [stateloop], K: [3], d_state: [16], seeds: [3, 4]}
+  a: {scale: s, models: [stateloop, vanilla_looped], K: [3], d_s: [16], seeds: [1, 2, 3]}
+  b: {scale: s, models: [stateloop], K: [3], d_s: [16], seeds: [3, 4]}
   c: {scale: s, models: [vanilla_looped], K: [2]}
 """))
     runs = expand_runs(cfg)
@@ -97,13 +97,13 @@ def test_a_run_id_names_one_model(tmp_path):
 
 
 @pytest.mark.parametrize("exp,msg", [
-    ("{scale: s, models: [stateloop], d_state: [16], seeds: [1, 1]}", "lists a seed twice"),
-    ("{scale: s, models: [stateloop], d_state: [16], seeds: [-1]}", "-1 is not a non-negative integer"),
+    ("{scale: s, models: [stateloop], d_s: [16], seeds: [1, 1]}", "lists a seed twice"),
+    ("{scale: s, models: [stateloop], d_s: [16], seeds: [-1]}", "-1 is not a non-negative integer"),
     ("{scale: s, models: [stateloop_xl]}", "unknown model 'stateloop_xl'"),
     ("{scale: big, models: [stateloop]}", "unknown scale 'big'"),
-    ("{scale: s, models: [stateloop], d_state: [0]}", "needs a positive state width"),
+    ("{scale: s, models: [stateloop], d_s: [0]}", "needs a positive state width"),
     ("{scale: s, models: [stateloop], K: [two]}", "experiments.e.K[0]: expected an integer"),
-    ("{scale: s, models: [state_only], d_state: [16]}", "state_only keeps the state at the model width"),
+    ("{scale: s, models: [state_only], d_s: [16]}", "state_only keeps the state at the model width"),
 ])
 def test_pipeline_errors_name_the_problem(tmp_path, exp, msg):
     with pytest.raises(ConfigError, match=msg.replace("[", r"\[").replace("]", r"\]")) as err:
@@ -162,14 +162,14 @@ def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monk
     from stateloop import pipeline, resolve
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
-                  + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_state: [16]}\n")
+                  + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_s: [16]}\n")
     expanded = []
     real = pipeline.expand_runs
     monkeypatch.setattr(pipeline, "expand_runs", lambda *a, **k: expanded.append(1) or real(*a, **k))
     first = resolve.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
     again = resolve.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
     assert len(expanded) == 1
-    assert (first.model.K, first.model.d_state, again.train.lr, again.run.experiments) == (3, 16, 1e-3, ["a"])
+    assert (first.model.K, first.model.d_s, again.train.lr, again.run.experiments) == (3, 16, 1e-3, ["a"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.train.lr = 1.0  # TrainConfig and ModelConfig are frozen: a changed copy is dataclasses.replace
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -207,7 +207,7 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     from stateloop.resolve import resolve_run
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
-                  + "  a: {scale: s, models: [stateloop], K: [3], d_state: [16]}\n")
+                  + "  a: {scale: s, models: [stateloop], K: [3], d_s: [16]}\n")
     rc = resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
     assert rc.eval is None  # training's config has none
     evaluated = dataclasses.replace(rc, eval=EvalConfig(tasks=["synth_mc"], limit=3, task_dir=str(tmp_path)))
@@ -217,3 +217,37 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     assert old == rc and old.eval is None  # read ignores it (resolve.py reads its value settings)
     with pytest.raises(dataclasses.FrozenInstanceError):
         evaluated.eval.limit = 4  # EvalConfig is frozen like the other sections
+
+
+def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
+    """A run folder saved before the state width was spelled d_s everywhere carries it twice, as
+    ``model.d_state`` and as ``run.d_s``. Its resolved config, final weights and config.yaml read
+    back in today's form (pipeline.upgrade_saved): the width once, as ``model.d_s``, and the folder
+    still counts as the same run for a resumed training."""
+    import yaml
+    from helpers import tiny_config
+
+    from stateloop.config import to_dict
+    from stateloop.models.registry import build_model
+    from stateloop.pipeline import RunConfig
+    from stateloop.runs import load_model, save_final, saved_run_config
+    from stateloop.train.config import TrainConfig
+    from stateloop.train.loop import check_run_folder
+
+    cfg = tiny_config("stateloop", d_s=24)
+    old_model = {("d_state" if key == "d_s" else key): value for key, value in to_dict(cfg).items()}
+    old = {"run": {"id": "t/stateloop/K3_ds24_seed1", "scale": "t", "model": "stateloop", "K": 3, "d_s": 24, "seed": 1,
+                   "config": "configs/t.yaml", "experiments": ["e"]},
+           "model": old_model, "train": to_dict(TrainConfig()), "data": {"dir": str(tmp_path)}}
+
+    today = RunConfig.read(old, saved=True)
+    assert today.model == cfg and today.d_s == 24
+    assert "d_s" not in today.as_dict()["run"] and today.as_dict()["model"]["d_s"] == 24
+    assert "d_state" not in today.as_dict()["model"]
+
+    save_final(tmp_path, build_model(cfg), old)  # the weights' metadata in the old form
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
+    model, config = load_model(tmp_path)  # also compares the folder's config.yaml with the weights'
+    assert model.cfg == cfg and config["model"]["d_s"] == 24 and "d_state" not in config["model"]
+    assert "d_s" not in config["run"] and saved_run_config(tmp_path).d_s == 24
+    assert check_run_folder(tmp_path, today.as_dict()) is None  # no changed key: today's config resumes it

@@ -65,7 +65,7 @@ def _config(path: Path) -> Path:
                  max_steps=2, checkpoint_every=0, mlflow_tracking=False)
     cfg = {"scales": {"t": {"model": model, "train": train, "data": {**PILE, "tokenizer": "org/tok"},
                             "eval": {"tasks": ["lambada_openai"], "shots": [0], "limit": 2}}},
-           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped"], "K": [2], "d_state": [0]}}}
+           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped"], "K": [2], "d_s": [0]}}}
     path.write_text(yaml.safe_dump(cfg))
     return path
 

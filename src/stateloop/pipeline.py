@@ -5,7 +5,7 @@ A config file (``configs/*.yaml``) has two sections::
     scales:        # name -> the sections every run at that scale shares (model shape, ...)
       410m: {model: {n_layers: 24, d_model: 1024, ...}}
     experiments:   # name -> a grid of runs; a table or figure reads one or more experiments
-      table4: {scale: 410m, K: [7], d_state: [1024]}      # models: the paper's (PAPER_MODELS)
+      table4: {scale: 410m, K: [7], d_s: [1024]}      # models: the paper's (PAPER_MODELS)
       mine: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
 
 A run is (scale, model, K, d_s, seed), with d_s = 0 for models without a persistent state. An
@@ -89,7 +89,7 @@ class ResourcesConfig:
 
 @dataclass
 class ScaleConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)  # the model's shape (each run sets name, K, d_state)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the model's shape (each run sets name, K, d_s)
     data: DataConfig = field(default_factory=DataConfig)  # the corpus and tokenizer
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out PPL, lm-eval tasks and the analyses' settings
     train: TrainConfig = field(default_factory=TrainConfig)  # hardware, batch, optimiser, budget, logging
@@ -120,7 +120,7 @@ class ExperimentConfig:
     scale: str  # the scale (a key of scales) whose settings every run of the experiment takes
     models: list[str] | None = None  # None: PAPER_MODELS of the experiment's name (required for other names)
     K: list[int] = field(default_factory=lambda: [4])  # loop counts, one run per K
-    d_state: list[int] = field(default_factory=lambda: [0])  # used by models with a state; others get 0
+    d_s: list[int] = field(default_factory=lambda: [0])  # used by models with a state; others get 0
     options: dict[str, dict] = field(default_factory=dict)  # model name -> model.options overrides
     # model name -> its own loop counts, replacing K for that model (MeSH and Parcae count core
     # repetitions: 10 at 1.4B while the other Table 1 models loop K = 4 times)
@@ -329,11 +329,12 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, R
 
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:
-    """The resolved model config of one run: the scale's shape with name, K, d_s and options set."""
+    """The resolved model config of one run: the scale's shape with name, K, d_s and options set,
+    checked (``d_s``: the run's own width, 0 for a model without a state, ModelSpec.width)."""
     spec = get_spec(model)
     base = to_dict(scale.model)
     merged_options = merge(base.get("options", {}), options or {})
-    cfg = dataclasses.replace(scale.model, name=model, K=K, d_state=d_s if spec.has_state else 0, options=merged_options)
+    cfg = dataclasses.replace(scale.model, name=model, K=K, d_s=d_s, options=merged_options)
     spec.check(cfg)
     return cfg
 
@@ -350,7 +351,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
         seeds = exp.seeds or [scale.train.seed]
         for model in exp.models:
             spec = get_spec(model)
-            widths = exp.d_state if spec.has_state else [0]
+            widths = exp.d_s if spec.has_state else [0]
             for K in exp.K_by_model.get(model, exp.K):
                 for d_s in widths:
                     try:
@@ -360,7 +361,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
                     if exp.test_time_K:
                         check_depths(mcfg, exp.test_time_K, f"experiments.{name}.test_time_K ({model}, K={K})")
                     for seed in seeds:
-                        run = Run(exp.scale, model, K, mcfg.d_state, mcfg, seed)
+                        run = Run(exp.scale, model, K, mcfg.d_s, mcfg, seed)
                         run = runs.setdefault(run.id, run)
                         if run.model_config != mcfg:
                             raise ConfigError(f"experiments.{name} ({model}, K={K}, d_s={d_s}): run {run.id} is also defined "
@@ -405,19 +406,19 @@ def cells(runs: list[Run]) -> dict[str, list[Run]]:
 # config is read back (docs/architecture.md#how-a-runs-config-resolves).
 
 RUN_SECTIONS = ("model", "train", "data")  # the sections a key=value override may name
-FIXED_BY_RUN_ID = ("name", "K", "d_state")  # model keys the run id sets
+FIXED_BY_RUN_ID = ("name", "K", "d_s")  # model keys the run id sets
 
 
 @dataclass(frozen=True)
 class RunSection:
     """Which run a resolved config is: its id and what the id spells, the pipeline config file it
-    was resolved from, and the experiments that define it."""
+    was resolved from, and the experiments that define it. The state width the id spells is not
+    here: it is saved once, as the model's ``d_s`` (RunConfig.d_s)."""
 
     id: str = ""
     scale: str = ""
     model: str = ""
     K: int = 0
-    d_s: int = 0
     seed: int = 0
     config: str = ""
     experiments: list[str] = field(default_factory=list)
@@ -428,11 +429,36 @@ class DataSection:
     dir: str = ""  # absolute path of the token shards
 
 
+def upgrade_saved(config):
+    """A resolved config as a run folder saved it (config.yaml, the final weights' metadata, a
+    checkpoint), in today's form; anything else (today's form, not a mapping) is returned as it is.
+
+    Every reader of a saved config passes it through here (RunConfig.read, runs.read_weights,
+    runs.check_folder_config, training's config.yaml and checkpoint comparisons), so the old
+    spellings are read here and nowhere else."""
+    if not isinstance(config, dict):
+        return config
+    model, run = config.get("model"), config.get("run")
+    # Runs saved before the state width had one spelling carry it twice, as model.d_state (today
+    # model.d_s) and as run.d_s (today not saved: RunConfig.d_s reads the model's). Their folders
+    # must still load, resume, and compare equal to today's config of the same run.
+    old_model = isinstance(model, dict) and "d_state" in model
+    old_run = isinstance(run, dict) and "d_s" in run
+    if not (old_model or old_run):
+        return config
+    config = dict(config)
+    if old_model:  # renamed in place: the saved key order stays
+        config["model"] = {("d_s" if key == "d_state" else key): value for key, value in model.items()}
+    if old_run:  # the width's second copy: the model's is the one kept
+        config["run"] = {key: value for key, value in run.items() if key != "d_s"}
+    return config
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """The resolved config of one run, as training reads it and its folder's config.yaml saves it::
 
-        run:   {id, scale, model, K, d_s, seed, config, experiments}
+        run:   {id, scale, model, K, seed, config, experiments}
         model: ModelConfig fields
         train: TrainConfig fields
         data:  {dir: absolute path of the token shards}
@@ -446,6 +472,11 @@ class RunConfig:
     # [choice] Resolved when the run is evaluated (resolve.resolve_eval), never by training
     # nor by read: it is not saved (as_dict), so changing the eval settings never retrains a run.
     eval: EvalConfig | None = None
+
+    @property
+    def d_s(self) -> int:
+        """The run's state width: the model's (the one saved copy; the run id spells it too)."""
+        return self.model.d_s
 
     def as_dict(self) -> dict:
         """The plain mapping written to config.yaml and into the final weights, sections in this
@@ -466,6 +497,7 @@ class RunConfig:
         line naming ``where`` (the weights file) and the key."""
         if not isinstance(config, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(config).__name__}")
+        config = upgrade_saved(config)
         sections = {}
         for section, tp in (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection)):
             if section not in config and not saved:

@@ -77,7 +77,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     folder = data_dir or data_extra.get("dir")
     if not folder:
         raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or --set data.dir=DIR)")
-    section = RunSection(run_id, scale_name, model_name, K, mcfg.d_state, seed, str(config_path), list(run.experiments))
+    section = RunSection(run_id, scale_name, model_name, K, seed, str(config_path), list(run.experiments))
     return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
 
 
@@ -87,10 +87,7 @@ def _known_run(pipeline: PipelineConfig, known: dict[str, Run], config_path, run
     if run_id in known:
         return known[run_id]
     scale_name, model_name, K, d_s, seed = Run.parse(run_id)
-    d_state = run_model_config(pipeline.scales[scale_name], model_name, K, d_s).d_state  # an unknown model: one line
-    if d_state != d_s:
-        raise ConfigError(f"RUN: {model_name} has no persistent state, so its run id is "
-                          f"{Run.format_id(scale_name, model_name, K, d_state, seed)}")
+    run_model_config(pipeline.scales[scale_name], model_name, K, d_s)  # an unknown model or bad width: one line
     near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
     listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
     raise ConfigError(f"RUN: {run_id} is not a run of {config_path}; add it to an experiment there "

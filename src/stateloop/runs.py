@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from stateloop.config import ConfigError, from_dict
 from stateloop.files import code_version, read_safetensors, safe_torch_load, write_safetensors
 from stateloop.models.config import ModelConfig
-from stateloop.pipeline import RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig
+from stateloop.pipeline import RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig, upgrade_saved
 
 if TYPE_CHECKING:  # torch is imported where it is used
     import torch
@@ -61,7 +61,7 @@ def read_weights(run_dir: str | Path, tensors: bool = True) -> tuple[Path, dict]
     ``model.safetensors`` (the config from its metadata), read with no unpickler; a folder of the
     old format's ``model.pt``, read with torch's safe unpickler (a file carrying code, truncated or
     corrupt is one line naming it). ``tensors=False``: the config only ("model" is None; no
-    tensor is read)."""
+    tensor is read). The config is in today's form (pipeline.upgrade_saved)."""
     path = Path(run_dir) / FINAL_WEIGHTS
     if path.is_file():
         state, metadata = read_safetensors(path, tensors)
@@ -71,7 +71,7 @@ def read_weights(run_dir: str | Path, tensors: bool = True) -> tuple[Path, dict]
             config = None
         if not isinstance(config, dict):
             raise ConfigError(f"{path}: not a stateloop weights file (no {CONFIG_METADATA} JSON in its metadata)")
-        return path, {"model": state, "config": config}
+        return path, {"model": state, "config": upgrade_saved(config)}
     legacy = Path(run_dir) / LEGACY_WEIGHTS
     if not legacy.is_file():
         where = "has the run finished training?" if Path(run_dir).is_dir() else "no such run folder"
@@ -79,7 +79,7 @@ def read_weights(run_dir: str | Path, tensors: bool = True) -> tuple[Path, dict]
     blob = safe_torch_load(legacy, mmap=not tensors)
     if not isinstance(blob, dict) or "model" not in blob or not isinstance(blob.get("config"), dict):
         raise ConfigError(f"{legacy}: not a stateloop weights file (expected keys 'model' and 'config')")
-    return legacy, {"model": blob["model"] if tensors else None, "config": blob["config"]}
+    return legacy, {"model": blob["model"] if tensors else None, "config": upgrade_saved(blob["config"])}
 
 
 def has_final_weights(run_dir: str | Path) -> bool:
@@ -123,7 +123,7 @@ def check_folder_config(run_dir: Path, saved: ModelConfig, weights_path: Path) -
     if not path.is_file():
         return
     try:
-        folder = yaml.safe_load(path.read_text()) or {}
+        folder = upgrade_saved(yaml.safe_load(path.read_text()) or {})
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(folder, dict) or "model" not in folder:

@@ -66,7 +66,7 @@ def test_analyze_errors_are_one_line(tmp_path, capsys):
     run_dir, _ = make_run(tmp_path, name="vanilla_looped")
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
     assert "needs a model with a persistent state" in capsys.readouterr().err
-    run_dir, _ = make_run(tmp_path, name="state_only", d_state=32)
+    run_dir, _ = make_run(tmp_path, name="state_only", d_s=32)
     assert main(["analyze", "shapley", str(run_dir), "--no-mlflow"]) == 2
     assert "needs state reads" in capsys.readouterr().err
     run_dir, _ = make_run(tmp_path)
@@ -158,7 +158,7 @@ def test_bench_decode_reads_its_shapes_and_protocol_from_the_config(tmp_path):
     cfg.write_text(yaml.safe_dump({
         "scales": {"t": {"model": shape}},
         "experiments": {"decoding": {"scale": "t", "trained": False, "models": ["vanilla_looped", "stateloop"],
-                                     "K": [2], "K_by_model": {"vanilla_looped": [2, 3]}, "d_state": [16]}},
+                                     "K": [2], "K_by_model": {"vanilla_looped": [2, 3]}, "d_s": [16]}},
         "bench": {"prefill": 5, "tokens": 3, "repeats": 2, "warmup": 0, "dtype": "float32", "interleave": "run"},
     }))
     out = tmp_path / "bench.json"

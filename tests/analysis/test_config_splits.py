@@ -63,7 +63,7 @@ def tiny_model_config(run, max_seq_len: int = 64):
     """The run's model (name, K, options) at a tiny shape: d = 16, one layer."""
     cfg = dataclasses.replace(
         run.model_config, vocab_size=VOCAB, n_layers=1, d_model=16, d_ff=32, n_heads=2, head_dim=8,
-        d_state=16 if run.model_config.d_state else 0, max_seq_len=max_seq_len, init_std=0.2, mixer_heads=2,
+        d_s=16 if run.model_config.d_s else 0, max_seq_len=max_seq_len, init_std=0.2, mixer_heads=2,
         mixer_head_dim=8, mamba_d_state=8, mamba_head_dim=8, mamba_n_groups=1, mamba_chunk_size=8,
         attn_impl="torch", ssd_impl="torch")
     get_spec(cfg.name).check(cfg)
@@ -76,7 +76,7 @@ def save_tiny_run(run_dir: Path, run, data_dir: Path, pipeline_config: str, max_
 
     torch.manual_seed(0)
     mcfg = tiny_model_config(run, max_seq_len)
-    config = {"run": {"id": run.id, "scale": run.scale, "model": run.model, "K": run.K, "d_s": run.d_s,
+    config = {"run": {"id": run.id, "scale": run.scale, "model": run.model, "K": run.K,
                       "config": pipeline_config, "experiments": run.experiments},
               "model": to_dict(mcfg), "train": {"seq_len": SEQ}, "data": {"dir": str(data_dir.resolve())}}
     save_final(run_dir, build_model(mcfg).eval(), config)

@@ -25,8 +25,8 @@ def test_the_estimates_count_what_the_analysis_code_runs(name, K):
     T = 16
     model = build_model(cfg, device="meta", init=False)
     idx = torch.zeros(2, T, dtype=torch.long, device="meta")  # two windows: twice one window's count
-    stats = interventions.StateStats(torch.zeros(K, cfg.d_state, dtype=torch.float64, device="meta"),
-                                     torch.ones(K, cfg.d_state, dtype=torch.float64, device="meta"), 1)
+    stats = interventions.StateStats(torch.zeros(K, cfg.d_s, dtype=torch.float64, device="meta"),
+                                     torch.ones(K, cfg.d_s, dtype=torch.float64, device="meta"), 1)
     with torch.no_grad():
         with counter() as c:
             leaves = list(shapley.mask_tree(model, idx, idx))
@@ -46,7 +46,7 @@ def _tiny_pipeline(tmp_path, **analyze):
                             "eval": {"heldout_windows": 10, "batch_size": 4, "tasks": []},
                             "resources": {"eval": {"runtime": 20, "gpus": 1},
                                           "analyze": {"runtime": 30, "gpus": 1, **analyze}}}},
-           "experiments": {"state_analysis": {"scale": "t", "K": [3], "d_state": [8]}}}
+           "experiments": {"state_analysis": {"scale": "t", "K": [3], "d_s": [8]}}}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_pipeline(path)

@@ -84,7 +84,7 @@ def test_interventions_change_the_nll_and_freezing_at_k_minus_1_is_replacement(t
     assert any(abs(e["delta_nll"]) > 1e-4 for e in res["replacement"] + res["freezing"])
     assert res["unmodified"]["ppl"] == pytest.approx(math.exp(res["unmodified"]["nll"]))
     # The overrides are what eq. (15) says, on the states of the clean pass.
-    S = [torch.randn(1, 2, model.cfg.d_state) for _ in range(K)]
+    S = [torch.randn(1, 2, model.cfg.d_s) for _ in range(K)]
     rep = replacement_overrides(S, stats, 1)
     assert list(rep) == [2] and torch.allclose(rep[2], stats.calibrate(S[0], 1, 2))
     frz = freezing_overrides(S, stats, 1)

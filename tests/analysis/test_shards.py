@@ -210,7 +210,7 @@ def test_the_shapley_tree_counts_2K_minus_1_backbone_applications(tiny_run):
     assert len(calls) == 2**K - 1 and sorted(calls) == sorted(k for k in range(K) for _ in range(2**k))
     assert set(values) == set(shapley.sum_names(K)) and tokens == batch[:, 1:].numel()
     calls.clear()
-    stats = interventions.StateStats(torch.zeros(K, model.cfg.d_state).double(), torch.ones(K, model.cfg.d_state).double(), 1)
+    stats = interventions.StateStats(torch.zeros(K, model.cfg.d_s).double(), torch.ones(K, model.cfg.d_s).double(), 1)
     interventions.batch_sums(model, batch, stats)
     assert len(calls) == K + sum(1 + 2 * (K - 2 - i) for i in range(1, K - 1))  # clean pass, then the pairs (module docstring)
 

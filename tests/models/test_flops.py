@@ -21,10 +21,10 @@ from support.models import tiny_config
 
 SPLIT = {"n_begin": 1, "n_middle": 1, "n_end": 1}
 SHAPES = {
-    "A": dict(T=16, shape=dict(n_layers=2, d_model=32, d_ff=64, n_heads=4, head_dim=8, K=3, d_state=16, vocab_size=97,
+    "A": dict(T=16, shape=dict(n_layers=2, d_model=32, d_ff=64, n_heads=4, head_dim=8, K=3, d_s=16, vocab_size=97,
                                mixer_heads=2, mixer_head_dim=8, mamba_d_state=8, mamba_head_dim=8, mamba_n_groups=2,
                                mamba_chunk_size=8)),
-    "B": dict(T=20, shape=dict(n_layers=1, d_model=48, d_ff=96, n_heads=2, head_dim=16, K=2, d_state=48, vocab_size=101,
+    "B": dict(T=20, shape=dict(n_layers=1, d_model=48, d_ff=96, n_heads=2, head_dim=16, K=2, d_s=48, vocab_size=101,
                                mixer_heads=3, mixer_head_dim=16, mamba_d_state=4, mamba_head_dim=12, mamba_n_groups=1,
                                mamba_chunk_size=8)),
 }
@@ -35,9 +35,9 @@ OPTIONS = {"hyperloop": {**SPLIT, "n_streams": 3}, "mesh": {"n_prelude": 1, "n_c
 def config(name: str, shape: dict):
     shape = dict(shape)
     if not MODELS[name].has_state:
-        shape["d_state"] = 0
+        shape["d_s"] = 0
     elif name == "state_only":
-        shape["d_state"] = shape["d_model"]
+        shape["d_s"] = shape["d_model"]
     return tiny_config(name, **shape, options=dict(OPTIONS.get(name, {})), max_seq_len=64)
 
 
@@ -51,7 +51,7 @@ def mamba2(c, T: int) -> int:
     """The Mamba-2 mixer over T tokens: in_proj, chunked SSD, out_proj. Its depthwise causal
     convolution and the carry of states from chunk to chunk are elementwise multiply-adds in the
     twin, not matmuls, and uncounted like the norms (models/flops.py)."""
-    d_s, d_in = c.d_state, c.mamba_expand * c.d_state
+    d_s, d_in = c.d_s, c.mamba_expand * c.d_s
     G, N, P = c.mamba_n_groups, c.mamba_d_state, c.mamba_head_dim
     H, q = d_in // P, c.mamba_chunk_size
     chunks = math.ceil(T / q)
@@ -64,7 +64,7 @@ def mamba2(c, T: int) -> int:
 
 
 def analytic_forward(name: str, c, T: int) -> int:
-    d, V, K, L, d_s = c.d_model, c.vocab_size, c.K, c.n_layers, c.d_state
+    d, V, K, L, d_s = c.d_model, c.vocab_size, c.K, c.n_layers, c.d_s
     head = 2 * T * d * V
     backbone = K * L * layer(c, T, T)
     cell = 2 * T * d * 2 * d_s  # W_u and W_Delta
@@ -119,7 +119,7 @@ def backward_extra(name: str, c, T: int) -> int:
     """Gradients that are not computed: the GRU's first hidden state is the zero tensor, so its
     hidden product has a weight gradient only."""
     if name == "stateloop_gru":
-        return -2 * T * 3 * c.d_state * c.d_state
+        return -2 * T * 3 * c.d_s * c.d_s
     return 0
 
 
@@ -144,7 +144,7 @@ def test_decode_flops_equal_the_counted_step(name, shape):
     assert decode_flops_per_token(c, 24) == counted_decode_flops(c, 24)
     assert decode_flops_per_token(c, 24.5) == (decode_flops_per_token(c, 24) + decode_flops_per_token(c, 25)) / 2
     if name in ("vanilla_looped", "stateloop"):  # and by hand: no mixer, one layer application's keys
-        d, K, L, d_s = c.d_model, c.K, c.n_layers, c.d_state
+        d, K, L, d_s = c.d_model, c.K, c.n_layers, c.d_s
         expected = K * L * layer(c, 1, 25) + 2 * d * c.vocab_size + K * (2 * d * 2 * d_s + 2 * d_s * d)
         assert decode_flops_per_token(c, 24) == expected
 
@@ -159,12 +159,12 @@ def test_a_shape_is_counted_once_per_process_and_each_shape_apart(monkeypatch):
     calls = []
     count = flops._count_profile
     monkeypatch.setattr(flops, "_PROFILES", {})
-    monkeypatch.setattr(flops, "_count_profile", lambda cfg, T: calls.append((cfg.K, cfg.d_state, T)) or count(cfg, T))
+    monkeypatch.setattr(flops, "_count_profile", lambda cfg, T: calls.append((cfg.K, cfg.d_s, T)) or count(cfg, T))
     base = config("stateloop", SHAPES["A"]["shape"])
     first = flops.compute_profile(base, 16)
     assert flops.compute_profile(config("stateloop", SHAPES["A"]["shape"]), 16) == first and len(calls) == 1
     deeper = flops.compute_profile(config("stateloop", {**SHAPES["A"]["shape"], "K": 4}), 16)
-    wider = flops.compute_profile(config("stateloop", {**SHAPES["A"]["shape"], "d_state": 32}), 16)
+    wider = flops.compute_profile(config("stateloop", {**SHAPES["A"]["shape"], "d_s": 32}), 16)
     longer = flops.compute_profile(base, 24)
     assert calls == [(3, 16, 16), (4, 16, 16), (3, 32, 16), (3, 16, 24)]
     assert deeper.flops_per_token > first.flops_per_token and wider.flops_per_token > first.flops_per_token

@@ -22,7 +22,7 @@ SHAPE = dict(K=7, d_model=64, n_heads=4, head_dim=16, d_ff=256, n_layers=2)
 
 
 def _stds(scheme: str, name: str = "stateloop", std: float = 0.02) -> dict[str, float]:
-    cfg = dataclasses.replace(tiny_config(name, d_state=64 if name == "stateloop" else 0, **SHAPE),
+    cfg = dataclasses.replace(tiny_config(name, d_s=64 if name == "stateloop" else 0, **SHAPE),
                               init_scheme=scheme, init_std=std)
     torch.manual_seed(0)
     model = build_model(cfg)

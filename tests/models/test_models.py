@@ -92,8 +92,8 @@ def test_the_state_width_is_refused_before_a_build(name):
     refuses d_s = 0, and state only ("X^k in R^{n x d} has the backbone width") any d_s != d."""
     from stateloop.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"model\.d_state: .*positive state width"):
-        build_model(tiny_config(name, d_state=0), device="meta")
+    with pytest.raises(ConfigError, match=r"model\.d_s: .*positive state width"):
+        build_model(tiny_config(name, d_s=0), device="meta")
     if name == "state_only":
-        with pytest.raises(ConfigError, match=r"model\.d_state: state_only keeps the state at the model width d=32, got 16"):
-            build_model(tiny_config(name, d_state=16), device="meta")
+        with pytest.raises(ConfigError, match=r"model\.d_s: state_only keeps the state at the model width d=32, got 16"):
+            build_model(tiny_config(name, d_s=16), device="meta")

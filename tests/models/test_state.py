@@ -76,7 +76,7 @@ def test_float32_retention_holds_at_large_step_sizes_with_finite_gradients():
 
 def test_initial_write_rate_is_one_minus_exp_minus_03_lambda():
     d_s = 16
-    model = build_model(tiny_config("stateloop", d_state=d_s))
+    model = build_model(tiny_config("stateloop", d_s=d_s))
     lam = torch.logspace(math.log10(0.01), math.log10(4.0), d_s, dtype=torch.float64)
     assert torch.exp(model.cell.A_log.double()).tolist() == pytest.approx(lam.tolist(), rel=1e-6)
     assert torch.count_nonzero(model.cell.W_delta.weight) == 0
@@ -134,7 +134,7 @@ def _manual_forward(model, idx):
 
 @pytest.mark.parametrize("name", ["stateloop", "stateloop_attn", "stateloop_mamba2", "reset_state", "stateloop_gru"])
 def test_forward_composes_the_equations(name):
-    cfg = tiny_config(name, d_state=24)
+    cfg = tiny_config(name, d_s=24)
     model = build_model(cfg).eval()
     idx = torch.randint(0, cfg.vocab_size, (2, 13))
     with torch.no_grad():
@@ -253,7 +253,7 @@ class TestHooks:
         idx = torch.randint(0, model.cfg.vocab_size, (1, 9))
         with torch.no_grad():
             for i in range(1, K + 1):
-                noise = {i: torch.randn(model.cfg.d_state)}
+                noise = {i: torch.randn(model.cfg.d_s)}
                 for j in range(1, K + 1):
                     mask = torch.ones(K)
                     mask[j - 1] = 0.0  # R_j masked
@@ -273,7 +273,7 @@ def test_read_projections_init(read_init):
     either way."""
     import dataclasses
 
-    cfg = dataclasses.replace(tiny_config("stateloop", K=7, d_state=64, d_model=64, n_heads=4, head_dim=16, d_ff=128),
+    cfg = dataclasses.replace(tiny_config("stateloop", K=7, d_s=64, d_model=64, n_heads=4, head_dim=16, d_ff=128),
                               read_init=read_init)
     torch.manual_seed(0)
     model = build_model(cfg)

@@ -161,7 +161,7 @@ def test_the_reads_are_eqs_4_and_10():
     torch.manual_seed(3)
     with torch.no_grad():
         model.norm_s.weight.uniform_(0.5, 1.5)
-    d, d_s = model.cfg.d_model, model.cfg.d_state
+    d, d_s = model.cfg.d_model, model.cfg.d_s
     H = torch.randn(2, 4, d, dtype=torch.float64)
     S = torch.randn(2, 4, d_s, dtype=torch.float64)
     model.double()

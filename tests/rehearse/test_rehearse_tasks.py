@@ -210,7 +210,7 @@ def _run_dir(folder: Path, data_dir: Path) -> Path:
     from support.models import tiny_config
 
     cfg = tiny_config("vanilla_looped", vocab_size=MODEL_VOCAB, max_seq_len=WINDOW)
-    config = {"run": {"id": f"rehearsal/{cfg.name}/K{cfg.K}_ds{cfg.d_state}_seed1234", "scale": "rehearsal"},
+    config = {"run": {"id": f"rehearsal/{cfg.name}/K{cfg.K}_ds{cfg.d_s}_seed1234", "scale": "rehearsal"},
               "model": to_dict(cfg), "data": {"dir": str(data_dir)}}
     save_final(folder, build_model(cfg).eval(), config)
     return folder

@@ -19,7 +19,7 @@ def _config(tmp_path: Path, seeds=(1, 2, 3), Ks=(2, 3), depths=(1, 2, 3, 4, 6)) 
     raw = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
     scale = next(iter(raw["scales"]))
     raw["experiments"] = {"test_time_depth": {"scale": scale, "models": ["vanilla_looped", "stateloop"], "K": list(Ks),
-                                              "d_state": [raw["scales"][scale]["model"]["d_model"]],
+                                              "d_s": [raw["scales"][scale]["model"]["d_model"]],
                                               "seeds": list(seeds), "test_time_K": list(depths)}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))

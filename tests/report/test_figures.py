@@ -50,12 +50,12 @@ def constructed(tmp_path: Path, seeds=(1, 2, 3)):
     for spec in raw["experiments"].values():
         spec["seeds"] = list(seeds)
     raw["experiments"]["test_time_depth"] = {"scale": "smoke", "models": ["vanilla_looped", "stateloop"], "K": [2, 3],
-                                             "d_state": [32], "seeds": list(seeds), "test_time_K": [1, 2, 3, 4, 6]}
+                                             "d_s": [32], "seeds": list(seeds), "test_time_K": [1, 2, 3, 4, 6]}
     base = raw["scales"]["smoke"]  # a learning-rate bracket: the smoke scale at three peak lrs
     for i, x in enumerate((1e-3, 3e-3, 9e-3), 1):
         raw["scales"][f"smoke_lr{i}"] = {**base, "train": {**base["train"], "lr": x, "min_lr": x / 10}}
         raw["experiments"][f"lr_{i}"] = {"scale": f"smoke_lr{i}", "models": ["vanilla_looped", "stateloop"],
-                                         "K": [2, 3], "d_state": [32], "seeds": list(seeds)}
+                                         "K": [2, 3], "d_s": [32], "seeds": list(seeds)}
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))

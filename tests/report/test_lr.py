@@ -30,7 +30,7 @@ def _config(tmp_path: Path) -> object:
     base = raw["scales"]["smoke"]
     raw["scales"] = {f"s{i}": {**base, "train": {**base["train"], "lr": x, "min_lr": x / 10}} for i, x in enumerate(LRS)}
     raw["experiments"] = {f"lr_{i + 1}": {"scale": f"s{i}", "models": ["vanilla_looped", "stateloop"], "K": [2, 3],
-                                          "d_state": [32], "seeds": [1, 2, 3]} for i in range(len(LRS))}
+                                          "d_s": [32], "seeds": [1, 2, 3]} for i in range(len(LRS))}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     return load_pipeline(path)
@@ -104,7 +104,7 @@ def test_the_claims_rows(constructed):
 def test_two_points_with_one_lr_are_refused(tmp_path):
     raw = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
     raw["experiments"] = {f"lr_{i}": {"scale": "smoke", "models": ["vanilla_looped", "stateloop"], "K": [2],
-                                      "d_state": [32], "seeds": [1, 2]} for i in (1, 2)}
+                                      "d_s": [32], "seeds": [1, 2]} for i in (1, 2)}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg = load_pipeline(path)

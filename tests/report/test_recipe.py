@@ -39,7 +39,7 @@ def _config(tmp_path: Path):
         scales[f"s{i}"] = {**base, "model": model, "train": {**base["train"], "lr": x, "min_lr": x / 10}}
         name = f"lr_{[1e-3, 3e-3, 9e-3].index(x) + 1}" if rec == "project" else f"authors_lr_{[3e-3, 9e-3].index(x) + 1}"
         experiments[name] = {"scale": f"s{i}", "models": ["vanilla_looped", "stateloop"], "K": [2],
-                             "d_state": [32], "seeds": [1, 2, 3, 4, 5] if rec == "project" else [1, 2, 3, 4]}
+                             "d_s": [32], "seeds": [1, 2, 3, 4, 5] if rec == "project" else [1, 2, 3, 4]}
     raw.update(scales=scales, experiments=experiments)
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -37,7 +37,7 @@ def make_run(root, name: str = "stateloop", **overrides):
         write_shards(data_dir)
     cfg = tiny_config(name, vocab_size=VOCAB, init_std=0.2, **overrides)
     model = build_model(cfg).eval()
-    run_dir = root / "runs" / "tiny" / name / f"K{cfg.K}_ds{cfg.d_state}_seed1234"
+    run_dir = root / "runs" / "tiny" / name / f"K{cfg.K}_ds{cfg.d_s}_seed1234"
     config = {"model": dataclasses.asdict(cfg), "data": {"dir": str(data_dir)}, "train": {"seq_len": SEQ}}
     save_final(run_dir, model, config)
     return run_dir, model

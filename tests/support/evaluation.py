@@ -66,7 +66,7 @@ def save_run(run_dir: Path, data_dir: Path, name: str = "vanilla_looped", model=
 
     cfg = tiny_config(name, **{"vocab_size": MODEL_VOCAB, "max_seq_len": 64, **overrides})
     model = model if model is not None else build_model(cfg).eval()
-    config = {"run": {"id": f"test/{name}/K{cfg.K}_ds{cfg.d_state}_seed1234", "scale": "test"},
+    config = {"run": {"id": f"test/{name}/K{cfg.K}_ds{cfg.d_s}_seed1234", "scale": "test"},
               "model": config_model if config_model is not None else to_dict(cfg), "data": {"dir": str(data_dir)}}
     save_final(run_dir, model, config)
     return model, config

@@ -20,7 +20,7 @@ def tiny_config(name: str = "vanilla_looped", **overrides) -> ModelConfig:
     """A model small enough for many forward/backward passes on CPU."""
     base = dict(
         name=name, vocab_size=97, n_layers=2, d_model=32, d_ff=64, n_heads=4, head_dim=8, K=3,
-        d_state=32 if MODELS[name].has_state else 0, max_seq_len=64, mixer_heads=4, mixer_head_dim=8,
+        d_s=32 if MODELS[name].has_state else 0, max_seq_len=64, mixer_heads=4, mixer_head_dim=8,
         mamba_d_state=8, mamba_head_dim=8, mamba_n_groups=2, mamba_chunk_size=8,
         options=dict(TINY_OPTIONS.get(name, {})), attn_impl="torch", ssd_impl="torch",
     )

@@ -61,7 +61,7 @@ TINY_TRAIN = dict(accelerator="cpu", devices=1, precision="32-true", seq_len=32,
 
 def write_config(path: Path, model: dict | None = None, train: dict | None = None) -> Path:
     cfg = {"scales": {"t": {"model": {**TINY_MODEL, **(model or {})}, "train": {**TINY_TRAIN, **(train or {})}}},
-           "experiments": {"e": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [2, 3], "d_state": [32],
+           "experiments": {"e": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [2, 3], "d_s": [32],
                                  "seeds": [1234, 7]}}}
     path.write_text(yaml.safe_dump(cfg))
     return path

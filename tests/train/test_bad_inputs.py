@@ -26,7 +26,7 @@ scales:
     data: {{source: {text_file}, tokenizer: bpe, vocab_size: 300, val_split: {text_file}, test_split: {text_file}}}
     model: {{vocab_size: 512, n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, head_dim: 16, max_seq_len: 64}}
 experiments:
-  table1: {{scale: s, models: [stateloop], K: [2], d_state: [32]}}
+  table1: {{scale: s, models: [stateloop], K: [2], d_s: [32]}}
 """)
     return path
 

@@ -157,7 +157,7 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
         "scales": {"t": {"model": {**TINY_MODEL, "n_layers": 2, "mamba_head_dim": 16, "mamba_n_groups": 2, "mamba_d_state": 8,
                                    "mamba_chunk_size": 8, **(model or {})},
                          "train": {**TINY_TRAIN, "max_steps": STEPS, "log_every": 1, "val_tokens": 0, "checkpoint_every": 0}}},
-        "experiments": {"golden": {"scale": "t", "models": models or list(MODELS), "K": [3], "d_state": [32], "seeds": [1234],
+        "experiments": {"golden": {"scale": "t", "models": models or list(MODELS), "K": [3], "d_s": [32], "seeds": [1234],
                                    "options": {
             "hyperloop": {"n_begin": 1, "n_middle": 1, "n_end": 1, "n_streams": 4},
             "mesh": {"n_prelude": 1, "n_core": 1, "n_coda": 1}, "parcae": {"n_prelude": 1, "n_core": 1, "n_coda": 1},

@@ -264,7 +264,7 @@ def test_plan_prints_memory_time_and_the_alternatives(tmp_path, capsys):
                             "train": {"devices": 2, "seq_len": 32, "micro_batch": 2, "global_batch": 8,
                                       "max_steps": 100, "gpu_memory_gib": 2},
                             "resources": {"train": {"runtime": 30}}}},
-           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [3], "d_state": [16]}}}
+           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [3], "d_s": [16]}}}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(raw))
     out_csv = tmp_path / "plan.csv"

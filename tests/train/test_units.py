@@ -105,7 +105,7 @@ def test_run_id_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"^RUN: unknown scale 'big'"):
         resolved(cfg, tmp_path, "big/stateloop/K2_ds32_seed1234")
     with pytest.raises(ConfigError,
-                       match=r"^RUN: vanilla_looped has no persistent state, so its run id is t/vanilla_looped/K3_ds0_seed1234"):
+                       match=r"^model.d_s: vanilla_looped has no persistent state, so d_s must be 0 \(ds0 in its run ids\), got 32$"):
         resolved(cfg, tmp_path, "t/vanilla_looped/K3_ds32_seed1234")
     with pytest.raises(ConfigError, match=r"^model.name: unknown model 'nope'"):
         resolved(cfg, tmp_path, "t/nope/K2_ds0_seed1234")

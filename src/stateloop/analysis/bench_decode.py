@@ -330,7 +330,7 @@ def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
     name, K, d_s = parse_model_spec(spec)
     model_spec = get_spec(name)
     K = scale_model.K if K is None else K
-    d_s = (scale_model.d_model if d_s is None else d_s) if model_spec.has_state else 0
+    d_s = model_spec.width(scale_model.d_model if d_s is None else d_s)
     cfg = run_model_config(ScaleConfig(model=scale_model), name, K, d_s)
     model = build_model(cfg, device=device).to(dtype=dtype).eval()
     label = f"{name}:K{K}" + (f":ds{d_s}" if model_spec.has_state else "")
@@ -343,8 +343,8 @@ def run_row(run_dir, device, dtype) -> BenchModel:
     model, _ = load_model(run_dir, device=device)
     model = model.to(dtype=dtype).eval()
     cfg = model.cfg
-    label = f"{cfg.name}:K{cfg.K}" + (f":ds{cfg.d_state}" if cfg.d_state else "")
-    return BenchModel(label, model, cfg.name, cfg.K, cfg.d_state, str(run_dir))
+    label = f"{cfg.name}:K{cfg.K}" + (f":ds{cfg.d_s}" if cfg.d_s else "")
+    return BenchModel(label, model, cfg.name, cfg.K, cfg.d_s, str(run_dir))
 
 
 def format_table(result: dict) -> str:

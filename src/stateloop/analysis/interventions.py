@@ -81,7 +81,7 @@ def state_statistics(model, windows: torch.Tensor, batch_size: int = 8, device="
     windows' inputs; sums accumulated in float64."""
     from tqdm import tqdm
 
-    K, d_s = model.cfg.K, model.cfg.d_state
+    K, d_s = model.cfg.K, model.cfg.d_s
     s1 = torch.zeros(K, d_s, dtype=torch.float64)
     s2 = torch.zeros(K, d_s, dtype=torch.float64)
     n = 0

@@ -9,7 +9,7 @@ from stateloop.config import ConfigError
 
 # Upper bounds of model sizes: a value above one is a typo that would otherwise run out of memory.
 MODEL_CAPS = {"vocab_size": 1 << 20, "n_layers": 1024, "d_model": 1 << 16, "d_ff": 1 << 18, "n_heads": 1024,
-              "head_dim": 1024, "K": 64, "d_state": 1 << 16, "max_seq_len": 1 << 20}
+              "head_dim": 1024, "K": 64, "d_s": 1 << 16, "max_seq_len": 1 << 20}
 
 
 # Frozen: a changed copy is dataclasses.replace(cfg, K=...) (LoopedLM.at_depth).
@@ -26,7 +26,9 @@ class ModelConfig:
     n_heads: int = 32  # attention heads of the backbone
     head_dim: int = 64  # width of each attention head
     K: int = 4  # loop iterations (MeSH / Parcae: core repetitions)
-    d_state: int = 0  # d_s, the persistent state width (0: the model has no state)
+    # d_s, the persistent state width (0: the model has no state); its valid values depend on the
+    # model, so it is checked by the registry alone (ModelSpec.check_width)
+    d_s: int = 0
     max_seq_len: int = 2048  # longest sequence (RoPE tables, position checks)
     rope_theta: float = 10000.0  # [assume] the paper does not give RoPE's base; LLaMA's 10,000, as the authors' configs
     norm_eps: float = 1e-5  # [assume] the paper does not give RMSNorm's epsilon; LLaMA's 1e-5, as the authors' first release
@@ -69,8 +71,6 @@ class ModelConfig:
         for key, cap in MODEL_CAPS.items():  # far above any model of the field: a typo, not a shape
             if getattr(self, key) > cap:
                 raise ConfigError(f"model.{key}: {getattr(self, key)} is above the sane bound {cap}")
-        if self.d_state < 0:
-            raise ConfigError(f"model.d_state: must be >= 0, got {self.d_state}")
         if self.init_scheme not in ("depth_scaled", "plain"):
             raise ConfigError(f"model.init_scheme: must be one of depth_scaled, plain; got {self.init_scheme!r}")
         if self.read_init not in ("residual", "input"):

@@ -136,7 +136,7 @@ def decode_flops_per_token(cfg, context: float) -> float | None:
     if cfg.name == "vanilla_looped_ffn":
         f = cfg.options.get("d_ff") or matched_ffn_width(cfg)
     total = cfg.K * cfg.n_layers * (2 * (4 * d * inner + 3 * d * f) + 4 * keys * inner) + 2 * d * cfg.vocab_size
-    mixer, d_s = DECODE_MIXERS[cfg.name], cfg.d_state
+    mixer, d_s = DECODE_MIXERS[cfg.name], cfg.d_s
     if mixer is None:
         return total
     step = 2 * d * 2 * d_s + 2 * d_s * d  # W_u and W_Delta; one read (K - 1 feedback, 1 terminal)

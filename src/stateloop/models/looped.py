@@ -262,7 +262,7 @@ class StateLoopLM(LoopedLM):
 
     def __init__(self, cfg, update: str = "ssm", mixer: str = "identity", reset: bool = False, reads: bool = True):
         super().__init__(cfg)
-        d, d_s = cfg.d_model, cfg.d_state
+        d, d_s = cfg.d_model, cfg.d_s
         self.reset, self.has_reads = reset, reads
         self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
         self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)

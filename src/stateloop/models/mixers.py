@@ -93,9 +93,11 @@ class Mamba2(nn.Module):
     depthwise conv + SiLU and splits into x (H heads of P), B and C (G groups of N); then
     y = SSD(x, softplus(dt + dt_bias), -exp(A_log), B, C) + D x;  out = out_proj(norm(y, z)).
     Parameters: d(2 d_in + 2GN + H) + (d_in + 2GN)(d_conv + 1) + 3H + d_in + d_in d.
+    ``ssm_state`` is N, the SSM state size per head (the config's ``model.mamba_d_state``), not
+    the loop's persistent state width d_s.
     """
 
-    def __init__(self, d_model: int, expand: int, d_state: int, d_conv: int, head_dim: int, n_groups: int,
+    def __init__(self, d_model: int, expand: int, ssm_state: int, d_conv: int, head_dim: int, n_groups: int,
                  chunk_size: int, eps: float = 1e-5, impl: str = "auto"):
         super().__init__()
         self.d_inner = expand * d_model
@@ -104,10 +106,10 @@ class Mamba2(nn.Module):
         self.n_heads = self.d_inner // head_dim
         if self.n_heads % n_groups or self.d_inner % n_groups:
             raise ValueError(f"Mamba-2: {self.n_heads} heads cannot be split into {n_groups} groups")
-        self.head_dim, self.d_state, self.n_groups, self.d_conv = head_dim, d_state, n_groups, d_conv
+        self.head_dim, self.ssm_state, self.n_groups, self.d_conv = head_dim, ssm_state, n_groups, d_conv
         self.chunk_size, self.impl = chunk_size, impl
-        self.conv_dim = self.d_inner + 2 * n_groups * d_state
-        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * n_groups * d_state + self.n_heads, bias=False)
+        self.conv_dim = self.d_inner + 2 * n_groups * ssm_state
+        self.in_proj = nn.Linear(d_model, 2 * self.d_inner + 2 * n_groups * ssm_state + self.n_heads, bias=False)
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1, bias=True)
         self.dt_bias = nn.Parameter(torch.empty(self.n_heads))
         self.A_log = nn.Parameter(torch.empty(self.n_heads))
@@ -147,7 +149,7 @@ class Mamba2(nn.Module):
         if cache is not None and u.shape[1] == 1:
             return self._decode_step(u, cache)
         Bsz, T, _ = u.shape
-        G, N, H, P = self.n_groups, self.d_state, self.n_heads, self.head_dim
+        G, N, H, P = self.n_groups, self.ssm_state, self.n_heads, self.head_dim
         z, xBC, dt = self.in_proj(u).split([self.d_inner, self.conv_dim, H], dim=-1)
         xBC = self._conv(xBC, cache)
         x, Bm, Cm = xBC.split([self.d_inner, G * N, G * N], dim=-1)
@@ -172,7 +174,7 @@ class Mamba2(nn.Module):
         kernel launches). On CUDA the convolution, recurrence and norm are mamba_ssm's and
         causal-conv1d's fused decoding kernels (:mod:`stateloop.models.kernels`)."""
         Bsz = u.shape[0]
-        G, N, H, P = self.n_groups, self.d_state, self.n_heads, self.head_dim
+        G, N, H, P = self.n_groups, self.ssm_state, self.n_heads, self.head_dim
         z, xBC, dt = F.linear(u.view(Bsz, -1), self.in_proj.weight).split([self.d_inner, self.conv_dim, H], dim=-1)
         if cache.conv is None:
             cache.conv = xBC.new_zeros(Bsz, self.d_conv - 1, self.conv_dim)
@@ -193,7 +195,7 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, cfg):
         super().__init__()
-        d_s = cfg.d_state
+        d_s = cfg.d_s
         self.norm = RMSNorm(d_s, cfg.norm_eps) if cfg.mamba_prenorm else nn.Identity()
         self.mamba = Mamba2(d_s, cfg.mamba_expand, cfg.mamba_d_state, cfg.mamba_d_conv, cfg.mamba_head_dim,
                             cfg.mamba_n_groups, cfg.mamba_chunk_size, cfg.norm_eps, cfg.ssd_impl)
@@ -212,7 +214,7 @@ def build_mixer(kind: str, cfg) -> nn.Module:
     if kind == "identity":
         return IdentityMixer()
     if kind == "attn":
-        return AttentionMixer(cfg.d_state, cfg.mixer_heads, cfg.mixer_head_dim, cfg.norm_eps, cfg.attn_impl)
+        return AttentionMixer(cfg.d_s, cfg.mixer_heads, cfg.mixer_head_dim, cfg.norm_eps, cfg.attn_impl)
     if kind == "mamba2":
         return Mamba2Mixer(cfg)
     raise ValueError(f"unknown mixer {kind!r} (identity, attn, mamba2)")

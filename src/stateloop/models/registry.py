@@ -42,6 +42,7 @@ class ModelSpec:
     description: str = ""
     validate: Callable | None = None  # extra shape checks: (ModelConfig, options) -> None
     depth: Callable | None = None  # (trained ModelConfig, K) -> None, refusing a K; None: every K
+    state_at_d_model: bool = False  # the state is the backbone's input, so d_s must be d (state only)
 
     def parse_options(self, cfg: ModelConfig):
         if self.options is None:
@@ -50,11 +51,27 @@ class ModelSpec:
             return None
         return from_dict(self.options, cfg.options, "model.options")
 
+    def width(self, d_s: int) -> int:
+        """The state width a run of this model takes from an experiment's width ``d_s``: that width
+        for a model with a state, 0 for one without (an experiment lists widths for the former)."""
+        return d_s if self.has_state else 0
+
+    def check_width(self, cfg: ModelConfig) -> None:
+        """The state width ``model.d_s`` of a config of this model, checked here only (the config,
+        the pipeline, the run id and the model classes take it as given): positive for a model with
+        a state, 0 for one without, and d for state only. A bad width is one line naming the key."""
+        if self.has_state and cfg.d_s <= 0:
+            raise ConfigError(f"model.d_s: {self.name} needs a positive state width d_s, got {cfg.d_s}")
+        if not self.has_state and cfg.d_s != 0:
+            raise ConfigError(f"model.d_s: {self.name} has no persistent state, so d_s must be 0 "
+                              f"(ds0 in its run ids), got {cfg.d_s}")
+        if self.state_at_d_model and cfg.d_s != cfg.d_model:
+            raise ConfigError(f"model.d_s: {self.name} keeps the state at the model width d={cfg.d_model}, got {cfg.d_s}")
+
     def check(self, cfg: ModelConfig) -> None:
-        """The config's checks before a build. The state width d_s is checked here only (positive;
-        state only's d_s = d in its ``validate``): the model classes and cells take it as given."""
-        if self.has_state and cfg.d_state <= 0:
-            raise ConfigError(f"model.d_state: {self.name} needs a positive state width d_s")
+        """The config's checks before a build: the state width (:meth:`check_width`), the options
+        and the variant's own shape checks."""
+        self.check_width(cfg)
         opts = self.parse_options(cfg)
         if self.validate is not None:
             self.validate(cfg, opts)
@@ -75,11 +92,6 @@ class ModelSpec:
 @dataclass
 class FFNOptions:
     d_ff: int | None = None  # SwiGLU width; None: matched to stateloop_mamba2 at d_s = d (5818 at 1.4B)
-
-
-def _state_only_check(cfg, _opts):
-    if cfg.d_state != cfg.d_model:
-        raise ConfigError(f"model.d_state: state_only keeps the state at the model width d={cfg.d_model}, got {cfg.d_state}")
 
 
 def resolve_split(cfg, opts, names: tuple[str, ...], parts: tuple[int, ...], model: str) -> tuple[int, ...]:
@@ -301,7 +313,7 @@ _SPECS = [
               description="StateLoop with a Mamba-2 block over the state (eq. 9)"),
     ModelSpec("state_only", _state_only, "State only", True,
               description="the gated state alone is the next backbone input; no state reads (eq. 13)",
-              validate=_state_only_check),
+              state_at_d_model=True),
     ModelSpec("reset_state", _stateloop(reset=True), "Reset state", True,
               description="the state is reset before every update (eq. 14)"),
     ModelSpec("stateloop_gru", _stateloop(update="gru"), "GRU update", True,
@@ -360,7 +372,7 @@ def count_params(cfg: ModelConfig) -> int:
 def matched_ffn_width(cfg: ModelConfig) -> int:
     """The SwiGLU width that gives Vanilla Looped + FFN the parameters of StateLoop + Mamba-2
     (at d_s = d): the paper's control, 5818 at 1.4B."""
-    mamba = dataclasses.replace(cfg, name="stateloop_mamba2", d_state=cfg.d_model, options={})
-    vanilla = dataclasses.replace(cfg, name="vanilla_looped", d_state=0, options={})
+    mamba = dataclasses.replace(cfg, name="stateloop_mamba2", d_s=cfg.d_model, options={})
+    vanilla = dataclasses.replace(cfg, name="vanilla_looped", d_s=0, options={})
     extra = count_params(mamba) - count_params(vanilla)
     return cfg.d_ff + round(extra / (3 * cfg.d_model * cfg.n_layers))

@@ -179,4 +179,4 @@ def build_cell(kind: str, cfg) -> nn.Module:
     d_s is checked by the registry, models/registry.py)."""
     if kind not in CELLS:
         raise ValueError(f"{cfg.name}: unknown state update {kind!r} (known: {', '.join(CELLS)})")
-    return CELLS[kind](cfg.d_model, cfg.d_state, cfg.norm_eps)
+    return CELLS[kind](cfg.d_model, cfg.d_s, cfg.norm_eps)

@@ -151,8 +151,8 @@ def shrink_resources(resources: dict) -> dict:
 
 def shrink_experiment(exp: dict, factor: float) -> dict:
     e = copy.deepcopy(exp)
-    if "d_state" in e:
-        e["d_state"] = [_width(x, factor) if x else 0 for x in e["d_state"]]
+    if "d_s" in e:
+        e["d_s"] = [_width(x, factor) if x else 0 for x in e["d_s"]]
     for model, opts in (e.get("options") or {}).items():
         for key in LAYER_OPTIONS:
             if opts.get(key) is not None:

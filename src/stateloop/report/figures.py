@@ -107,7 +107,7 @@ def state_width(cfg, results: Path):
     K, scale = groups[0][0].K, groups[0][0].scale
     fig, ax = style.subplots(width=style.COLUMN, height=3.0)
     # The overhead is over a vanilla model of the same shape; its PPL is drawn when the config trains one.
-    base_params = count_params(dataclasses.replace(groups[0][0].model_config, name="vanilla_looped", d_state=0, options={}))
+    base_params = count_params(dataclasses.replace(groups[0][0].model_config, name="vanilla_looped", d_s=0, options={}))
     vanilla = next((rs for rs in cells(expand_runs(cfg)).values()
                     if rs[0].model == "vanilla_looped" and rs[0].K == K and rs[0].scale == scale), None)
     if vanilla is not None:

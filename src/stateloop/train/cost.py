@@ -57,6 +57,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stateloop.models.registry import get_spec
 from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
 from stateloop.train.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
@@ -382,7 +383,7 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
     kernels = bool(record.get("kernels", {}).get("mamba_ssm"))
     out = {}
     for name in step["models"]:
-        cfg = run_model_config(scale, name, step["K"], step["d_state"])
+        cfg = run_model_config(scale, name, step["K"], get_spec(name).width(step["d_s"]))
         out[name] = plan_memory(cfg, step["seq_len"], setting, logits_kept=True, mamba_kernels=kernels)
     return out
 

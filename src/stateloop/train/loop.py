@@ -58,7 +58,7 @@ from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
 from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
-from stateloop.pipeline import RunConfig
+from stateloop.pipeline import RunConfig, upgrade_saved
 from stateloop.runs import (
     FINAL_WEIGHTS,
     LEGACY_WEIGHTS,
@@ -363,7 +363,7 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
         extra = store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
         # The validation points up to the checkpoint's step (checkpoints before the curve was kept have none).
         state["val_curve"] = [p for p in extra.get("val_curve", []) if p["step"] <= state["step"]]
-        inexact = _check_resume(resume, state["config"], config, state["data"], data_identity, state["step"])
+        inexact = _check_resume(resume, upgrade_saved(state["config"]), config, state["data"], data_identity, state["step"])
         state["data"] = data_identity
         restore_rng(state["rng"])
         state["config"] = config
@@ -419,7 +419,7 @@ def _tracker(rc: RunConfig, run_dir: Path, state: dict, inexact: list[str]):
     resume the redone steps are logged again, with their new values)."""
 
     run, tcfg = rc.run, rc.train
-    tags = {"scale": run.scale, "model": run.model, "K": str(run.K), "d_s": str(run.d_s),
+    tags = {"scale": run.scale, "model": run.model, "K": str(run.K), "d_s": str(rc.d_s),
             "code_version": code_version(), "config_file": run.config}
     tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run.id,
                       run_id=state["mlflow_run_id"], tags=tags, previous=run_dir / MLFLOW_FILE, exact=not inexact,
@@ -615,7 +615,7 @@ def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
         warn(f"{data_dir}: no tokenizer file beside the shards, so no MLflow model is logged "
              "(the export needs one; train.mlflow_log_model)")
         return None
-    fields = {"scale": r.scale, "model": r.model, "K": r.K, "d_s": r.d_s}
+    fields = {"scale": r.scale, "model": r.model, "K": r.K, "d_s": run.rc.d_s}
     register = registered_model_name(tcfg.mlflow_register_model, **fields) if tcfg.mlflow_register_model else ""
     params = {**{k: str(v) for k, v in fields.items()}, "params": str(sum(p.numel() for p in run.raw_model.parameters()))}
     return log_model(tracker.client, tracker.run_id, run.run_dir, r.id, params, {"code_version": code_version()},
@@ -669,7 +669,7 @@ def _folder_conflict(run_dir: Path, config: dict) -> str | None:
     """Why the run folder's progress cannot continue under ``config`` (a changed model key, or an
     optimiser key where the run has progress), else None. Another run id is refused elsewhere."""
     path = run_dir / RUN_CONFIG
-    old = load_yaml(path)
+    old = upgrade_saved(load_yaml(path))
     if old.get("model") != config["model"]:
         key = next(k for k in sorted(set(old.get("model") or {}) | set(config["model"]))
                    if (old.get("model") or {}).get(k) != config["model"].get(k))
@@ -694,7 +694,7 @@ def check_run_folder(run_dir: Path, config: dict, restart: bool = False) -> str 
     path = run_dir / RUN_CONFIG
     if not path.is_file():
         return None
-    old = load_yaml(path)
+    old = upgrade_saved(load_yaml(path))
     old_id, new_id = (old.get("run") or {}).get("id"), config["run"]["id"]
     if old_id != new_id:
         raise ConfigError(f"{run_dir}: holds run {old_id}, not {new_id}; train into another --out folder")
