@@ -2,10 +2,10 @@
 run the command line trains, bit for bit."""
 
 import pytest
-from train_support import assert_bitwise_equal, weights
 
 from stateloop.commands import run_command
 from stateloop.train.stage import Request, train_stage
+from support.training import assert_bitwise_equal, weights
 
 RUN = "t/stateloop/K2_ds32_seed1234"
 
