@@ -225,7 +225,7 @@ def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
     back in today's form (pipeline.upgrade_saved): the width once, as ``model.d_s``, and the folder
     still counts as the same run for a resumed training."""
     import yaml
-    from helpers import tiny_config
+    from support.models import tiny_config
 
     from stateloop.config import to_dict
     from stateloop.models.registry import build_model
