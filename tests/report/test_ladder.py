@@ -141,8 +141,10 @@ def test_the_papers_points_are_table1_and_table4_at_their_runs_training_compute(
 # An lr bracket per rung (configs/overlays/ladder_lr.yaml): each model's PPL factor at each peak lr,
 # chosen so that the two models' best lrs differ on two rungs and lie at the grid's edge on two.
 FACTOR = {
-    "ladder_1": {"vanilla_looped": {3e-3: 1.30, 9e-3: 1.00, 2.7e-2: 1.10}, "stateloop": {3e-3: 1.40, 9e-3: 1.06, 2.7e-2: 1.02}},
-    "ladder_2": {"vanilla_looped": {1e-3: 1.20, 3e-3: 1.00, 9e-3: 1.04}, "stateloop": {1e-3: 1.25, 3e-3: 1.03, 9e-3: 1.05}},
+    "ladder_1": {"vanilla_looped": {3e-3: 1.30, 9e-3: 1.00, 2.7e-2: 1.10, 8.1e-2: 1.20},
+                 "stateloop": {3e-3: 1.40, 9e-3: 1.06, 2.7e-2: 1.02, 8.1e-2: 1.01}},
+    "ladder_2": {"vanilla_looped": {1e-3: 1.20, 3e-3: 1.00, 9e-3: 1.04, 2.7e-2: 1.30},
+                 "stateloop": {1e-3: 1.25, 3e-3: 1.03, 9e-3: 1.05, 2.7e-2: 1.20}},
     "ladder_3": {"vanilla_looped": {1e-3: 1.00, 3e-3: 1.02, 9e-3: 1.30}, "stateloop": {1e-3: 1.09, 3e-3: 1.04, 9e-3: 1.20}},
 }
 
@@ -175,7 +177,7 @@ def test_the_lr_overlay_adds_a_bracket_per_rung_that_changes_only_the_lr():
 
     base = load_pipeline(ROOT / "configs" / "ladder.yaml")
     cfg = load_pipeline(ROOT / "configs" / "ladder.yaml", load_yaml(ROOT / "configs" / "overlays" / "ladder_lr.yaml"))
-    assert ladder.rungs(cfg) == ladder.rungs(base) and len(expand_runs(cfg)) == len(expand_runs(base)) + 6 * 2 * 6
+    assert ladder.rungs(cfg) == ladder.rungs(base) and len(expand_runs(cfg)) == len(expand_runs(base)) + 8 * 2 * 6
     for name in ladder.rungs(cfg):
         own = cfg.scales[cfg.experiments[name].scale]
         lrs = set()
@@ -187,25 +189,25 @@ def test_the_lr_overlay_adds_a_bracket_per_rung_that_changes_only_the_lr():
             t, t0 = vars(other.train), vars(own.train)
             assert {k for k in t if t[k] != t0[k]} == {"lr", "min_lr"} and t["min_lr"] == pytest.approx(t["lr"] / 10)
             lrs.add(t["lr"])
-        assert len(lrs) == 2 and own.train.lr not in lrs  # three distinct lrs per rung
+        assert len(lrs) >= 2 and own.train.lr not in lrs  # at least three distinct lrs per rung
 
 
 def test_a_rungs_gap_takes_each_model_at_its_own_best_lr(bracketed):
     cfg, results = bracketed
     tr = ladder.trend(cfg, results, 4)
-    want = {"ladder_1": 100 * (1.02 / 1.00 - 1), "ladder_2": 100 * (1.03 / 1.00 - 1), "ladder_3": 100 * (1.04 / 1.00 - 1)}
+    want = {"ladder_1": 100 * (1.01 / 1.00 - 1), "ladder_2": 100 * (1.03 / 1.00 - 1), "ladder_3": 100 * (1.04 / 1.00 - 1)}
     for rung in tr.rungs:
         # every seed: StateLoop at its best lr over Vanilla at its own (the seed's base cancels)
         assert list(rung.gaps) == [1, 2, 3, 4, 5, 6]
         assert all(g == pytest.approx(want[rung.name]) for g in rung.gaps.values()), rung.name
     r1, r2, r3 = tr.rungs
-    assert (r1.best_lr["stateloop"], r1.best_lr["vanilla_looped"]) == (2.7e-2, 9e-3)
+    assert (r1.best_lr["stateloop"], r1.best_lr["vanilla_looped"]) == (8.1e-2, 9e-3)
     assert (r3.best_lr["stateloop"], r3.best_lr["vanilla_looped"]) == (3e-3, 1e-3)
     # the misreading: both models at the rung's own lr (3e-3) would read rung 3 as +2%, not +4%
     assert r3.gaps[1] != pytest.approx(100 * (1.04 / 1.02 - 1))
     assert "stateloop at the grid's edge" in r1.best_text() and "not bracketed" not in r2.best_text()
     assert "vanilla_looped at the grid's edge" in r3.best_text()
-    assert r2.best_text() == "best lr of 0.001, 0.003, 0.009: StateLoop 0.003, Vanilla Looped 0.003"
+    assert r2.best_text() == "best lr of 0.001, 0.003, 0.009, 0.027: StateLoop 0.003, Vanilla Looped 0.003"
     # K = 7 has one lr per rung: the rung's own gap, no bracket
     flat = ladder.trend(cfg, results, 7)
     assert all(r.lrs == (3e-3,) and r.best_text() == "" for r in flat.rungs)
