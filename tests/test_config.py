@@ -225,7 +225,6 @@ def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
     back in today's form (pipeline.upgrade_saved): the width once, as ``model.d_s``, and the folder
     still counts as the same run for a resumed training."""
     import yaml
-    from support.models import tiny_config
 
     from stateloop.config import to_dict
     from stateloop.models.registry import build_model
@@ -233,6 +232,7 @@ def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
     from stateloop.runs import load_model, save_final, saved_run_config
     from stateloop.train.config import TrainConfig
     from stateloop.train.loop import check_run_folder
+    from support.models import tiny_config
 
     cfg = tiny_config("stateloop", d_s=24)
     old_model = {("d_state" if key == "d_s" else key): value for key, value in to_dict(cfg).items()}
