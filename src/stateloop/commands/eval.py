@@ -42,6 +42,5 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.evaluate.stage import Request, eval_stage
-    from stateloop.pipeline import load_checked
 
-    return eval_stage(Request.of(args), *(load_checked(args.config) if args.config else (None, {})))
+    return eval_stage(Request.of(args))  # the stage loads --config

@@ -29,6 +29,5 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from stateloop.data.stage import Request, tokenize_stage
-    from stateloop.pipeline import load_scale
 
-    return tokenize_stage(Request.of(args), load_scale(args.config, args.scale) if args.config and args.scale else None)
+    return tokenize_stage(Request.of(args))  # the stage loads --config's --scale

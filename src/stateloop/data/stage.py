@@ -171,8 +171,8 @@ def data_homes(scales: dict[str, ScaleConfig], names: list[str]) -> dict[str, st
 
 def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
     """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
-    by the command; a caller from Python may leave it to the stage, which then loads it first)
-    say; warn where the train split is shorter than one training window."""
+    here unless a caller that holds it already passes it) say; warn where the train split is
+    shorter than one training window."""
     from stateloop.data.tokenize import tokenize
     from stateloop.prefetch import data_needs, require
 

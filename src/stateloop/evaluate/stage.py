@@ -36,8 +36,8 @@ class Request(StageRequest):
 
 def eval_stage(args: Request, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
     """Evaluate the run ``args`` asks for; ``pipeline`` and its ``runs`` by id: the config
-    ``args.config`` names (None, {} without one), loaded by the command; a caller from Python may
-    leave it to the stage, which then loads it first."""
+    ``args.config`` names (None, {} without one), loaded here unless a caller that holds it
+    already passes it."""
     if args.config and pipeline is None:
         pipeline, runs = load_checked(args.config)
     target = resolve_run_arg(args.run)
