@@ -19,6 +19,7 @@ from stateloop.config import ConfigError, to_dict
 from stateloop.models.registry import build_model
 from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS, load_model, save_final
 from support.models import tiny_config
+from support.threads import _one_thread  # noqa: F401  (autouse fixture)
 
 
 class Payload:
@@ -29,14 +30,6 @@ class Payload:
 
     def __reduce__(self):
         return os.system, (f"touch {shlex.quote(self.marker)}",)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def legacy_run(tmp_path: Path, extra: dict | None = None) -> tuple[Path, dict]:

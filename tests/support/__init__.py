@@ -8,6 +8,7 @@
 - training: token shards, a tiny pipeline config, subprocess runs and the fixtures of tests/train
 - evaluation: a tokenizer, shards and run folders of tiny models; the fixtures of tests/evaluate
 - analysis: a tiny trained-looking run folder for tests/analysis
+- threads: torch at one intra-op thread (``one_thread``) and the autouse fixtures that set it
 
 tests/ is on the import path through pytest's ``pythonpath`` (pyproject.toml), so a test writes
 ``from support.models import tiny_config``. A directory's conftest.py re-exports the fixtures

@@ -105,12 +105,3 @@ def _offline(monkeypatch, tmp_path, mlflow_dir):
     monkeypatch.chdir(mlflow_dir)  # MLflow's artifact folder (./mlruns) lands there
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models run fastest on one thread (and the machine is shared)."""
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

@@ -67,33 +67,6 @@ def write_config(path: Path, model: dict | None = None, train: dict | None = Non
     return path
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, two threads per process oversubscribe
-    the cores and slow tiny matmuls by an order of magnitude. Subprocesses get OMP_NUM_THREADS=1."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread_for_module_fixtures():
-    """The same one thread for a module's own fixtures (test_faults.py trains its reference run
-    once per module), which pytest sets up before any function's ``_one_thread``: the bitwise
-    comparisons with that reference then compare runs made at one thread each, in this process
-    and in subprocesses alike, whatever OMP_NUM_THREADS the suite was started with (scripts/test.sh
-    gives each of its two pytest processes half the machine's cores)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
 def mlflow_uri(tmp_path_factory) -> str:
     """One sqlite store for the session (creating its tables takes seconds)."""
