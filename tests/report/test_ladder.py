@@ -203,8 +203,12 @@ def test_a_rungs_gap_takes_each_model_at_its_own_best_lr(bracketed):
     r1, r2, r3 = tr.rungs
     assert (r1.best_lr["stateloop"], r1.best_lr["vanilla_looped"]) == (8.1e-2, 9e-3)
     assert (r3.best_lr["stateloop"], r3.best_lr["vanilla_looped"]) == (3e-3, 1e-3)
-    # the misreading: both models at the rung's own lr (3e-3) would read rung 3 as +2%, not +4%
-    assert r3.gaps[1] != pytest.approx(100 * (1.04 / 1.02 - 1))
+    # the misreading: both models at the rung's own lr (3e-3), the ladder's one point, reads rung 3
+    # as +2%, not the +4% of each model at its own best
+    from stateloop.report import lr
+
+    (own,) = lr.bracket(cfg, results, 4, ("ladder_3",))
+    assert own.gap.mean == pytest.approx(100 * (1.04 / 1.02 - 1)) and own.gap.mean != pytest.approx(r3.gaps[1])
     assert "stateloop at the grid's edge" in r1.best_text() and "not bracketed" not in r2.best_text()
     assert "vanilla_looped at the grid's edge" in r3.best_text()
     assert r2.best_text() == "best lr of 0.001, 0.003, 0.009, 0.027: StateLoop 0.003, Vanilla Looped 0.003"
