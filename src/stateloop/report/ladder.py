@@ -124,11 +124,10 @@ def rung_points(cfg, results: Path, K: int) -> list[Rung]:
         points = lr.bracket(cfg, results, K, bracket_names(cfg, name))
         if not points:
             continue
-        # the seeds every point has for both models: the best lr is picked on the same seeds at every lr
-        seeds = sorted(set.intersection(*(set(p.ppl[m]) for p in points for m in (MODEL, REFERENCE))))
+        seeds = sorted(lr.common_seeds(points))
         if not seeds:
             continue
-        on = [lr.Point(p.experiment, p.lr, {m: {s: p.ppl[m][s] for s in seeds} for m in p.ppl}) for p in points]
+        on = lr.on_seeds(points, set(seeds))
         ours, ref = lr.best(on, MODEL), lr.best(on, REFERENCE)
         gaps = {s: relative_pct(ours.ppl[MODEL][s], ref.ppl[REFERENCE][s]) for s in seeds}
         run = next(r for r in expand_runs(cfg, [points[0].experiment]) if r.model == MODEL and r.K == K)

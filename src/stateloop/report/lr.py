@@ -82,6 +82,17 @@ def bracket(cfg, results: Path, K: int, names: tuple[str, ...] = POINTS) -> list
     return sorted(out, key=lambda p: p.lr)
 
 
+def common_seeds(points: list[Point]) -> set[int]:
+    """The seeds every point has for both models."""
+    return set.intersection(*(set(p.ppl[m]) for p in points for m in (MODEL, REFERENCE))) if points else set()
+
+
+def on_seeds(points: list[Point], seeds: set[int]) -> list[Point]:
+    """The points cut to ``seeds``, so that a best lr is picked on the same seeds at every lr."""
+    return [Point(p.experiment, p.lr, {m: {s: v for s, v in by_seed.items() if s in seeds}
+                                       for m, by_seed in p.ppl.items()}) for p in points]
+
+
 def best(points: list[Point], model: str) -> Point:
     """The point where ``model``'s mean held-out PPL over its seeds is lowest."""
     return min(points, key=lambda p: math.fsum(p.ppl[model].values()) / len(p.ppl[model]))

@@ -36,20 +36,14 @@ def loop_counts(cfg) -> list[int]:
     return lr.loop_counts(cfg, POINTS)
 
 
-def _on_seeds(points: list[lr.Point], seeds: set[int]) -> list[lr.Point]:
-    return [lr.Point(p.experiment, p.lr, {m: {s: v for s, v in by_seed.items() if s in seeds}
-                                         for m, by_seed in p.ppl.items()}) for p in points]
-
-
 def recipes(cfg, results: Path, K: int) -> tuple[list[lr.Point], list[lr.Point]]:
     """(the authors' points, the project's points) at loop count K: the project's bracket cut to
     the authors' lrs, both on the seeds every point of both has for both models."""
     authors = lr.bracket(cfg, results, K, POINTS)
     lrs = {p.lr for p in authors}
     project = [p for p in lr.bracket(cfg, results, K) if p.lr in lrs]
-    every = authors + project
-    seeds = set.intersection(*(set(p.ppl[m]) for p in every for m in (lr.MODEL, lr.REFERENCE))) if every else set()
-    return _on_seeds(authors, seeds), _on_seeds(project, seeds)
+    seeds = lr.common_seeds(authors + project)
+    return lr.on_seeds(authors, seeds), lr.on_seeds(project, seeds)
 
 
 def recipe_change(authors: list[lr.Point], project: list[lr.Point], model: str) -> Estimate:
