@@ -229,6 +229,21 @@ def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
     assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
 
 
+def test_the_ladders_lr_overlay_adds_each_rungs_bracket_to_the_same_dag(tmp_path):
+    """`snakemake --configfile configs/ladder.yaml configs/overlays/ladder_lr.yaml`: Snakemake merges
+    the overlay's experiments into the ladder, so the DAG plans the ladder's 72 trainings and the 8
+    bracket points' 96 (2 models x K = 4 x 6 seeds each), one tokenization and the same outputs."""
+    work = copy_workflow(tmp_path)
+    planned = jobs(snakemake(work, "-n", "--configfile", "configs/ladder.yaml", "configs/overlays/ladder_lr.yaml").stdout)
+    trains = [j["output"] for j in planned if j["rule"] == "train"]
+    assert len(trains) == len(set(trains)) == 72 + 96
+    points = [o for o in trains if re.search(r"runs/ladder_[sml]_lr_\w+/", o)]
+    assert len(points) == 96 and all("/K4_ds" in o for o in points)
+    assert sum(j["rule"] == "tokenize" for j in planned) == 1
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
+
+
 def test_the_gpu_ladder_plans_its_rungs_on_one_gpu_each(tmp_path):
     """The request: "The same ladder for one GPU (on configs/gpu.yaml's data and tokenizer, rungs up
     to its ~110M model), with `stateloop plan` figures for its cost". configs/ladder_gpu.yaml: 3
