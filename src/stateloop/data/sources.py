@@ -142,11 +142,7 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
         folder = os.path.expanduser(sources[0])
         if len(sources) > 1 or not os.path.isdir(folder):
             raise DataError(f"data.data_files: needs a hub name or one local folder as data.source, got {cfg.source!r}")
-        streams = [Stream("folder", None, hub_split=cfg.split, n_docs=cfg.max_docs)]
-        for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):
-            if extra:
-                streams.append(Stream("folder", split, hub_split=extra))
-        return streams
+        return _named_splits("folder", cfg)
     if all(is_local_source(item) for item in sources):
         files, fmt = local_files(cfg.source)
         streams = [Stream("local", None, files=files, fmt=fmt, n_docs=cfg.max_docs)]
@@ -157,10 +153,16 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
         return streams
     if len(sources) > 1:
         raise DataError(f"data.source: a list must name local files; {sources!r} has a hub name")
-    streams = [Stream("hub", None, hub_split=cfg.split, n_docs=cfg.max_docs)]
+    return _named_splits("hub", cfg)
+
+
+def _named_splits(kind: str, cfg: DataConfig) -> list[Stream]:
+    """The passes over a repository's named splits (a hub dataset or a local dataset folder): the
+    train split, then val_split / test_split where given."""
+    streams = [Stream(kind, None, hub_split=cfg.split, n_docs=cfg.max_docs)]
     for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):
         if extra:
-            streams.append(Stream("hub", split, hub_split=extra))
+            streams.append(Stream(kind, split, hub_split=extra))
     return streams
 
 
