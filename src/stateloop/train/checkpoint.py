@@ -22,7 +22,7 @@ numpy's key as a numpy array; the safe loader accepts plain numpy arrays for tho
 the safe unpickler refuses (it would run code to load) is reported like a corrupt one and skipped.
 
 Writing: every rank calls ``fabric.save`` on a temporary name (rank 0 writes the file; FSDP
-uses the full state dict, one file); rank 0 then hashes it, renames it into place and writes the
+gathers the full state dict to rank 0, one file: train/parallel.py); rank 0 then hashes it, renames it into place and writes the
 sidecar atomically. A process killed at any point leaves either a complete, verifiable pair or a
 leftover that :meth:`CheckpointStore.latest` passes over: a temporary file, a checkpoint without
 its sidecar, or one whose bytes no longer match their hash. Those are reported with a one-line
@@ -150,8 +150,8 @@ class CheckpointStore:
             if fabric.is_global_zero:
                 _fsync(tmp)
                 size = tmp.stat().st_size
-                digest, hashed = getattr(fabric.strategy.checkpoint_io, "written", {}).pop(str(tmp), (None, -1))
-                if hashed != size:  # not hashed while written (FSDP): read it back
+                digest, hashed = _hashed_while_written(fabric).pop(str(tmp), (None, -1))
+                if hashed != size:  # not hashed while written (FSDP writes with torch.save): read it back
                     digest = sha256_file(tmp)
                 tmp.replace(final)
                 atomic_write_json(self.sidecar(final), {"sha256": digest, "bytes": size, "step": step})
@@ -254,6 +254,15 @@ def direct_checkpoint_io():
             self.written[str(path)] = (out.sha256.hexdigest(), out.bytes)
 
     return DirectCheckpointIO()
+
+
+def _hashed_while_written(fabric) -> dict:
+    """The (sha256, bytes) of the files :func:`direct_checkpoint_io` wrote, by path; empty under a
+    strategy that writes without it (FSDP's ModelParallelStrategy has no CheckpointIO at all)."""
+    try:
+        return getattr(fabric.strategy.checkpoint_io, "written", {})
+    except NotImplementedError:
+        return {}
 
 
 def _fsync(path: Path) -> None:

@@ -56,7 +56,6 @@ from stateloop.config import ConfigError, load_yaml
 from stateloop.data.check import open_data
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
-from stateloop.models.backbone import Layer
 from stateloop.models.registry import build_model
 from stateloop.pipeline import RunConfig, upgrade_saved
 from stateloop.runs import (
@@ -75,6 +74,7 @@ from stateloop.tracking.tracker import Tracker
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
+from stateloop.train.parallel import fsdp_strategy, full_state_dict, is_sharded, local
 from stateloop.train.sampler import STREAM, TokenSampler
 from stateloop.train.schedule import lr_at, lr_lambda
 from stateloop.train.signals import REQUEUE_EXIT, StopRequest
@@ -112,8 +112,6 @@ def build_fabric(tcfg):
     precision = tcfg.precision
     if precision == "auto":
         precision = "bf16-mixed" if accelerator in ("cuda", "gpu") else "32-true"
-    if tcfg.strategy == "fsdp" and accelerator == "cpu":
-        raise ConfigError("train.strategy: fsdp needs GPUs (Fabric: 'FSDP is only available on GPU'); use ddp on CPU")
     world = tcfg.world_size
     slurm_tasks = int(os.environ.get("SLURM_NTASKS", "1") or 1)
     env = SLURMEnvironment(auto_requeue=False) if slurm_tasks > 1 else LightningEnvironment()
@@ -125,54 +123,40 @@ def build_fabric(tcfg):
 
         strategy = DDPStrategy(cluster_environment=env, checkpoint_io=direct_checkpoint_io(), timeout=timeout)
     else:
-        strategy = fsdp_strategy(tcfg, env, timeout)
+        strategy = fsdp_strategy(tcfg, env, timeout)  # train/parallel.py: FSDP2, applied from outside
+    plugins = [env, direct_checkpoint_io()] if world == 1 else []
+    fabric_precision = precision
+    if precision == "64-true" and world > 1 and tcfg.strategy == "fsdp":
+        # Fabric's connector refuses the name with FSDP2 (it has no float64 tests), not the plugin:
+        # float64 is how the tests compare a sharded run with one process to rounding (tests/train/test_fsdp.py)
+        from lightning_fabric.plugins import DoublePrecision
+
+        plugins, fabric_precision = [DoublePrecision()], None
     fabric = L.Fabric(accelerator=accelerator, devices=tcfg.devices, num_nodes=tcfg.num_nodes, strategy=strategy,
-                      precision=precision, plugins=[env, direct_checkpoint_io()] if world == 1 else None)
+                      precision=fabric_precision, plugins=plugins or None)
     return fabric, precision
 
 
-# train.fsdp_sharding -> torch's ShardingStrategy (train/config.py says what each shards)
-FSDP_SHARDING = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad_op": "SHARD_GRAD_OP",
-                 "hybrid_grad_op": "_HYBRID_SHARD_ZERO2"}
+def decaying(model: torch.nn.Module) -> set[str]:
+    """The names of the parameters AdamW decays: matrices (linear weights, embeddings) only, not
+    norms, biases, or the state's A_log / b_Delta vectors [choice: the paper does not say which
+    tensors decay], nor tensors a model flags ``_no_weight_decay`` (Parcae's B and C, as its recipe
+    says). Read before sharding: FSDP replaces the parameters, and their flags with them."""
+    return {n for n, p in model.named_parameters() if p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)}
 
 
-def fsdp_strategy(tcfg, env, timeout):
-    """Fabric's FSDPStrategy for ``train.strategy: fsdp``, sharded as ``train.fsdp_sharding`` says."""
-    from lightning_fabric.strategies import FSDPStrategy
-
-    # [choice] one FSDP unit per backbone layer; the full state dict keeps checkpoints one file. No
-    # activation_checkpointing_policy: the model checkpoints its own units (train.activation_checkpointing,
-    # models/looped.py), which cover what a policy on Layer cannot (StateLoop's state branch, a whole
-    # iteration); both at once would checkpoint a layer inside a checkpointed layer.
-    return FSDPStrategy(cluster_environment=env, auto_wrap_policy={Layer}, state_dict_type="full", timeout=timeout,
-                        sharding_strategy=FSDP_SHARDING[tcfg.fsdp_sharding])
-
-
-def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices (linear weights, embeddings) only, not on norms, biases,
-    or the state's A_log / b_Delta vectors [choice: the paper does not say which tensors decay],
-    nor on tensors a model flags ``_no_weight_decay`` (Parcae's B and C, as its recipe says)."""
-    def decays(p):
-        return p.ndim >= 2 and not getattr(p, "_no_weight_decay", False)
-
-    decay = [p for p in model.parameters() if p.requires_grad and decays(p)]
-    no_decay = [p for p in model.parameters() if p.requires_grad and not decays(p)]
-    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool, decay: set[str] | None = None) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters, weight decay on those named in ``decay`` (default: :func:`decaying`)."""
+    decay = decaying(model) if decay is None else decay
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in params if n in decay], "weight_decay": tcfg.weight_decay},
+              {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), eps=tcfg.eps, fused=fused or None)
 
 
-def _full_state_dict(fabric, model, raw_model) -> dict:
+def _full_state_dict(fabric, raw_model) -> dict:
     """The unsharded model weights (every rank must call this under FSDP)."""
-    from lightning_fabric.strategies import FSDPStrategy
-
-    if isinstance(fabric.strategy, FSDPStrategy):
-        from torch.distributed.fsdp import FullStateDictConfig, StateDictType
-        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-        root = next(m for m in model.modules() if isinstance(m, FSDP))
-        with FSDP.state_dict_type(root, StateDictType.FULL_STATE_DICT, FullStateDictConfig(offload_to_cpu=True, rank0_only=True)):
-            return root.state_dict()
-    return raw_model.state_dict()
+    return full_state_dict(raw_model) if is_sharded(fabric) else raw_model.state_dict()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,15 +324,13 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
 
     # -- model, optimizer, schedule ---------------------------------------------------------------
     fabric.seed_everything(tcfg.seed, verbose=False)
-    if tcfg.strategy == "fsdp" and tcfg.world_size > 1:
-        raw_model = build_model(mcfg)  # on CPU, then sharded by setup (our init is not reset_parameters)
-    else:
-        with fabric.init_module():
-            raw_model = build_model(mcfg)
+    with fabric.init_module():  # in the precision's dtype; under FSDP on the CPU, sharded (and moved) by setup_module
+        raw_model = build_model(mcfg)
     raw_model.activation_checkpointing = tcfg.activation_checkpointing  # its units: training forwards only
+    decay = decaying(raw_model)
     model = torch.compile(raw_model) if tcfg.compile else raw_model
-    model = fabric.setup_module(model)
-    optimizer = configure_optimizer(model, tcfg, fused=fabric.device.type == "cuda")
+    model = fabric.setup_module(model)  # under FSDP, raw_model's parameters are now its shards (in place)
+    optimizer = configure_optimizer(raw_model, tcfg, fused=fabric.device.type == "cuda", decay=decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, tcfg.total_steps))
     optimizer = fabric.setup_optimizers(optimizer)
 
@@ -525,8 +507,8 @@ def fit(run: Run, stop: StopRequest, progress: Progress) -> TrainResult | None:
                 loss = lm_loss(model, x, y, tcfg.loss_chunk_tokens) / accum  # (12), over the global batch
                 fabric.backward(loss)
             loss_sum += loss.detach()
-        grad_norm = fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),
-                                          error_if_nonfinite=False)
+        grad_norm = local(fabric.clip_gradients(model, run.optimizer, max_norm=tcfg.grad_clip or float("inf"),
+                                                error_if_nonfinite=False))  # FSDP: a replicated DTensor
         # One all-reduce carries the loss, a non-finite flag and a stop request to every rank.
         local_bad = ~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm.to(loss_sum)))
         flags = torch.stack([loss_sum, local_bad.float(), torch.tensor(float(stop.signal is not None), device=loss_sum.device)])
@@ -571,7 +553,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
         run_validation(run, total)
     if run.saved_at != total:
         run.checkpoint(total, progress.last_loss)
-    weights = _full_state_dict(fabric, run.model, run.raw_model)
+    weights = _full_state_dict(fabric, run.raw_model)
     tracker = run.tracker
     summary = {
         "run": run.rc.run.id, "steps": total, "tokens": total * tcfg.tokens_per_step,
