@@ -1,16 +1,16 @@
 """FSDP with the model's own checkpoint units and the chunked loss, on two CPU processes.
 
-Fabric refuses FSDP on a CPU, so this wraps the model in torch's FSDP directly, with the keyword
-arguments and sharding strategy that :func:`stateloop.train.loop.fsdp_strategy` hands Fabric (one
-FSDP unit per decoder layer, use_orig_params), over a two-rank gloo process group. Under every
+The model sharded by :func:`stateloop.train.parallel.shard` (what train.strategy fsdp's Fabric
+strategy runs: one FSDP2 unit per decoder layer, then the root) over a two-rank gloo process
+group, as a 2 x 1 mesh for the hybrid shardings (replicated) and 1 x 2 for the others. Under every
 sharding of train.fsdp_sharding, a training step's loss and every gradient (gathered whole) with
 "layer" and with "iteration" checkpointing are those without, bit for bit: a unit's recomputation
 in backward gathers the sharded layer parameters again and remakes exactly what the forward saved.
+(The whole training loop under FSDP: tests/train/test_fsdp.py.)
 """
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 
@@ -23,13 +23,12 @@ LEVELS = ("none", "layer", "iteration")
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
-    from lightning_fabric.plugins.environments import LightningEnvironment
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
 
     from stateloop.models.registry import build_model
-    from stateloop.train.config import TrainConfig
-    from stateloop.train.loop import fsdp_strategy
     from stateloop.train.loss import lm_loss
+    from stateloop.train.parallel import mesh_shape, shard
     from support.models import tiny_config
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -37,19 +36,18 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = {}
     for sharding in SHARDINGS:
-        tcfg = TrainConfig(strategy="fsdp", devices=world, global_batch=8, micro_batch=4, fsdp_sharding=sharding)
-        strategy = fsdp_strategy(tcfg, LightningEnvironment(), datetime.timedelta(seconds=60))
+        shape = mesh_shape(sharding, devices=1, num_nodes=world) if sharding.startswith("hybrid") else (1, world)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("data_parallel", "tensor_parallel"))
         for level in LEVELS:
             torch.manual_seed(0)
             model = build_model(tiny_config("stateloop_mamba2"))
             model.activation_checkpointing = level
-            wrapped = FSDP(model, sharding_strategy=strategy.sharding_strategy, device_id=torch.device("cpu"),
-                           **strategy._fsdp_kwargs)
+            shard(model, mesh, sharding)
             idx = torch.randint(0, model.cfg.vocab_size, (2, 21), generator=torch.Generator().manual_seed(rank))
-            loss = lm_loss(wrapped, idx[:, :-1], idx[:, 1:], 16)
+            loss = lm_loss(model, idx[:, :-1], idx[:, 1:], 16)
             loss.backward()
-            with FSDP.summon_full_params(wrapped, with_grads=True):
-                grads = {n: p.grad.clone() for n, p in wrapped.named_parameters()}
+            grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone()
+                     for n, p in model.named_parameters()}
             results[sharding, level] = (loss.detach(), grads)
     if rank == 0:
         torch.save(results, out)
