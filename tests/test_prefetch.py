@@ -79,6 +79,84 @@ def _error(proc) -> str:
     return (proc.stderr.strip().splitlines() or [""])[-1]
 
 
+# `stateloop ARGS` with every socket connection and name lookup refused and recorded (in the file
+# $STATELOOP_TEST_SOCKETS): what a process tries to reach, seen from inside it.
+_RECORDING = """
+import os, socket, sys
+def _refuse(what):
+    with open(os.environ["STATELOOP_TEST_SOCKETS"], "a") as fh:
+        fh.write(repr(what) + "\\n")
+    raise OSError(101, "Network is unreachable (test)")
+socket.socket.connect = lambda self, address: _refuse(address)
+socket.socket.connect_ex = lambda self, address: _refuse(address)
+socket.getaddrinfo = lambda host, *args, **kwargs: _refuse(host)
+from stateloop.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _online_env(tmp_path: Path) -> dict:
+    """An environment with empty caches and the Hub not switched off: as a compute node's shell
+    would be where nobody set HF_HUB_OFFLINE."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp_path / "hf"),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1", "STATELOOP_TEST_SOCKETS": str(tmp_path / "sockets.txt")}
+    for var in ("HF_HUB_CACHE", "HF_DATASETS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE",
+                "HF_ENDPOINT"):
+        env.pop(var, None)
+    return env
+
+
+def _check_with_empty_caches(tmp_path: Path, prefix: list[str]) -> tuple[subprocess.CompletedProcess, float, str]:
+    import time
+
+    cfg = _config(tmp_path / "c.yaml")
+    env = _online_env(tmp_path)
+    start = time.monotonic()
+    proc = subprocess.run([*prefix, sys.executable, "-c", _RECORDING, "prefetch", "--config", cfg.name, "--check"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    sockets = tmp_path / "sockets.txt"
+    return proc, time.monotonic() - start, sockets.read_text() if sockets.exists() else ""
+
+
+def _assert_missing_named(proc) -> None:
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-3000:]
+    line = _error(proc)
+    assert "tokenizer org/tok (tokenizer.json)" in line and "dataset monology/pile-uncopyrighted: not in the hub cache" in line
+    assert "lm-eval task data lambada_openai (EleutherAI/lambada_openai, default)" in line, line
+
+
+def test_prefetch_check_never_touches_the_network(tmp_path):
+    """Issue 53: "`stateloop prefetch --check` (what the docs run on a compute node) still builds each
+    task with `datasets`, which tries the Hub with retries: 3 min 41 s with an empty cache and no
+    route". With the Hub not switched off in the environment, the check opens no socket and looks up
+    no name: it names what the empty caches lack, in one line."""
+    proc, _, sockets = _check_with_empty_caches(tmp_path, [])
+    assert sockets == "", sockets
+    _assert_missing_named(proc)
+
+
+def _netns_prefix() -> list[str] | None:
+    """`unshare -n` with only loopback up, where this test may create a network namespace (root
+    with unshare and ip); None elsewhere."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("ip"):
+        return None
+    probe = subprocess.run(["unshare", "-n", "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30)
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if probe.returncode == 0 else None
+
+
+def test_prefetch_check_in_a_network_namespace_with_only_loopback(tmp_path):
+    """The same check where the network is really gone (no route, as on a compute node), and no
+    socket opened on the way; before: 3 min 41 s of datasets' retries."""
+    prefix = _netns_prefix()
+    if prefix is None:
+        pytest.skip("needs root with unshare and ip (a network namespace with only loopback); "
+                    "test_prefetch_check_never_touches_the_network covers the check without one")
+    proc, elapsed, sockets = _check_with_empty_caches(tmp_path, prefix)
+    assert sockets == "", sockets
+    _assert_missing_named(proc)
+    assert elapsed < 120, elapsed  # no retries: about 10 s here
+
+
 @pytest.mark.slow
 def test_prefetch_fills_empty_caches_and_offline_jobs_find_what_they_read(hub, tmp_path):
     cfg = _config(tmp_path / "c.yaml")
@@ -102,6 +180,9 @@ def test_prefetch_fills_empty_caches_and_offline_jobs_find_what_they_read(hub, t
         assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 needs of c.yaml are in the caches" in proc.stderr
     assert _run(["prefetch", "--config", cfg.name, "--check"], tmp_path, offline).returncode == 0
+    # the check switches the Hub off itself: with the variables unset it finds the same files
+    proc = _run(["prefetch", "--config", cfg.name, "--check"], tmp_path, {**base, "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert proc.returncode == 0 and "all 3 needs are in the caches" in proc.stderr, proc.stderr[-3000:]
 
     # Offline with the Hub gone: the tokenize job reads the cached snapshot by the same call.
     proc = _run(["tokenize", "--config", cfg.name, "--scale", "t", "--out", "data/t", "--no-progress"], tmp_path, offline)

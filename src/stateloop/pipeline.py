@@ -176,11 +176,53 @@ class BenchConfig:
             raise ConfigError(f"bench.warmup: must be >= 0, got {self.warmup}")
 
 
+_SLURM_WORD = re.compile(r"[A-Za-z0-9_.-]+")  # a partition, QOS or GRES type: one word, as sinfo prints it
+
+
+@dataclass
+class SlurmConfig:
+    """The cluster a DAG is sent to (`--profile slurm`): where its GPU jobs run, the partitions'
+    time limit, and the measured write speed its checkpoints are sized by. The account and the
+    other jobs' partition stay the profile's (`default-resources`; docs/cluster.md)."""
+
+    # The partition of every job that asks for a GPU, whatever its rule: a training on GPUs and
+    # every job of a stage whose `resources.STAGE.gpus` is above 0 (its other jobs keep the
+    # profile's slurm_partition); "": the profile's slurm_partition for every job
+    gpu_partition: str = ""
+    # The GPU type as the cluster's GRES names it (`sinfo -o "%G"`, e.g. h100): trainings ask for
+    # gres gpu:TYPE:N, the other GPU jobs for --gpus=TYPE:N; "": any GPU (gpu:N)
+    gpu_type: str = ""
+    gpu_constraint: str = ""  # --constraint of every GPU job (node features, e.g. 'h100|a100'); "": none
+    gpu_qos: str = ""  # --qos of every GPU job; "": the profile's (slurm-qos, or a default-resources qos)
+    # The longest time limit a job may ask for, in minutes (the partitions' MaxTime: `sinfo -o "%P
+    # %l"`): a stage whose `resources.STAGE.runtime` is longer is refused when the config is checked
+    # (SLURM would keep such a job pending for ever: PartitionTimeLimit); 0: not checked
+    max_runtime: int = 0
+    # The write speed of the file system the run folders are on, in MB/s, measured where they live
+    # (docs/cluster.md: dd ... conv=fsync). It sizes each training job's warning before its time
+    # limit (--signal=USR1@N) and the least train.dist_timeout_s a multi-process scale may set
+    # (rank 0 writes and hashes a checkpoint while the other ranks wait); the config check compares both
+    write_mb_per_s: float = 100.0
+
+    def __post_init__(self) -> None:
+        for key in ("gpu_partition", "gpu_type", "gpu_qos"):
+            value = getattr(self, key)
+            if value and not _SLURM_WORD.fullmatch(value):
+                raise ConfigError(f"slurm.{key}: {value!r} is not one word (letters, digits, '_', '.', '-')")
+        if "'" in self.gpu_constraint or '"' in self.gpu_constraint:
+            raise ConfigError(f"slurm.gpu_constraint: {self.gpu_constraint!r}: give it without quotes")
+        if isinstance(self.max_runtime, bool) or self.max_runtime < 0:
+            raise ConfigError(f"slurm.max_runtime: must be minutes >= 0 (0: not checked), got {self.max_runtime!r}")
+        if not self.write_mb_per_s > 0:
+            raise ConfigError(f"slurm.write_mb_per_s: must be a measured speed above 0, got {self.write_mb_per_s!r}")
+
+
 @dataclass
 class PipelineConfig:
     scales: dict[str, ScaleConfig]  # scale name -> its settings
     experiments: dict[str, ExperimentConfig] = field(default_factory=dict)  # experiment name -> its runs
     bench: BenchConfig = field(default_factory=BenchConfig)  # Table 3's decoding benchmark
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)  # the cluster: GPU jobs' partition and type, limits, write speed
 
 
 @dataclass
@@ -324,8 +366,46 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, R
             if split not in splits:
                 raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
                                   f"(data: {', '.join(splits)})")
+    check_cluster(cfg, where)
     # Building every run's config checks the variant options and shape constraints early.
     return runs_by_id(cfg)
+
+
+STAGES = ("tokenize", "train", "eval", "analyze", "bench")
+
+
+def check_cluster(cfg: PipelineConfig, where: str = "config") -> None:
+    """Each scale against the cluster's ``slurm:`` section: every stage's runtime within
+    ``max_runtime``; the training's warning before its time limit and ``train.dist_timeout_s``
+    against a checkpoint's write and hash at the measured ``write_mb_per_s`` (train/slurm.py), one
+    measurement for both. One line naming the key otherwise."""
+    from stateloop.train.slurm import checkpoint_bytes, checkpoint_seconds, estimated_params, timeout_floor, warning_seconds
+
+    slurm = cfg.slurm
+    speed = slurm.write_mb_per_s * 1e6
+    for name, scale in cfg.scales.items():
+        for stage in STAGES:
+            runtime = getattr(scale.resources, stage).runtime
+            if slurm.max_runtime and runtime > slurm.max_runtime:
+                raise ConfigError(
+                    f"{where}: scales.{name}.resources.{stage}.runtime: {runtime} min is above slurm.max_runtime = "
+                    f"{slurm.max_runtime} min, the partitions' time limit (SLURM would keep the job pending: "
+                    f"PartitionTimeLimit); ask for at most {slurm.max_runtime} (a training requeues itself at its limit)")
+        params = estimated_params(scale.model)
+        size, save = checkpoint_bytes(params), checkpoint_seconds(params, speed)
+        runtime = scale.resources.train.runtime
+        lead = warning_seconds(params, runtime, speed)
+        if lead < warning_seconds(params, 10**9, speed):  # capped at a quarter of the time limit
+            raise ConfigError(
+                f"{where}: scales.{name}.resources.train.runtime: {runtime} min is too short to save a checkpoint "
+                f"before the limit: {size / 1e9:.1f} GB at slurm.write_mb_per_s = {slurm.write_mb_per_s:g} takes "
+                f"{save:.0f} s, and SLURM's warning may take at most a quarter of the limit; raise the runtime")
+        floor = timeout_floor(params, speed)
+        if scale.train.world_size > 1 and scale.train.dist_timeout_s < floor:
+            raise ConfigError(
+                f"{where}: scales.{name}.train.dist_timeout_s: {scale.train.dist_timeout_s} s is shorter than rank 0's "
+                f"checkpoint write and hash while the other ranks wait ({size / 1e9:.1f} GB at slurm.write_mb_per_s = "
+                f"{slurm.write_mb_per_s:g}: {save:.0f} s); set it to at least {floor} (the write speed measured: docs/cluster.md)")
 
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:

@@ -65,6 +65,29 @@ def offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE) or _true(os.environ.get("HF_DATASETS_OFFLINE"))
 
 
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+
+def go_offline() -> None:
+    """Switch the Hub off in this process for good, as a compute node without network has it:
+    the variables huggingface_hub, datasets and transformers read when they are imported, and,
+    where huggingface_hub or datasets is imported already, the flags they read at each call
+    (transformers asks huggingface_hub). Nothing after this
+    opens a connection to the Hub (``stateloop prefetch --check`` calls it before anything else;
+    without it, datasets tries the Hub with retries for each task: minutes with no route)."""
+    for var in OFFLINE_VARS:
+        os.environ[var] = "1"
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub import constants
+
+        constants.HF_HUB_OFFLINE = True
+    if "datasets" in sys.modules:
+        import datasets.config
+
+        datasets.config.HF_HUB_OFFLINE = True
+        datasets.config.HF_DATASETS_OFFLINE = True
+
+
 def _true(value: str | None) -> bool:
     return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
 

@@ -4,6 +4,7 @@ interrupted run continues after its last complete shard instead of starting agai
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -72,6 +73,53 @@ def test_tokenizer_threads_come_from_the_jobs_allocation_not_the_nodes_cores(mon
     tok_mod._Runner(2, 0, None)
     assert started == {"n": 2, "threads": 2}
     assert tok_mod.worker_threads(8) == 1 and tok_mod.usable_cpus() == 4
+
+
+@pytest.mark.parametrize("affinity,slurm,workers,expect,warned", [
+    ({0}, None, 2, 1, "its CPU affinity"),  # taskset -c 0: two workers would share one CPU
+    (set(range(64)), "1", 32, 1, "SLURM_CPUS_PER_TASK=1"),  # task/none: the whole node's affinity, 1 CPU given
+    (set(range(64)), "8", 4, 4, None),  # fewer than given: as configured, no word
+    ({0, 1}, "8", 0, 0, None),  # 0: encode in this process
+])
+def test_encoding_processes_follow_the_allocation_not_data_workers(monkeypatch, affinity, slurm, workers, expect, warned):
+    """Issue 53: "The tokenizer's worker processes come from data.workers (32), not from the
+    allocation: under taskset -c 0 two workers shared one CPU without a word; on task/none clusters
+    affinity is the whole node while SLURM_CPUS_PER_TASK says 1. Take the smaller of the two and warn
+    when the config asks for more." """
+    monkeypatch.setattr(tok_mod.os, "sched_getaffinity", lambda pid: affinity)
+    if slurm is None:
+        monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    else:
+        monkeypatch.setenv("SLURM_CPUS_PER_TASK", slurm)
+    said = []
+    assert tok_mod.encoding_workers(workers, warn=said.append) == expect
+    if warned is None:
+        assert said == []
+    else:
+        (line,) = said
+        assert "data.workers" in line and str(workers) in line and warned in line and "\n" not in line, line
+
+
+def test_tokenize_starts_no_more_encoding_processes_than_the_job_has_cpus(tmp_path, monkeypatch, capsys):
+    """End to end: data.workers 3 under one allowed CPU encodes with one process and says so once."""
+    import multiprocessing
+
+    monkeypatch.setattr(tok_mod.os, "sched_getaffinity", lambda pid: {0})
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK", raising=False)
+    started = []
+    real = multiprocessing.get_context
+
+    class Ctx:
+        def Pool(self, n, initializer, initargs):  # noqa: N802 - multiprocessing's name
+            started.append(n)
+            return real("spawn").Pool(n, initializer, initargs)
+
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: Ctx())
+    source = _corpus(tmp_path / "c.jsonl", n=300)
+    tokenize(dataclasses.replace(_cfg(source), workers=3), tmp_path / "d", progress=False, log=quiet)
+    assert started and set(started) == {1}, started
+    err = capsys.readouterr().err
+    assert err.count("data.workers: 3") == 1, err
 
 
 @pytest.mark.slow

@@ -64,6 +64,53 @@ def test_slurms_warning_before_the_time_limit_leaves_time_to_write_each_runs_che
     assert min(lead["1.4b"]) > 300 and max(lead["410m"]) < 300, lead
 
 
+def _documented_profile(work) -> str:
+    """The SLURM profile with docs/cluster.md's partition example ("**The profile**") added, as a
+    user following the docs would have it: a profile folder of its own in ``work``."""
+    docs = (work / "docs/cluster.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", docs, re.S) if "default-resources:" in b)
+    example = yaml.safe_load(block)
+    profile = yaml.safe_load((work / "profiles/slurm/config.yaml").read_text())
+    (work / "mine").mkdir()
+    (work / "mine/config.yaml").write_text(yaml.safe_dump({**profile, **example}))
+    return "mine"
+
+
+def test_every_job_that_asks_for_a_gpu_goes_to_the_gpu_partition_whatever_its_rule(tmp_path):
+    """Issue 53: "The documented partition example sets `default-resources: slurm_partition: cpu` and
+    overrides only `train` and `eval`. `snakemake --profile slurm -n all` plans 12 more GPU jobs
+    (shapley_shard x 8, interventions_shard x 2, interventions_calibration, bench_decode) that would go
+    to the CPU partition with --gpus=1. Route every job that asks for a GPU to the GPU partition by one
+    rule, not a list". With the docs' profile and the config's `slurm:` section, the dry run of `all`
+    sends every job with a GPU (gres or gpu) to `gpu`, with the GPU type, constraint and QOS the
+    section names, and every other job to the profile's `cpu`."""
+    work = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((work / "configs/paper.yaml").read_text())
+    cfg["slurm"].update(gpu_partition="gpu", gpu_type="h100", gpu_constraint="h100|a100", gpu_qos="high")
+    (work / "configs/paper.yaml").write_text(yaml.safe_dump(cfg))
+    planned = jobs(snakemake(work, "--profile", _documented_profile(work), "-n", "all").stdout)
+    gpu_rules, cpu_rules = set(), set()
+    for job in planned:
+        res = _resources(job["resources"])
+        asks = res.get("gpu", 0) > 0 or "gpu" in str(res.get("gres", ""))
+        (gpu_rules if asks else cpu_rules).add(job["rule"])
+        assert res["slurm_partition"] == ("gpu" if asks else "cpu"), (job["rule"], res)
+        assert res["slurm_account"] == "my_account"
+        if not asks:
+            assert not {"qos", "constraint", "gpu_model"} & set(res), (job["rule"], res)
+            continue
+        sbatch = _sbatch(res)
+        assert "-C 'h100|a100'" in sbatch and "--qos=high" in sbatch, sbatch
+        if job["rule"] == "train":
+            assert "--gres=gpu:h100:8" in sbatch and "--gpus" not in sbatch, sbatch
+        else:
+            assert "--gpus=h100:1" in sbatch and "--gres" not in sbatch, sbatch
+    assert {"train", "eval", "shapley_shard", "interventions_shard", "interventions_calibration", "bench_decode"} <= gpu_rules
+    assert {"tokenize", "shapley", "interventions"} <= cpu_rules  # the merges: no GPU
+    counts = {rule: sum(j["rule"] == rule for j in planned) for rule in ("shapley_shard", "interventions_shard")}
+    assert counts == {"shapley_shard": 8, "interventions_shard": 2}, counts
+
+
 def _resources(text: str) -> dict:
     """A dry run's `resources:` line as a dict (numbers as ints)."""
     out = {}

@@ -23,6 +23,7 @@ rule shapley:
         "../../envs/stateloop.yaml"
     threads: lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["cpus_per_task"]
     resources:
+        **gpu_routing(lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["gpus"]),
         runtime=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["runtime"],
         mem_mb=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["mem_mb"],
         cpus_per_task=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "shapley")["cpus_per_task"],
@@ -73,6 +74,7 @@ rule interventions:
         "../../envs/stateloop.yaml"
     threads: lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["cpus_per_task"]
     resources:
+        **gpu_routing(lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["gpus"]),
         runtime=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["runtime"],
         mem_mb=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["mem_mb"],
         cpus_per_task=lambda wc: analysis_jobs.final_job(PIPE, wc.scale, "interventions")["cpus_per_task"],

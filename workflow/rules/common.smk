@@ -1,5 +1,6 @@
 # Load and check the config, expand the experiments into runs, and define the helpers the rule
 # files share. Any config error stops the DAG build with one line naming the key.
+import ast
 import hashlib
 import json
 import re
@@ -187,6 +188,51 @@ def stage(scale, name):
 TRAIN_RESOURCE_DEFAULTS = {"gres": "", "tasks_per_gpu": 1, "nodes": 1, "tasks_per_node": 0, "tasks": 0, "mpi": ""}
 
 
+# Every job that asks for a GPU runs where the config's `slurm:` section says (its partition, QOS,
+# constraint and GPU type), whatever its rule: one rule for all of them, so that no rule's GPU jobs
+# are left on the profile's default partition. Each key the section leaves "" is not set here (the
+# profile's, as before); a rule's jobs without a GPU get the profile's default-resources value.
+GPU_ROUTES = {
+    "slurm_partition": PIPE.slurm.gpu_partition,
+    "qos": PIPE.slurm.gpu_qos,
+    "constraint": PIPE.slurm.gpu_constraint,
+    "gpu_model": PIPE.slurm.gpu_type,  # the plugin's --gpus=TYPE:N (trainings ask for a typed gres instead)
+}
+
+
+def profile_default(key):
+    """The value the profile's ``default-resources`` give resource ``key``, as written there (None:
+    none). A rule that sets a resource replaces the default for all its jobs: its jobs without a GPU
+    get this back."""
+    defaults = workflow.resource_settings.default_resources
+    resource = defaults.get(key) if defaults is not None else None
+    raw = getattr(resource, "raw", None)
+    if isinstance(raw, str):
+        try:
+            raw = ast.literal_eval(raw)  # a quoted string in the profile: its text
+        except (ValueError, SyntaxError):
+            pass  # a bare word, as SLURM names a partition
+    return raw
+
+
+def gpu_routing(gpus, typed_gres=False):
+    """The resources that send a rule's GPU jobs where ``slurm:`` says: ``gpus(wc)`` is a job's
+    GPU count (0: none, then the profile's defaults). ``typed_gres``: the rule asks for its GPUs as
+    gres (training), which carries the GPU type itself."""
+    out = {}
+    for key, value in GPU_ROUTES.items():
+        if value and not (typed_gres and key == "gpu_model"):
+            out[key] = lambda wc, value=value, default=profile_default(key): value if gpus(wc) else default
+    return out
+
+
+def train_gpus(wc):
+    """The GPUs per node a training job asks for (train_resources' gres): its devices where
+    ``accelerator`` may be a GPU, else 0."""
+    t = train_res(wc)
+    return t.devices if t.accelerator in ("cuda", "gpu", "auto") else 0
+
+
 def job_threads(name, scale=None):
     """A rule's ``threads:``: the CPUs of the scale's ``resources.<name>`` (the job's scale, or ``scale``)."""
     return lambda wc: stage(scale or wc.scale, name).cpus_per_task
@@ -195,16 +241,19 @@ def job_threads(name, scale=None):
 def job_resources(name, scale=None):
     """A rule's ``resources:`` (``**job_resources("eval")``), one callable per key, from the scale's
     ``resources.<name>`` (the job's scale, or ``scale``): runtime, mem_mb, cpus_per_task and gpu
-    (0 asks for none). Training asks for what train_resources says: the same three, its GPUs as
+    (0 asks for none), and where a job asks for a GPU, the ``slurm:`` section's partition, QOS,
+    constraint and GPU type (gpu_routing). Training asks for what train_resources says: the same three, its GPUs as
     gres, one SLURM task per device (tasks_per_node, or tasks where a node has one device), mpi
     (always present, so that the job runs the command in the batch script, where the launcher
     starts training as a job step; "srun" with several tasks makes the plugin ask for them) and
     slurm_extra (the warning before the time limit, the log of every attempt)."""
     if name == "train":
         keys = {"runtime": None, "mem_mb": None, "cpus_per_task": None, **TRAIN_RESOURCE_DEFAULTS, "slurm_extra": None}
-        return {key: (lambda wc, key=key, default=default: train_resources(wc).get(key, default)) for key, default in keys.items()}
+        out = {key: (lambda wc, key=key, default=default: train_resources(wc).get(key, default)) for key, default in keys.items()}
+        return {**out, **gpu_routing(train_gpus, typed_gres=True)}
     fields = {"runtime": "runtime", "mem_mb": "mem_mb", "cpus_per_task": "cpus_per_task", "gpu": "gpus"}
-    return {key: (lambda wc, field=field: getattr(stage(scale or wc.scale, name), field)) for key, field in fields.items()}
+    out = {key: (lambda wc, field=field: getattr(stage(scale or wc.scale, name), field)) for key, field in fields.items()}
+    return {**out, **gpu_routing(lambda wc: stage(scale or wc.scale, name).gpus)}
 
 
 def settings(section, keys=None):
@@ -252,9 +301,10 @@ def launcher(wc, resources):
 
 
 def warning_lead(wc, runtime):
-    """N of the training job's ``--signal=USR1@N``, sized for a checkpoint of the scale's shape
-    (train/slurm.py: estimated_params, warning_seconds)."""
-    return warning_seconds(estimated_params(PIPE.scales[wc.scale].model), runtime)
+    """N of the training job's ``--signal=USR1@N``, sized for a checkpoint of the scale's shape at the
+    config's measured ``slurm.write_mb_per_s`` (train/slurm.py: estimated_params, warning_seconds;
+    the config check compares the same write with ``train.dist_timeout_s``)."""
+    return warning_seconds(estimated_params(PIPE.scales[wc.scale].model), runtime, PIPE.slurm.write_mb_per_s * 1e6)
 
 
 def train_resources(wc):
@@ -263,7 +313,7 @@ def train_resources(wc):
     requested, and would otherwise train on the CPU), one task per device, and
     ``slurm_extra``: SIGUSR1 to the job steps (not ``B:``, the batch shell, where the plugin runs
     the rule: srun's tasks would never see it) N seconds before the time limit, N sized for the
-    scale's checkpoint (train/slurm.py, warning_seconds: 1.4B 360 s, 410M 190 s; the trainer then
+    scale's checkpoint at slurm.write_mb_per_s (train/slurm.py, warning_seconds: at 100 MB/s 1.4B 360 s, 410M 190 s; the trainer then
     checkpoints and requeues the job), and the job's SLURM log appended to, not truncated, when
     SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")
@@ -274,8 +324,9 @@ def train_resources(wc):
         "cpus_per_task": res.cpus_per_task,
         "slurm_extra": f"--signal=USR1@{warning_s} --open-mode=append",
     }
-    if t.accelerator in ("cuda", "gpu", "auto"):
-        out.update(gres=f"gpu:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
+    if train_gpus(wc):
+        gpu = f"gpu:{PIPE.slurm.gpu_type}" if PIPE.slurm.gpu_type else "gpu"  # typed: gpu:h100:8
+        out.update(gres=f"{gpu}:{t.devices}", tasks_per_gpu=0)  # tasks_per_gpu=0: see ecosystem.md 1.2
     if t.num_nodes * t.devices > 1:
         # The plugin asks for the tasks of an "mpi" job, and refuses tasks_per_node = 1: one
         # device per node is `tasks` = nodes (SLURM puts at least one task on each node).

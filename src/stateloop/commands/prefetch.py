@@ -3,7 +3,7 @@
 that the jobs can run offline (stateloop/prefetch.py; docs/cluster.md, "Before you send paper.yaml").
 
     stateloop prefetch --config configs/paper.yaml                # on a login node, once
-    stateloop prefetch --config configs/paper.yaml --check        # anywhere: what is missing (no network)
+    stateloop prefetch --config configs/paper.yaml --check        # anywhere: what is missing (never uses the network)
     HF_HOME=/shared/hf stateloop prefetch --config configs/paper.yaml   # the cache the jobs read
 
 Rerun it safely: it fetches only what is missing (an interrupted download resumes).
@@ -16,10 +16,15 @@ def add_arguments(p) -> None:
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
     p.add_argument("--scales", nargs="+", metavar="SCALE", help="only these scales (default: every trained one)")
     p.add_argument("--check", action="store_true",
-                   help="fetch nothing: say whether everything is in the caches, as an offline job would find it")
+                   help="fetch nothing, never touch the network (the Hub switched off as on a compute node): "
+                        "say whether everything is in the caches, as an offline job would find it")
 
 
 def run(args) -> int:
+    if args.check:  # offline by construction, before anything reads the Hub's settings
+        from stateloop.prefetch import go_offline
+
+        go_offline()
     from stateloop.pipeline import load_checked
     from stateloop.prefetch import NotPrefetched, caches, config_needs, prefetch, say
 

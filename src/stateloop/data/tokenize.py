@@ -135,12 +135,33 @@ def _work(task: tuple):
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on: its allocation (a SLURM job's cgroup, taskset), not the
-    machine's count, which on a cluster node is every core of the node."""
+    """The CPUs this process may use: its allocation, not the machine's count (on a cluster node,
+    every core of the node). The smaller of its CPU affinity (a SLURM job's cgroup, taskset) and
+    ``SLURM_CPUS_PER_TASK`` where SLURM sets it: on a cluster whose TaskPlugin is ``task/none`` the
+    affinity is the whole node while the job was given only its ``--cpus-per-task``."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cpus = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not Linux
-        return os.cpu_count() or 1
+        cpus = os.cpu_count() or 1
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+    if slurm.isdigit() and int(slurm) > 0:
+        cpus = min(cpus, int(slurm))
+    return cpus
+
+
+def encoding_workers(workers: int, warn=None) -> int:
+    """The encoding processes to start for ``data.workers`` = ``workers``: at most one per usable CPU
+    (:func:`usable_cpus`); where the config asks for more, one line through ``warn`` says so (the
+    output never depends on the count). 0 (encode in this process) stays 0."""
+    cpus = usable_cpus()
+    if workers <= cpus:
+        return workers
+    if warn is not None:
+        slurm = os.environ.get("SLURM_CPUS_PER_TASK", "").strip()
+        where = f"SLURM_CPUS_PER_TASK={slurm}" if slurm.isdigit() and int(slurm) == cpus else "its CPU affinity"
+        warn(f"data.workers: {workers} encoding processes asked for, but this job may use {cpus} CPU(s) "
+             f"({where}): starting {cpus} (give the tokenize job as many CPUs: resources.tokenize.cpus_per_task)")
+    return cpus
 
 
 def worker_threads(workers: int) -> int:
@@ -468,6 +489,9 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         return meta
 
     _check_streams_have_text(cfg, streams)
+    workers = encoding_workers(cfg.workers, warn=lambda msg: print(f"stateloop tokenize: warning: {msg}", file=sys.stderr))
+    if workers != cfg.workers:
+        cfg = dataclasses.replace(cfg, workers=workers)  # not part of the fingerprint: the same tokens
     resume = None if force else _resume_state(out, fp, _dtype_of)
     if resume is not None:  # an interrupted run of the same inputs: its tokenizer and complete shards stay
         stage = out / PARTIAL

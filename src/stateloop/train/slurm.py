@@ -25,12 +25,15 @@ REQUEUE_ENV = "STATELOOP_SLURM_REQUEUE"
 
 # How early SLURM's warning before the time limit comes (``--signal=USR1@N``, the train rule's
 # slurm_extra): early enough for the step in flight, the checkpoint's write and hash, and the
-# requeue. [choice] The write is sized at 100 MB/s, a shared file system under load (a parallel
-# one writes a stream faster; an NFS home may be slower: then set N yourself, docs/cluster.md).
+# requeue. The write is sized at the config's measured ``slurm.write_mb_per_s`` (pipeline.py),
+# [choice] 100 MB/s where a config states none: a shared file system under load (a parallel one
+# writes a stream faster; an NFS home may be slower: measure it, docs/cluster.md). The same
+# measurement sets the least ``train.dist_timeout_s`` (:func:`timeout_floor`), checked with it.
 CHECKPOINT_BYTES_PER_PARAM = 12  # float32 weights and AdamW's two float32 moments
 CHECKPOINT_WRITE_BYTES_PER_S = 100e6
 CHECKPOINT_HASH_BYTES_PER_S = 1e9  # sha256 of the written file: 9-17 s for the 1.4B runs' 17 GB
 WARNING_MARGIN_S = 120  # the step in flight, the requeue, and SLURM's signal timer, which runs about once a minute
+TIMEOUT_MARGIN_S = 60  # beyond the write and hash, for a collective's own wait (the ranks reach the barrier apart)
 
 
 PARAMS_MARGIN = 1.25  # the estimate's margin over the shape's own count: state branches, mixers, baselines' extras
@@ -50,14 +53,28 @@ def checkpoint_bytes(params: int) -> int:
     return CHECKPOINT_BYTES_PER_PARAM * params
 
 
-def warning_seconds(params: int, runtime_min: int) -> int:
-    """N of ``--signal=USR1@N`` for a training of ``params`` parameters whose job has a time limit
-    of ``runtime_min`` minutes: the margin plus the checkpoint's write and hash at the rates above,
-    rounded up to 10 s; a quarter of a time limit that is shorter than four times that."""
+def checkpoint_seconds(params: int, write_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S) -> float:
+    """Seconds rank 0 takes to write and hash the checkpoint of ``params`` parameters at
+    ``write_bytes_per_s`` (the other ranks wait for it)."""
     size = checkpoint_bytes(params)
-    need = WARNING_MARGIN_S + size / CHECKPOINT_WRITE_BYTES_PER_S + size / CHECKPOINT_HASH_BYTES_PER_S
+    return size / write_bytes_per_s + size / CHECKPOINT_HASH_BYTES_PER_S
+
+
+def warning_seconds(params: int, runtime_min: int, write_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S) -> int:
+    """N of ``--signal=USR1@N`` for a training of ``params`` parameters whose job has a time limit
+    of ``runtime_min`` minutes: the margin plus the checkpoint's write (at ``write_bytes_per_s``)
+    and hash, rounded up to 10 s; a quarter of a time limit that is shorter than four times that."""
+    need = WARNING_MARGIN_S + checkpoint_seconds(params, write_bytes_per_s)
     need = -(-int(need) // 10) * 10
     return max(1, min(need, runtime_min * 15))
+
+
+def timeout_floor(params: int, write_bytes_per_s: float = CHECKPOINT_WRITE_BYTES_PER_S) -> int:
+    """The least ``train.dist_timeout_s`` for a training of ``params`` parameters: the checkpoint's
+    write (at ``write_bytes_per_s``) and hash, which the other ranks wait out at a barrier, plus
+    :data:`TIMEOUT_MARGIN_S`, rounded up to 10 s."""
+    need = TIMEOUT_MARGIN_S + checkpoint_seconds(params, write_bytes_per_s)
+    return -(-int(need) // 10) * 10
 
 
 def say(msg: str) -> None:
