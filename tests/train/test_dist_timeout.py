@@ -21,9 +21,11 @@ TWO_RANKS = dict(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", prec
 
 
 def test_the_strategy_carries_the_configs_timeout():
-    """DDP's strategy (Fabric refuses FSDP on a CPU; build_fabric gives its strategy the same argument)."""
+    """DDP's strategy and FSDP's (build_fabric gives both the same argument)."""
     fabric, _ = build_fabric(TrainConfig(**TWO_RANKS, dist_timeout_s=7))
     assert fabric.strategy._timeout == datetime.timedelta(seconds=7)
+    fabric, _ = build_fabric(TrainConfig(**{**TWO_RANKS, "strategy": "fsdp"}, dist_timeout_s=8))
+    assert fabric.strategy._timeout == datetime.timedelta(seconds=8)
     with pytest.raises(ConfigError, match=r"^train\.dist_timeout_s: must be positive, got 0$"):
         TrainConfig(dist_timeout_s=0)
 

@@ -1,6 +1,6 @@
 """The train section's memory settings through train(): activation checkpointing leaves the run's
 numbers bit for bit, the chunked loss within float rounding; FSDP's sharding reaches Fabric's
-strategy (FSDP itself needs GPUs: the strategy object is what can be checked here)."""
+strategy."""
 
 from __future__ import annotations
 
@@ -54,26 +54,29 @@ def test_the_chunked_loss_trains_the_same_curve_within_rounding(tiny_setup, tmp_
     torch.testing.assert_close(torch.tensor(curve), torch.tensor(reference), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("sharding, expected", [("full", "FULL_SHARD"), ("hybrid", "HYBRID_SHARD"),
-                                                ("grad_op", "SHARD_GRAD_OP"), ("hybrid_grad_op", "_HYBRID_SHARD_ZERO2")])
-def test_fsdp_sharding_reaches_fabrics_strategy(sharding, expected):
-    """The strategy build_fabric makes for train.strategy fsdp on 2 nodes x 8 GPUs: torch's sharding
-    strategy named by train.fsdp_sharding, one FSDP unit per decoder layer, and no checkpointing
-    policy of Fabric's (the model checkpoints its own units: both would nest)."""
+@pytest.mark.parametrize("sharding, mesh, reshard", [("full", (1, 16), True), ("hybrid", (2, 8), True),
+                                                   ("grad_op", (1, 16), False), ("hybrid_grad_op", (2, 8), False)])
+def test_fsdp_sharding_reaches_fabrics_strategy(sharding, mesh, reshard):
+    """The strategy build_fabric makes for train.strategy fsdp on 2 nodes x 8 GPUs: Fabric's
+    ModelParallelStrategy over a (replicas x shard group) mesh as train.fsdp_sharding says (hybrid:
+    replicated across the 2 nodes, sharded over each node's 8), resharding after the forward or
+    not, with one-file checkpoints. (The sharding itself runs in tests/train/test_fsdp*.py.)"""
     from lightning_fabric.plugins.environments import LightningEnvironment
-    from torch.distributed.fsdp import ShardingStrategy
+    from lightning_fabric.strategies import ModelParallelStrategy
 
-    from stateloop.models.backbone import Layer
+    from stateloop.train import parallel
 
     tcfg = TrainConfig(strategy="fsdp", devices=8, num_nodes=2, global_batch=256, micro_batch=8,
                        fsdp_sharding=sharding, activation_checkpointing="layer")
-    strategy = loop.fsdp_strategy(tcfg, LightningEnvironment(), datetime.timedelta(seconds=600))
-    assert strategy.sharding_strategy is ShardingStrategy[expected]
-    assert strategy._fsdp_kwargs["auto_wrap_policy"]._module_classes == {Layer}
-    assert not strategy._activation_checkpointing_kwargs
+    strategy = parallel.fsdp_strategy(tcfg, LightningEnvironment(), datetime.timedelta(seconds=600))
+    assert isinstance(strategy, ModelParallelStrategy) and not strategy._save_distributed_checkpoint
+    assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == mesh
+    assert strategy._parallelize_fn.keywords == {"sharding": sharding}
+    assert parallel.RESHARD_AFTER_FORWARD[sharding] is reshard
 
 
 def test_every_sharding_of_the_config_has_a_strategy():
     from stateloop.train.config import FSDP_SHARDING
+    from stateloop.train.parallel import RESHARD_AFTER_FORWARD
 
-    assert set(loop.FSDP_SHARDING) == set(FSDP_SHARDING)
+    assert set(RESHARD_AFTER_FORWARD) == set(FSDP_SHARDING)

@@ -3,8 +3,8 @@
 :func:`shrink` maps a config mapping (as ``configs/*.yaml`` holds it) to its rehearsal. What a
 user's run exercises is **kept**: every scale, experiment, model and model option; K (MeSH's and
 Parcae's K = 10 too) and the structure of d_s (d_s = d stays d_s = d; Figure 3's sweep stays the
-same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); strategy (but FSDP, which Fabric runs on GPUs
-only, becomes DDP; tests/train/test_fsdp_checkpointing.py runs torch's FSDP on CPU instead); the world
+same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); strategy (FSDP too: FSDP2 over gloo, train/parallel.py; with two "nodes" of one process a hybrid
+sharding replicates whole parameters, and tests/train/test_fsdp.py shards them on 2 x 2 ranks); the world
 shape (several nodes become 2 "nodes" x 1 process started by a local ``srun`` with SLURM's
 variables, several devices on one node 2 processes; DDP over gloo); gradient accumulation; the
 checkpoint / validation cadence (every 2 steps, so a resume has a checkpoint); the data stage's
@@ -87,9 +87,6 @@ def shrink_train(train: dict) -> dict:
     t["num_nodes"] = 2 if nodes > 1 else 1
     t["devices"] = 1 if nodes > 1 else min(devices, 2)
     t["accelerator"] = "cpu"
-    if t.get("strategy") == "fsdp":  # Fabric runs FSDP on GPUs only: the rehearsal's ranks use DDP over gloo
-        t["strategy"] = "ddp"
-        t.pop("fsdp_sharding", None)
     t["micro_batch"] = 1
     t["global_batch"] = accumulation * t["num_nodes"] * t["devices"]
     t["seq_len"] = SEQ_LEN

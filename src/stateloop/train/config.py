@@ -33,7 +33,7 @@ class TrainConfig:
     accelerator: str = "auto"  # auto: cuda when available, else cpu
     devices: int = 1  # devices per node (one process each)
     num_nodes: int = 1  # nodes; > 1 expects SLURM with --ntasks-per-node = devices
-    strategy: str = "ddp"  # ddp | fsdp (fsdp: GPU only); a single device uses no wrapper at all
+    strategy: str = "ddp"  # ddp | fsdp (FSDP2, train/parallel.py); a single device uses no wrapper at all
     precision: str = "auto"  # auto: bf16-mixed on GPU, 32-true on CPU
     compile: bool = False  # torch.compile the model (off: eager is the reference)
     # Seconds a collective (all-reduce, barrier, the start's rendezvous) may wait for the other
