@@ -359,6 +359,22 @@ def recipe_rows(cfg) -> list[Claim]:
             for K in recipe.loop_counts(cfg)]
 
 
+PRECISION_SOURCE = f"{OWN_PREFIX}: the paper runs' precision (not the paper's)"
+
+
+def precision_rows(cfg) -> list[Claim]:
+    """The project's own rows: the verdict when both models train in the paper runs' precision,
+    bf16-mixed, rather than float32 (report/precision.py). One row per K; the note holds the float32
+    gap on the same seeds and the change between them."""
+    from stateloop.report import precision
+
+    return [Claim(f"precision_bf16_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped when both "
+                  f"train in bf16-mixed (K = {K})", PRECISION_SOURCE, PCT, -1, math.nan,
+                  "- (the paper names no training precision)",
+                  lambda cfg, results, K=K: precision.measure(cfg, results, K), [precision.EXPERIMENT])
+            for K in precision.loop_counts(cfg)]
+
+
 DEPTH_SOURCE = f"{OWN_PREFIX}: test-time depth (not the paper's)"
 
 
@@ -379,7 +395,8 @@ def depth_rows(cfg) -> list[Claim]:
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    own = token_trend_rows(cfg) + ladder_rows(cfg) + lr_rows(cfg) + recipe_rows(cfg) + depth_rows(cfg)
+    own = (token_trend_rows(cfg) + ladder_rows(cfg) + lr_rows(cfg) + recipe_rows(cfg) + precision_rows(cfg)
+           + depth_rows(cfg))
     for c in paper_claims() + choice_rows() + own:
         out = c.measure(cfg, results)
         if out is None and c.source.startswith(("choice", "own")):
@@ -437,7 +454,9 @@ def to_markdown(df: pd.DataFrame, cfg, config_name: str) -> str:
               "interval contains 0; learning rate: the claim's verdict at each peak lr of the bracket, 'holds at "
               "every lr tried' or where it changes (ours: each model at its own best lr, paired by seed); the authors' "
               "recipe: the same, with the backbone initialised and warmed up as the authors' public configs do "
-              "(the note gives the project's recipe at the same lrs and seeds); test-time "
+              "(the note gives the project's recipe at the same lrs and seeds); the paper runs' precision: the "
+              "claim when both models train in bf16-mixed (the note gives float32 on the same seeds and the gap's "
+              "change between them); test-time "
               "depth: StateLoop's PPL change from its trained K to K* = 2K (or the deepest "
               "depth evaluated below it) minus Vanilla Looped's, paired by seed.", ""]
     return "\n".join(lines)
