@@ -146,3 +146,33 @@ def test_the_precision_policy_holds_under_every_strategy(tiny_setup, tmp_path):
     assert seen["ddp"] == seen["fsdp"] == {**float32, "reduced": ["float32"]}
     assert seen["misread"]["cell_params"] == seen["misread"]["norm_params"] == seen["misread"]["residual"] == ["bfloat16"]
     assert seen["misread"]["reduced"] == ["bfloat16"]
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_in_one_process_and_the_reverse_is_refused(tiny_setup, tmp_path):
+    """An FSDP run's checkpoint (its optimizer state keyed by parameter name) resumes in one process
+    on the same weights, to the bit in float64, as the two compute alike. One process's (keyed by
+    position in the optimizer's groups, which Fabric would re-key in another order) is refused under
+    FSDP in one line before anything loads."""
+    import shutil
+
+    cfg, data = tiny_setup
+    base = ["train.precision=64-true", "train.max_steps=8", "train.checkpoint_every=4", "train.micro_batch=4",
+            "train.global_batch=8", "train.mlflow_tracking=false"]
+    fsdp = ["train.devices=2", "train.strategy=fsdp"]
+    run = [sys.executable, "-m", "stateloop.cli"]
+    _finish([*run, *_train_args(cfg, data, tmp_path / "fsdp", base + fsdp)], tmp_path)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "fsdp", resumed)
+    for name in ("model.safetensors", "train.json", "checkpoints/step_00000008.ckpt", "checkpoints/step_00000008.ckpt.sha256"):
+        (resumed / name).unlink()
+    _finish([*run, *_train_args(cfg, data, resumed, base + ["train.devices=1"])], tmp_path)
+    assert json.loads((resumed / "train.json").read_text())["resumed_from_step"] == 4
+    assert_bitwise_equal(weights(resumed), weights(tmp_path / "fsdp"))
+
+    (resumed / "model.safetensors").unlink()
+    proc = subprocess.run([*run, *_train_args(cfg, data, resumed, [*base, "train.max_steps=12", *fsdp])], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=SUBPROCESS_WAIT_S)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "step_00000008.ckpt: written by one process or DDP, and train.strategy fsdp cannot resume" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -3,10 +3,11 @@
 :func:`shrink` maps a config mapping (as ``configs/*.yaml`` holds it) to its rehearsal. What a
 user's run exercises is **kept**: every scale, experiment, model and model option; K (MeSH's and
 Parcae's K = 10 too) and the structure of d_s (d_s = d stays d_s = d; Figure 3's sweep stays the
-same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); strategy (FSDP too: FSDP2 over gloo, train/parallel.py; with two "nodes" of one process a hybrid
-sharding replicates whole parameters, and tests/train/test_fsdp.py shards them on 2 x 2 ranks); the world
-shape (several nodes become 2 "nodes" x 1 process started by a local ``srun`` with SLURM's
-variables, several devices on one node 2 processes; DDP over gloo); gradient accumulation; the
+same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); strategy (FSDP too:
+FSDP2 over gloo, train/parallel.py; with two "nodes" of one process a hybrid sharding replicates
+whole parameters, and tests/train/test_fsdp.py shards them on 2 x 2 ranks); the world shape
+(several nodes become 2 "nodes" x 1 process started by a local ``srun`` with SLURM's variables,
+several devices on one node 2 processes; gloo between them); gradient accumulation; the
 checkpoint / validation cadence (every 2 steps, so a resume has a checkpoint); the data stage's
 code path and the offline one (a hub source and the tokenizer keep their hub names, fetched by
 ``stateloop prefetch`` from a stand-in Hub serving local folders in the hub's layout into empty

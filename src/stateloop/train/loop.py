@@ -342,6 +342,8 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
              "data": data_identity}
     inexact: list[str] = []  # what makes the resumed steps differ from an uninterrupted run's
     if resume:
+        if is_sharded(fabric):
+            refuse_positional_optimizer_state(resume)
         extra = store.load_into(fabric, resume, state)  # torch's safe unpickler: a checkpoint never runs code
         # The validation points up to the checkpoint's step (checkpoints before the curve was kept have none).
         state["val_curve"] = [p for p in extra.get("val_curve", []) if p["step"] <= state["step"]]
@@ -692,6 +694,21 @@ def _total_steps(train: dict) -> int:
     if train.get("max_tokens"):
         return train["max_tokens"] // (train["global_batch"] * train["seq_len"])
     return int(train.get("max_steps") or 0)
+
+
+def refuse_positional_optimizer_state(path) -> None:
+    """FSDP resumes an optimizer state keyed by parameter name (what an FSDP run writes). One process
+    and DDP write it keyed by position in the optimizer's groups, which Fabric re-keys in
+    ``model.parameters()`` order, not the groups' (decayed matrices first): the moments would land on
+    the wrong parameters. Refused in one line before anything is loaded. (The other way round, an
+    FSDP checkpoint resumed by one process or DDP, the names are read in the groups' order: exact.)"""
+    from stateloop.files import safe_torch_load
+
+    state = (safe_torch_load(path, mmap=True, legacy_numpy=True).get("optimizer") or {}).get("state") or {}
+    if any(isinstance(k, int) for k in state):
+        raise ConfigError(f"{path}: written by one process or DDP, and train.strategy fsdp cannot resume its "
+                          f"optimizer state (keyed by position); resume with train.strategy ddp, or train into "
+                          f"another --out folder")
 
 
 def _check_resume(path, saved: dict, current: dict, saved_data: dict | None, data: dict, step: int) -> list[str]:
