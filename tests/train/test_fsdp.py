@@ -99,19 +99,43 @@ def test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and
     assert (out / "config.json").is_file()
 
 
+PROBED = {"one process": ["train.devices=1"], "ddp": ["train.devices=2", "train.strategy=ddp"],
+          "fsdp": ["train.devices=2", "train.strategy=fsdp"], "misread": ["train.devices=2", "train.strategy=fsdp"]}
+
+
+def _probed_run(cfg: Path, data: Path, folder: Path, name: str, overrides: list[str]) -> dict:
+    """One training through tests/support/precision_probe.py; the dtypes it saw, over its ranks."""
+    out = folder / f"{name.replace(' ', '_')}.json"
+    args = _train_args(cfg, data, folder / out.stem, [*overrides, *PROBED[name]])
+    probe = ROOT / "tests" / "support" / "precision_probe.py"
+    _finish([sys.executable, str(probe), str(out), *(["--misread"] if name == "misread" else []), "--", *args[1:]], folder)
+    ranks = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{out.name}.rank*"))]
+    assert len(ranks) == (1 if name == "one process" else 2), name
+    return {key: sorted({d for r in ranks for d in r[key]}) for key in ranks[0]}
+
+
+@pytest.fixture(scope="module")
+def bf16_runs(tmp_path_factory):
+    """The same 12 bf16-mixed steps in one process, under DDP, under FSDP and under FSDP misread as
+    Fabric's FSDP1 bf16-mixed (2 ranks each), probed: {name: (run folder, dtypes seen)}."""
+    from support.training import write_shards
+
+    folder = tmp_path_factory.mktemp("bf16")
+    data, cfg = write_shards(folder / "data"), write_config(folder / "cfg.yaml")
+    overrides = ["train.precision=bf16-mixed", "train.max_steps=12", "train.micro_batch=4", "train.global_batch=8",
+                 "train.mlflow_tracking=false"]
+    return {name: (folder / name.replace(" ", "_"), _probed_run(cfg, data, folder, name, overrides)) for name in PROBED}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["64-true", "bf16-mixed"])
-def test_sharded_training_equals_one_process(tiny_setup, tmp_path, precision):
+def test_sharded_training_equals_one_process_in_float64(tiny_setup, tmp_path):
     """Two ranks each holding half of every parameter, against one process accumulating the same two
-    micro-batches, 12 steps with validation and clipping. With two ranks the gradient is one sum of
-    two addends either way (the sharded run averages 2a and 2b where one process adds a and b:
-    halving is exact), so the runs agree to the bit in float64, and under bf16-mixed too: FSDP casts
-    nothing (docs/choices.md, "Precision"), so each micro-batch computes exactly as in one process.
-    With more ranks the order of the sum changes and they agree to float32 rounding of the
-    gradient sum (a float32 run here: 1.2e-7 after 8 steps), not bf16's. A bf16 gather (Fabric's
-    FSDP1 bf16-mixed) moves them by 2.5e-3 after 4 steps here."""
+    micro-batches, 12 steps with validation and clipping, in float64. With two ranks the gradient is
+    one sum of two addends either way (the sharded run averages 2a and 2b where one process adds a
+    and b: halving is exact), so the runs agree to the bit."""
     cfg, data = tiny_setup
-    overrides = [f"train.precision={precision}", "train.max_steps=12", "train.micro_batch=4", "train.global_batch=8"]
+    overrides = ["train.precision=64-true", "train.max_steps=12", "train.micro_batch=4", "train.global_batch=8",
+                 "train.mlflow_tracking=false"]
     for name, extra in (("one", ["train.devices=1"]), ("fsdp", ["train.devices=2", "train.strategy=fsdp"])):
         _finish([sys.executable, "-m", "stateloop.cli", *_train_args(cfg, data, tmp_path / name, overrides + extra)],
                 tmp_path)
@@ -122,30 +146,35 @@ def test_sharded_training_equals_one_process(tiny_setup, tmp_path, precision):
 
 
 @pytest.mark.slow
-def test_the_precision_policy_holds_under_every_strategy(tiny_setup, tmp_path):
-    """docs/choices.md, "Precision": under bf16-mixed, whatever the strategy, the residual stream
-    entering every decoder layer, the state S^k, the state cell's parameters and every norm's weight
-    are float32 in the forward, and gradients are reduced across ranks in float32. The probe sees
-    the plausible misreading, Fabric's FSDP1 bf16-mixed (parameters gathered and gradients reduced
-    in bf16), so this test can fail."""
-    cfg, data = tiny_setup
-    probe = ROOT / "tests" / "support" / "precision_probe.py"
-    runs = {"one process": ["train.devices=1"], "ddp": ["train.devices=2", "train.strategy=ddp"],
-            "fsdp": ["train.devices=2", "train.strategy=fsdp"], "misread": ["train.devices=2", "train.strategy=fsdp"]}
-    seen = {}
-    for name, extra in runs.items():
-        out = tmp_path / f"{name.replace(' ', '_')}.json"
-        args = _train_args(cfg, data, tmp_path / out.stem, ["train.precision=bf16-mixed", "train.max_steps=2", *extra])
-        _finish([sys.executable, str(probe), str(out), *(["--misread"] if name == "misread" else []), "--", *args[1:]],
-                tmp_path)
-        ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob(f"{out.name}.rank*"))]
-        assert len(ranks) == (1 if name == "one process" else 2), name
-        seen[name] = {key: sorted({d for r in ranks for d in r[key]}) for key in ranks[0]}
+def test_sharded_training_in_the_papers_precision_equals_one_process(bf16_runs):
+    """The same in bf16-mixed, the paper runs' precision: FSDP casts nothing (docs/choices.md,
+    "training precision"), so each micro-batch computes exactly as in one process and the runs
+    agree to the bit, as DDP's does. With more ranks the order of the gradient sum changes and they
+    agree to float32 rounding of that sum (a float32 run here: 1.2e-7 after 8 steps), not bf16's.
+    Fabric's FSDP1 bf16-mixed (bf16 parameters in the forward, bf16 reduction) moves them by
+    2.5e-3 after 4 steps here, and here too:"""
+    one = weights(bf16_runs["one process"][0])
+    for name in ("fsdp", "ddp"):
+        summary = json.loads((bf16_runs[name][0] / "train.json").read_text())
+        assert summary["world_size"] == 2 and summary["precision"] == "bf16-mixed", name
+        assert_bitwise_equal(weights(bf16_runs[name][0]), one)
+    misread = weights(bf16_runs["misread"][0])
+    assert max(float((misread[k] - one[k]).abs().max()) for k in one) > 1e-4
+
+
+@pytest.mark.slow
+def test_the_precision_policy_holds_under_every_strategy(bf16_runs):
+    """docs/choices.md, "training precision": under bf16-mixed, whatever the strategy, the residual
+    stream entering every decoder layer, the state S^k, the state cell's parameters and every norm's
+    weight are float32 in the forward, and gradients are reduced across ranks in float32. The probe
+    sees the plausible misreading, Fabric's FSDP1 bf16-mixed (parameters gathered and gradients
+    reduced in bf16), so this test can fail."""
+    seen = {name: dtypes for name, (_, dtypes) in bf16_runs.items()}
     float32 = {"residual": ["float32"], "state": ["float32"], "cell_params": ["float32"], "norm_params": ["float32"]}
     assert seen["one process"] == {**float32, "reduced": []}
     assert seen["ddp"] == seen["fsdp"] == {**float32, "reduced": ["float32"]}
-    assert seen["misread"]["cell_params"] == seen["misread"]["norm_params"] == seen["misread"]["residual"] == ["bfloat16"]
-    assert seen["misread"]["reduced"] == ["bfloat16"]
+    misread = seen["misread"]
+    assert misread["cell_params"] == misread["norm_params"] == misread["residual"] == misread["reduced"] == ["bfloat16"]
 
 
 @pytest.mark.slow
