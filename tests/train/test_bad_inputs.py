@@ -74,6 +74,18 @@ def _case(name, tmp_path):
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
+    if name in ("shard-twice", "val-shard-in-train"):  # a case the outside probe found: trained without a word
+        meta = json.loads((data / "meta.json").read_text())
+        splits = meta["splits"]
+        if name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
+            splits["train"]["shards"].append(dict(splits["train"]["shards"][0]))
+            splits["train"]["tokens"] *= 2
+            needle = "meta.json: shard file 'train_00000.bin' is listed twice in split 'train'"
+        else:  # validation reads a training shard: the val loss would measure training data
+            splits["val"]["shards"] = [dict(splits["train"]["shards"][0])]
+            needle = "meta.json: shard file 'train_00000.bin' is in both split 'train' and split 'val'"
+        (data / "meta.json").write_text(json.dumps(meta))
+        return _train(cfg, data, out), needle
     if name in ("meta-no-splits", "meta-no-eos", "oov-ids", "tokenizer-outside"):  # a case the fault probe found
         meta = json.loads((data / "meta.json").read_text())
         key = {"meta-no-splits": "splits", "meta-no-eos": "eos_id"}.get(name)
@@ -116,7 +128,9 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr",
          # a case the fault probe found
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
-         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside"]
+         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside",
+         # a case the outside probe of issue 53 found
+         "shard-twice", "val-shard-in-train"]
 
 
 @pytest.mark.parametrize("name", CASES)
