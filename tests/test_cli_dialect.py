@@ -2,6 +2,7 @@
 for quiet runs across every command, unknown names refused, `none` read as unset."""
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,31 @@ def test_a_malformed_run_is_one_line_naming_it_and_both_forms(command, recorded,
         name = "--runs" if command == "bench decode" else "RUN"
         assert len(err.splitlines()) == 1 and err.startswith(f"stateloop {command.split()[0]}: error: {name}: "), err
         assert repr(bad) in err and "run folder" in err and "{scale}/{model}/K{K}_ds{ds}_seed{seed}" in err, err
+    assert recorded == []  # refused before anything is read
+
+
+@pytest.mark.parametrize("command", list(RUN_COMMANDS))
+def test_a_run_id_that_climbs_out_of_the_runs_folder_is_refused_by_every_command(command, recorded, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`stateloop export ../stateloop/K3_ds32_seed1234 --out x` (and `eval` of it) read a folder
+    outside results/runs and exited 0, while `train` refused that run id. No config has a scale
+    '.' or '..', so every command refuses such a RUN in the same one line, whether results/runs/<RUN>
+    or a folder at the path RUN exists; the line says how to give a folder by its path."""
+    from stateloop.cli import main
+
+    for scale in ("..", "."):
+        bad = f"{scale}/stateloop/K2_ds16_seed7"
+        (tmp_path / "results/runs" / bad).mkdir(parents=True, exist_ok=True)  # as a run id: results/runs/<bad>
+        (tmp_path / "work" / bad).mkdir(parents=True, exist_ok=True)  # and, from work/, a folder at the path <bad>
+        for cwd in (tmp_path, tmp_path / "work"):
+            monkeypatch.chdir(cwd)
+            assert main(_argv(command, bad)) == 2
+            err = capsys.readouterr().err.strip()
+            name = "--runs" if command == "bench decode" else "RUN"
+            assert len(err.splitlines()) == 1, err
+            assert err == (f"stateloop {command.split()[0]}: error: {name}: {bad!r}: {scale!r} is not a scale (a run id "
+                           f"names a folder inside results/runs); give a run folder elsewhere by its full path, e.g. "
+                           f"{os.path.abspath(bad)}"), err
     assert recorded == []  # refused before anything is read
 
 

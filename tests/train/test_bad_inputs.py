@@ -106,7 +106,8 @@ def _case(name, tmp_path):
     return {
         "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
                               "RUN: t/stateloop/K9_ds64_seed1234 is not a run of"),
-        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"), "RUN: unknown scale '..'"),
+        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"),
+                           "RUN: '../stateloop/K2_ds32_seed1234': '..' is not a scale (a run id names a folder inside results/runs)"),
         "run-absolute": (_train(cfg, data, out, "/etc/stateloop/K2_ds32_seed1234"),
                          "RUN: expected a run folder or a run id {scale}/{model}"),
         "seq-longer-than-context": (_train(cfg, data, out, RUN, "train.seq_len=128"),
