@@ -231,6 +231,25 @@ def test_rehearse_refuses_fewer_than_one_core(cores, capsys):
     assert err[-1] == f"stateloop rehearse: error: argument --cores: must be a whole number of cores >= 1, got {cores}", err
 
 
+@pytest.mark.parametrize("order", ["config-first", "out-first"])
+def test_rehearse_takes_its_options_before_or_after_the_config(order, tmp_path, monkeypatch, capsys):
+    """`stateloop rehearse CONFIG --out DIR -- ARGS` failed ("unrecognized arguments") where `--out
+    DIR CONFIG -- ARGS` worked: every word after the first `--` goes to Snakemake, whatever the order
+    before it."""
+    import stateloop.rehearse.run as rehearsal
+    from stateloop.commands import run_command
+
+    seen = []
+    monkeypatch.setattr(rehearsal, "prepare", lambda config, out, shared: seen.append(("prepare", config, out, shared))
+                        or Path(out) / "config.yaml")
+    monkeypatch.setattr(rehearsal, "run_dag", lambda out, cores, extra: seen.append(("run", out, cores, extra))
+                        or argparse.Namespace(returncode=0))
+    out = str(tmp_path / "r")
+    words = ["configs/tiny.yaml", "--out", out] if order == "config-first" else ["--out", out, "configs/tiny.yaml"]
+    assert run_command(["rehearse", *words, "--cores", "1", "--", "-n", "--forceall", "results/table4.csv"]) == 0
+    assert seen == [("prepare", "configs/tiny.yaml", Path(out), None), ("run", Path(out), 1, ["-n", "--forceall", "results/table4.csv"])]
+
+
 @pytest.mark.parametrize("threads", ["0", "-2", "two"])
 def test_bench_decode_refuses_fewer_than_one_thread(threads, capsys):
     """`stateloop bench decode --threads 0` was ignored without a word and a negative count ended in
