@@ -212,10 +212,10 @@ def _leftovers(out: Path) -> list[Path]:
     """What interrupted exports to ``out`` left beside it (a SIGKILL, a power cut): their temporary
     folders, except one a running export holds (:func:`_hold`), and ``.<name>.old``, the earlier
     export a replacement moved aside, once ``out`` is in place again."""
-    found = []
+    found, temp = [], _temp_name(out)
     if out.parent.is_dir():
         for path in sorted(out.parent.iterdir()):
-            if not _temp_name(out).fullmatch(path.name) or path.is_symlink() or not path.is_dir():
+            if not temp.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
                 continue
             try:
                 fd = _hold(path)
