@@ -2,6 +2,7 @@
 for quiet runs across every command, unknown names refused, `none` read as unset."""
 
 import argparse
+import os
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,31 @@ def test_a_malformed_run_is_one_line_naming_it_and_both_forms(command, recorded,
     assert recorded == []  # refused before anything is read
 
 
+@pytest.mark.parametrize("command", list(RUN_COMMANDS))
+def test_a_run_id_that_climbs_out_of_the_runs_folder_is_refused_by_every_command(command, recorded, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`stateloop export ../stateloop/K3_ds32_seed1234 --out x` (and `eval` of it) read a folder
+    outside results/runs and exited 0, while `train` refused that run id. No config has a scale
+    '.' or '..', so every command refuses such a RUN in the same one line, whether results/runs/<RUN>
+    or a folder at the path RUN exists; the line says how to give a folder by its path."""
+    from stateloop.cli import main
+
+    for scale in ("..", "."):
+        bad = f"{scale}/stateloop/K2_ds16_seed7"
+        (tmp_path / "results/runs" / bad).mkdir(parents=True, exist_ok=True)  # as a run id: results/runs/<bad>
+        (tmp_path / "work" / bad).mkdir(parents=True, exist_ok=True)  # and, from work/, a folder at the path <bad>
+        for cwd in (tmp_path, tmp_path / "work"):
+            monkeypatch.chdir(cwd)
+            assert main(_argv(command, bad)) == 2
+            err = capsys.readouterr().err.strip()
+            name = "--runs" if command == "bench decode" else "RUN"
+            assert len(err.splitlines()) == 1, err
+            assert err == (f"stateloop {command.split()[0]}: error: {name}: {bad!r}: {scale!r} is not a scale (a run id "
+                           f"names a folder inside results/runs); give a run folder elsewhere by its full path, e.g. "
+                           f"{os.path.abspath(bad)}"), err
+    assert recorded == []  # refused before anything is read
+
+
 @pytest.mark.parametrize("command", [c for c in RUN_COMMANDS if c != "train"])
 def test_a_run_id_without_its_folder_is_the_missing_run_folder_error(command, tmp_path, monkeypatch, capsys):
     from stateloop.cli import main
@@ -203,6 +229,25 @@ def test_rehearse_refuses_fewer_than_one_core(cores, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"stateloop rehearse: error: argument --cores: must be a whole number of cores >= 1, got {cores}", err
+
+
+@pytest.mark.parametrize("order", ["config-first", "out-first"])
+def test_rehearse_takes_its_options_before_or_after_the_config(order, tmp_path, monkeypatch, capsys):
+    """`stateloop rehearse CONFIG --out DIR -- ARGS` failed ("unrecognized arguments") where `--out
+    DIR CONFIG -- ARGS` worked: every word after the first `--` goes to Snakemake, whatever the order
+    before it."""
+    import stateloop.rehearse.run as rehearsal
+    from stateloop.commands import run_command
+
+    seen = []
+    monkeypatch.setattr(rehearsal, "prepare", lambda config, out, shared: seen.append(("prepare", config, out, shared))
+                        or Path(out) / "config.yaml")
+    monkeypatch.setattr(rehearsal, "run_dag", lambda out, cores, extra: seen.append(("run", out, cores, extra))
+                        or argparse.Namespace(returncode=0))
+    out = str(tmp_path / "r")
+    words = ["configs/tiny.yaml", "--out", out] if order == "config-first" else ["--out", out, "configs/tiny.yaml"]
+    assert run_command(["rehearse", *words, "--cores", "1", "--", "-n", "--forceall", "results/table4.csv"]) == 0
+    assert seen == [("prepare", "configs/tiny.yaml", Path(out), None), ("run", Path(out), 1, ["-n", "--forceall", "results/table4.csv"])]
 
 
 @pytest.mark.parametrize("threads", ["0", "-2", "two"])

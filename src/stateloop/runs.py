@@ -157,10 +157,18 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
     """The run a command-line RUN argument (named ``name`` in errors) addresses: an existing
     directory is the run folder itself; otherwise a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``
     names ``results/runs/<id>`` (which need not exist: the command reading it says so, in one
-    line); anything else is a one-line ConfigError naming the argument and the two forms."""
+    line); anything else is a one-line ConfigError naming the argument and the two forms. A RUN
+    spelled as a run id whose scale is ``.`` or ``..`` (no config has one: pipeline.validate_pipeline)
+    is refused whether or not a folder of that path exists: as an id it would name a folder outside
+    ``results/runs``, and which of the two it meant only the user knows; a folder is then given by
+    its full path."""
+    m = RUN_ID.fullmatch(arg)
+    if m and m["scale"] in (".", ".."):
+        raise ConfigError(f"{name}: {arg!r}: {m['scale']!r} is not a scale (a run id names a folder inside {RUNS_ROOT}); "
+                          f"give a run folder elsewhere by its full path, e.g. {os.path.abspath(arg)}")
     if arg and Path(arg).is_dir():
         return RunArg(Path(arg), _folder_run_id(Path(arg)))
-    if RUN_ID.fullmatch(arg):
+    if m:
         return RunArg(Path(RUNS_ROOT) / arg, arg)
     raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
                       f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")

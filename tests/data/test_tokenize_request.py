@@ -1,7 +1,10 @@
 """``tokenize_stage`` called from Python with its typed request (data/stage.py: Request) writes the
 shards the command line writes; with config and scale it loads the scale itself."""
 
+import pytest
+
 from stateloop.cli import main as cli
+from stateloop.data.config import DataError
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.stage import Request, tokenize_stage
 
@@ -23,10 +26,15 @@ def test_the_stage_from_python_writes_what_the_command_writes(tmp_path, capsys):
 
 def test_the_stage_loads_the_scale_its_request_names(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("scales:\n  small:\n    model: {vocab_size: 320}\n    train: {seq_len: 16384}\n"
-                   "    data: {vocab_size: 300, workers: 0, synthetic: {train_docs: 20, val_docs: 2, test_docs: 0}}\n")
-    assert tokenize_stage(Request(config=str(cfg), scale="small", out=str(tmp_path / "o"), vocab_size=280, no_progress=True)) == 0
+    scale = ("scales:\n  small:\n    model: {{vocab_size: 320}}\n    train: {{seq_len: {}}}\n"
+             "    data: {{vocab_size: 300, workers: 0, synthetic: {{train_docs: 20, val_docs: 2, test_docs: 0}}}}\n")
+    request = Request(config=str(cfg), scale="small", out=str(tmp_path / "o"), vocab_size=280, no_progress=True)
+    cfg.write_text(scale.format(16384))
+    # the scale's train.seq_len came with it: its window is longer than the corpus, which is refused
+    with pytest.raises(DataError, match=r"fewer than one training window of train.seq_len \+ 1 = 16385 \(scales.small.train\)"):
+        tokenize_stage(request)
+    assert not (tmp_path / "o").exists()
+    cfg.write_text(scale.format(16))
+    assert tokenize_stage(request) == 0
     meta = read_meta(tmp_path / "o")
     assert meta["splits"]["train"]["documents"] == 20 and meta["vocab_size"] == 280  # a number from Python: the flag's text
-    # the scale's train.seq_len came with it: its window is longer than the corpus
-    assert "fewer than one training window of train.seq_len + 1 = 16385 (scales.small.train)" in capsys.readouterr().err

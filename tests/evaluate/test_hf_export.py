@@ -289,3 +289,90 @@ def test_a_model_built_from_its_config_alone_has_the_projects_init():
     torch.manual_seed(3)
     got = StateLoopForCausalLM(StateLoopConfig(stateloop_model=to_dict(cfg))).model.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
+# What the outside probe of issue 53 found: a SIGTERM during an export left its temporary folder,
+# which later exports never removed; a full-disk export exited 74 with a line that named no path.
+
+# `stateloop export ARGS` in a fresh interpreter whose export receives a real SIGTERM (as from
+# `scancel` or `kill`) in the middle of writing its weights.
+SIGTERM_DURING_WRITE = r"""
+import os, signal, sys
+import stateloop.files
+real = stateloop.files.write_safetensors
+def write(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return real(*args, **kwargs)
+stateloop.files.write_safetensors = write
+from stateloop.commands import run_command
+sys.exit(run_command(sys.argv[1:]))
+"""
+
+
+def _beside(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name)
+
+
+def test_a_sigterm_during_an_export_removes_its_temporary_folder_and_keeps_the_earlier_export(data_dir, tmp_path, capsys):
+    import stateloop
+    from support.evaluation import save_run
+
+    run_dir, out = tmp_path / "runs" / "stateloop", tmp_path / "exports" / "hf"
+    save_run(run_dir, data_dir, "stateloop")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    before = _tree(out)
+    env = {**os.environ, "PYTHONPATH": str(Path(stateloop.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_DURING_WRITE, "export", str(run_dir), "--out", str(out)], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + 15, (proc.returncode, proc.stderr[-3000:])
+    assert proc.stderr.strip().splitlines() == [f"stateloop export: stopped by SIGTERM; its temporary folder is removed and "
+                                                f"{out} holds no partial export"], proc.stderr
+    assert _beside(out) == [] and _tree(out) == before
+
+
+def test_an_export_removes_what_killed_exports_to_its_folder_left_and_only_that(data_dir, tmp_path, capsys):
+    """A SIGKILL leaves the temporary folder (and, inside a replacement, the earlier export moved
+    aside as .DIR.old): the next export to DIR removes them and says so; a temporary folder another
+    export is writing (it holds a lock on it) and other files stay."""
+    import fcntl
+
+    from support.evaluation import save_run
+
+    run_dir, out = tmp_path / "runs" / "stateloop", tmp_path / "exports" / "hf"
+    save_run(run_dir, data_dir, "stateloop")
+    assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    for name in (".hf.x1y2z3w4.tmp", ".hf.old", ".hf.abcd_123.tmp"):
+        (out.parent / name).mkdir()
+        (out.parent / name / "config.json").write_text("{}")
+    (out.parent / ".hf.notes.tmp").write_text("not ours")  # a file, and not an export's name
+    (out.parent / ".other.q1w2e3r4.tmp").mkdir()  # an export to another folder
+    busy = os.open(out.parent / ".hf.abcd_123.tmp", os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another export, writing
+    try:
+        capsys.readouterr()
+        assert main(["export", str(run_dir), "--out", str(out)]) == 0
+    finally:
+        os.close(busy)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stateloop export: {out.parent}: removed 2 folder(s) that interrupted exports to hf left: "
+                   f".hf.x1y2z3w4.tmp, .hf.old", f"wrote {out}"], err
+    assert _beside(out) == [".hf.abcd_123.tmp", ".hf.notes.tmp", ".other.q1w2e3r4.tmp"]
+
+
+def test_a_full_disk_export_is_one_line_naming_its_folder_exit_74_and_leaves_nothing(data_dir, tmp_path, capsys):
+    from support.disks import mount_tmpfs
+    from support.evaluation import save_run
+
+    run_dir, disk = tmp_path / "runs" / "stateloop", tmp_path / "disk"
+    save_run(run_dir, data_dir, "stateloop")
+    mount_tmpfs(disk, 64 * 1024)  # room for the model code, not for the weights
+    try:
+        out = disk / "hf"
+        capsys.readouterr()
+        assert main(["export", str(run_dir), "--out", str(out)]) == 74  # EX_IOERR
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"stateloop export: error: [Errno 28] {out}: export not written (No space left on device); nothing "
+                       f"of it is left: free space in {disk} and export again"], err
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)

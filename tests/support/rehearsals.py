@@ -74,15 +74,19 @@ def rehearsed(config: str, tmp_path_factory) -> Path:
 
 
 def needs_shared_data(raw: dict) -> bool:
-    """A config whose rehearsal reads ../shared/data: a hub dataset, tokenizer or lm-eval task."""
+    """A config whose rehearsal reads ../shared/data: a scale's hub dataset or tokenizer, or an
+    lm-eval task of a scale whose runs are trained (rehearse/run.py writes tasks only for those:
+    Table 3's untrained shapes have a scale whose tasks no job reads)."""
     from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
+    from stateloop.pipeline import expand_runs, pipeline_from_dict
 
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
-    for scale in raw["scales"].values():
+    trained = {run.scale for run in expand_runs(pipeline_from_dict(raw))}
+    for name, scale in raw["scales"].items():
         data, ev = scale.get("data") or {}, scale.get("eval") or {}
         if data.get("source", "synthetic") != "synthetic" or data.get("tokenizer", "bpe") != "bpe":
             return True
-        if any(t not in local_tasks for t in ev.get("tasks", PAPER_TASKS)):
+        if name in trained and any(t not in local_tasks for t in ev.get("tasks", PAPER_TASKS)):
             return True
     return False
 

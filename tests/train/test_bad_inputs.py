@@ -18,12 +18,13 @@ def _train(cfg, data, out, run=RUN, *overrides):
     return ["train", "--config", str(cfg), run, "--data-dir", str(data), "--out", str(out), "--set", *overrides]
 
 
-def _tokenize_config(tmp_path, text_file):
+def _tokenize_config(tmp_path, text_file, train=""):
     path = tmp_path / "text.yaml"
     path.write_text(f"""
 scales:
   s:
     data: {{source: {text_file}, tokenizer: bpe, vocab_size: 300, val_split: {text_file}, test_split: {text_file}}}
+    train: {{{train}}}
     model: {{vocab_size: 512, n_layers: 1, d_model: 32, d_ff: 64, n_heads: 2, head_dim: 16, max_seq_len: 64}}
 experiments:
   table1: {{scale: s, models: [stateloop], K: [2], d_s: [32]}}
@@ -52,6 +53,12 @@ def _case(name, tmp_path):
         needle = "text.txt: not UTF-8 text (invalid continuation byte: byte 0xe9)" if name == "not-utf8" else "text.txt: file is empty"
         return ["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out),
                 "--no-progress"], needle
+    if name in ("whitespace-corpus", "three-words"):  # warned about, exit 0; only training refused it
+        text = tmp_path / "text.txt"
+        text.write_text(" \n\n  \t \n" if name == "whitespace-corpus" else "three words here\n")
+        return (["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out), "--no-progress"],
+                f"data.source: {text}: {7 if name == 'whitespace-corpus' else 16} training tokens, fewer than one training window "
+                f"of train.seq_len + 1 = 2049 (scales.s.train): nothing to train on; give a larger corpus")
     if name in ("long-line", "long-document"):  # a 60 MB line took 4.9 GB and 14+ minutes to tokenize
         from stateloop.data.sources import MAX_DOC_CHARS
 
@@ -74,6 +81,18 @@ def _case(name, tmp_path):
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
+    if name in ("shard-twice", "val-shard-in-train"):  # a case the outside probe found: trained without a word
+        meta = json.loads((data / "meta.json").read_text())
+        splits = meta["splits"]
+        if name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
+            splits["train"]["shards"].append(dict(splits["train"]["shards"][0]))
+            splits["train"]["tokens"] *= 2
+            needle = "meta.json: shard file 'train_00000.bin' is listed twice in split 'train'"
+        else:  # validation reads a training shard: the val loss would measure training data
+            splits["val"]["shards"] = [dict(splits["train"]["shards"][0])]
+            needle = "meta.json: shard file 'train_00000.bin' is in both split 'train' and split 'val'"
+        (data / "meta.json").write_text(json.dumps(meta))
+        return _train(cfg, data, out), needle
     if name in ("meta-no-splits", "meta-no-eos", "oov-ids", "tokenizer-outside"):  # a case the fault probe found
         meta = json.loads((data / "meta.json").read_text())
         key = {"meta-no-splits": "splits", "meta-no-eos": "eos_id"}.get(name)
@@ -94,7 +113,8 @@ def _case(name, tmp_path):
     return {
         "run-not-in-config": (_train(cfg, data, out, "t/stateloop/K9_ds64_seed1234"),
                               "RUN: t/stateloop/K9_ds64_seed1234 is not a run of"),
-        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"), "RUN: unknown scale '..'"),
+        "run-escapes-up": (_train(cfg, data, out, "../stateloop/K2_ds32_seed1234"),
+                           "RUN: '../stateloop/K2_ds32_seed1234': '..' is not a scale (a run id names a folder inside results/runs)"),
         "run-absolute": (_train(cfg, data, out, "/etc/stateloop/K2_ds32_seed1234"),
                          "RUN: expected a run folder or a run id {scale}/{model}"),
         "seq-longer-than-context": (_train(cfg, data, out, RUN, "train.seq_len=128"),
@@ -116,7 +136,9 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          "run-absolute", "seq-longer-than-context", "seq-longer-than-data", "zero-steps", "negative-lr", "nan-lr",
          # a case the fault probe found
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
-         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside"]
+         "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside",
+         # a case the outside probe of issue 53 found
+         "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words"]
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -142,16 +164,24 @@ def test_an_offline_lm_eval_task_without_the_shared_data_names_the_folder(tmp_pa
                               f"(set STATELOOP_SHARED to the folder holding data/)")
 
 
-def test_a_corpus_smaller_than_one_training_window_is_warned_about_at_tokenize_time(tmp_path, capsys):
-    """The request: "a corpus of a few words (warn when the token count is below one training window)"."""
+def test_a_corpus_smaller_than_one_training_window_is_refused_at_tokenize_time_also_when_up_to_date(tmp_path, capsys):
+    """The request: "a corpus of a few words (warn when the token count is below one training
+    window)"; issue 53: it warned, exited 0, and only training refused it. A folder tokenized for a
+    shorter window (train.seq_len 8) is up to date for the same data section, and refused as it is
+    once the scale's window is longer than its train split; its shards stay."""
     text = tmp_path / "text.txt"
-    text.write_text("a few words\n")
-    cfg = _tokenize_config(tmp_path, text)
+    text.write_text("a few words of text\n")
+    out = tmp_path / "out"
+    cfg = _tokenize_config(tmp_path, text, "seq_len: 8")
+    assert main(["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(out), "--no-progress"]) == 0
+    before = sorted(p.name for p in out.iterdir())
+    cfg = _tokenize_config(tmp_path, text, "seq_len: 32")
     capsys.readouterr()
-    assert main(["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
-    warning = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
-    assert len(warning) == 1 and warning[0].startswith(f"stateloop tokenize: warning: {tmp_path / 'out'}: the train split has "), warning
-    assert "fewer than one training window of train.seq_len + 1 = 2049 (scales.s.train): training will refuse it" in warning[0]
+    assert main(["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"stateloop tokenize: error: data.source: {text}: 21 training tokens, fewer than one training window of "
+                   f"train.seq_len + 1 = 33 (scales.s.train): nothing to train on; give a larger corpus"], err
+    assert sorted(p.name for p in out.iterdir()) == before
 
 
 def test_shards_without_checksums_are_refused_in_one_line(tmp_path, capsys):

@@ -20,6 +20,7 @@ from stateloop.cli import main
 from stateloop.train import loop, signals
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT, train
+from support.disks import mount_tmpfs as _mount_tmpfs
 from support.training import ROOT, assert_bitwise_equal, resolved, weights, write_config, write_shards
 
 RUN = "t/stateloop/K2_ds32_seed1234"  # 12 steps, checkpoints at 4, 8, 12, two kept (support.training)
@@ -161,13 +162,6 @@ def test_a_sigkill_inside_the_final_weights_write_is_cleaned_up_by_the_resume(se
     assert sorted(p.name for p in run_dir.glob(".*.tmp")) == [".notes.tmp"]
     assert (f"{run_dir}: removed 2 incomplete file(s) of interrupted writes: {killed.name}, .train.json.x1y2z3w4.tmp"
             in err), err
-
-
-def _mount_tmpfs(path, size: int) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs to fill (needs root): {proc.stderr.strip()}")
 
 
 @pytest.mark.slow

@@ -72,11 +72,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed. A command module that names a ``PASSTHROUGH`` argument (rehearse: the words
+    for Snakemake) gets every word after the first ``--`` in it, whatever comes before: argparse
+    alone fills such a list at the first positional word, so an option after CONFIG left the words
+    after ``--`` "unrecognized"."""
+    module = COMMANDS.get(argv[0], (None,))[0] if argv else None
+    passthrough = getattr(importlib.import_module(module), "PASSTHROUGH", None) if module else None
+    if passthrough is None or "--" not in argv:
+        return parser.parse_args(argv)
+    cut = argv.index("--")
+    args = parser.parse_args(argv[:cut])
+    setattr(args, passthrough, [*getattr(args, passthrough), *argv[cut + 1:]])
+    return args
+
+
 def run_command(argv: list[str] | None = None) -> int:
     """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None) in this process; a failure the user can
     act on is one line on stderr and an exit status."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     try:
         return importlib.import_module(args._module).run(args) or 0
     except (ConfigError, FileNotFoundError) as err:

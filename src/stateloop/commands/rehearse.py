@@ -31,6 +31,9 @@ def cores(text: str) -> int:
     return n
 
 
+PASSTHROUGH = "snakemake_args"  # every word after the first `--` (commands.parse), wherever the options are
+
+
 def add_arguments(p) -> None:
     p.add_argument("config", metavar="CONFIG", help="pipeline config to rehearse (configs/*.yaml)")
     p.add_argument("--out", help="rehearsal folder (default: rehearsals/<config name>)")

@@ -21,8 +21,9 @@ def open_data(rc: RunConfig):
     """Open and check the token shards a resolved config names: (train ShardSet, val ShardSet or None).
 
     Fails, naming the folder or file, when the folder or its meta.json is missing, a split is
-    missing or shorter than one window, a shard's size disagrees with meta.json, the tokenizer's
-    vocabulary does not fit ``model.vocab_size``, or its file is named outside the folder.
+    missing or shorter than one window, a shard's size disagrees with meta.json, a shard is listed
+    twice (in one split, or in both train and the validation split), the tokenizer's vocabulary
+    does not fit ``model.vocab_size``, or its file is named outside the folder.
     """
     from stateloop.data.shards import META, ShardSet, read_meta
     from stateloop.data.tokenizer import tokenizer_file
@@ -54,5 +55,10 @@ def open_data(rc: RunConfig):
 
     train = split("train")
     val = split(tcfg.val_split) if tcfg.val_tokens > 0 else None
+    if val is not None and val.split != train.split:
+        shared = next((name for name in val.files if name in train.files), None)
+        if shared is not None:  # the validation loss would measure tokens the run trains on
+            raise ConfigError(f"{where}: shard file {shared!r} is in both split 'train' and split {val.split!r} (an edited "
+                              f"or foreign meta.json; rerun `stateloop tokenize`)")
     return train, val
 

@@ -297,10 +297,15 @@ class ShardSet:
         self.dtype = expected.newbyteorder("<")
         self.eos_id = int(_meta_field(self.meta, "eos_id", where, int))
         self.maps = []
+        self.files: list[str] = []  # the shard files, in meta.json's order; each once
         for shard in _meta_field(splits[split], "shards", where, list):
             name = shard.get("file") if isinstance(shard, dict) else None
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 raise ValueError(f"{where}: shard file {name!r} is not a file name inside the data folder")
+            if name in self.files:  # its windows would be drawn twice an epoch, without a word
+                raise ValueError(f"{where}: shard file {name!r} is listed twice in split {split!r} (an edited or foreign "
+                                 f"meta.json; rerun `stateloop tokenize`)")
+            self.files.append(name)
             path = self.dir / name
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: shard listed in meta.json is missing")

@@ -1,11 +1,10 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
-of ``--config``/``--scale``, then single keys from flags), the token shards they make, and a warning
-where the train split is shorter than one training window of the scale. What it is asked for is
-a :class:`Request`, which commands/tokenize.py builds from the flags."""
+of ``--config``/``--scale``, then single keys from flags) and the token shards they make; a train
+split shorter than one training window of the scale is refused in one line, no shards left. What
+it is asked for is a :class:`Request`, which commands/tokenize.py builds from the flags."""
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -171,8 +170,8 @@ def data_homes(scales: dict[str, ScaleConfig], names: list[str]) -> dict[str, st
 
 def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
     """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
-    here unless a caller that holds it already passes it) say; warn where the train split is
-    shorter than one training window."""
+    here unless a caller that holds it already passes it) say; a train split shorter than one
+    training window of the scale is refused (a one-line DataError)."""
     from stateloop.data.tokenize import tokenize
     from stateloop.prefetch import data_needs, require
 
@@ -183,12 +182,9 @@ def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
 
     data, model_vocab = resolve_data(args, scale)
     require(data_needs(data), args.config)  # offline: the hub tokenizer and dataset files are cached
-    meta = tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress)
-    if scale is not None:  # a corpus too small to train on: said now, not at training time
+    least = None
+    if scale is not None:  # a corpus too small to train on is refused now, not at training time
         window = scale.train.seq_len + 1
-        tokens = ((meta.get("splits") or {}).get("train") or {}).get("tokens", 0)
-        if tokens < window:
-            print(f"stateloop tokenize: warning: {args.out}: the train split has {tokens} tokens, fewer than one training "
-                  f"window of train.seq_len + 1 = {window} (scales.{args.scale}.train): training will refuse it; "
-                  f"give a larger corpus", file=sys.stderr)
+        least = (window, f"one training window of train.seq_len + 1 = {window} (scales.{args.scale}.train)")
+    tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress, least=least)
     return 0

@@ -44,6 +44,7 @@ shards are stamped as verified (data/shards.py: ``stamp_verified``) by the write
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -466,12 +467,22 @@ def _publish(stage: Path, out: Path, splits: dict, tops: dict, vocab_size: int) 
     shutil.rmtree(stage, ignore_errors=True)
 
 
+def _check_enough(cfg: DataConfig, tokens: int, least: tuple[int, str] | None) -> None:
+    """A train split of ``tokens`` tokens, refused (one line naming the source) where it is shorter
+    than ``least`` = (tokens, what needs that many)."""
+    if least is not None and tokens < least[0]:
+        raise DataError(f"data.source: {cfg.source}: {tokens} training tokens, fewer than {least[1]}: "
+                        f"nothing to train on; give a larger corpus")
+
+
 def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None = None, force: bool = False,
-             progress: bool = True, log=print) -> dict:
+             progress: bool = True, log=print, least: tuple[int, str] | None = None) -> dict:
     """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content.
 
     Raises :class:`DataError` (one line, naming the key or file) for a missing or empty source,
-    an unreadable tokenizer, or a tokenizer with more ids than ``model_vocab_size``.
+    an unreadable tokenizer, a tokenizer with more ids than ``model_vocab_size``, or a train split
+    shorter than ``least`` = (tokens, what needs them: one training window of the scale), which
+    then leaves no shards behind (an up-to-date folder that short is refused as it is).
 
     With ``workers > 0`` the pool uses the ``spawn`` start method, so a script calling this
     needs the usual ``if __name__ == "__main__":`` guard (the command line has it).
@@ -485,6 +496,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     if not force and is_complete(out, fp):
         meta = read_meta(out)
         _check_fit(meta["vocab_size"], model_vocab_size, str(out / "tokenizer.json"))
+        _check_enough(cfg, meta["splits"]["train"]["tokens"], least)
         log(f"{out}: up to date ({meta['tokens']:,} tokens); nothing to do")
         return meta
 
@@ -510,6 +522,13 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     dtype = token_dtype(n_vocab)
 
     splits, tops = _write_shards(cfg, streams, stage, tok_json, eos_id, dtype, progress, fp, tok_desc, resume)
+    try:
+        _check_enough(cfg, splits["train"]["tokens"], least)
+    except DataError:
+        shutil.rmtree(stage, ignore_errors=True)  # no shards of it stay; what the folder held before was cleared already
+        with contextlib.suppress(OSError):
+            out.rmdir()  # only where empty
+        raise
     _publish(stage, out, splits, tops, n_vocab)  # meta.json last: only a complete folder has one
     write_meta(out, {
         "dtype": dtype.name,

@@ -35,7 +35,9 @@ Nothing here needs transformers: the export writes JSON, safetensors and source 
 from __future__ import annotations
 
 import ast
+import errno
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -180,11 +182,73 @@ def check_replaceable(out: Path) -> None:
                           f"stateloop); an export replaces its folder whole: choose a new or empty folder")
 
 
-def export_run(run_dir: str | Path, out: str | Path) -> Path:
+def _temp_name(out: Path) -> re.Pattern:
+    """The names of the temporary folders that exports to ``out`` write beside it (mkdtemp's
+    ``.<name>.XXXXXXXX.tmp``)."""
+    return re.compile(rf"\.{re.escape(out.name)}\.[a-z0-9_]{{8}}\.tmp")
+
+
+def _hold(folder: Path) -> int | None:
+    """Lock ``folder`` (flock on its descriptor, released when the process ends, however it ends):
+    an export holds its temporary folder so that another export's :func:`_leftovers` leaves it be.
+    None where the file system has no flock for folders (some network file systems)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return None
+    return fd
+
+
+def _leftovers(out: Path) -> list[Path]:
+    """What interrupted exports to ``out`` left beside it (a SIGKILL, a power cut): their temporary
+    folders, except one a running export holds (:func:`_hold`), and ``.<name>.old``, the earlier
+    export a replacement moved aside, once ``out`` is in place again."""
+    found, temp = [], _temp_name(out)
+    if out.parent.is_dir():
+        for path in sorted(out.parent.iterdir()):
+            if not temp.fullmatch(path.name) or path.is_symlink() or not path.is_dir():
+                continue
+            try:
+                fd = _hold(path)
+            except OSError:
+                continue  # another export is writing it
+            if fd is not None:
+                os.close(fd)
+            found.append(path)
+    old = out.with_name(f".{out.name}.old")
+    if out.is_dir() and old.is_dir() and not old.is_symlink():
+        found.append(old)
+    return found
+
+
+def _remove_leftovers(out: Path, log) -> None:
+    leftovers = _leftovers(out)
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    if leftovers and log is not None:
+        log(f"{out.parent}: removed {len(leftovers)} folder(s) that interrupted exports to {out.name} left: "
+            f"{', '.join(p.name for p in leftovers)}")
+
+
+def export_run(run_dir: str | Path, out: str | Path, log=None) -> Path:
     """Write the Hugging Face directory of a run folder to ``out`` (replaced whole, atomically:
     written beside it, then renamed into place). ``out`` must lie outside the run folder and the
     data folder, and hold neither (:func:`check_out`); an existing ``out`` must be empty or an earlier
-    export (:func:`check_replaceable`)."""
+    export (:func:`check_replaceable`).
+
+    An exception, a Ctrl-C or a signal its caller turns into one (``stateloop export`` does so for
+    SIGTERM and SIGHUP) removes the temporary folder and leaves ``out`` as it was; what a killed
+    export left beside ``out`` the next export to ``out`` removes (``log`` says so). A failed write
+    (a full disk) is one OSError naming ``out``."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
     from stateloop.files import code_version, write_safetensors
@@ -215,9 +279,15 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
     # The saved model section and config go over verbatim (the typed read above checked them).
     files = {"config.json": json.dumps(hf_config(saved["model"], context, eos_id, run), indent=2) + "\n",
              **tokenizer_files(tok_json, eos_token, context), **bundle()}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    _remove_leftovers(out, log)  # first: a full disk may be full of them
+    held = None
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as err:
+        raise _not_written(out, err) from None
+    try:
+        held = _hold(tmp)
         for name, text in files.items():
             (tmp / name).write_text(text, encoding="utf-8")
         write_safetensors(tmp / HF_WEIGHTS, {PREFIX + k: v for k, v in model.state_dict().items()}, weights_metadata(saved))
@@ -226,12 +296,30 @@ def export_run(run_dir: str | Path, out: str | Path) -> Path:
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
+            try:
+                tmp.rename(out)
+            except BaseException:
+                old.rename(out)  # the earlier export back in place
+                raise
+            shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise _not_written(out, err) from None
         raise
+    finally:
+        if held is not None:
+            os.close(held)
+    _remove_leftovers(out, log)  # an earlier export that a killed replacement had moved aside
     return out
+
+
+def _not_written(out: Path, err: OSError) -> OSError:
+    """The one-line OSError of an export that could not be written (a full disk: the write's own
+    error names no file), naming ``out``; nothing of it is left."""
+    why = os.strerror(err.errno) if err.errno else str(err)
+    then = f": free space in {out.parent} and export again" if err.errno == errno.ENOSPC else ""
+    return OSError(err.errno, f"{out}: export not written ({why}); nothing of it is left{then}")
 

@@ -37,7 +37,7 @@ from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
 from stateloop.evaluate.tasks.rehearsal import write_tasks
 from stateloop.files import atomic_write_bytes
-from stateloop.pipeline import pipeline_from_dict
+from stateloop.pipeline import expand_runs, pipeline_from_dict
 from stateloop.rehearse.config import shrink
 from stateloop.rehearse.mirrors import write_mirror
 
@@ -75,7 +75,10 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     out = Path(out).resolve()
     shared = Path(shared_data) if shared_data else default_shared_data()
     raw = load_yaml(config)
-    pipeline_from_dict(raw, str(config))  # the real config must be valid before it is rehearsed
+    # the real config must be valid before it is rehearsed; lm-eval tasks are written for the scales
+    # whose runs are trained (and so evaluated), as `stateloop prefetch` fetches them: Table 3's
+    # untrained shapes have a scale of their own whose tasks no job reads
+    trained = {run.scale for run in expand_runs(pipeline_from_dict(raw, str(config)))}
     cfg = shrink(raw)
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
     written_tasks: dict[tuple, dict] = {}
@@ -96,7 +99,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
             repos[("model", tok)] = tokenizer_repo(tok, out / "hub-models", shared)
         names = from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval").tasks
         hub_tasks = tuple(t for t in names if t not in local_tasks)
-        if hub_tasks:
+        if hub_tasks and name in trained:
             if hub_tasks not in written_tasks:
                 written_tasks[hub_tasks] = write_tasks(list(hub_tasks), out / "tasks", shared)
             scale["eval"].update(written_tasks[hub_tasks])
