@@ -68,6 +68,7 @@ def test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and
     ref = json.loads((tmp_path / "ref" / "train.json").read_text())
     assert ref["world_size"] == 4 and ref["accumulation"] == 2 and ref["strategy"] == "ModelParallelStrategy"
     assert ref["cluster_environment"] == "SLURMEnvironment" and ref["precision"] == "bf16-mixed"
+    assert [p["state"]["states"] for p in ref["val_curve"]] == [[1, 2], [1, 2]]  # diagnostics over every rank's windows
 
     run_dir = tmp_path / "killed"
     cmd = _srun(2, 2, _train_args(cfg, synthetic_shards, run_dir, overrides))

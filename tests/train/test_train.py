@@ -277,6 +277,9 @@ def test_bf16_mixed_training_runs_on_the_cpu(tiny_setup, tmp_path, model):
     assert result.status == "finished" and summary["precision"] == "bf16-mixed"
     assert math.isfinite(summary["final_val_loss"]) and summary["final_val_loss"] < math.log(96) - 0.5
     assert all(v.dtype == torch.float32 for v in weights(run_dir).values())
+    # the validation's state diagnostics are recorded under autocast too (Fabric's input conversion
+    # copied the hook's dict, which stayed empty)
+    assert summary["val_curve"][-1]["state"]["states"] == ([1] if model == "state_only" else [1, 2])  # X^1 / S^1, S^2
 
 
 def test_a_folder_holds_one_run_and_a_resume_keeps_its_optimizer_settings(tiny_setup, tmp_path, capsys):

@@ -173,7 +173,11 @@ def validate(fabric, model, windows: torch.Tensor, batch_size: int, diagnostics:
     local = windows[fabric.global_rank :: fabric.world_size]
     sums = {} if diagnostics else None
     hook = {"diagnostics": sums} if diagnostics else {}
-    totals = token_nll(model, local, batch_size, device=fabric.device, **hook).sum(0).to(fabric.device)
+    # Fabric's mixed precision passes a forward's arguments through apply_to_collection, which copies
+    # the diagnostics dict (the model would fill the copy): the module itself, under the same autocast.
+    # (Under FSDP2 the module is the sharded one; DDP's wrapper has nothing to do without gradients.)
+    with fabric.autocast():
+        totals = token_nll(model.module, local, batch_size, device=fabric.device, **hook).sum(0).to(fabric.device)
     totals = fabric.all_reduce(totals, reduce_op="sum")
     state = None
     if diagnostics:
