@@ -266,7 +266,7 @@ def lm_eval_yamls(tasks: list[str]) -> dict[str, tuple[Path, dict]]:
     return out
 
 
-def _splits(cfg: dict) -> list[str]:
+def task_splits(cfg: dict) -> list[str]:
     """Every split lm-eval's config names (evaluated, training, validation, few-shot)."""
     names = [cfg.get(k) for k in ("training_split", "validation_split", "test_split", "fewshot_split")]
     fewshot = cfg.get("fewshot_config") or {}
@@ -274,7 +274,7 @@ def _splits(cfg: dict) -> list[str]:
     return list(dict.fromkeys(s for s in names if s))
 
 
-def _check_records(name: str, rows: list[dict]) -> None:
+def check_records(name: str, rows: list[dict]) -> None:
     """Cheap checks of what lm-eval's processors assume of the schema."""
     for r in rows:
         if name == "race":
@@ -322,11 +322,11 @@ def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: 
             raise ValueError(f"{lm_yaml}: lm-eval's {name} reads {dataset[0]} ({dataset[1]}), not "
                              f"{source.dataset[0]} ({source.dataset[1]}) whose schema this module writes")
         files = {}
-        for split in _splits(cfg):
+        for split in task_splits(cfg):
             rows = source.records(split, n_examples, shared_data)
             if not rows:
                 raise ValueError(f"{name}: no records for split {split!r} from {source.origin}")
-            _check_records(name, rows)
+            check_records(name, rows)
             path = out_dir / DATA_FOLDER / name / f"{split}.jsonl"
             write_jsonl(path, rows)
             files[split] = (path, len(rows))

@@ -1,0 +1,131 @@
+"""lm-eval's tasks' datasets as hub repositories under their real names, for the stand-in hub.
+
+A config's lm-eval tasks (``arc_easy``, ``hellaswag``, ...) read Hub datasets named in lm-eval's
+own task YAMLs (``dataset_path``, ``dataset_name``: ``allenai/ai2_arc`` with ``ARC-Easy``,
+``Rowan/hellaswag``, ...). :func:`write_task_repos` writes, for the tasks a rehearsal evaluates,
+one folder per such dataset in the layout ``datasets`` resolves from a Hub repository without a
+loading script:
+
+    README.md                                   a dataset card whose ``configs:`` map each config
+                                                (lm-eval's dataset_name; ``default`` where it names
+                                                none) and split to its file
+    {config}/{split}-00000-of-00001.parquet     (``data/...`` for the ``default`` config)
+
+with every split lm-eval's YAML names, in the record schema and with the content of
+:mod:`stateloop.evaluate.tasks.rehearsal` (LAMBADA, PIQA and WikiText-2 from the shared data,
+generated questions for the others). Tasks that share a dataset share its folder (``arc_easy``
+and ``arc_challenge``: ``allenai/ai2_arc`` with two configs). The rehearsal (run.py) serves these
+folders from the stand-in hub (hub.py) beside the corpus and the tokenizer, ``stateloop
+prefetch`` fetches them with lm-eval's own download, and the evaluation jobs read lm-eval's own,
+unchanged task YAMLs offline from the caches, as on a compute node.
+
+``tasks.json`` in the output folder records each task's repository, config, files and where
+their content comes from. Only the schema is real: the numbers measure nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import yaml
+
+from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
+from stateloop.evaluate.tasks.rehearsal import MIN_EXAMPLES, SOURCES, check_records, lm_eval_yamls, task_splits
+
+CARD = "README.md"
+MANIFEST = "tasks.json"
+DEFAULT_CONFIG = "default"
+
+
+def repo_folder(out_dir: Path, repo_id: str) -> Path:
+    return out_dir / repo_id.replace("/", "--")
+
+
+def data_file(config: str, split: str) -> str:
+    """A split's file inside its repository, as the Hub's parquet datasets name them."""
+    folder = "data" if config == DEFAULT_CONFIG else config
+    return f"{folder}/{split}-00000-of-00001.parquet"
+
+
+def _write_parquet(path: Path, rows: list[dict]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(path)
+
+
+def card(configs: dict[str, dict[str, str]]) -> str:
+    """A dataset card whose ``configs:`` give each config's split files (``config -> split -> file``)."""
+    entries = [{"config_name": name, "data_files": [{"split": s, "path": p} for s, p in files.items()]}
+               for name, files in configs.items()]
+    front = yaml.safe_dump({"configs": entries}, sort_keys=False)
+    return (f"---\n{front}---\n# Rehearsal stand-in\n\nSmall data in this dataset's record schema, written by "
+            f"stateloop.rehearse.tasks for an offline rehearsal; it measures nothing.\n")
+
+
+def hub_tasks(tasks: list[str]) -> list[str]:
+    """The tasks among ``tasks`` that read a Hub dataset (not a local task of workflow/tasks/)."""
+    local = task_yamls(DEFAULT_TASK_DIR)
+    return [t for t in dict.fromkeys(tasks) if t not in local]
+
+
+def write_task_repos(tasks: list[str], out_dir: str | Path, shared_data: str | Path,
+                     n_examples: int = 20) -> dict[str, Path]:
+    """Write the Hub datasets lm-eval's ``tasks`` read (see the module docstring) into ``out_dir``,
+    (each repository's folder replaced); returns ``repo_id -> folder``. A task that is neither a
+    local task nor one of :data:`~stateloop.evaluate.tasks.rehearsal.SOURCES` is an error (its
+    data cannot be made here)."""
+    if n_examples < MIN_EXAMPLES:
+        raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")
+    out_dir, shared_data = Path(out_dir).resolve(), Path(shared_data).resolve()
+    names = hub_tasks(tasks)
+    unknown = [t for t in names if t not in SOURCES]
+    if unknown:
+        raise ValueError(f"no rehearsal data for lm-eval task(s) {', '.join(unknown)} (rehearsable: {', '.join(SOURCES)})")
+    installed = lm_eval_yamls(names) if names else {}
+    tables: dict[str, dict[str, list[dict]]] = {}  # repo -> file -> records
+    configs: dict[str, dict[str, dict[str, str]]] = {}  # repo -> config -> split -> file
+    manifest = {}
+    for name in names:
+        source = SOURCES[name]
+        lm_yaml, cfg = installed[name]
+        repo_id, config = cfg.get("dataset_path"), cfg.get("dataset_name")
+        if (repo_id, config) != source.dataset:
+            raise ValueError(f"{lm_yaml}: lm-eval's {name} reads {repo_id} ({config}), not "
+                             f"{source.dataset[0]} ({source.dataset[1]}) whose schema is written here")
+        kwargs = {k: v for k, v in dict(cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"}
+        if kwargs:
+            raise ValueError(f"{lm_yaml}: lm-eval's {name} loads its dataset with {', '.join(sorted(kwargs))}, "
+                             f"which a rehearsal repository does not reproduce")
+        config = config or DEFAULT_CONFIG
+        files = configs.setdefault(repo_id, {}).setdefault(config, {})
+        written = tables.setdefault(repo_id, {})
+        splits = {}
+        for split in task_splits(cfg):
+            path = files.setdefault(split, data_file(config, split))
+            if path not in written:  # two tasks over one config and split: written once
+                rows = source.records(split, n_examples, shared_data)
+                if not rows:
+                    raise ValueError(f"{name}: no records for split {split!r} from {source.origin}")
+                check_records(name, rows)
+                written[path] = rows
+            splits[split] = {"file": path, "records": len(written[path])}
+        manifest[name] = {"repo": repo_id, "config": config, "yaml": str(lm_yaml), "origin": source.origin,
+                          "evaluated_split": cfg.get("test_split") or cfg.get("validation_split"), "splits": splits}
+    repos = {}
+    for repo_id, repo_configs in configs.items():
+        folder = repo_folder(out_dir, repo_id)
+        if folder.exists():  # a file of an earlier rehearsal would be served too
+            shutil.rmtree(folder)
+        for path, rows in tables[repo_id].items():
+            _write_parquet(folder / path, rows)
+        (folder / CARD).write_text(card(repo_configs), encoding="utf-8")
+        repos[repo_id] = folder
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return repos
