@@ -5,20 +5,23 @@ A rehearsal folder ``OUT`` holds
     config.yaml      the shrunk config (rehearse/config.py); hub names stay hub names
     hub-data/        each hub dataset of the config as a local folder in its hub layout (mirrors.py)
     hub-models/      the config's hub tokenizer's tokenizer.json, as its hub repository holds it
+    hub-tasks/       the datasets of the config's lm-eval tasks, each in its hub layout under the name
+                     lm-eval's own task YAML reads (tasks.py; tasks.json says what each holds)
     hf-home/         the Hugging Face caches the jobs read (hub/, datasets/), empty until the prefetch
-    tasks/           the config's lm-eval tasks over local data files (evaluate/tasks/rehearsal.py)
     bin/srun         the local stand-in for SLURM's srun (srun.py)
 
 and, once the DAG ran, its ``data/``, ``results/``, ``figures/`` and ``logs/``: Snakemake runs
 the repository's own Snakefile with ``--directory OUT``, so nothing of a real run is touched.
 
 As on a cluster whose nodes have no network, :func:`prepare` ends with ``stateloop prefetch``
-(stateloop/prefetch.py) against a stand-in for the Hub that serves ``hub-data/`` and
-``hub-models/`` (hub.py) under the config's own hub names, into the empty ``hf-home/``; then the
-stand-in stops. The jobs see ``PATH=OUT/bin:$PATH``, ``HF_HOME=OUT/hf-home``, the offline switches
-of huggingface_hub and datasets, and no network: the Hub's endpoint and every HTTP proxy point at
-a closed port (loopback itself stays, for the training's processes). A job that needs a file the
-prefetch did not fetch fails at its start, naming it.
+(stateloop/prefetch.py) against a stand-in for the Hub that serves ``hub-data/``, ``hub-models/``
+and ``hub-tasks/`` (hub.py) under the config's own hub names and those of its tasks' datasets, into
+the empty ``hf-home/``; then the stand-in stops. The evaluation jobs read lm-eval's own task YAMLs,
+unchanged, whose datasets then resolve from the caches. The jobs see ``PATH=OUT/bin:$PATH``,
+``HF_HOME=OUT/hf-home``, the offline switches of huggingface_hub and datasets, and no network:
+the Hub's endpoint and every HTTP proxy point at a closed port (loopback itself stays, for the
+training's processes). A job that needs a file the prefetch did not fetch fails at its start,
+naming it.
 """
 
 from __future__ import annotations
@@ -34,12 +37,12 @@ from stateloop.config import ConfigError, from_dict, load_yaml
 from stateloop.data.config import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.config import EvalConfig
-from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, REPO, default_shared_data, task_yamls
-from stateloop.evaluate.tasks.rehearsal import write_tasks
+from stateloop.evaluate.tasks.files import REPO, default_shared_data
 from stateloop.files import atomic_write_bytes
 from stateloop.pipeline import expand_runs, pipeline_from_dict
 from stateloop.rehearse.config import shrink
 from stateloop.rehearse.mirrors import write_mirror
+from stateloop.rehearse.tasks import hub_tasks, write_task_repos
 
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder
@@ -75,13 +78,12 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     out = Path(out).resolve()
     shared = Path(shared_data) if shared_data else default_shared_data()
     raw = load_yaml(config)
-    # the real config must be valid before it is rehearsed; lm-eval tasks are written for the scales
+    # the real config must be valid before it is rehearsed; lm-eval tasks' data is served for the scales
     # whose runs are trained (and so evaluated), as `stateloop prefetch` fetches them: Table 3's
     # untrained shapes have a scale of their own whose tasks no job reads
     trained = {run.scale for run in expand_runs(pipeline_from_dict(raw, str(config)))}
     cfg = shrink(raw)
-    local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
-    written_tasks: dict[tuple, dict] = {}
+    tasks: list[str] = []  # the lm-eval tasks whose data the stand-in hub serves
     repos: dict[tuple[str, str], Path] = {}  # what the stand-in hub serves
     for name, scale in cfg["scales"].items():
         data = scale["data"]
@@ -97,12 +99,11 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
         tok = data.get("tokenizer", "bpe")
         if tok != "bpe" and not is_local_tokenizer(tok):
             repos[("model", tok)] = tokenizer_repo(tok, out / "hub-models", shared)
-        names = from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval").tasks
-        hub_tasks = tuple(t for t in names if t not in local_tasks)
-        if hub_tasks and name in trained:
-            if hub_tasks not in written_tasks:
-                written_tasks[hub_tasks] = write_tasks(list(hub_tasks), out / "tasks", shared)
-            scale["eval"].update(written_tasks[hub_tasks])
+        if name in trained:
+            tasks += hub_tasks(from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval").tasks)
+    for repo_id, folder in (write_task_repos(tasks, out / "hub-tasks", shared) if tasks else {}).items():
+        if repos.setdefault(("dataset", repo_id), folder) != folder:
+            raise ConfigError(f"{repo_id}: both a data source and the dataset of an lm-eval task; a rehearsal serves one")
     pipeline_from_dict(cfg, str(out / "config.yaml"))
     header = (f"# Rehearsal of {config}: the same DAG with sizes shrunk (stateloop rehearse).\n"
               f"# Written by stateloop.rehearse; edit the real config and rehearse again instead.\n")
