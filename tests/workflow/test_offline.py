@@ -32,11 +32,16 @@ def test_the_paper_rehearsal_prefetches_into_empty_caches_then_runs_offline(tmp_
     out = tmp_path / "paper"
     prepare(ROOT / "configs/paper.yaml", out)
     log = (out / "prefetch.log").read_text()
-    # everything downloaded (the caches were empty): the tokenizer, 32 files of the Pile's layout, the tasks' data
+    # everything downloaded (the caches were empty): the tokenizer, 32 files of the Pile's layout, the tasks' datasets
     assert "monology/pile-uncopyrighted: 32 files (README.md, train/*.jsonl.zst, val.jsonl.zst), 31 to download" in log, log
     assert "tokenizer EleutherAI/gpt-neox-20b:" in log and "3 needs of" in log, log
     cfg = (out / "config.yaml").read_text()
     assert "source: monology/pile-uncopyrighted" in cfg and "tokenizer: EleutherAI/gpt-neox-20b" in cfg  # hub names, read offline
+    # the tasks' datasets came from the stand-in into the hub cache under lm-eval's names; no task YAML rewritten
+    assert "task_dir" not in cfg and not (out / "tasks").exists()
+    for repo in ("EleutherAI--lambada_openai", "allenai--ai2_arc", "allenai--winogrande", "baber--piqa", "Rowan--hellaswag",
+                 "allenai--sciq", "EleutherAI--race", "EleutherAI--wikitext_document_level"):
+        assert (out / HF_HOME / "hub" / f"datasets--{repo}" / "snapshots").is_dir(), repo
 
     env = environment(out)
     assert env["HF_HUB_OFFLINE"] == env["HF_DATASETS_OFFLINE"] == "1" and env["HF_HOME"] == str(out / HF_HOME)
@@ -49,7 +54,8 @@ def test_the_paper_rehearsal_prefetches_into_empty_caches_then_runs_offline(tmp_
     assert proc.returncode == 0, proc.stderr[-4000:]
     meta = json.loads((out / "data/1.4b/meta.json").read_text())
     assert meta["source"]["kind"] == "hub" and meta["source"]["name"] == "monology/pile-uncopyrighted"
-    assert len(json.loads((out / "results/runs" / RUN / "eval.json").read_text())["tasks"]) == 9
+    tasks = json.loads((out / "results/runs" / RUN / "eval.json").read_text())["tasks"]
+    assert len(tasks) == 9 and all(entry["source"] == "lm-eval" for entry in tasks.values()), tasks  # lm-eval's own YAMLs
 
     # A file missing from the cache: the 410M tokenize job stops at its start, its log's one line naming it.
     snapshot = next((out / HF_HOME / "hub/datasets--monology--pile-uncopyrighted/snapshots").iterdir())

@@ -1,17 +1,23 @@
-"""lm-eval's own tasks over small local files, for rehearsing a config offline.
+"""Small data for lm-eval's own tasks in each Hub dataset's schema, for rehearsing a config offline.
 
 The paper's configurations evaluate with lm-eval's tasks by their real names (``arc_easy``,
-``hellaswag``, ...), whose data lm-eval fetches from the Hugging Face Hub. A rehearsal cannot
-reach the Hub, so :func:`write_tasks` writes, for each task,
+``hellaswag``, ...), whose data lm-eval fetches from the Hugging Face Hub. :data:`SOURCES` makes
+each task's records; they reach lm-eval in one of two ways:
 
-- small data files in the record schema and under the split names of the Hub dataset that
-  lm-eval's YAML reads (``dataset_path``/``dataset_name``), so that lm-eval's own prompt
-  templates and ``!function`` processors run on them unchanged;
-- a task YAML that ``include:``\\s lm-eval's installed YAML, keeps its task name and overrides
-  only where the data comes from (``dataset_path: json``, ``dataset_name: null``,
-  ``dataset_kwargs.data_files`` with absolute paths). lm-eval resolves the ``!function``
-  references of an included YAML relative to that YAML's own folder, so the processors are
-  lm-eval's installed ones.
+- ``stateloop rehearse`` writes them as Hub repositories under the real dataset names
+  (:mod:`stateloop.rehearse.tasks`), which the stand-in hub serves to the rehearsal's prefetch:
+  lm-eval's task YAMLs stay unchanged and resolve their datasets from the caches offline;
+- :func:`write_tasks`, with no hub cache at all (tests/rehearse/test_rehearse_tasks.py evaluates
+  the nine tasks at 0 and 5 shots this way), writes, for each task,
+
+  - small data files in the record schema and under the split names of the Hub dataset that
+    lm-eval's YAML reads (``dataset_path``/``dataset_name``), so that lm-eval's own prompt
+    templates and ``!function`` processors run on them unchanged;
+  - a task YAML that ``include:``\\s lm-eval's installed YAML, keeps its task name and overrides
+    only where the data comes from (``dataset_path: json``, ``dataset_name: null``,
+    ``dataset_kwargs.data_files`` with absolute paths). lm-eval resolves the ``!function``
+    references of an included YAML relative to that YAML's own folder, so the processors are
+    lm-eval's installed ones.
 
 Where the data comes from:
 
