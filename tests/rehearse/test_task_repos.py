@@ -83,6 +83,20 @@ def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def test_only_tasks_that_read_the_hub_get_a_repository(tmp_path):
+    """Local tasks (workflow/tasks/, or the config's eval.task_dir) are not served; a hub task this
+    module cannot make data for stops the rehearsal in one line naming it."""
+    from stateloop.config import ConfigError
+    from stateloop.rehearse.tasks import hub_tasks, write_task_repos
+
+    assert hub_tasks(["synth_mc", "arc_easy", "piqa_local", "arc_easy", "race"]) == ["arc_easy", "race"]
+    (tmp_path / "mine.yaml").write_text("task: arc_easy\ndataset_path: json\n")
+    assert hub_tasks(["arc_easy", "race"], tmp_path) == ["race"]
+    with pytest.raises(ConfigError, match="no rehearsal data for lm-eval task.s. mmlu: neither a local task"):
+        write_task_repos(["arc_easy", "mmlu"], tmp_path / "out", tmp_path)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_every_paper_task_is_prefetched_from_the_stand_in_hub_and_resolves_offline(shared_data, tmp_path):
     import pyarrow.parquet as pq

@@ -100,7 +100,8 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
         if tok != "bpe" and not is_local_tokenizer(tok):
             repos[("model", tok)] = tokenizer_repo(tok, out / "hub-models", shared)
         if name in trained:
-            tasks += hub_tasks(from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval").tasks)
+            ev = from_dict(EvalConfig, scale["eval"], f"scales.{name}.eval")
+            tasks += hub_tasks(ev.tasks, ev.task_dir)
     for repo_id, folder in (write_task_repos(tasks, out / "hub-tasks", shared) if tasks else {}).items():
         if repos.setdefault(("dataset", repo_id), folder) != folder:
             raise ConfigError(f"{repo_id}: both a data source and the dataset of an lm-eval task; a rehearsal serves one")

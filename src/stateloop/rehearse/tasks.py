@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from stateloop.config import ConfigError
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
 from stateloop.evaluate.tasks.rehearsal import MIN_EXAMPLES, SOURCES, check_records, lm_eval_yamls, task_splits
 
@@ -68,25 +69,27 @@ def card(configs: dict[str, dict[str, str]]) -> str:
             f"stateloop.rehearse.tasks for an offline rehearsal; it measures nothing.\n")
 
 
-def hub_tasks(tasks: list[str]) -> list[str]:
-    """The tasks among ``tasks`` that read a Hub dataset (not a local task of workflow/tasks/)."""
-    local = task_yamls(DEFAULT_TASK_DIR)
+def hub_tasks(tasks: list[str], task_dir: str | Path | None = None) -> list[str]:
+    """The tasks among ``tasks`` that read a Hub dataset: not local tasks of ``task_dir``
+    (``eval.task_dir``; None: workflow/tasks/)."""
+    local = task_yamls(Path(task_dir) if task_dir else DEFAULT_TASK_DIR)
     return [t for t in dict.fromkeys(tasks) if t not in local]
 
 
 def write_task_repos(tasks: list[str], out_dir: str | Path, shared_data: str | Path,
                      n_examples: int = 20) -> dict[str, Path]:
-    """Write the Hub datasets lm-eval's ``tasks`` read (see the module docstring) into ``out_dir``,
-    (each repository's folder replaced); returns ``repo_id -> folder``. A task that is neither a
-    local task nor one of :data:`~stateloop.evaluate.tasks.rehearsal.SOURCES` is an error (its
-    data cannot be made here)."""
+    """Write the Hub datasets lm-eval's ``tasks`` read (see the module docstring; local tasks
+    filtered out by :func:`hub_tasks`) into ``out_dir`` (each repository's folder replaced);
+    returns ``repo_id -> folder``. A task not in :data:`~stateloop.evaluate.tasks.rehearsal.SOURCES`
+    is a :class:`ConfigError` (its data cannot be made here)."""
     if n_examples < MIN_EXAMPLES:
         raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")
     out_dir, shared_data = Path(out_dir).resolve(), Path(shared_data).resolve()
-    names = hub_tasks(tasks)
+    names = list(dict.fromkeys(tasks))
     unknown = [t for t in names if t not in SOURCES]
     if unknown:
-        raise ValueError(f"no rehearsal data for lm-eval task(s) {', '.join(unknown)} (rehearsable: {', '.join(SOURCES)})")
+        raise ConfigError(f"no rehearsal data for lm-eval task(s) {', '.join(unknown)}: neither a local task of "
+                         f"eval.task_dir nor rehearsable (rehearsable: {', '.join(SOURCES)})")
     installed = lm_eval_yamls(names) if names else {}
     tables: dict[str, dict[str, list[dict]]] = {}  # repo -> file -> records
     configs: dict[str, dict[str, dict[str, str]]] = {}  # repo -> config -> split -> file
@@ -96,11 +99,11 @@ def write_task_repos(tasks: list[str], out_dir: str | Path, shared_data: str | P
         lm_yaml, cfg = installed[name]
         repo_id, config = cfg.get("dataset_path"), cfg.get("dataset_name")
         if (repo_id, config) != source.dataset:
-            raise ValueError(f"{lm_yaml}: lm-eval's {name} reads {repo_id} ({config}), not "
+            raise ConfigError(f"{lm_yaml}: lm-eval's {name} reads {repo_id} ({config}), not "
                              f"{source.dataset[0]} ({source.dataset[1]}) whose schema is written here")
         kwargs = {k: v for k, v in dict(cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"}
         if kwargs:
-            raise ValueError(f"{lm_yaml}: lm-eval's {name} loads its dataset with {', '.join(sorted(kwargs))}, "
+            raise ConfigError(f"{lm_yaml}: lm-eval's {name} loads its dataset with {', '.join(sorted(kwargs))}, "
                              f"which a rehearsal repository does not reproduce")
         config = config or DEFAULT_CONFIG
         files = configs.setdefault(repo_id, {}).setdefault(config, {})
