@@ -19,6 +19,14 @@ folders from the stand-in hub (hub.py) beside the corpus and the tokenizer, ``st
 prefetch`` fetches them with lm-eval's own download, and the evaluation jobs read lm-eval's own,
 unchanged task YAMLs offline from the caches, as on a compute node.
 
+Loading scripts: ``datasets`` (4 and later; 5.2 here) refuses a Hub repository that holds one and
+no longer reads the Hub's parquet conversion (``refs/convert/parquet``) in its place, so serving
+that branch would not help; lm-eval's YAMLs name script-free repositories (``baber/piqa`` is a
+parquet copy of the script-based ``ybisk/piqa``), and these stand-ins are script-free as well.
+That the real ones are is not checked here (no network): public reports under datasets 5.x load
+Rowan/hellaswag, allenai/ai2_arc and allenai/winogrande, and lm-eval's issue #3171 lists the
+script-based paths that still fail, none of the EleutherAI ones read here among them.
+
 ``tasks.json`` in the output folder records each task's repository, config, files and where
 their content comes from. Only the schema is real: the numbers measure nothing.
 """
