@@ -31,6 +31,6 @@ def test_the_tiny_rehearsal_reads_no_shared_data(shared, tmp_path, monkeypatch, 
         request.getfixturevalue("shared_data")  # skips, saying why, where ../shared/data is not there
     written = prepare(config, tmp_path / "rehearsal")
     assert written == tmp_path / "rehearsal" / "config.yaml"
-    assert not (tmp_path / "rehearsal" / "tasks").exists()  # no lm-eval task of the Hub's is written
+    assert not (tmp_path / "rehearsal" / "hub-tasks").exists()  # no dataset of an lm-eval task of the Hub's is written
     scales = load_yaml(written)["scales"]
     assert scales["tiny"]["eval"]["tasks"] == ["synth_mc", "synth_cloze"] and "task_dir" not in scales["decode"].get("eval", {})
