@@ -90,12 +90,12 @@ def test_a_bf16_scale_without_its_float32_twin_is_named(tmp_path):
 
 
 def test_the_decide_config_runs_the_ab_on_the_float32_runs_seeds():
-    """precision_bf16: both models, K = 4 and 7, four seeds, at a scale that is decide's with
+    """precision_bf16: both models, K = 4, four seeds, at a scale that is decide's with
     train.precision bf16-mixed and nothing else changed; decide's float32 runs of the same cells
     and seeds exist (lr_2's)."""
     cfg = load_pipeline(ROOT / "configs" / "decide.yaml")
     exp = cfg.experiments[precision.EXPERIMENT]
-    assert sorted(exp.models) == ["stateloop", "vanilla_looped"] and exp.seeds == [1, 2, 3, 4]
+    assert sorted(exp.models) == ["stateloop", "vanilla_looped"] and exp.seeds == [1, 2, 3, 4] and exp.K == [4]
     assert precision.float32_scale(cfg, exp.scale) == "decide"
     assert cfg.scales[exp.scale].train.precision == "bf16-mixed"
     f32 = {r.id for r in expand_runs(cfg, ["lr_2"])}
