@@ -9,17 +9,17 @@ Peak = static + activations + loss + allowance, per device:
   several processes. Gradients are counted at the peak only when they exist there: the training
   loop zeroes them with ``set_to_none``, so with one micro-batch per step they are allocated
   during backward (:func:`plan_memory` takes the larger of the two instants that can be the peak).
-  FSDP (``train.fsdp_sharding``, Fabric's FSDP1 with one unit per decoder layer): the float32
-  weights, gradients and moments sharded over the shard group (all ranks; a node's ranks for the
-  hybrid strategies), plus the unsharded bf16 (Fabric's ``bf16-mixed`` under FSDP computes with
-  bf16 parameters) units alive at the peak. FSDP1 unshards a unit once per backward and reshards
-  it only when its gradient is final, in the post-accumulate-grad hook: for the looped stack
-  that is the last (first-iteration) backward application, so after the first backward
-  application every looped unit is unsharded with its bf16 gradient until the end (torch's
-  ``_runtime_utils._pre_backward_hook`` runs once per backward; ``_post_backward_hook`` reshards).
-  ``full``/``hybrid`` reshard after every forward call (K all-gathers per looped unit in the
-  forward); ``grad_op``/``hybrid_grad_op`` keep the unsharded parameters from the forward to the
-  end of backward. Several micro-batches per step accumulate unsharded bf16 gradients (``no_sync``).
+  FSDP (``train.fsdp_sharding``: FSDP2's ``fully_shard`` on every decoder layer and on the root,
+  train/parallel.py; float32 gathered and reduced, no cast): the shards of the float32 weights and
+  moments over the shard group (all ranks; a node's ranks for the hybrid strategies), the root and
+  the units gathered at the peak (each with its all-gather output), the looped units' gradient
+  sums, a reduce-scatter in flight, and accumulation's unsharded gradients (:func:`fsdp_static`).
+  Checked against FSDP2's own allocations (train/fsdp_probe.py: torch's profiler over a real
+  sharded step in a fake process group, no code of this module): the plan lies between 0.5% under
+  and 19% over them (tests/train/test_memory_plan.py); it counts every looped unit's gradient sum
+  and weight copy alive at its instant, where the step frees some earlier. On a GPU FSDP2 also
+  gathers the next unit while the current one computes in the forward (CUDA streams); the CPU
+  measurement runs it in turn, and the plan counts the prefetched unit at both instants.
 - **Activations**: what autograd keeps for backward in one training forward at the run's
   micro-batch, sequence length and precision, measured (:func:`measure_saved`), then changed by
   ``train.activation_checkpointing``: measured too where the model checkpoints by itself
@@ -78,10 +78,10 @@ train/memory_probe.py's real-tensor forward at every checkpointing level (equal 
 **Cost.** One shape (a model config at one micro-batch, its three checkpointing levels) takes
 0.1-0.5 s after torch's import (about 2 s); configs/paper.yaml's 26 runs at micro-batches 1 and 2
 (the plan's affine fit in the micro-batch, :func:`saved_profile`) took 23 s on this repository's
-2-core machine, a cold start. Every measurement is kept on disk (:func:`cache_dir`, keyed by the
-model config, shapes, precision, the models' and this module's source and torch's version), so a
-config checked again costs about 50 ms and imports no torch; the gate measures only the runs of
-scales that set ``gpu_memory_gib``.
+2-core machine, a cold start. Every measurement is kept on disk (stateloop/measured.py,
+:func:`cache_dir`, keyed by the model config, shapes, precision, the models' and this module's
+source and torch's version), so a config checked again costs about 50 ms and imports no torch;
+the gate measures only the runs of scales that set ``gpu_memory_gib``.
 
 **Calibration** (benchmarks/records/gpu_check_h200_2026-12-04.json, one H200, Table 4's 410M shapes
 at K = 7, d_s = 1024, micro-batch 4 of 2,048 tokens, bf16 autocast over float32 weights, fused
