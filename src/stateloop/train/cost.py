@@ -4,7 +4,9 @@ peak GPU memory per device (train/memory.py) against ``train.gpu_memory_gib``, a
 of its training at an MFU: compute, the exposed gradient communication, validation, checkpoints and
 restarts, against the runtime its SLURM job asks for; then totals per experiment and overall (each
 run once). ``--compare-strategies`` sets each run's alternatives side by side (DDP or FSDP's
-shardings, micro-batch, activation checkpointing, the loss in chunks).
+shardings, micro-batch, activation checkpointing, the loss in chunks). Where the device memory is
+known, the plan chooses among them (:func:`choose`, :func:`choose_for_scale`): DDP where it fits
+within the limit less a margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
 
 **Time of one optimiser step** (per device; ``accumulation`` micro-batches):
 
@@ -478,5 +480,5 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
     return out
 
 
-__all__ = ["DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "plan_rows", "plan_time",
-           "print_plan", "print_table", "record_plans"]
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "choose",
+           "choose_for_scale", "plan_rows", "plan_time", "print_plan", "print_table", "record_plans"]
