@@ -168,3 +168,22 @@ def test_a_bad_shard_count_is_one_line_naming_the_key(tmp_path, value):
     with pytest.raises(ConfigError, match=r"tiny.yaml: scales\.t\.resources\.analyze\.shapley_shards: ") as err:
         _tiny_pipeline(tmp_path, shapley_shards=value)
     assert "\n" not in str(err.value)
+
+
+def test_a_forward_count_is_kept_on_disk_by_config_and_code(tmp_path, monkeypatch):
+    """`stateloop plan --analyses` counts every run's forward once: read back by a later process
+    (the in-memory table emptied) without counting; another version of the code counts again."""
+    from stateloop import measured
+    from stateloop.analysis import cost as analysis_cost
+
+    monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    cfg = tiny_config("stateloop")
+    first = analysis_cost.forward_flops(cfg, 16)
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    monkeypatch.setattr(analysis_cost, "_meta_model", lambda *a: pytest.fail("counted again"))
+    assert analysis_cost.forward_flops(cfg, 16) == first
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    monkeypatch.setattr(measured, "code_digest", lambda *m: "another version of the code")
+    with pytest.raises(pytest.fail.Exception, match="counted again"):
+        analysis_cost.forward_flops(cfg, 16)

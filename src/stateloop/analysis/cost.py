@@ -205,17 +205,27 @@ _FORWARD: dict[tuple[str, int], float] = {}
 
 
 def forward_flops(cfg, seq_len: int) -> float:
-    """One window's FLOPs of the model's forward pass (any model; the held-out PPL's)."""
+    """One window's FLOPs of the model's forward pass (any model; the held-out PPL's). Counted once
+    per (config, seq_len) and this module's and the models' code, and kept on disk
+    (stateloop/measured.py, with models/flops.py's counts), so ``stateloop plan --analyses`` called
+    again counts no model's forward."""
     key = _key(cfg, seq_len)
     if key not in _FORWARD:
-        import torch
+        from stateloop import measured
 
-        from stateloop.models.flops import counter
+        name = measured.key("forward", *key, measured.code_digest("analysis/cost.py"))
+        found = measured.load("flops", name)
+        if found is None:
+            import torch
 
-        model = _meta_model(cfg)
-        with torch.no_grad(), counter() as c:
-            model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
-        _FORWARD[key] = float(c.get_total_flops())
+            from stateloop.models.flops import counter
+
+            model = _meta_model(cfg)
+            with torch.no_grad(), counter() as c:
+                model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+            found = float(c.get_total_flops())
+            measured.store("flops", name, found)
+        _FORWARD[key] = float(found)
     return _FORWARD[key]
 
 
