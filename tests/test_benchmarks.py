@@ -23,6 +23,7 @@ SCRIPTS = {
     "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
     "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
     "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256", "--groups", "2"],
+    "bench_plan.py": ["--config", "configs/tiny.yaml", "--warm", "1", "--no-snakemake"],
     "bench_memory.py": ["--layers", "1", "--width", "64", "--seq", "16", "--batch", "2", "--vocab", "256", "--chunk", "8",
                         "--rounds", "1"],
 }
@@ -53,6 +54,9 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
             assert any(re.match(rf"\s+{re.escape(setting)}\s+-?\d+\.\d\s+\d+\.\d{{3}}\s+\d+\.\d\d", ln)
                        for ln in out.splitlines()), (setting, out)
         assert out.count("per token (") == 2
+    elif script == "bench_plan.py":  # a cold and a warm plan of tiny.yaml, each with its wall and CPU seconds
+        for what in ("plan, cold", "plan, warm (median of 1)"):
+            assert re.search(rf"after\s+{re.escape(what)}\s+\d+\.\d\s+\d+\.\d", out), (what, out)
     elif script == "bench_cold_ops.py":  # its step-by-step cell and SwiGLU were checked equal to the modules first
         for piece in import_benchmark("bench_cold_ops").PIECES:
             line = next(ln for ln in out.splitlines() if ln.startswith(piece))

@@ -52,6 +52,25 @@ def _tiny_pipeline(tmp_path, **analyze):
     return load_pipeline(path)
 
 
+def test_the_eval_job_counts_its_lm_eval_tasks_at_most_a_window_a_request(tmp_path):
+    """A Table 1 run's eval job scores the scale's lm-eval tasks too: at most one window of T tokens
+    per request, by hand: ARC-Easy 2,376 documents x 4 choices at 0 and 5 shots, wikitext's 62
+    documents and ceil(300,000 / 16) whole windows once; a task of unknown size is named, not counted.
+    The held-out PPL alone (the row's old figure) is less."""
+    _tiny_pipeline(tmp_path)  # writes tiny.yaml
+    path = tmp_path / "tiny.yaml"
+    raw = yaml.safe_load(path.read_text())
+    raw["scales"]["t"]["eval"].update(tasks=["arc_easy", "wikitext", "my_local_task"], shots=[0, 5])
+    raw["experiments"] = {"table1": {"scale": "t", "models": ["stateloop"], "K": [3], "d_s": [8]}}
+    path.write_text(yaml.safe_dump(raw))
+    row = next(r for r in cost.analysis_plan_rows(load_pipeline(path), MFU, PEAK, data_root=tmp_path / "data")
+               if r["job"] == "eval")
+    T, clean = 16, 23840  # a token's forward FLOPs of this model (test_a_tiny_configs_jobs_by_hand)
+    windows = 2376 * 4 * 2 + 62 + -(-300_000 // T)
+    assert row["flops"] == (10 + windows) * T * clean
+    assert f"lm-eval tasks (at most {windows} windows)" in row["note"] and "not counted: my_local_task" in row["note"]
+
+
 def test_a_tiny_configs_jobs_by_hand(tmp_path):
     """d = 16, one layer, SwiGLU 32, 2 heads of 8, V = 97, K = 3, d_s = 8, windows of T = 16,
     10 windows (eval.heldout_windows) in batches of 4. Per token: a backbone application
@@ -149,3 +168,22 @@ def test_a_bad_shard_count_is_one_line_naming_the_key(tmp_path, value):
     with pytest.raises(ConfigError, match=r"tiny.yaml: scales\.t\.resources\.analyze\.shapley_shards: ") as err:
         _tiny_pipeline(tmp_path, shapley_shards=value)
     assert "\n" not in str(err.value)
+
+
+def test_a_forward_count_is_kept_on_disk_by_config_and_code(tmp_path, monkeypatch):
+    """`stateloop plan --analyses` counts every run's forward once: read back by a later process
+    (the in-memory table emptied) without counting; another version of the code counts again."""
+    from stateloop import measured
+    from stateloop.analysis import cost as analysis_cost
+
+    monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    cfg = tiny_config("stateloop")
+    first = analysis_cost.forward_flops(cfg, 16)
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    monkeypatch.setattr(analysis_cost, "_meta_model", lambda *a: pytest.fail("counted again"))
+    assert analysis_cost.forward_flops(cfg, 16) == first
+    monkeypatch.setattr(analysis_cost, "_FORWARD", {})
+    monkeypatch.setattr(measured, "code_digest", lambda *m: "another version of the code")
+    with pytest.raises(pytest.fail.Exception, match="counted again"):
+        analysis_cost.forward_flops(cfg, 16)

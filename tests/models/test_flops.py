@@ -149,7 +149,49 @@ def test_decode_flops_equal_the_counted_step(name, shape):
         assert decode_flops_per_token(c, 24) == expected
 
 
-def test_a_shape_is_counted_once_per_process_and_each_shape_apart(monkeypatch):
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """Counts kept in this test's own folder, none in memory: nothing counted before is reused."""
+    from stateloop.models import flops
+
+    monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
+    monkeypatch.setattr(flops, "_PROFILES", {})
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_stand_ins_count_what_the_whole_model_counts(name):
+    """models/flops.py counts one decoder-layer application per shape on its own and adds it at
+    every application: the same total, exactly, as the whole model under the counter, for every
+    model at both shapes (Pause Token's longer sequences, the baselines' unique stacks, the
+    mixers outside the layers); and the layer applications per token are the same."""
+    from stateloop.models.flops import _count_profile
+
+    for shape in SHAPES.values():
+        c = config(name, shape["shape"])
+        assert _count_profile(c, shape["T"]) == _count_profile(c, shape["T"], stand_ins=False)
+
+
+def test_counts_are_kept_on_disk_by_config_and_code(own_cache, monkeypatch):
+    """A count is read back by a later process (the in-memory table emptied) without counting;
+    a change to the code that counts (the digest of models/, models/flops.py among them) names
+    another file, so a stale count is never read."""
+    from stateloop import measured
+    from stateloop.models import flops
+
+    c = config("stateloop", SHAPES["A"]["shape"])
+    first = flops.compute_profile(c, 16)
+    assert len(list((own_cache / "flops").glob("*.json"))) == 1
+    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(flops, "_count_profile", lambda *a: pytest.fail("counted again"))
+    assert flops.compute_profile(c, 16) == first
+    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(measured, "code_digest", lambda *m: "another version of the code")
+    with pytest.raises(pytest.fail.Exception, match="counted again"):
+        flops.compute_profile(c, 16)
+
+
+def test_a_shape_is_counted_once_per_process_and_each_shape_apart(own_cache, monkeypatch):
     """`stateloop plan` counts every run of a config, and its seeds repeat shapes: a repeated
     (config, seq_len) reuses the count, while a changed K, width or sequence length is counted
     anew and gives its own figure (a cache keyed on too little would hand one shape's count to
@@ -158,7 +200,6 @@ def test_a_shape_is_counted_once_per_process_and_each_shape_apart(monkeypatch):
 
     calls = []
     count = flops._count_profile
-    monkeypatch.setattr(flops, "_PROFILES", {})
     monkeypatch.setattr(flops, "_count_profile", lambda cfg, T: calls.append((cfg.K, cfg.d_s, T)) or count(cfg, T))
     base = config("stateloop", SHAPES["A"]["shape"])
     first = flops.compute_profile(base, 16)

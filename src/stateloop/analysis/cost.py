@@ -3,9 +3,13 @@ trained run, its FLOPs, its hours on one GPU at an assumed MFU, its time limit a
 
 The jobs (workflow/rules/eval.smk, analysis.smk), each on one GPU where the scale asks for one:
 
-- ``eval`` (every trained run): held-out perplexity, one forward pass per held-out window. The
-  lm-eval tasks that the Table 1 runs also score are not counted (their requests' lengths are
-  not known before lm-eval builds them); nor are the state's diagnostics (a read per iteration).
+- ``eval`` (every trained run): held-out perplexity, one forward pass per held-out window; for
+  the runs that score the scale's lm-eval tasks (Table 1's), those too, bounded from above: each
+  request of a task (:data:`LM_EVAL_REQUESTS`, at every few-shot count of ``eval.shots``; a
+  perplexity task's rolling windows once) as one forward pass of a whole window (a request is at
+  most ``max_length`` tokens; most are far shorter, so the hours are at most what is printed).
+  A task of unknown size is named in the row's note and not counted. Nor are the state's
+  diagnostics (a read per iteration).
 - ``eval_depth`` (the runs of the test-time-depth experiment): a forward pass per window at each
   test-time depth K'.
 - ``shapley`` (the state-analysis runs): per window, the prefix-shared tree of all 2^K read masks
@@ -50,6 +54,30 @@ from stateloop.analysis.shards import Shard, n_batches
 # so fewer. Planned at 4.0e8, the upper end: a job that fits at it fits the real split; the real
 # count replaces it once data/<scale>/meta.json exists.
 ASSUMED_SPLIT_TOKENS = {("monology/pile-uncopyrighted", "validation"): 400_000_000}
+
+# [assume] Requests of an lm-eval task at one few-shot count: the documents of the split lm-eval
+# scores (the datasets' cards) x the continuations each is scored over (ARC's 3-5 choices taken
+# as 4; RACE: the last question of each article, 4 choices; Winogrande: its 2 partial contexts).
+LM_EVAL_REQUESTS = {"lambada_openai": 5153, "arc_easy": 2376 * 4, "arc_challenge": 1172 * 4, "winogrande": 1267 * 2,
+                    "piqa": 1838 * 2, "hellaswag": 10042 * 4, "sciq": 1000 * 4, "race": 1045 * 4}
+# [assume] Perplexity tasks, scored once (no shots) in rolling windows of the context: their test
+# documents' tokens (wikitext-2's 62 test articles, about 245,000 words: 3e5 GPT-NeoX tokens).
+LM_EVAL_ROLLING = {"wikitext": (62, 300_000)}
+
+
+def task_windows(tasks, shots, max_length: int) -> tuple[int, list[str]]:
+    """(an upper bound on the forward passes of whole ``max_length`` windows that scoring
+    ``tasks`` at every count of ``shots`` takes, the tasks of unknown size)."""
+    total, unknown = 0, []
+    for task in tasks:
+        if task in LM_EVAL_REQUESTS:
+            total += LM_EVAL_REQUESTS[task] * max(1, len(shots))
+        elif task in LM_EVAL_ROLLING:
+            docs, tokens = LM_EVAL_ROLLING[task]
+            total += docs + -(-tokens // max_length)  # every document's last partial window, and the whole ones
+        else:
+            unknown.append(task)
+    return total, unknown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,17 +205,27 @@ _FORWARD: dict[tuple[str, int], float] = {}
 
 
 def forward_flops(cfg, seq_len: int) -> float:
-    """One window's FLOPs of the model's forward pass (any model; the held-out PPL's)."""
+    """One window's FLOPs of the model's forward pass (any model; the held-out PPL's). Counted once
+    per (config, seq_len) and this module's and the models' code, and kept on disk
+    (stateloop/measured.py, with models/flops.py's counts), so ``stateloop plan --analyses`` called
+    again counts no model's forward."""
     key = _key(cfg, seq_len)
     if key not in _FORWARD:
-        import torch
+        from stateloop import measured
 
-        from stateloop.models.flops import counter
+        name = measured.key("forward", *key, measured.code_digest("analysis/cost.py"))
+        found = measured.load("flops", name)
+        if found is None:
+            import torch
 
-        model = _meta_model(cfg)
-        with torch.no_grad(), counter() as c:
-            model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
-        _FORWARD[key] = float(c.get_total_flops())
+            from stateloop.models.flops import counter
+
+            model = _meta_model(cfg)
+            with torch.no_grad(), counter() as c:
+                model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
+            found = float(c.get_total_flops())
+            measured.store("flops", name, found)
+        _FORWARD[key] = float(found)
     return _FORWARD[key]
 
 
@@ -223,10 +261,15 @@ def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_
         known = h.windows is not None
         tokens = h.windows * h.seq_len if known else None
         cfg_run = run.model_config
-        note = "held-out PPL only; lm-eval tasks not counted" if run.scores_tasks() else "held-out PPL"
         per = forward_flops(cfg_run, h.seq_len)
-        row("eval", run, h.windows, tokens, per * h.windows if known else None, resources(scale.resources.eval),
-            h.source, note=note)
+        flops, note = per * h.windows if known else None, "held-out PPL"
+        if run.scores_tasks():
+            windows, unknown = task_windows(scale.eval.tasks, scale.eval.shots, h.seq_len)
+            flops = None if flops is None else flops + per * windows
+            note += f" + lm-eval tasks (at most {windows} windows)"
+            if unknown:
+                note += f"; not counted: {', '.join(unknown)} (size unknown)"
+        row("eval", run, h.windows, tokens, flops, resources(scale.resources.eval), h.source, note=note)
         if "test_time_depth" in run.experiments and "test_time_depth" in made and run.test_time_K:
             per = sum(forward_flops(dataclasses.replace(cfg_run, K=K), h.seq_len) for K in run.test_time_K)
             row("eval_depth", run, h.windows, tokens, per * h.windows if known else None,
@@ -267,7 +310,8 @@ def print_analysis_plan(rows: list[dict], mfu: float, peak_tflops: float) -> Non
         flops = "?" if r["flops"] is None else f"{r['flops']:.2e}"
         hours = "?" if r["hours"] is None else f"{r['hours']:.2f}"
         fits = "?" if r["fits"] is None else ("yes" if r["fits"] else "NO")
+        note = f"  ({r['note']})" if "lm-eval" in r["note"] else ""
         print(f"{r['job']:<26}{r['run']:<36}{r['shard']:>6}{tokens:>12}{flops:>11}{hours:>8}"
-              f"{r['limit_min'] / 60:>8.1f}  {fits}")
+              f"{r['limit_min'] / 60:>8.1f}  {fits}{note}")
     print(f"(one GPU per job at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s; held-out windows: "
           f"{'; '.join(sorted({r['heldout_from'] for r in rows}))})")

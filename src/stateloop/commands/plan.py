@@ -8,6 +8,9 @@ step with its exposed communication, the wall time, the SLURM jobs of ``resource
 it spans, GPU-hours (train/cost.py). Then totals per experiment (a run shared by several
 experiments counts in each) and overall (each run once). ``--compare-strategies``: each run's
 alternatives (DDP / FSDP shardings, micro-batch, activation checkpointing, the loss in chunks).
+Where a scale sets ``train.gpu_memory_gib`` (or ``--gpu-memory-gib`` is given), the plan also
+chooses each run's setting (``--margin``): the fastest DDP setting that fits with the margin, else
+the fastest sharded one, beside the config's.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 
 
 def add_arguments(p) -> None:
-    from stateloop.train.cost import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
+    from stateloop.train.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
 
     net = Network()
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
@@ -37,6 +40,10 @@ def add_arguments(p) -> None:
                         "sequence; memory and time of each, the fastest that fits marked")
     p.add_argument("--gpu-memory-gib", type=float, default=None,
                    help="device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; unset: not judged)")
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+                   help=f"share of the device memory a chosen setting leaves free (default {DEFAULT_MARGIN:g}): the plan "
+                        "chooses each run's strategy, the fastest DDP setting within the limit less the margin, else "
+                        "the fastest sharded one, and judges the alternatives by the same rule")
     p.add_argument("--top", type=int, default=6, help="alternatives shown per run, fastest first (default 6)")
     p.add_argument("--analyses", action="store_true",
                    help="also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
@@ -52,15 +59,15 @@ def run(args) -> int:
                            ("--inter-node-gbps", args.inter_node_gbps, args.inter_node_gbps > 0),
                            ("--intra-node-gbs", args.intra_node_gbs, args.intra_node_gbs > 0),
                            ("--gpu-memory-gib", args.gpu_memory_gib, args.gpu_memory_gib is None or args.gpu_memory_gib > 0),
-                           ("--top", args.top, args.top > 0)):
+                           ("--top", args.top, args.top > 0), ("--margin", args.margin, 0 <= args.margin < 1)):
         if not ok:
-            bound = "in (0, 1]" if key == "--mfu" else "positive"
+            bound = {"--mfu": "in (0, 1]", "--margin": "in [0, 1)"}.get(key, "positive")
             print(f"stateloop plan: error: {key} must be {bound}, got {value}", file=sys.stderr)
             return 2
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
     rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
-                    args.compare_strategies, args.gpu_memory_gib, args.top)
+                    args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
     if args.analyses:
         from stateloop.analysis.cost import analysis_plan_rows, print_analysis_plan
 

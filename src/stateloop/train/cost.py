@@ -4,7 +4,9 @@ peak GPU memory per device (train/memory.py) against ``train.gpu_memory_gib``, a
 of its training at an MFU: compute, the exposed gradient communication, validation, checkpoints and
 restarts, against the runtime its SLURM job asks for; then totals per experiment and overall (each
 run once). ``--compare-strategies`` sets each run's alternatives side by side (DDP or FSDP's
-shardings, micro-batch, activation checkpointing, the loss in chunks).
+shardings, micro-batch, activation checkpointing, the loss in chunks). Where the device memory is
+known, the plan chooses among them (:func:`choose`, :func:`choose_for_scale`): DDP where it fits
+within the limit less a margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
 
 **Time of one optimiser step** (per device; ``accumulation`` micro-batches):
 
@@ -23,12 +25,16 @@ shardings, micro-batch, activation checkpointing, the loss in chunks).
   fraction of backward their first use sets), the link reduces them in turn, and what is left
   when backward ends is exposed. DDP: one all-reduce of the float32 gradients per step (on the last
   micro-batch), a ring over all ranks: 2 (N - 1) / N of the bytes cross each node's links.
-  FSDP: the bf16 gradients reduce-scattered over the shard group ((S - 1) / S of them; the hybrid
-  shardings all-reduce the shards across nodes too), and parameters all-gathered, each
-  all-gather exposed where it takes longer than the application before it computes: in the
-  forward at every application of a unit for ``full``/``hybrid`` (K per looped unit: FSDP1
-  reshards after each call) or once per unit for ``grad_op`` (kept until backward ends); in the
-  backward once per unit for ``full``/``hybrid``. [assume] Links: ``inter_node_gbps`` per node
+  FSDP (FSDP2, train/parallel.py: float32 gathered and reduced, 4 bytes a parameter): the
+  gradients reduce-scattered over the shard group ((S - 1) / S of them; the hybrid shardings
+  all-reduce the shards across nodes too), and parameters all-gathered, each all-gather exposed
+  where it takes longer than the application before it computes. ``full``/``hybrid``: a unit is
+  gathered at every application, in the forward and again in backward (2K per looped unit and
+  micro-batch), the root once in each; ``grad_op``: once per unit in the forward, and in backward
+  K - 1 times per looped unit (FSDP2 reshards a unit after each backward application), the root
+  once. With accumulation a looped unit is reduce-scattered twice in the last micro-batch (FSDP2
+  reduces the earlier micro-batches' gradient at the unit's first post-backward). These counts are
+  what train/fsdp_probe.py measures (tests/train/test_memory_plan.py). [assume] Links: ``inter_node_gbps`` per node
   (default 400 Gb/s, one NDR InfiniBand port: a node with a port per GPU has 8 x that, ``--inter-
   node-gbps 3200``) and ``intra_node_gbs`` per GPU within a node (default 360 GB/s, NCCL's
   all-reduce bus bandwidth over NVLink on 8 x H100 SXM); a collective that spans nodes runs at the
@@ -72,6 +78,11 @@ if TYPE_CHECKING:
 
 DEFAULT_MFU = 0.30  # measured: benchmarks/records/gpu_check_h200_2026-12-04.json (eager PyTorch, 410M shapes)
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16
+# [choice] The share of train.gpu_memory_gib a chosen setting leaves free: the plan's estimate is
+# checked to within a few percent (train/memory.py) on the parts it has measured, and what the GPU
+# adds beyond them (allocator fragmentation at a new shape, NCCL's buffers) is an allowance, not a
+# measurement.
+DEFAULT_MARGIN = 0.10
 STARTUP_S = 120.0  # [assume] a job's start: imports, process group, model, data, before the first step
 
 
@@ -143,20 +154,20 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
         bw = network.bandwidth(nodes > 1)
         ready = [(backward_s * (1 - f), 2 * (world - 1) / world * pb * n / bw) for f, n in profile.first_use]
         comm = _reduce_queue(ready, backward_s)
-    elif setting.sharded:
-        low = 2 if setting.precision.endswith("mixed") else parameter_bytes(setting.precision)  # FSDP's compute dtype
+    elif setting.sharded:  # FSDP2 (train/parallel.py): float32 gathered and reduced, as DDP reduces
+        pb = parameter_bytes(setting.precision)
         group = setting.shard_group
         hybrid = setting.fsdp_sharding.startswith("hybrid")
         bw_group = network.bandwidth(group > setting.devices)
         bw_nodes = network.bandwidth(True)
 
         def gather_s(n):
-            return (group - 1) / group * low * n / bw_group
+            return (group - 1) / group * pb * n / bw_group
 
         def reduce_s(n):
             s = gather_s(n)
             if hybrid and nodes > 1:  # the shards all-reduced across nodes
-                s += 2 * (nodes - 1) / nodes * low * n / bw_nodes
+                s += 2 * (nodes - 1) / nodes * pb * n / bw_nodes
             return s
 
         unit = params.unit_max
@@ -164,11 +175,14 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
         per_app_bwd = max(0.0, gather_s(unit) - app_backward_s)
         layer_units = round((params.loop + params.unique_layers) / unit) if unit else 0
         if setting.fsdp_sharding in ("grad_op", "hybrid_grad_op"):
-            gathers = layer_units * per_app_fwd  # once per unit, kept until backward ends
-        else:
-            gathers = apps * per_app_fwd + layer_units * per_app_bwd
-        gathers += gather_s(params.root)  # the root unit, before the first layer
+            # once per unit in the forward; in backward a looped unit is resharded after each
+            # application and gathered again for the next (K - 1 per looped unit)
+            gathers = layer_units * per_app_fwd + (apps - layer_units) * per_app_bwd + gather_s(params.root)
+        else:  # every application, in the forward and again in backward; the root in each
+            gathers = apps * (per_app_fwd + per_app_bwd) + 2 * gather_s(params.root)
         ready = [(backward_s * (1 - f), reduce_s(n)) for f, n in profile.first_use]
+        if setting.accumulation > 1:  # the looped units' earlier gradients, reduced at their first post-backward
+            ready.append((backward_s / max(profile.loop_apps, 1), reduce_s(params.loop)))
         comm = setting.accumulation * gathers + _reduce_queue(ready, backward_s)
     compute = setting.accumulation * micro_s
     step = compute + comm
@@ -194,20 +208,27 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
 # Rows
 
 
-def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network) -> dict:
-    """Memory and time of one run trained as ``setting``: the columns of a row."""
+def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo: dict | None = None) -> dict:
+    """Memory and time of one run trained as ``setting``: the columns of a row. ``memo``: the run's
+    measurements already looked up (by micro-batch), shared by the calls for its alternatives."""
     from stateloop.models.flops import compute_profile
     from stateloop.train import memory
 
+    memo = {} if memo is None else memo
     scale = cfg.scales[run.scale]
     tcfg = scale.train
-    prof = compute_profile(run.model_config, tcfg.seq_len)
-    saved = memory.saved_profile(run.model_config, setting.micro_batch, tcfg.seq_len, setting.precision)
-    params = memory.param_counts(run.model_config, tcfg.seq_len, setting.precision)
-    mem = memory.plan_memory(run.model_config, tcfg.seq_len, setting, profile=saved)
+    if "flops" not in memo:
+        memo["flops"] = compute_profile(run.model_config, tcfg.seq_len)
+        memo["params"] = memory.param_counts(run.model_config, tcfg.seq_len, setting.precision)
+    mb = (setting.micro_batch, setting.precision)
+    if mb not in memo:
+        memo[mb] = memory.saved_profile(run.model_config, setting.micro_batch, tcfg.seq_len, setting.precision)
+    prof, params, saved = memo["flops"], memo["params"], memo[mb]
+    mem = memory.plan_memory(run.model_config, tcfg.seq_len, setting, profile=saved, params=params)
     t = plan_time(run.model_config, tcfg, setting, prof.flops_per_token, saved, params, scale.resources.train.runtime,
                   mfu, peak_tflops, network)
-    return {"setting": setting.label, "mem_gib": mem.total / memory.GIB, "mem_allocated_gib": mem.allocated / memory.GIB,
+    return {"setting": setting.label, "strategy": setting.kind, "micro_batch": setting.micro_batch,
+            "mem_gib": mem.total / memory.GIB, "mem_allocated_gib": mem.allocated / memory.GIB,
             "mem_static_gib": mem.static / memory.GIB, "mem_activations_gib": mem.activations / memory.GIB,
             "mem_loss_gib": mem.loss / memory.GIB, "mem_instant": mem.instant,
             "step_s": t.step_s, "comm_s": t.comm_s, "wall_h": t.wall_s / 3600, "jobs": t.jobs,
@@ -215,42 +236,59 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network) -> d
 
 
 def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS,
-              network: Network = Network()) -> list[dict]:
-    """One row per run of the chosen experiments (default: every trained one), ``job`` = "train"."""
-    from stateloop.models.flops import compute_profile
+              network: Network = Network(), margin: float = DEFAULT_MARGIN, limit_gib: float | None = None,
+              choose_strategy: bool = True) -> list[dict]:
+    """One row per run of the chosen experiments (default: every trained one), ``job`` = "train".
+    Where the run's device memory is known (``limit_gib``, else the scale's ``train.gpu_memory_gib``)
+    and ``choose_strategy``, also the plan's own setting for it (:func:`choose`, with ``margin``):
+    ``choice`` (its label), ``choice_mem_gib``, ``choice_step_s``, and ``agrees`` (the config's
+    strategy, sharding and micro-batch are the choice's)."""
     from stateloop.models.registry import count_params
     from stateloop.train.memory import Setting
 
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
-        prof, params = compute_profile(run.model_config, train.seq_len), count_params(run.model_config)
+        memo: dict = {}
+        current = _run_plan(cfg, run, Setting.of(train), mfu, peak_tflops, network, memo)
+        prof, params = memo["flops"], count_params(run.model_config)
         tokens = train.total_steps * train.tokens_per_step
         row = {"job": "train", "run": run.id, "experiments": " ".join(run.experiments), "params": params,
                "layer_apps_per_token": round(prof.layer_applications_per_token, 2), "train_tokens": tokens,
                "train_flops": prof.flops_per_token * tokens, "gpu_memory_gib": train.gpu_memory_gib or None}
-        row.update(_run_plan(cfg, run, Setting.of(train), mfu, peak_tflops, network))
+        row.update(current)
         row["fits"] = None if not train.gpu_memory_gib else row["mem_gib"] <= train.gpu_memory_gib
+        limit = limit_gib or train.gpu_memory_gib or None
+        if choose_strategy and limit:
+            alts = alternatives(cfg, run, limit, mfu, peak_tflops, network, margin)
+            pick = choose(alts)
+            row["_alternatives"] = alts
+            row.update(choice=pick and pick["setting"], choice_mem_gib=pick and pick["mem_gib"],
+                       choice_step_s=pick and pick["step_s"],
+                       agrees=bool(pick) and pick["setting"] == current["setting"])
         rows.append(row)
     return rows
 
 
 def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float = DEFAULT_MFU,
-                 peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network()) -> list[dict]:
+                 peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(),
+                 margin: float = DEFAULT_MARGIN) -> list[dict]:
     """The run's alternatives: DDP and FSDP's shardings (the hybrid ones where there are several
-    nodes), micro-batches 1, 2, 4, 8 (those the global batch divides into), activation
-    checkpointing none / layer / iteration, the loss whole or a sequence at a time; each with its
-    memory and time (rows as :func:`plan_rows`'s columns), fastest first. ``fits``: within
-    ``limit_gib`` (None: not judged)."""
+    nodes; one setting where the run has one device, which shards nothing), micro-batches 1, 2,
+    4, 8 (those the global batch divides into), activation checkpointing none / layer /
+    iteration, the loss whole or a sequence at a time; each with its memory and time (rows as
+    :func:`plan_rows`'s columns), fastest first. ``fits``: within ``limit_gib`` less ``margin``
+    of it (None: not judged)."""
     from stateloop.train.memory import Setting
 
     tcfg = cfg.scales[run.scale].train
     current = Setting.of(tcfg)
     world = current.world
-    strategies = [("ddp", "full"), ("fsdp", "full"), ("fsdp", "grad_op")]
+    strategies = [("ddp", "full"), ("fsdp", "full"), ("fsdp", "grad_op")] if world > 1 else [("ddp", "full")]
     if current.num_nodes > 1:
         strategies += [("fsdp", "hybrid"), ("fsdp", "hybrid_grad_op")]
-    rows = []
+    room = None if limit_gib is None else limit_gib * (1 - margin)
+    rows, memo = [], {}
     for strategy, sharding in strategies:
         for mb in (1, 2, 4, 8):
             if tcfg.global_batch % (mb * world):
@@ -259,11 +297,40 @@ def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float =
                 for chunk in sorted({0, tcfg.seq_len, tcfg.loss_chunk_tokens}):
                     s = Setting.of(tcfg, strategy=strategy, fsdp_sharding=sharding, micro_batch=mb,
                                    activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
-                    row = {"run": run.id, **_run_plan(cfg, run, s, mfu, peak_tflops, network)}
-                    row["current"] = s == current
-                    row["fits"] = None if limit_gib is None else row["mem_gib"] <= limit_gib
+                    row = {"run": run.id, **_run_plan(cfg, run, s, mfu, peak_tflops, network, memo)}
+                    row["current"] = s.label == current.label
+                    row["fits"] = None if room is None else row["mem_gib"] <= room
                     rows.append(row)
     return sorted(rows, key=lambda r: (r["wall_h"], r["mem_gib"]))
+
+
+def choose_for_scale(rows: list[dict]) -> dict | None:
+    """The one setting of a scale's ``train`` for all its runs (``rows``: :func:`plan_rows`'s, with
+    their alternatives): among the settings every run fits with the margin, a DDP one where there
+    is one, the least GPU-hours over the runs; None where no setting fits them all. A dict:
+    ``setting``, ``strategy``, ``micro_batch``, ``gpu_hours`` (the runs' sum), ``mem_gib`` (the
+    largest), ``agrees`` (the config's setting is it)."""
+    by_label: dict[str, list[dict]] = {}
+    for row in rows:
+        for alt in row["_alternatives"]:
+            by_label.setdefault(alt["setting"], []).append(alt)
+    every = [alts for alts in by_label.values() if len(alts) == len(rows) and all(a["fits"] is not False for a in alts)]
+    if not every:
+        return None
+    every.sort(key=lambda alts: (alts[0]["strategy"] == "fsdp", sum(a["gpu_hours"] for a in alts)))
+    alts = every[0]
+    return {"setting": alts[0]["setting"], "strategy": alts[0]["strategy"], "micro_batch": alts[0]["micro_batch"],
+            "gpu_hours": sum(a["gpu_hours"] for a in alts), "mem_gib": max(a["mem_gib"] for a in alts),
+            "agrees": all(a["current"] for a in alts)}
+
+
+def choose(alts: list[dict]) -> dict | None:
+    """The plan's setting for a run among its :func:`alternatives` (judged with a margin): the
+    fastest DDP setting that fits, or where none does, the fastest sharded one [choice]: sharding
+    only where memory needs it (it moves each parameter over the network 2K times a micro-batch
+    and its state is spread over ranks; DDP is the path every verified run took). None: nothing fits."""
+    fits = [a for a in alts if a["fits"] is not False]
+    return next((a for a in fits if a["strategy"] != "fsdp"), fits[0] if fits else None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,6 +377,17 @@ ALTERNATIVE_COLUMNS = [
 ]
 
 
+CHOICE_COLUMNS = [
+    ("run", 42, lambda r: r["run"], "<"),
+    ("configured", 30, lambda r: r["setting"], "<"),
+    ("GiB/GPU", 9, lambda r: _fmt(r["mem_gib"], ".1f"), ">"),
+    ("  plan's choice", 32, lambda r: "  " + (r["choice"] or "nothing fits"), "<"),
+    ("GiB/GPU", 9, lambda r: _fmt(r["choice_mem_gib"], ".1f"), ">"),
+    ("step s", 8, lambda r: _fmt(r["choice_step_s"], ".2f"), ">"),
+    ("", 0, lambda r: "  " + ("=" if r["agrees"] else "differs"), "<"),
+]
+
+
 def print_table(rows: list[dict], columns, indent: str = "") -> None:
     """Print ``rows`` under ``columns`` ((header, width, value of a row, alignment) each)."""
     print(indent + "".join(format(h, f"{a}{w}") for h, w, _, a in columns).rstrip())
@@ -319,12 +397,12 @@ def print_table(rows: list[dict], columns, indent: str = "") -> None:
 
 def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, peak_tflops: float,
                out: str | None = None, network: Network = Network(), compare: bool = False,
-               limit_gib: float | None = None, top: int = 6) -> int:
-    """Print the rows of :func:`plan_rows`, the totals and (``compare``) every run's alternatives;
-    write the rows as CSV to ``out`` when given."""
+               limit_gib: float | None = None, top: int = 6, margin: float = DEFAULT_MARGIN) -> int:
+    """Print the rows of :func:`plan_rows`, the totals, the plan's strategy per run against the
+    config's and (``compare``) every run's alternatives; write the rows as CSV to ``out`` when given."""
     from stateloop.train.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB
 
-    rows = plan_rows(cfg, experiments, mfu, peak_tflops, network)
+    rows = plan_rows(cfg, experiments, mfu, peak_tflops, network, margin, limit_gib)
     print_table(rows, TRAIN_COLUMNS)
     print(f"\nTotals at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
     names = experiments or [n for n, e in cfg.experiments.items() if e.trained]
@@ -340,18 +418,31 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
           f"comm s of it the exposed gradient/parameter communication ({network.inter_node_gbps:g} Gb/s per node, "
           f"{network.intra_node_gbs:g} GB/s per GPU within a node). jobs: SLURM time limits of "
           f"resources.train.runtime the run spans (it requeues itself: docs/cluster.md).")
+    chosen = [r for r in rows if "choice" in r]
+    if chosen:
+        print(f"\nStrategy per run (the fastest DDP setting within the limit less {margin:.0%}, else the fastest "
+              f"sharded one; {sum(r['agrees'] for r in chosen)} of {len(chosen)} runs as configured):")
+        print_table(chosen, CHOICE_COLUMNS, indent="  ")
+        for scale in sorted({r["run"].split("/")[0] for r in chosen}):
+            pick = choose_for_scale([r for r in chosen if r["run"].startswith(scale + "/")])
+            if pick is None:
+                print(f"  scale {scale}: no one setting fits all its runs with the margin")
+                continue
+            print(f"  scale {scale}: {pick['setting']} fits all its runs (at most {pick['mem_gib']:.1f} GiB, "
+                  f"{pick['gpu_hours']:,.0f} GPU-h){'; the config has it' if pick['agrees'] else '; the config differs'}")
     if compare:
         for row in rows:
             run = next(r for r in expand_runs(cfg, experiments) if r.id == row["run"])
             limit = limit_gib or cfg.scales[run.scale].train.gpu_memory_gib or None
-            alts = alternatives(cfg, run, limit, mfu, peak_tflops, network)
-            best = next((a for a in alts if a["fits"] is not False), None)
+            alts = alternatives(cfg, run, limit, mfu, peak_tflops, network, margin)
+            best = choose(alts)
             if best is not None:
                 best["recommended"] = True
             shown = [a for a in alts if a["fits"] is not False][:top]
-            shown += [a for a in alts if a.get("current") and a not in shown]
-            print(f"\n{row['run']}: {len(alts)} settings, {sum(a['fits'] is not False for a in alts)} fit "
-                  f"{'' if limit is None else f'{limit:g} GiB'} (the fastest {top} shown; * fastest that fits, = the config's)")
+            shown += [a for a in alts if (a.get("current") or a.get("recommended")) and a not in shown]
+            room = "" if limit is None else f" {limit:g} GiB less {margin:.0%}"
+            print(f"\n{row['run']}: {len(alts)} settings, {sum(a['fits'] is not False for a in alts)} fit{room} "
+                  f"(the fastest {top} shown; * the plan's choice: DDP where it fits, = the config's)")
             print_table(shown, ALTERNATIVE_COLUMNS, indent="  ")
     if out:
         import io
@@ -359,7 +450,8 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
         from stateloop.files import atomic_write_bytes
 
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        fields = [k for k in rows[0] if not k.startswith("_")]
+        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         atomic_write_bytes(out, buf.getvalue().encode())
@@ -388,5 +480,5 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
     return out
 
 
-__all__ = ["DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "plan_rows", "plan_time",
-           "print_plan", "print_table", "record_plans"]
+__all__ = ["DEFAULT_MARGIN", "DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "choose",
+           "choose_for_scale", "plan_rows", "plan_time", "print_plan", "print_table", "record_plans"]

@@ -9,17 +9,17 @@ Peak = static + activations + loss + allowance, per device:
   several processes. Gradients are counted at the peak only when they exist there: the training
   loop zeroes them with ``set_to_none``, so with one micro-batch per step they are allocated
   during backward (:func:`plan_memory` takes the larger of the two instants that can be the peak).
-  FSDP (``train.fsdp_sharding``, Fabric's FSDP1 with one unit per decoder layer): the float32
-  weights, gradients and moments sharded over the shard group (all ranks; a node's ranks for the
-  hybrid strategies), plus the unsharded bf16 (Fabric's ``bf16-mixed`` under FSDP computes with
-  bf16 parameters) units alive at the peak. FSDP1 unshards a unit once per backward and reshards
-  it only when its gradient is final, in the post-accumulate-grad hook: for the looped stack
-  that is the last (first-iteration) backward application, so after the first backward
-  application every looped unit is unsharded with its bf16 gradient until the end (torch's
-  ``_runtime_utils._pre_backward_hook`` runs once per backward; ``_post_backward_hook`` reshards).
-  ``full``/``hybrid`` reshard after every forward call (K all-gathers per looped unit in the
-  forward); ``grad_op``/``hybrid_grad_op`` keep the unsharded parameters from the forward to the
-  end of backward. Several micro-batches per step accumulate unsharded bf16 gradients (``no_sync``).
+  FSDP (``train.fsdp_sharding``: FSDP2's ``fully_shard`` on every decoder layer and on the root,
+  train/parallel.py; float32 gathered and reduced, no cast): the shards of the float32 weights and
+  moments over the shard group (all ranks; a node's ranks for the hybrid strategies), the root and
+  the units gathered at the peak (each with its all-gather output), the looped units' gradient
+  sums, a reduce-scatter in flight, and accumulation's unsharded gradients (:func:`fsdp_static`).
+  Checked against FSDP2's own allocations (train/fsdp_probe.py: torch's profiler over a real
+  sharded step in a fake process group, no code of this module): the plan lies between 0.5% under
+  and 19% over them (tests/train/test_memory_plan.py); it counts every looped unit's gradient sum
+  and weight copy alive at its instant, where the step frees some earlier. On a GPU FSDP2 also
+  gathers the next unit while the current one computes in the forward (CUDA streams); the CPU
+  measurement runs it in turn, and the plan counts the prefetched unit at both instants.
 - **Activations**: what autograd keeps for backward in one training forward at the run's
   micro-batch, sequence length and precision, measured (:func:`measure_saved`), then changed by
   ``train.activation_checkpointing``: measured too where the model checkpoints by itself
@@ -78,10 +78,10 @@ train/memory_probe.py's real-tensor forward at every checkpointing level (equal 
 **Cost.** One shape (a model config at one micro-batch, its three checkpointing levels) takes
 0.1-0.5 s after torch's import (about 2 s); configs/paper.yaml's 26 runs at micro-batches 1 and 2
 (the plan's affine fit in the micro-batch, :func:`saved_profile`) took 23 s on this repository's
-2-core machine, a cold start. Every measurement is kept on disk (:func:`cache_dir`, keyed by the
-model config, shapes, precision, the models' and this module's source and torch's version), so a
-config checked again costs about 50 ms and imports no torch; the gate measures only the runs of
-scales that set ``gpu_memory_gib``.
+2-core machine, a cold start. Every measurement is kept on disk (stateloop/measured.py,
+:func:`cache_dir`, keyed by the model config, shapes, precision, the models' and this module's
+source and torch's version), so a config checked again costs about 50 ms and imports no torch;
+the gate measures only the runs of scales that set ``gpu_memory_gib``.
 
 **Calibration** (benchmarks/records/gpu_check_h200_2026-12-04.json, one H200, Table 4's 410M shapes
 at K = 7, d_s = 1024, micro-batch 4 of 2,048 tokens, bf16 autocast over float32 weights, fused
@@ -103,10 +103,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -549,31 +547,20 @@ def _model_key(cfg) -> str:
     return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr)
 
 
-@functools.cache
 def _code_digest() -> str:
-    """sha256 of the code a measurement depends on: the models and this module (a cached
-    measurement is used only while they are unchanged), and torch's version."""
-    import importlib.metadata
+    """sha256 of the code a measurement depends on: the models, this module and torch's version
+    (stateloop/measured.py; a cached measurement is used only while they are unchanged)."""
+    from stateloop.measured import code_digest
 
-    h = hashlib.sha256()
-    root = Path(__file__).resolve().parents[1]
-    for path in sorted([*(root / "models").rglob("*.py"), Path(__file__).resolve()]):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
-    try:
-        h.update(importlib.metadata.version("torch").encode())
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
-        pass
-    return h.hexdigest()
+    return code_digest("train/memory.py")
 
 
 def cache_dir() -> Path | None:
-    """Where measurements are kept between processes: ``$STATELOOP_CACHE/memory`` (empty: none), else
-    ``$XDG_CACHE_HOME/stateloop/memory`` (``~/.cache``)."""
-    env = os.environ.get("STATELOOP_CACHE")
-    if env is not None:
-        return Path(env) / "memory" if env else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "stateloop" / "memory"
+    """Where measurements are kept between processes (stateloop/measured.py): ``$STATELOOP_CACHE/memory``
+    (empty: none), else ``$XDG_CACHE_HOME/stateloop/memory`` (``~/.cache``)."""
+    from stateloop.measured import cache_dir as folder
+
+    return folder("memory")
 
 
 _MEASURED: dict[str, dict] = {}
@@ -813,8 +800,13 @@ class Setting:
         return self.devices if self.fsdp_sharding.startswith("hybrid") else self.world
 
     @property
+    def kind(self) -> str:
+        """"1 GPU" (nothing to shard or reduce, whatever ``strategy`` says), "ddp" or "fsdp"."""
+        return "1 GPU" if self.world == 1 else self.strategy
+
+    @property
     def label(self) -> str:
-        strat = f"fsdp:{self.fsdp_sharding}" if self.strategy == "fsdp" else "ddp"
+        strat = f"fsdp:{self.fsdp_sharding}" if self.kind == "fsdp" else self.kind
         chunk = f" loss/{self.loss_chunk_tokens}" if self.loss_chunk_tokens else ""
         return f"{strat} mb{self.micro_batch} ckpt:{self.activation_checkpointing}{chunk}"
 
@@ -863,10 +855,10 @@ class Activations:
     freed_first: int  # freed once backward has passed the last application of the looped stack
 
 
-def activations(p: SavedProfile, checkpointing: str, copies_kept: bool = True) -> Activations:
-    """The activation terms for a checkpointing level, from the measured profile ``p``.
-    ``copies_kept``: autocast's weight copies are the model's own (DDP, one device); under FSDP the
-    model computes with FSDP's bf16 parameters (counted as static) and autocast makes none.
+def activations(p: SavedProfile, checkpointing: str) -> Activations:
+    """The activation terms for a checkpointing level, from the measured profile ``p``. Autocast's
+    weight copies are made under every strategy (FSDP2 gathers the float32 weights and casts
+    nothing: train/parallel.py).
 
     - ``none``: everything measured is kept; backward frees the last application of the looped
       stack first (``loop_app_bytes``).
@@ -883,9 +875,8 @@ def activations(p: SavedProfile, checkpointing: str, copies_kept: bool = True) -
       input and the state the cell reads: ``unit_inputs`` in place of ``unit_bytes``) and the
       largest is recomputed with its weight copies.
     """
-    copies = p.copies if copies_kept else 0
     if checkpointing == "none":
-        return Activations(p.total - p.copies + copies, 0, 0, p.loop_app_bytes)
+        return Activations(p.total, 0, 0, p.loop_app_bytes)
     if checkpointing not in CHECKPOINTING:
         raise ValueError(f"checkpointing must be one of {', '.join(CHECKPOINTING)}; got {checkpointing!r}")
     measured = getattr(p, f"kept_{checkpointing}")
@@ -900,45 +891,82 @@ def activations(p: SavedProfile, checkpointing: str, copies_kept: bool = True) -
         kept = p.total - p.copies - p.unit_bytes + p.unit_inputs
         outside = p.copies - p.unit_copies
         recompute = p.unit_max + p.unit_copies // max(p.loop_apps, 1)
-    if copies_kept:
-        kept += outside
-    else:  # FSDP: no copies; a recomputed unit computes with its gathered bf16 parameters (static)
-        recompute = max(0, recompute - p.layer_copies_max)
-    forward_extra = (copies - (outside if copies_kept else 0)) + p.layer_max
+    kept += outside
+    forward_extra = p.copies - outside + p.layer_max
     return Activations(kept, recompute, forward_extra, 0)
 
 
+# FSDP2 (train/parallel.py), per unit of sharding: a gathered unit holds its unsharded parameters
+# and, until the next all-gather's copy-out, the flat all-gather output they were copied from
+# (torch/distributed/fsdp/_fully_shard: FSDPParamGroup.wait_for_unshard keeps all_gather_state).
+GATHERED_UNIT = 2  # x a unit's parameter bytes: its unsharded parameters + the all-gather output
+
+
+def fsdp_static(n: ParamCounts, setting: Setting, embedding: int) -> tuple[int, int]:
+    """Parameter, gradient and optimizer bytes of one device under FSDP2 (train/parallel.py: every
+    decoder layer a unit, the root the rest; float32 gathered and reduced, no cast) at the two
+    instants of :func:`plan_memory`: (the start of backward, just after the looped stack's last
+    application's backward). ``embedding``: the token embedding's parameters (its gradient comes
+    last in backward). With p the parameters' bytes, S the shard group, U the largest unit:
+
+    - always: the shards of the weights and both moments, 3 p P / S;
+    - start: the root, gathered again for its backward (p R; FSDP2 reshards it after the forward),
+      and the first unit of backward prefetched (2 p U: :data:`GATHERED_UNIT`); ``grad_op``:
+      every decoder layer stays gathered from its forward (p (P - R)) and the last all-gather's
+      output (p U); accumulation: every earlier micro-batch's unsharded gradient (p P: no reduction
+      while gradient sync is off);
+    - after: the root (p R) and its gradients but the embedding's (p (R - E)), the looped units'
+      gradients summed over their K applications by autograd before they are final (in the
+      compute dtype: 2 bytes under bf16 autocast, where the sum is of the weights' bf16 copies),
+      the next unit prefetched (2 p U), the reduce-scatter of the unit just finished (its input
+      and output, p U (1 + 1/S)), and the shards of the unique stacks' reduced gradients; ``grad_op``
+      in place of the prefetched unit every decoder layer still gathered from its forward and the
+      last all-gather's output (an upper bound: a looped unit is resharded after its first backward
+      application, then gathered again at each, as under ``full``); accumulation: the earlier gradients of the root and the unique stacks
+      (p (R + unique)), and the looped units' as shards (FSDP2 reduce-scatters a gradient that
+      exists at a unit's first post-backward, the last application's)."""
+    pb = parameter_bytes(setting.precision)
+    low = pb if setting.precision in ("32-true", "64-true") or not setting.precision.endswith("mixed") else 2
+    S, U = setting.shard_group, n.unit_max
+    grad_op = setting.fsdp_sharding in ("grad_op", "hybrid_grad_op")
+    accumulating = setting.accumulation > 1
+    sharded = 3 * pb * n.total // S
+    if grad_op:
+        start = sharded + pb * n.total + pb * U
+    else:
+        start = sharded + pb * n.root + GATHERED_UNIT * pb * U
+    if accumulating:
+        start += pb * n.total
+    after = sharded + pb * n.root + pb * U + pb * U // S + pb * n.unique_layers // S
+    after += pb * (n.loop + n.unique_layers) + pb * U if grad_op else GATHERED_UNIT * pb * U
+    after += low * n.loop
+    if accumulating:
+        after += pb * (n.root + n.unique_layers) + pb * n.loop // S
+    else:
+        after += pb * max(0, n.root - embedding)
+    return start, after
+
+
 def plan_memory(model_cfg, seq_len: int, setting: Setting, profile: SavedProfile | None = None,
-                logits_kept: bool = False, mamba_kernels: bool = False) -> MemoryPlan:
+                logits_kept: bool = False, mamba_kernels: bool = False, params: ParamCounts | None = None) -> MemoryPlan:
     """The planned peak memory of one device for a run of ``model_cfg`` trained as ``setting``: the
     larger of two instants, the start of backward (the forward's end, with the loss's buffers; or
     the forward's own peak under checkpointing) and the moment backward has passed the last
     application of the looped stack (every gradient, and under FSDP every looped unit, exists by
     then; that application's activations are freed)."""
     p = profile or saved_profile(model_cfg, setting.micro_batch, seq_len, setting.precision, mamba_kernels)
-    n = param_counts(model_cfg, seq_len, setting.precision)
+    n = params or param_counts(model_cfg, seq_len, setting.precision)
     pb = parameter_bytes(setting.precision)
     loss = loss_bytes(p, setting.loss_chunk_tokens, logits_kept)
     accumulating = setting.accumulation > 1  # earlier micro-batches' gradients exist from the start
-    a = activations(p, setting.activation_checkpointing, copies_kept=not setting.sharded)
+    a = activations(p, setting.activation_checkpointing)
     if not setting.sharded:
         weights_moments = 3 * pb * n.total
         buckets = pb * n.total if setting.world > 1 else 0
         start_static = weights_moments + buckets + (pb * n.total if accumulating else 0)
         after_static = weights_moments + buckets + pb * n.total
     else:
-        low = pb if setting.precision in ("32-true", "64-true") else 2  # FSDP's compute dtype (bf16 under *-mixed)
-        sharded = 4 * pb * n.total // setting.shard_group  # float32 weights, gradients and the two moments
-        looped = n.loop + n.root  # units whose gradients exist after the looped stack's last application
-        if setting.fsdp_sharding in ("grad_op", "hybrid_grad_op"):
-            start_params = after_params = low * n.total  # kept unsharded from the forward to the end of backward
-        else:
-            start_params = low * (n.root + 2 * n.unit_max)  # the root; the unit at work and the one prefetched
-            after_params = low * (looped + 2 * n.unit_max)  # reshard only when their gradients are final
-        start_grads = low * n.total if accumulating else 0  # no_sync's unsharded gradients
-        after_grads = low * n.total if accumulating else low * looped
-        start_static = sharded + start_params + start_grads
-        after_static = sharded + after_params + after_grads
+        start_static, after_static = fsdp_static(n, setting, model_cfg.vocab_size * model_cfg.d_model)
     candidates = [
         # the loss's buffers are freed before backward reaches the first unit to recompute
         MemoryPlan(start_static, a.kept, loss, 0, "backward start") if loss >= a.recompute
@@ -988,7 +1016,27 @@ def check_fit(cfg, runs, where: str = "config") -> None:
     if failed:
         run, tcfg, setting, plan = failed[0]
         more = f"; {len(failed) - 1} more run(s) do not fit either" if len(failed) > 1 else ""
+        key, cause = _cause(run, tcfg, setting, plan)
         raise ConfigError(
-            f"{where}: scales.{run.scale}.train.micro_batch: {run.id} needs ~{plan.gib:.0f} GiB per GPU at micro_batch "
-            f"{setting.micro_batch} ({setting.label}) > train.gpu_memory_gib {tcfg.gpu_memory_gib:g}; {_fix_hint(setting)}"
-            f"{more} (stateloop plan --config ... --compare-strategies)")
+            f"{where}: scales.{run.scale}.train.{key}: {run.id} needs ~{plan.gib:.0f} GiB per GPU ({setting.label}) > "
+            f"train.gpu_memory_gib {tcfg.gpu_memory_gib:g}: {cause}{more} (stateloop plan --config ... --compare-strategies)")
+
+
+def _cause(run, tcfg, setting: Setting, plan: MemoryPlan) -> tuple[str, str]:
+    """(the key to change, what does not fit and how to change it) for a run over its limit: the
+    weights, gradients and optimizer state alone (the memory or the strategy), one sequence of
+    ``seq_len`` (the sequence length or checkpointing), else the micro-batch (the largest that fits)."""
+    limit = tcfg.gpu_memory_gib * GIB
+    gib = lambda b: f"{b / GIB:.0f} GiB"  # noqa: E731
+    if plan.static * (1 + ALLOWANCE_FRACTION) + ALLOWANCE_GIB * GIB > limit:
+        fix = "use strategy fsdp" if not setting.sharded and setting.world > 1 else "use more devices or more memory per device"
+        return "gpu_memory_gib", f"the weights, gradients and optimizer state alone need {gib(plan.static)}; {fix}"
+    def at(mb: int) -> Setting:
+        return Setting.of(tcfg, micro_batch=mb)
+
+    fitting = [mb for mb in range(setting.micro_batch - 1, 0, -1)
+               if plan_memory(run.model_config, tcfg.seq_len, at(mb)).total <= limit]
+    others = _fix_hint(at(1))
+    if not fitting:
+        return "seq_len", f"one sequence of {tcfg.seq_len} tokens does not fit even at micro_batch 1; lower seq_len, {others}"
+    return "micro_batch", f"micro_batch {setting.micro_batch} does not fit, {fitting[0]} does; lower it, or {others}"
