@@ -220,13 +220,14 @@ def test_a_slurm_job_uses_the_cpus_it_was_given_not_the_submit_hosts_cores(tmp_p
 def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path):
     """configs/decide.yaml: 15 cells x 4 seeds, 4 more seeds of Table 1's two cells, and the lr
     bracket's 12 new cells x 3 seeds and 3 more seeds of the 9e-3 cells (its 3e-3 is Figure 2's runs), the authors'
-    recipe's 8 cells x 4 seeds, one training each, seeds
+    recipe's 8 cells x 4 seeds, the precision A/B's 2 cells x 4 seeds, one training each, seeds
     spelled in every path; Tables 1 and 4, Figure 2, the gap over training tokens, the state's
     diagnostics, the lr bracket and the claims are its outputs (no Table 2: no lm-eval task)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
-    assert len(trains) == len(set(trains)) == 68 + 48 + 32
+    assert len(trains) == len(set(trains)) == 68 + 48 + 32 + 8
+    assert sum("/decide_bf16/" in o and "/K4_ds" in o for o in trains) == 8  # bf16-mixed against lr_2's float32 runs
     assert all(re.search(r"/K\d+_ds\d+_seed[1-8]/model\.safetensors", o) for o in trains)
     assert sum("/K4_ds" in o and "/decide/" in o for o in trains) == 16
     assert sum("/decide_input/" in o for o in trains) == 8  # the read-init choice: K = 3, 7 x 4 seeds

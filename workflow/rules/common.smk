@@ -202,7 +202,7 @@ GPU_ROUTES = {
 
 def profile_default(key):
     """The value the profile's ``default-resources`` give resource ``key``, as written there (None:
-    none). A rule that sets a resource replaces the default for all its jobs: its jobs without a GPU
+    none). A rule setting a resource replaces the default for all its jobs, and its jobs without a GPU
     get this back."""
     defaults = workflow.resource_settings.default_resources
     resource = defaults.get(key) if defaults is not None else None
