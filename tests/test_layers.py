@@ -2,7 +2,7 @@
 modules of its own layer and of the layers listed before it, never of one listed after it.
 
 core: the package itself and config.py (typed configs from YAML, ConfigError)
-files: files.py (atomic writes, safe loading, the code version)
+files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
 models: models/ (the architectures and their registry; cycles inside models/ are allowed)
 data: data/'s config, synthetic text, shards and tokenizer
 parts: the pieces of stages that read no pipeline config: config sections, memory plan, sources, tokenizing, prefetch, task files, metrics
@@ -33,6 +33,7 @@ LAYER_OF = {
     "stateloop": "core",
     "stateloop.config": "core",
     "stateloop.files": "files",
+    "stateloop.measured": "files",
     "stateloop.models": "models",
     "stateloop.data": "data",
     "stateloop.data.config": "data",
