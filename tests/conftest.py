@@ -35,7 +35,9 @@ def pytest_collection_modifyitems(config, items):
     16.5 minutes against 17.8, so lm-eval's whole task index (the one test that builds it, about
     40 s) moved here too, and ladder.yaml's rehearsal (about 1.7 minutes). On 2026-12-04 (evening)
     the other half was the longer by 75 s (19.1 against 17.8 minutes), so the benchmark scripts'
-    tests (about 15 s, the GPU check's rehearsal among them) run here as well."""
+    tests (about 15 s, the GPU check's rehearsal among them) run here as well. On 2026-12-06 the
+    other half was the longer by about 7 minutes (21.6 against 14.0, both slowed by other work), so
+    the four-rank kill-and-resume trainings of tests/train/test_fsdp.py (about 3 minutes) moved here."""
     items.sort(key=_balanced_first)  # stable: the rest keep their order
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
@@ -48,7 +50,8 @@ def pytest_collection_modifyitems(config, items):
 BALANCED = ("tests/workflow/test_slurm_cluster.py", "tests/workflow/test_rehearse.py::test_interrupted_rehearsal",
             "tests/workflow/test_dag.py",
             "tests/evaluate/test_eval_command.py::test_lm_evals_tasks_found_by_scan_as_by_its_whole_index",
-            "tests/test_benchmarks.py")
+            "tests/test_benchmarks.py",
+            "tests/train/test_fsdp.py::test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and_exports")
 
 
 def _balanced_first(item) -> int:
