@@ -57,7 +57,9 @@ install_packages() {
 
 write_config() {
     local cpus mem tmp
-    cpus=${SLURM_CLUSTER_CPUS:-$(nproc)}
+    # the machine's CPUs: nproc alone prints OMP_NUM_THREADS where it is set (scripts/test.sh sets 1,
+    # and a node of 1 CPU leaves a 2-task job pending forever, reason PartitionConfig)
+    cpus=${SLURM_CLUSTER_CPUS:-$(OMP_NUM_THREADS= OMP_THREAD_LIMIT= nproc)}
     mem=${SLURM_CLUSTER_MEM_MB:-$(awk '/^MemTotal:/ {print int($2 / 1024 * 0.9)}' /proc/meminfo)}
     mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd "$LOGDIR"
     tmp=$(mktemp)
