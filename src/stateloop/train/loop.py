@@ -154,11 +154,6 @@ def configure_optimizer(model: torch.nn.Module, tcfg, fused: bool, decay: set[st
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=tuple(tcfg.betas), eps=tcfg.eps, fused=fused or None)
 
 
-def _full_state_dict(fabric, raw_model) -> dict:
-    """The unsharded model weights (every rank must call this under FSDP)."""
-    return full_state_dict(raw_model) if is_sharded(fabric) else raw_model.state_dict()
-
-
 # ----------------------------------------------------------------------------------------------
 # Validation
 
@@ -559,7 +554,7 @@ def finish(run: Run, progress: Progress) -> TrainResult:
         run_validation(run, total)
     if run.saved_at != total:
         run.checkpoint(total, progress.last_loss)
-    weights = _full_state_dict(fabric, run.raw_model)
+    weights = full_state_dict(fabric, run.raw_model)  # every rank: FSDP gathers
     tracker = run.tracker
     summary = {
         "run": run.rc.run.id, "steps": total, "tokens": total * tcfg.tokens_per_step,

@@ -59,9 +59,6 @@ def shard(model: torch.nn.Module, mesh, sharding: str) -> torch.nn.Module:
 
     from stateloop.models.backbone import Layer
 
-    if getattr(model, "_orig_mod", None) is not None:  # torch.compile's wrapper: shard the module inside
-        shard(model._orig_mod, mesh, sharding)
-        return model
     mesh = mesh if mesh.size(0) > 1 else mesh[mesh.mesh_dim_names[1]]  # one replica: a 1-D mesh
     # No cast: parameters gathered, and gradients reduced, in the parameters' own dtype (float32;
     # float64 in a float64 run). The module docstring says why.
@@ -91,8 +88,11 @@ def is_sharded(fabric) -> bool:
     return isinstance(fabric.strategy, ModelParallelStrategy)
 
 
-def full_state_dict(model: torch.nn.Module) -> dict:
-    """The unsharded weights on rank 0 (on CPU), an empty dict elsewhere; every rank must call it."""
+def full_state_dict(fabric, model: torch.nn.Module) -> dict:
+    """The model's unsharded weights: under FSDP gathered to rank 0 (on CPU; an empty dict on the
+    other ranks, and every rank must call it), else its own state dict."""
+    if not is_sharded(fabric):
+        return model.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
