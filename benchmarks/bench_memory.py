@@ -5,7 +5,7 @@ K = 4, SwiGLU 2.6875 d as at 1.4B, heads of 64, the GPT-NeoX vocabulary of 50,43
 2 x 512 tokens), under bf16 autocast as Lightning Fabric's bf16-mixed runs on a CPU:
 
 - the bytes autograd saves for backward in one training forward and loss
-  (stateloop.train.memory_probe.saved_bytes: distinct storages, parameters excluded), and
+  (stateloop.ops.memory_probe.saved_bytes: distinct storages, parameters excluded), and
 - the time of one training step (forward, loss, backward), timed in interleaved rounds so that load
   on the machine hits every setting alike: the median time and the median over rounds of the time
   relative to the reference measured in the same round (each round in another order),
@@ -33,8 +33,8 @@ import torch
 from stateloop.models import looped
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
+from stateloop.ops.memory_probe import activation_bytes, saved_bytes
 from stateloop.train.loss import lm_loss
-from stateloop.train.memory_probe import activation_bytes, saved_bytes
 
 MiB, GiB = 2.0**20, 2.0**30
 

@@ -7,7 +7,7 @@ over repeats. CPU seconds, not wall time, so other load on the machine moves
 the figures little.
 
 With the jobs (not ``--no-job``), each whole job is also run as a local DAG runs it with a warm
-server (stateloop/warm.py): its CPU seconds are the command's own process plus the server's child
+server (stateloop/ops/warm.py): its CPU seconds are the command's own process plus the server's child
 that ran it (from the server's log), the server's one-off imports not included (printed apart).
 
     PYTHONPATH=src python benchmarks/bench_startup.py [--repeats 3]
@@ -105,7 +105,7 @@ def main() -> int:
         if not args.no_job:
             subprocess.run([sys.executable, "-m", "stateloop.cli", "tokenize", "--config", "configs/tiny.yaml", "--scale", "tiny",
                             "--out", os.path.join(tmp, "data"), "--no-progress"], check=True, stdout=subprocess.DEVNULL)
-            from stateloop import warm
+            from stateloop.ops import warm
 
             log = os.path.join(tmp, "warm.log")
             os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow-eval.db"  # eval's store (train's is named)

@@ -55,7 +55,7 @@ def bare_loop(config: dict, steps: int, warmup: int) -> float:
     from stateloop.config import from_dict
     from stateloop.models.config import ModelConfig
     from stateloop.models.registry import build_model
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
 
     mcfg = from_dict(ModelConfig, config["model"], "model")
     tcfg = from_dict(TrainConfig, config["train"], "train")

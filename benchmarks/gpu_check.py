@@ -66,7 +66,7 @@ def load_paper(smoke: bool):
 
     raw = load_yaml(ROOT / "configs" / "paper.yaml")
     if smoke:
-        from stateloop.rehearse.config import shrink
+        from stateloop.ops.rehearse.config import shrink
 
         raw = shrink(raw)
     return pipeline_from_dict(raw, "configs/paper.yaml" + (" (rehearsal sizes)" if smoke else ""))

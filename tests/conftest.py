@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
     minutes) and the paper config's rehearsal: `shared_dag`. scripts/test.sh runs them in one
     pytest process and every other test in a second one, side by side on the two cores, each
     with one torch thread; tests/workflow/conftest.py starts both rehearsals at once.
-    With warm starts (stateloop/warm.py) the rehearsals' half took 16.1 minutes in a fresh-clone
+    With warm starts (stateloop/ops/warm.py) the rehearsals' half took 16.1 minutes in a fresh-clone
     CI (2026-12-03) against 28.8 for the other, so the tests of :data:`BALANCED` run beside the
     rehearsals too: the SLURM cluster's (about 4 minutes, mostly waiting on the scheduler) and the
     interrupted rehearsal (a DAG of its own, about 1.5 minutes). They go first, so that their

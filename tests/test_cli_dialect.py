@@ -130,15 +130,15 @@ def recorded(tmp_path, monkeypatch):
         raise ConfigError("recorded")
 
     import stateloop.resolve
+    import stateloop.slurm
     import stateloop.train.loop
-    import stateloop.train.slurm
     from stateloop.models.config import ModelConfig
     from stateloop.pipeline import DataSection, RunConfig, RunSection
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)
-    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda accelerator: None)
+    monkeypatch.setattr(stateloop.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     return seen
 
@@ -236,7 +236,7 @@ def test_rehearse_takes_its_options_before_or_after_the_config(order, tmp_path, 
     """`stateloop rehearse CONFIG --out DIR -- ARGS` failed ("unrecognized arguments") where `--out
     DIR CONFIG -- ARGS` worked: every word after the first `--` goes to Snakemake, whatever the order
     before it."""
-    import stateloop.rehearse.run as rehearsal
+    import stateloop.ops.rehearse.run as rehearsal
     from stateloop.commands import run_command
 
     seen = []

@@ -12,7 +12,7 @@ import pytest
 
 from stateloop.config import ConfigError, load_yaml
 from stateloop.pipeline import SlurmConfig, pipeline_from_dict
-from stateloop.train.slurm import checkpoint_bytes, estimated_params, timeout_floor, warning_seconds
+from stateloop.slurm import checkpoint_bytes, estimated_params, timeout_floor, warning_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 

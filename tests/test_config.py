@@ -202,9 +202,9 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     as without; an old folder's saved eval section is accepted beside the others."""
     import dataclasses
 
-    from stateloop.evaluate.config import EvalConfig
     from stateloop.pipeline import RunConfig
     from stateloop.resolve import resolve_run
+    from stateloop.sections.evaluate import EvalConfig
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
                   + "  a: {scale: s, models: [stateloop], K: [3], d_s: [16]}\n")
@@ -230,7 +230,7 @@ def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
     from stateloop.models.registry import build_model
     from stateloop.pipeline import RunConfig
     from stateloop.runs import load_model, save_final, saved_run_config
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
     from stateloop.train.loop import check_run_folder
     from support.models import tiny_config
 

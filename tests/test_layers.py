@@ -4,17 +4,16 @@ modules of its own layer and of the layers listed before it, never of one listed
 core: the package itself and config.py (typed configs from YAML, ConfigError)
 files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
 models: models/ (the architectures and their registry; cycles inside models/ are allowed)
-data: data/'s config, synthetic text, shards and tokenizer
-parts: the pieces of stages that read no pipeline config: config sections, memory plan, sources, tokenizing, prefetch, task files, metrics
-pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
+sections: sections/ (the data, evaluate and train sections of the pipeline config)
+pipeline: pipeline.py (scales, experiments, runs and their ids), schema.py and slurm.py (a SLURM job's time, sizes and signals)
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
+data: data/ (synthetic text, sources, tokenizing, shards, the Hub's cache, the tokenize stage)
 export: export/ (a run as a Hugging Face directory)
 tracking: tracking/ (MLflow: the store, what runs record, model registration, training's Tracker, the later stages' runs)
-stages: the stages that read runs: data/stage.py, data/check.py (a run's shards, opened for training), train/, evaluate/, analysis/
+stages: the stages that read runs: train/, evaluate/, analysis/
 report: report/ (tables, figures, claims)
-rehearse: rehearse/ (a config's DAG offline, sizes shrunk)
+ops: ops/ (planning: memory, cost, the probes; prefetching; the warm server; rehearse/: a config's DAG offline, sizes shrunk)
 commands: commands/ (the command table, the parser, one module per command)
-warm: warm.py (the DAG's warm server)
 cli: cli.py (the console script)
 
 Imports are read with ast, function-local and ``if TYPE_CHECKING:`` ones included; a module named
@@ -28,52 +27,28 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = SRC / "stateloop"
 
-# module or package -> its layer; a module not named takes its closest named package's layer
+# folder or top module -> its layer: a module takes its folder's layer (no module of a folder is named)
 LAYER_OF = {
     "stateloop": "core",
     "stateloop.config": "core",
     "stateloop.files": "files",
     "stateloop.measured": "files",
     "stateloop.models": "models",
-    "stateloop.data": "data",
-    "stateloop.data.config": "data",
-    "stateloop.data.synthetic": "data",
-    "stateloop.data.shards": "data",
-    "stateloop.data.tokenizer": "data",
-    "stateloop.data.sources": "parts",
-    "stateloop.data.tokenize": "parts",
-    "stateloop.prefetch": "parts",
-    "stateloop.evaluate.config": "parts",
-    "stateloop.evaluate.metrics": "parts",
-    "stateloop.evaluate.perplexity": "parts",
-    "stateloop.evaluate.diagnostics": "parts",
-    "stateloop.evaluate.tasks.files": "parts",
-    "stateloop.evaluate.tasks.prepare": "parts",
-    "stateloop.evaluate.tasks.rehearsal": "parts",
-    "stateloop.train.config": "parts",
-    "stateloop.train.memory": "parts",
-    "stateloop.train.memory_probe": "parts",
-    "stateloop.train.slurm": "parts",
-    "stateloop.train.signals": "parts",
-    "stateloop.train.loss": "parts",
-    "stateloop.train.schedule": "parts",
-    "stateloop.train.flops": "parts",
-    "stateloop.train.sampler": "parts",
+    "stateloop.sections": "sections",
     "stateloop.pipeline": "pipeline",
     "stateloop.schema": "pipeline",
+    "stateloop.slurm": "pipeline",
     "stateloop.runs": "runs",
     "stateloop.resolve": "runs",
+    "stateloop.data": "data",
     "stateloop.export": "export",
     "stateloop.tracking": "tracking",
-    "stateloop.data.stage": "stages",
-    "stateloop.data.check": "stages",
     "stateloop.train": "stages",
     "stateloop.evaluate": "stages",
     "stateloop.analysis": "stages",
     "stateloop.report": "report",
-    "stateloop.rehearse": "rehearse",
+    "stateloop.ops": "ops",
     "stateloop.commands": "commands",
-    "stateloop.warm": "warm",
     "stateloop.cli": "cli",
 }
 
@@ -204,5 +179,13 @@ def test_no_import_cycle_outside_models():
 
 def test_the_reader_sees_nested_imports():
     """Function-local imports and ``from PACKAGE import MODULE`` are read as imports of that module."""
-    assert "stateloop.train.memory" in {t for _, t in imports("stateloop.pipeline")}  # inside checked_pipeline
+    assert "stateloop.evaluate.tasks.needs" in {t for _, t in imports("stateloop.train.stage")}  # inside require_eval_data
     assert "stateloop.evaluate.diagnostics" in {t for _, t in imports("stateloop.evaluate.harness")}
+
+
+def test_a_folder_tells_its_layer():
+    """Every name of the table is a folder or a top module of the package: no module inside a folder
+    has a layer of its own."""
+    inner = [name for name in LAYER_OF if name.count(".") > 1 or (name.count(".") == 1 and not MODULES[name][1]
+                                                                  and name.rpartition(".")[0] != "stateloop")]
+    assert not inner, inner

@@ -1,6 +1,6 @@
 """`stateloop prefetch` (stateloop/prefetch.py): a config's hub tokenizer, hub dataset files and
 lm-eval task data fetched into empty caches through huggingface_hub and lm-eval's own download,
-from a stand-in for the Hub (stateloop/rehearse/hub.py: local folders served under hub names);
+from a stand-in for the Hub (stateloop/ops/rehearse/hub.py: local folders served under hub names);
 then, offline with the stand-in gone, the jobs find them, and a missing one stops a job at its
 start in one line naming it and the prefetch command."""
 
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.data.config import DataConfig
+from stateloop.data.hub import card_patterns, corpus_patterns
 from stateloop.data.tokenizer import train_bpe
-from stateloop.prefetch import card_patterns, corpus_patterns
-from stateloop.rehearse.hub import Repo, serve_hub
-from stateloop.rehearse.mirrors import write_mirror
+from stateloop.ops.rehearse.hub import Repo, serve_hub
+from stateloop.ops.rehearse.mirrors import write_mirror
+from stateloop.sections.data import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PILE = {"source": "monology/pile-uncopyrighted", "data_files": {"train": "train/*.jsonl.zst", "validation": "val.jsonl.zst"},

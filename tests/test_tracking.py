@@ -126,8 +126,8 @@ def test_a_received_run_folder_never_chooses_the_store(empty_db, here, monkeypat
 
 def test_eval_settings_are_params_of_the_run(empty_db, here):
     from stateloop.config import to_dict
-    from stateloop.evaluate.config import EvalConfig
     from stateloop.evaluate.harness import log_to_mlflow
+    from stateloop.sections.evaluate import EvalConfig
 
     uri = _store(empty_db, here / "results" / "mlflow.db")
     run_dir = here / "run"

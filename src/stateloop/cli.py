@@ -1,5 +1,5 @@
 """The console script ``stateloop``: a command started from a shell in a local DAG runs in a child of
-the DAG's warm server where there is one (stateloop/warm.py), any other in this process. The
+the DAG's warm server where there is one (stateloop/ops/warm.py), any other in this process. The
 commands, their parser and their running are stateloop/commands/.
 """
 
@@ -10,9 +10,9 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None). A command started from a shell in a
-    local DAG runs in a child of the DAG's warm server where there is one (stateloop/warm.py)."""
+    local DAG runs in a child of the DAG's warm server where there is one (stateloop/ops/warm.py)."""
     if argv is None:
-        from stateloop.warm import delegate
+        from stateloop.ops.warm import delegate
 
         code = delegate()
         if code is not None:

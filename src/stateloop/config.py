@@ -3,7 +3,7 @@
 Every section of a config file is read into a dataclass by :func:`from_dict`, which rejects
 unknown keys and values of the wrong type with a one-line :class:`ConfigError` naming the key
 (``model.d_modle: unknown key``). The sections' dataclasses live with their stages:
-``models/config.py`` (ModelConfig), ``data/config.py``, ``train/config.py``, ``evaluate/config.py``;
+``models/config.py`` (ModelConfig), ``sections/data.py``, ``sections/train.py``, ``sections/evaluate.py``;
 how a run's config resolves: ``resolve.resolve_run``.
 """
 

@@ -1,5 +1,5 @@
 """Measurements kept on disk between processes: ``stateloop plan`` and the config check's memory
-gate measure each model shape once (train/memory.py's fake-tensor forward, models/flops.py's FLOP
+gate measure each model shape once (ops/memory.py's fake-tensor forward, models/flops.py's FLOP
 count), not on every call.
 
 A measurement is a small JSON file under :func:`cache_dir` ``/<kind>/``, named by the sha256 of

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
-from stateloop.data.config import DataConfig
-from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import MODELS, get_spec
-from stateloop.train.config import TrainConfig
+from stateloop.sections.data import DataConfig
+from stateloop.sections.evaluate import EvalConfig
+from stateloop.sections.train import TrainConfig
+from stateloop.slurm import checkpoint_bytes, checkpoint_seconds, estimated_params, timeout_floor, warning_seconds
 
 # The run id, spelled here once: a cell (every seed of one shape) and the seed, always last.
 RUN_CELL_FORM = "{scale}/{model}/K{K}_ds{ds}"
@@ -62,7 +63,7 @@ class AnalyzeResources(StageResources):
     """The analyze stage's jobs. Each of Figure 4's analyses may run as several jobs, each on a
     contiguous part of the held-out windows, and a merge of their exact sums: the same numbers as
     one job, bit for bit (analysis/shards.py); each job continues from its partial sums when it is
-    run again. Each job's hours against `runtime`: analysis/cost.py (`analysis_plan_rows`)."""
+    run again. Each job's hours against `runtime`: ops/analysis_cost.py (`analysis_plan_rows`)."""
 
     # Jobs the Shapley analysis of a run is split into (1: one job); above 1, each shard is a job
     # of this stage's resources and their merge a job without a GPU.
@@ -317,20 +318,13 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
 def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig, dict[str, Run]]:
     """(the pipeline config of a config mapping, checked strictly; every run its experiments
     define, by id): the runs are the ones the check expands, so a caller that needs both expands
-    the experiment grid once. Where a scale sets ``train.gpu_memory_gib``, a run whose planned peak
-    memory does not fit is refused too (train/memory.py: ``check_fit``)."""
+    the experiment grid once. The memory gate on ``train.gpu_memory_gib`` is not here: who submits
+    or runs training asks for it (ops/memory.py: ``gate``)."""
     try:
         cfg = from_dict(PipelineConfig, data)
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from None
-    runs = validate_pipeline(cfg, where)
-    if any(scale.train.gpu_memory_gib for scale in cfg.scales.values()):
-        # every run of a scale that states its device memory must fit it (train/memory.py), before
-        # any job is submitted; the other scales cost nothing here (no torch, no model)
-        from stateloop.train.memory import check_fit
-
-        check_fit(cfg, runs, where)
-    return cfg, runs
+    return cfg, validate_pipeline(cfg, where)
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words
@@ -377,9 +371,8 @@ STAGES = ("tokenize", "train", "eval", "analyze", "bench")
 def check_cluster(cfg: PipelineConfig, where: str = "config") -> None:
     """Each scale against the cluster's ``slurm:`` section: every stage's runtime within
     ``max_runtime``; the training's warning before its time limit and ``train.dist_timeout_s``
-    against a checkpoint's write and hash at the measured ``write_mb_per_s`` (train/slurm.py), one
+    against a checkpoint's write and hash at the measured ``write_mb_per_s`` (slurm.py), one
     measurement for both. One line naming the key otherwise."""
-    from stateloop.train.slurm import checkpoint_bytes, checkpoint_seconds, estimated_params, timeout_floor, warning_seconds
 
     slurm = cfg.slurm
     speed = slurm.write_mb_per_s * 1e6

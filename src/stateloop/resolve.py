@@ -22,7 +22,6 @@ import dataclasses
 from pathlib import Path
 
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
-from stateloop.evaluate.config import EvalConfig
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import get_spec
 from stateloop.pipeline import (
@@ -39,7 +38,8 @@ from stateloop.pipeline import (
     scale_of,
 )
 from stateloop.runs import run_id_of, saved_config, saved_run_config
-from stateloop.train.config import TrainConfig
+from stateloop.sections.evaluate import EvalConfig
+from stateloop.sections.train import TrainConfig
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)
 

@@ -218,8 +218,8 @@ def test_analyses_share_the_heldout_baseline_of_eval(tmp_path, monkeypatch):
 ])
 def test_produced_splits_are_the_splits_tokenize_writes(tmp_path, data, splits):
     from stateloop.config import from_dict
-    from stateloop.data.config import DataConfig
     from stateloop.data.tokenize import tokenize
+    from stateloop.sections.data import DataConfig
 
     texts = [f"document {i} about {i % 7} things and {i % 3} more" for i in range(200)]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

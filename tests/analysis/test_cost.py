@@ -1,4 +1,4 @@
-"""The analysis jobs' estimates (analysis/cost.py): the counted pieces combine as the analysis code
+"""The analysis jobs' estimates (ops/analysis_cost.py): the counted pieces combine as the analysis code
 runs them, a tiny config's rows by hand, and the paper config's jobs against their 12-hour limit."""
 
 import dataclasses
@@ -7,9 +7,10 @@ import pytest
 import torch
 import yaml
 
-from stateloop.analysis import cost, interventions, shapley
+from stateloop.analysis import interventions, shapley
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
+from stateloop.ops import analysis_cost as cost
 from stateloop.pipeline import load_pipeline
 from support.models import tiny_config
 
@@ -123,7 +124,7 @@ def test_a_scale_reading_another_scales_data_folder_counts_that_split(tmp_path):
     from data/1.4b/meta.json, as the jobs will read it."""
     import json
 
-    from stateloop.analysis.cost import heldout
+    from stateloop.ops.analysis_cost import heldout
 
     cfg = load_pipeline("configs/paper.yaml")
     (tmp_path / "1.4b").mkdir()
@@ -174,7 +175,7 @@ def test_a_forward_count_is_kept_on_disk_by_config_and_code(tmp_path, monkeypatc
     """`stateloop plan --analyses` counts every run's forward once: read back by a later process
     (the in-memory table emptied) without counting; another version of the code counts again."""
     from stateloop import measured
-    from stateloop.analysis import cost as analysis_cost
+    from stateloop.ops import analysis_cost
 
     monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
     monkeypatch.setattr(analysis_cost, "_FORWARD", {})

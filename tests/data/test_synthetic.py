@@ -8,7 +8,7 @@ import re
 import pytest
 
 from stateloop.data import synthetic
-from stateloop.data.config import SyntheticConfig
+from stateloop.sections.data import SyntheticConfig
 
 
 def episodes(doc: str) -> list[str]:

@@ -19,9 +19,9 @@ import pytest
 from stateloop.cli import main as cli
 from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer, synthetic
-from stateloop.data.config import DataConfig, SyntheticConfig
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.tokenize import is_complete, tokenize
+from stateloop.sections.data import DataConfig, SyntheticConfig
 from support.data import quiet
 
 ROOT = Path(__file__).resolve().parents[2]

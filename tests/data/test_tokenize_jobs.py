@@ -12,10 +12,10 @@ import pytest
 
 import stateloop.data.shards as shards_mod
 import stateloop.data.tokenize as tok_mod
-from stateloop.data.config import DataConfig, SyntheticConfig
 from stateloop.data.shards import ShardSet
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import tokenize
+from stateloop.sections.data import DataConfig, SyntheticConfig
 from support.data import quiet
 
 

@@ -4,9 +4,9 @@ shards the command line writes; with config and scale it loads the scale itself.
 import pytest
 
 from stateloop.cli import main as cli
-from stateloop.data.config import DataError
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.stage import Request, tokenize_stage
+from stateloop.sections.data import DataError
 
 FLAGS = dict(synthetic_docs="20,2,1", vocab_size="300", workers="0")
 

@@ -16,9 +16,9 @@ import pytest
 
 from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer
-from stateloop.data.config import DataConfig, DataError
 from stateloop.data.tokenize import tokenize
 from stateloop.pipeline import load_pipeline
+from stateloop.sections.data import DataConfig, DataError
 from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -151,8 +151,8 @@ def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the
     `stateloop eval` hands the harness the run's saved RunConfig with ``eval`` resolved: the scale's
     section of --config, then --set and the flags; the saved sections as the folder has them."""
     from stateloop.evaluate import harness
-    from stateloop.evaluate.config import EvalConfig
     from stateloop.runs import saved_run_config
+    from stateloop.sections.evaluate import EvalConfig
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc, synth_cloze], shots: [0], limit: 4, heldout_windows: 3}\n")
@@ -192,8 +192,8 @@ def test_paper_task_names_are_lm_evals_own(tmp_path):
     """Every paper task resolves in the installed lm-eval's index (no download), with the output
     type the tables assume; each has its reported metric."""
     from stateloop.evaluate import metrics
-    from stateloop.evaluate.config import PAPER_TASKS, EvalConfig
     from stateloop.evaluate.tasks.prepare import prepare_tasks
+    from stateloop.sections.evaluate import PAPER_TASKS, EvalConfig
 
     prepared = prepare_tasks(PAPER_TASKS, tmp_path / "work", EvalConfig())
     assert prepared.builtin == PAPER_TASKS
@@ -210,9 +210,9 @@ def test_lm_evals_tasks_found_by_scan_as_by_its_whole_index():
     YAML and resolved config. (The one test that pays for the whole index.)"""
     from lm_eval.tasks import TaskManager
 
-    from stateloop.evaluate.config import PAPER_TASKS
     from stateloop.evaluate.tasks.files import lm_eval_task_files
     from stateloop.evaluate.tasks.prepare import task_manager
+    from stateloop.sections.evaluate import PAPER_TASKS
 
     names = [*PAPER_TASKS, "lambada_standard", "arc_easy", "mmlu_anatomy"]
     files = lm_eval_task_files(names)

@@ -17,7 +17,7 @@ import stateloop.models.looped as looped
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
-from stateloop.train.memory_probe import saved_bytes
+from stateloop.ops.memory_probe import saved_bytes
 from support.models import tiny_config
 
 ALL = sorted(MODELS)

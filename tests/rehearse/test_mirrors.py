@@ -1,4 +1,4 @@
-"""Local mirrors of the configs' hub datasets (stateloop.rehearse.mirrors): the hub's file layout
+"""Local mirrors of the configs' hub datasets (stateloop.ops.rehearse.mirrors): the hub's file layout
 and record schema, read by the tokenize stage with the real config's ``data:`` section (only
 ``source`` changed, plus the shared tokenizer file and workers=0) through the same
 ``datasets.load_dataset`` call as the hub name."""
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from stateloop.data.config import DataConfig, DataError
 from stateloop.data.sources import plan_streams
 from stateloop.data.tokenize import holdout_key, holdout_split, tokenize
+from stateloop.ops.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
 from stateloop.pipeline import load_pipeline
-from stateloop.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
+from stateloop.sections.data import DataConfig, DataError
 from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -281,7 +281,7 @@ def test_a_local_source_is_rehearsed_from_where_the_config_is_run(tmp_path, monk
     repository root; its rehearsal folder lies elsewhere, so the path becomes absolute."""
     import yaml
 
-    from stateloop.rehearse.run import prepare
+    from stateloop.ops.rehearse.run import prepare
 
     root = Path(__file__).resolve().parents[2]
     monkeypatch.chdir(root)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.evaluate.config import PAPER_TASKS
+from stateloop.sections.evaluate import PAPER_TASKS
 
 N_EXAMPLES = 20  # records per split file
 LIMIT = 3  # documents scored per task
@@ -148,9 +148,9 @@ def test_a_local_task_dir_name_wins_over_lm_evals_builtin(written, tmp_path, off
     runs beside it (lm-eval's folder indexed first, ours after); with only local tasks lm-eval's
     folder is not indexed. A local YAML may include another by a relative path."""
     from stateloop.config import ConfigError
-    from stateloop.evaluate.config import EvalConfig
     from stateloop.evaluate.tasks.prepare import prepare_tasks
     from stateloop.evaluate.tasks.rehearsal import write_tasks
+    from stateloop.sections.evaluate import EvalConfig
 
     task_dir = written[1]["task_dir"]
     prepared = prepare_tasks(["arc_easy", "lambada_standard"], tmp_path / "mixed", EvalConfig(task_dir=task_dir))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from stateloop.config import load_yaml
-from stateloop.rehearse.run import prepare
+from stateloop.ops.rehearse.run import prepare
 from support.rehearsals import needs_shared_data
 
 ROOT = Path(__file__).resolve().parents[2]

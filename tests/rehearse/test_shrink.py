@@ -13,7 +13,7 @@ def test_the_paper_rehearsal_runs_the_analyses_sharded():
     """paper.yaml splits the 410M analyses into shards with a merge (resources.analyze.*_shards); the
     rehearsal keeps that layout, at most two shards each, so the sharded jobs and their merge run
     offline before a cluster sees them. A config without shards stays unsharded."""
-    from stateloop.rehearse.config import shrink
+    from stateloop.ops.rehearse.config import shrink
 
     raw = yaml.safe_load((ROOT / "configs" / "paper.yaml").read_text())
     assert raw["scales"]["410m"]["resources"]["analyze"]["shapley_shards"] > 2  # the point of the min below

@@ -1,5 +1,5 @@
 """The paper's lm-eval tasks served by the stand-in hub under their real dataset names
-(stateloop/rehearse/tasks.py, hub.py): `stateloop prefetch` fills empty caches from it with
+(stateloop/ops/rehearse/tasks.py, hub.py): `stateloop prefetch` fills empty caches from it with
 lm-eval's own download, and then, with the stand-in gone, the Hub switched off and every socket
 refused, lm-eval's own (unchanged) task YAMLs load each dataset from the caches, as an evaluation
 job on a compute node does. No training: the rehearsal of paper.yaml runs these tasks whole."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.evaluate.config import PAPER_TASKS
+from stateloop.sections.evaluate import PAPER_TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSED = "http://127.0.0.1:9"  # a closed port
@@ -41,7 +41,7 @@ def _refuse(*args, **kwargs):
     raise AssertionError(f"network access in an offline job: {args!r}")
 socket.socket.connect = socket.socket.connect_ex = _refuse
 socket.getaddrinfo = _refuse
-from stateloop.evaluate.config import EvalConfig
+from stateloop.sections.evaluate import EvalConfig
 from stateloop.evaluate.tasks.prepare import prepare_tasks
 tasks = sys.argv[2:]
 prepared = prepare_tasks(tasks, sys.argv[1], EvalConfig(tasks=tasks))
@@ -87,7 +87,7 @@ def test_only_tasks_that_read_the_hub_get_a_repository(tmp_path):
     """Local tasks (workflow/tasks/, or the config's eval.task_dir) are not served; a hub task this
     module cannot make data for stops the rehearsal in one line naming it."""
     from stateloop.config import ConfigError
-    from stateloop.rehearse.tasks import hub_tasks, write_task_repos
+    from stateloop.ops.rehearse.tasks import hub_tasks, write_task_repos
 
     assert hub_tasks(["synth_mc", "arc_easy", "piqa_local", "arc_easy", "race"]) == ["arc_easy", "race"]
     (tmp_path / "mine.yaml").write_text("task: arc_easy\ndataset_path: json\n")
@@ -101,8 +101,8 @@ def test_only_tasks_that_read_the_hub_get_a_repository(tmp_path):
 def test_every_paper_task_is_prefetched_from_the_stand_in_hub_and_resolves_offline(shared_data, tmp_path):
     import pyarrow.parquet as pq
 
-    from stateloop.rehearse.hub import Repo, serve_hub
-    from stateloop.rehearse.tasks import MANIFEST, write_task_repos
+    from stateloop.ops.rehearse.hub import Repo, serve_hub
+    from stateloop.ops.rehearse.tasks import MANIFEST, write_task_repos
 
     for folder in ("lambada-openai", "piqa", "wikitext-2"):
         if not (shared_data / folder).is_dir():

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.evaluate.config import PAPER_TASKS
 from stateloop.evaluate.tasks.files import default_shared_data
+from stateloop.sections.evaluate import PAPER_TASKS
 from support.dag import ROOT, env
 
 SHARED = default_shared_data()
@@ -93,7 +93,7 @@ def needs_shared_data(raw: dict) -> bool:
 
 def dag(out: Path, *args, timeout: int = 600) -> subprocess.CompletedProcess:
     """Snakemake in a rehearsal folder, as ``stateloop rehearse`` runs it (its env, its config)."""
-    from stateloop.rehearse.run import environment, snakemake_command
+    from stateloop.ops.rehearse.run import environment, snakemake_command
 
     return subprocess.run(snakemake_command(out, 1, list(args)), env=environment(out), capture_output=True,
                           text=True, timeout=timeout)

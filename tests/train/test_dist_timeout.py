@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from stateloop.config import ConfigError
-from stateloop.train.config import TrainConfig
+from stateloop.sections.train import TrainConfig
 from stateloop.train.loop import build_fabric
 from support.training import ROOT
 
@@ -33,7 +33,7 @@ def test_the_strategy_carries_the_configs_timeout():
 # Rank 0 waits at a barrier that rank 1 never reaches (rank 1 waits for rank 0 to give up, then ends).
 BARRIER = textwrap.dedent("""
     import os, sys, time
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
     from stateloop.train.loop import build_fabric
 
     released = sys.argv[2]
@@ -60,7 +60,7 @@ def test_a_collective_gives_up_after_the_configs_timeout(tmp_path):
     script = tmp_path / "barrier.py"
     script.write_text(BARRIER.replace("{json}", repr(TWO_RANKS)))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "stateloop.rehearse.srun", "--nodes=2", "--ntasks-per-node=1",
+    proc = subprocess.run([sys.executable, "-m", "stateloop.ops.rehearse.srun", "--nodes=2", "--ntasks-per-node=1",
                            sys.executable, str(script), "3", str(tmp_path / "released")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)  # a hang guard only
     assert "rank 0: the barrier failed:" in proc.stdout, proc.stdout + proc.stderr[-3000:]

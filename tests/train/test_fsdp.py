@@ -40,7 +40,7 @@ def _env() -> dict:
 
 
 def _srun(nodes: int, per_node: int, args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "stateloop.rehearse.srun", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
+    return [sys.executable, "-m", "stateloop.ops.rehearse.srun", f"--nodes={nodes}", f"--ntasks-per-node={per_node}",
             sys.executable, "-m", "stateloop.cli", *args]
 
 

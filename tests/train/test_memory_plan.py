@@ -1,4 +1,4 @@
-"""The plan's memory and time (train/memory.py, train/cost.py) and the config check's gate on
+"""The plan's memory and time (ops/memory.py, ops/cost.py) and the config check's gate on
 train.gpu_memory_gib: the measurement against the real forward, static bytes by hand, the H200
 record's calibration, the refusal of a run that cannot fit, the time flags, the CLI."""
 
@@ -11,9 +11,9 @@ import yaml
 
 from stateloop.cli import main
 from stateloop.config import ConfigError, load_yaml
+from stateloop.ops import cost, memory
+from stateloop.ops.memory import GIB, Setting
 from stateloop.pipeline import load_pipeline, pipeline_from_dict, run_model_config
-from stateloop.train import cost, memory
-from stateloop.train.memory import GIB, Setting
 from support.models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,10 +42,10 @@ def paper():
 @pytest.mark.slow
 def test_the_fake_measurement_is_the_real_forwards_saved_bytes(name):
     """At a tiny shape, what the fake-tensor measurement (with its decoder-layer stand-ins) finds kept
-    for backward equals what train/memory_probe.py measures on real tensors, at every checkpointing
+    for backward equals what ops/memory_probe.py measures on real tensors, at every checkpointing
     level (both with CUDA's fused RMSNorm); the probe also counts the loss's log-softmax (float32) and
     the targets (int64), which the plan counts as the loss's buffers instead."""
-    from stateloop.train.memory_probe import saved_bytes
+    from stateloop.ops.memory_probe import saved_bytes
 
     cfg, B, T = tiny_config(name), 2, 32
     p = memory.saved_profile(cfg, B, T)
@@ -142,10 +142,10 @@ PROBE_SHAPE = dict(vocab_size=4096, n_layers=2, d_model=256, d_ff=768, n_heads=4
     ("vanilla_looped", "full", 1, 2), ("vanilla_looped", "grad_op", 1, 2), ("vanilla_looped", "full", 2, 2),
     ("vanilla_looped", "full", 1, 8), ("stateloop", "full", 1, 8), ("stateloop", "grad_op", 2, 8)])
 def test_the_fsdp_plan_against_fsdp2s_live_memory(name, sharding, accumulation, world):
-    """train/fsdp_probe.py trains two steps of the model sharded by train/parallel.py (FSDP2, bf16
+    """ops/fsdp_probe.py trains two steps of the model sharded by train/parallel.py (FSDP2, bf16
     autocast, AdamW, accumulation with gradient sync off) in a process of a fake process group of
     ``world`` ranks (FSDP2 allocates as it would; the collectives move no data) and reads the live
-    bytes of every allocation from torch's profiler: no code of train/memory.py. The plan (its
+    bytes of every allocation from torch's profiler: no code of ops/memory.py. The plan (its
     allocated bytes, the allowance excluded) is at least the measured peak (less 1%) and at most 20%
     above it: it counts every looped unit's gradient sum and every weight copy alive at its
     instant, where the step frees some of them earlier. The collectives are the ones the time
@@ -153,7 +153,7 @@ def test_the_fsdp_plan_against_fsdp2s_live_memory(name, sharding, accumulation, 
     root one in each), once and K - 1 under grad_op; one reduce-scatter per unit, a second per
     looped unit where micro-batches accumulate. (A plan of FSDP1's form, the units gathered in
     bf16, which the plan had before FSDP2, lies 2-46% under the measurements here.)"""
-    from stateloop.train.fsdp_probe import fsdp_step_memory
+    from stateloop.ops.fsdp_probe import fsdp_step_memory
 
     cfg = tiny_config(name, **PROBE_SHAPE, d_s=256 if name != "vanilla_looped" else 0)
     found = fsdp_step_memory(cfg, sharding=sharding, accumulation=accumulation, world=world, fake=True)[0]
@@ -261,7 +261,7 @@ def test_one_steps_compute_and_the_job_flags_by_hand():
     three checkpoints of 12 bytes a parameter (written at 100 MB/s and hashed at 1 GB/s: 0.132 s
     for a million parameters) and the final weights: within one 60-minute job; 10,000 steps need
     several; a 2-minute limit leaves no time to save a step (flag, infinite jobs)."""
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
 
     cfg = tiny_config("vanilla_looped")
 
@@ -289,7 +289,7 @@ def test_a_looped_stacks_gradients_reduce_late_and_are_exposed():
     the first's is hidden; the queue by hand."""
     assert cost._reduce_queue([(0.0, 1.0), (1.0, 1.0)], 3.0) == 0.0
     assert cost._reduce_queue([(2.5, 1.0), (2.6, 1.0)], 3.0) == pytest.approx(1.5)
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
 
     cfg = tiny_config("vanilla_looped")
     tcfg = TrainConfig(devices=8, num_nodes=2, micro_batch=4, global_batch=64, seq_len=2048, max_steps=10)
@@ -387,7 +387,7 @@ def test_plan_help_says_the_measured_mfu(capsys):
 
 @pytest.mark.slow
 def test_plan_lists_the_analysis_jobs_against_their_limits(capsys):
-    """`stateloop plan --analyses` adds every evaluation and analysis job (analysis/cost.py) with its
+    """`stateloop plan --analyses` adds every evaluation and analysis job (ops/analysis_cost.py) with its
     hours on one GPU against its rule's runtime limit."""
     assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--analyses", "--experiments", "state_analysis"]) == 0
     out = capsys.readouterr().out

@@ -363,8 +363,8 @@ def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
     from a RunConfig carrying one writes the config.yaml and weights of one without."""
     import dataclasses
 
-    from stateloop.evaluate.config import EvalConfig
     from stateloop.resolve import resolve_run
+    from stateloop.sections.evaluate import EvalConfig
 
     cfg_path, data = tiny_setup
     rc = resolve_run(cfg_path, "t/stateloop/K2_ds32_seed1234", ["train.max_steps=2"], data)

@@ -10,7 +10,7 @@ import pytest
 from stateloop.cli import main
 from stateloop.config import ConfigError
 from stateloop.data.shards import ShardSet
-from stateloop.train.config import TrainConfig
+from stateloop.sections.train import TrainConfig
 from stateloop.train.sampler import TokenSampler
 from stateloop.train.schedule import lr_at
 from support.training import resolved, write_config, write_shards
@@ -153,7 +153,7 @@ def test_flops_per_sequence_by_hand(K):
 
 def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
     from stateloop.models.registry import build_model
-    from stateloop.train.config import TrainConfig
+    from stateloop.sections.train import TrainConfig
     from stateloop.train.loop import configure_optimizer
     from support.models import tiny_config
 

@@ -1,4 +1,4 @@
-"""Warm starts (stateloop/warm.py): a `stateloop` command served by a child of the warm server is
+"""Warm starts (stateloop/ops/warm.py): a `stateloop` command served by a child of the warm server is
 the command run in a fresh process: the same weights bit for bit, the same output, exit status and
 signals; a request the child could not stand for runs in its own process."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stateloop import warm
+from stateloop.ops import warm
 from stateloop.train.checkpoint import CheckpointStore
 from stateloop.train.loop import REQUEUE_EXIT
 from support.training import ROOT, assert_bitwise_equal, weights, write_config, write_shards
@@ -167,7 +167,7 @@ def test_the_same_environment_through_a_symlinked_folder_is_served_and_its_base_
                             capture_output=True, text=True, timeout=120)
     assert linked.returncode == 0, linked.stderr[-2000:]
     assert len(_entries(log, "started: params")) == before + 1
-    base = subprocess.run([os.path.join(sys.base_prefix, "bin", "python3"), "-c", "from stateloop import warm; "
+    base = subprocess.run([os.path.join(sys.base_prefix, "bin", "python3"), "-c", "from stateloop.ops import warm; "
                            "import sys; sys.argv = ['stateloop', 'params']; print(warm.delegate())"],
                           cwd=home, env=env, capture_output=True, text=True, timeout=120)
     assert base.stdout.strip() == "None", base.stderr[-2000:]  # refused: the command would run in its own process
@@ -210,7 +210,7 @@ def test_the_server_stops_when_its_parent_is_gone_after_its_jobs(tmp_path):
     base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "MLFLOW_TRACKING_URI")}
     base.update(PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
     env = {**base, **warm.SERVER_ENV, "STATELOOP_WARM_BASE_ENV": json.dumps(base)}
-    code = "import sys; del sys.path[0]; from stateloop.warm import main; sys.exit(main())"
+    code = "import sys; del sys.path[0]; from stateloop.ops.warm import main; sys.exit(main())"
     server_log = tmp_path / "server.log"
     with open(server_log, "w") as log_file:
         server = subprocess.Popen([sys.executable, "-c", code, str(sock), str(parent.pid)], env=env, cwd=tmp_path,

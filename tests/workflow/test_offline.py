@@ -26,7 +26,7 @@ def _last_line(path) -> str:
 def test_the_paper_rehearsal_prefetches_into_empty_caches_then_runs_offline(tmp_path):
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} not found: rehearsing paper.yaml needs the local data copies")
-    from stateloop.rehearse.run import HF_HOME, environment, prepare, snakemake_command
+    from stateloop.ops.rehearse.run import HF_HOME, environment, prepare, snakemake_command
     from support.dag import ROOT
 
     out = tmp_path / "paper"

@@ -1,5 +1,5 @@
 """Rehearsals: every config in configs/ runs its own DAG end to end offline on this CPU, with what
-the user's run exercises kept and only sizes shrunk (``stateloop rehearse``, stateloop/rehearse/).
+the user's run exercises kept and only sizes shrunk (``stateloop rehearse``, stateloop/ops/rehearse/).
 
 The folder is enumerated, so a config added to configs/ is rehearsed too. Each rehearsal runs
 once per session (a fixture); the tests then read its outputs and records."""
@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from stateloop.config import load_yaml
-from stateloop.evaluate.config import PAPER_TASKS
+from stateloop.ops.rehearse.config import SEEDS, kept_settings
 from stateloop.pipeline import expand_runs, load_pipeline, pipeline_from_dict
-from stateloop.rehearse.config import SEEDS, kept_settings
 from stateloop.report.ladder import RUNGS
+from stateloop.sections.evaluate import PAPER_TASKS
 from support.dag import ROOT
 from support.rehearsals import SHARED, dag, needs_shared_data, rehearsed
 
@@ -165,10 +165,10 @@ def test_rehearsal_evaluated_the_configs_tasks_by_their_names_and_its_table3_dty
 
 
 def test_rehearsal_jobs_ran_in_the_warm_server(rehearsal):
-    """The DAG's jobs ran in children of its warm server (stateloop/warm.py), each ended with status 0;
+    """The DAG's jobs ran in children of its warm server (stateloop/ops/warm.py), each ended with status 0;
     it refused none, the training tasks the stand-in srun starts included (their SLURM_* variables
     are per task); and a call with fewer jobs than warm.MIN_JOBS starts no server."""
-    from stateloop import warm
+    from stateloop.ops import warm
 
     name, _, out = rehearsal
     log = out / ".snakemake" / "stateloop-warm.log"
@@ -198,7 +198,7 @@ def test_interrupted_rehearsal_resumes_from_its_checkpoint(tmp_path):
     that run from it without redoing a run that had finished."""
     if not SHARED.is_dir():
         pytest.skip(f"{SHARED} not found: rehearsing paper.yaml needs the local data copies")
-    from stateloop.rehearse.run import environment, prepare, snakemake_command
+    from stateloop.ops.rehearse.run import environment, prepare, snakemake_command
 
     out = tmp_path / "paper"
     config = prepare(ROOT / "configs/paper.yaml", out)

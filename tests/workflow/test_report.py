@@ -113,7 +113,7 @@ def test_render_rules_run_locally_and_training_is_submitted_under_slurm(smoke_da
     jobs run), so this runs `--profile slurm` for real in a copy of the smoke DAG, with stand-ins
     for SLURM's commands that record each call and submit nothing: the renders run here, and a
     training goes to sbatch."""
-    from stateloop.rehearse.run import environment, snakemake_command
+    from stateloop.ops.rehearse.run import environment, snakemake_command
 
     work = tmp_path / "dag"
     shutil.copytree(smoke_dag, work, symlinks=True, ignore=shutil.ignore_patterns("locks"))

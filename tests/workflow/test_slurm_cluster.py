@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateloop import slurm
 from stateloop.train import signals as train_signals
-from stateloop.train import slurm
 from support.dag import ROOT, copy_workflow, env
 
 RUN = "smoke/vanilla_looped/K2_ds0_seed1234"
@@ -181,7 +181,7 @@ def test_warning_to_the_job_step_while_it_starts_checkpoints_and_requeues(tmp_pa
     data = ts.write_shards(tmp_path / "data")
     cfg = ts.write_config(tmp_path / "cfg.yaml", train={"max_steps": 5000, "checkpoint_every": 1000})
     srun = fake_scontrol.parent / "bin" / "srun"
-    srun.write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    srun.write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.ops.rehearse.srun \"$@\"\n")
     srun.chmod(0o755)
     run_dir = tmp_path / "run"
     child_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "4242",
@@ -271,7 +271,7 @@ def test_the_training_launcher_ends_every_rank_when_one_fails(tmp_path, monkeypa
     assert launcher[:2] == ["srun", "--kill-on-bad-exit=1"], launcher
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    (bin_dir / "srun").write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.ops.rehearse.srun \"$@\"\n")
     (bin_dir / "srun").chmod(0o755)
     proc = _run_failing_step(launcher, tmp_path, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
                                                   "STATELOOP_SRUN_KILL_WAIT": "1"})
@@ -290,7 +290,7 @@ def test_a_warning_to_a_two_rank_step_under_kill_on_bad_exit_still_requeues(tmp_
     data = ts.write_shards(tmp_path / "data")
     cfg = ts.write_config(tmp_path / "cfg.yaml", train={"num_nodes": 2, "max_steps": 5000, "checkpoint_every": 1000})
     srun = fake_scontrol.parent / "bin" / "srun"
-    srun.write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    srun.write_text(f"#!/bin/sh\nexec {sys.executable} -m stateloop.ops.rehearse.srun \"$@\"\n")
     srun.chmod(0o755)
     run_dir = tmp_path / "run"
     child_env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "4343",

@@ -6,7 +6,7 @@
 # exact sums, the numbers of one job bit for bit; the interventions' shards share one calibration
 # job. Each job keeps partial sums in the run folder and continues from them when it runs again
 # (a retry after its time limit, a requeue): analysis/shards.py. With one shard, one job
-# (analysis/jobs.py: the jobs of one run, which the estimates of analysis/cost.py read too)
+# (analysis/jobs.py: the jobs of one run, which the estimates of ops/analysis_cost.py read too)
 from stateloop.analysis import jobs as analysis_jobs
 from stateloop.analysis.shards import SHARDS_DIR
 

@@ -9,7 +9,8 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from stateloop import warm
+from stateloop.ops import warm
+from stateloop.ops.memory import gate
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, to_dict
 from stateloop.data.stage import data_homes
@@ -18,7 +19,7 @@ from stateloop.pipeline import RUN_ID_FORM, RUNS_ROOT, checked_pipeline, decodin
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
 from stateloop.runs import FINAL_WEIGHTS
-from stateloop.train.slurm import estimated_params, warning_seconds
+from stateloop.slurm import estimated_params, warning_seconds
 
 # A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was
 # given. The SLURM plugin starts it with the submitting host's --cores (profiles/default's `cores:
@@ -32,7 +33,7 @@ if SLURM_JOB_CPUS:
 
 # Every job of a SLURM submission runs offline, inside its SLURM job. Its commands read the Hugging
 # Face caches that `stateloop prefetch --config C` filled where the network is, and stop at their
-# start in one line naming what is missing otherwise (stateloop/prefetch.py). Compute nodes often
+# start in one line naming what is missing otherwise (data/hub.py). Compute nodes often
 # have no network; where they do, HF_HUB_OFFLINE=0 and HF_DATASETS_OFFLINE=0 in the submitting
 # shell (sbatch passes its environment on) keep the jobs online.
 if workflow.remote_exec and os.environ.get("SLURM_JOB_ID"):
@@ -46,6 +47,7 @@ try:
     # strict: unknown keys, wrong types, unknown models; RUNS: every trained run, each once (the
     # experiment grid expanded once, by the check)
     PIPE, RUNS = checked_pipeline(config, CONFIG_NAME)
+    gate(PIPE, RUNS, CONFIG_NAME)  # every run of a scale that sets train.gpu_memory_gib fits it, before any job
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
 validate(config, "../schemas/config.schema.yaml")  # the same rules as JSON Schema (documentation, editors)
@@ -60,7 +62,7 @@ CONFIG_DIGEST = hashlib.sha256(_text).hexdigest()[:16]
 CONFIGFILE = f"results/configs/{CONFIG_DIGEST}.yaml"
 
 
-# Local runs of a few jobs or more start a warm server (stateloop/warm.py): it imports torch,
+# Local runs of a few jobs or more start a warm server (stateloop/ops/warm.py): it imports torch,
 # Fabric, MLflow and lm-eval once (about 10 CPU-seconds), and each job's `stateloop` command runs in
 # a child forked from it instead of importing them again (about 5 CPU-seconds a job).
 # STATELOOP_WARM=off turns it off; SLURM jobs never use one.
@@ -302,7 +304,7 @@ def launcher(wc, resources):
 
 def warning_lead(wc, runtime):
     """N of the training job's ``--signal=USR1@N``, sized for a checkpoint of the scale's shape at the
-    config's measured ``slurm.write_mb_per_s`` (train/slurm.py: estimated_params, warning_seconds;
+    config's measured ``slurm.write_mb_per_s`` (slurm.py: estimated_params, warning_seconds;
     the config check compares the same write with ``train.dist_timeout_s``)."""
     return warning_seconds(estimated_params(PIPE.scales[wc.scale].model), runtime, PIPE.slurm.write_mb_per_s * 1e6)
 
@@ -313,7 +315,7 @@ def train_resources(wc):
     requested, and would otherwise train on the CPU), one task per device, and
     ``slurm_extra``: SIGUSR1 to the job steps (not ``B:``, the batch shell, where the plugin runs
     the rule: srun's tasks would never see it) N seconds before the time limit, N sized for the
-    scale's checkpoint at slurm.write_mb_per_s (train/slurm.py, warning_seconds: at 100 MB/s 1.4B 360 s, 410M 190 s; the trainer then
+    scale's checkpoint at slurm.write_mb_per_s (slurm.py, warning_seconds: at 100 MB/s 1.4B 360 s, 410M 190 s; the trainer then
     checkpoints and requeues the job), and the job's SLURM log appended to, not truncated, when
     SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")

@@ -1,5 +1,5 @@
 """The jobs of Figure 4's analyses for one run, as the DAG's rules (workflow/rules/analysis.smk) and the
-estimates (analysis/cost.py) both read them from a pipeline config.
+estimates (ops/analysis_cost.py) both read them from a pipeline config.
 
 [choice] An analysis of ``resources.analyze.<analysis>_shards`` = N jobs: with N = 1, one job
 (``stateloop analyze <analysis> RUN``) of the analyze stage's resources; with N > 1, N shard jobs

@@ -28,7 +28,7 @@ pay for the LM head. That is the fewest an exact evaluation can do: the 2^k sett
 give iteration k 2^k different inputs. At the paper's scale it is still about 117 GFLOPs per token
 (20 times a forward pass) over the whole validation split, about 43 GPU-hours: the analysis runs
 as shards with exact sums and partial results (analysis/shards.py; each job's estimate:
-analysis/cost.py).
+ops/analysis_cost.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Both analyses of Sec. 5 run "on the full Pile validation set". At the paper's scale (410M, K = 7,
 2,048-token windows) that is about 4e8 tokens, and one GPU needs about two days for the Shapley
 values' 2^K - 1 = 127 backbone applications per window and about ten hours for the interventions
-(analysis/cost.py estimates every analysis job of a config; ``stateloop plan``). [choice] So an
+(ops/analysis_cost.py estimates every analysis job of a config; ``stateloop plan``). [choice] So an
 analysis may run as N jobs, each on a contiguous part of the windows, and a merge that adds their
 sums; and every job keeps its partial sums on disk, so that a job stopped at its time limit or by a
 preemption continues where it stopped when it runs again. Sharding changes no number:

@@ -7,7 +7,7 @@ imported to build the parser, so they import heavy dependencies (torch, lightnin
 mlflow) inside ``run`` only: building the parser imports none of them.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
-(stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/warm.py), whose
+(stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/ops/warm.py), whose
 children call :func:`run_command` in turn.
 """
 
@@ -18,6 +18,7 @@ import importlib
 import sys
 
 from stateloop.config import ConfigError
+from stateloop.ops.memory import gate_file
 from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
 
 # RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); decided by
@@ -93,6 +94,8 @@ def run_command(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
     try:
+        if getattr(args, "config", None) and args.command != "rehearse":  # rehearse gates its real config itself
+            gate_file(args.config)  # a config with a run that cannot fit its GPUs is refused by every command
         return importlib.import_module(args._module).run(args) or 0
     except (ConfigError, FileNotFoundError) as err:
         print(f"stateloop {args.command}: error: {err}", file=sys.stderr)

@@ -3,9 +3,9 @@
 For each run: parameters, decoder-layer applications per token (loop iterations unrolled),
 training tokens (the scale's ``train`` budget), training FLOPs (forward + backward matmuls
 counted on the meta device, models/flops.py), the planned peak memory per GPU against
-``train.gpu_memory_gib`` (train/memory.py), and the time of its training at an MFU: one optimiser
+``train.gpu_memory_gib`` (ops/memory.py), and the time of its training at an MFU: one optimiser
 step with its exposed communication, the wall time, the SLURM jobs of ``resources.train.runtime``
-it spans, GPU-hours (train/cost.py). Then totals per experiment (a run shared by several
+it spans, GPU-hours (ops/cost.py). Then totals per experiment (a run shared by several
 experiments counts in each) and overall (each run once). ``--compare-strategies``: each run's
 alternatives (DDP / FSDP shardings, micro-batch, activation checkpointing, the loss in chunks).
 Where a scale sets ``train.gpu_memory_gib`` (or ``--gpu-memory-gib`` is given), the plan also
@@ -19,7 +19,7 @@ import sys
 
 
 def add_arguments(p) -> None:
-    from stateloop.train.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
+    from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
 
     net = Network()
     p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
@@ -47,13 +47,13 @@ def add_arguments(p) -> None:
     p.add_argument("--top", type=int, default=6, help="alternatives shown per run, fastest first (default 6)")
     p.add_argument("--analyses", action="store_true",
                    help="also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
-                        "merges): FLOPs and hours on one GPU against the job's runtime limit (analysis/cost.py)")
+                        "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)")
     p.add_argument("--out", help="also write the per-run rows as CSV here")
 
 
 def run(args) -> int:
+    from stateloop.ops.cost import Network, print_plan
     from stateloop.pipeline import load_pipeline
-    from stateloop.train.cost import Network, print_plan
 
     for key, value, ok in (("--mfu", args.mfu, 0 < args.mfu <= 1), ("--peak-tflops", args.peak_tflops, args.peak_tflops > 0),
                            ("--inter-node-gbps", args.inter_node_gbps, args.inter_node_gbps > 0),
@@ -69,7 +69,7 @@ def run(args) -> int:
     rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
                     args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
     if args.analyses:
-        from stateloop.analysis.cost import analysis_plan_rows, print_analysis_plan
+        from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan
 
         rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
         print(f"\nEvaluation and analysis jobs ({sum(r['fits'] is False for r in rows)} of {len(rows)} past their limit):")

@@ -1,6 +1,6 @@
 """``stateloop prefetch --config C``: fetch what a config's jobs read from the Hugging Face Hub
 (tokenizers, hub datasets' files, lm-eval tasks' data) into the caches, where the network is, so
-that the jobs can run offline (stateloop/prefetch.py; docs/cluster.md, "Before you send paper.yaml").
+that the jobs can run offline (ops/prefetch.py; docs/cluster.md, "Before you send paper.yaml").
 
     stateloop prefetch --config configs/paper.yaml                # on a login node, once
     stateloop prefetch --config configs/paper.yaml --check        # anywhere: what is missing (never uses the network)
@@ -22,11 +22,11 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if args.check:  # offline by construction, before anything reads the Hub's settings
-        from stateloop.prefetch import go_offline
+        from stateloop.ops.prefetch import go_offline
 
         go_offline()
+    from stateloop.ops.prefetch import NotPrefetched, caches, config_needs, prefetch, say
     from stateloop.pipeline import load_checked
-    from stateloop.prefetch import NotPrefetched, caches, config_needs, prefetch, say
 
     pipeline, runs = load_checked(args.config)
     needs = config_needs(pipeline, runs, args.scales)

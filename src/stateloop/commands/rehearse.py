@@ -3,7 +3,7 @@
 Everything the config's real run exercises is kept (models, K, d_s structure, precision, DDP and
 the multi-node geometry through a local ``srun``, accumulation, checkpoint cadence, the data
 stage's path over local copies of the hub datasets, the tokenizer, lm-eval's own tasks, the
-analyses, Table 3's dtype, rendering); only sizes shrink (stateloop/rehearse/config.py). The
+analyses, Table 3's dtype, rendering); only sizes shrink (stateloop/ops/rehearse/config.py). The
 rehearsal lives in its own folder (default ``rehearsals/<config name>/``): its config, local
 data copies, and the DAG's data, results, figures and logs.
 
@@ -46,7 +46,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.rehearse.run import environment, prepare, run_dag, snakemake_command
+    from stateloop.ops.rehearse.run import environment, prepare, run_dag, snakemake_command
 
     out = Path(args.out or Path("rehearsals") / Path(args.config).stem)
     config = prepare(args.config, out, args.shared_data)

@@ -17,7 +17,7 @@ read in full against meta.json's sha256 on its first open, then trusted while it
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.
 Inside a SLURM job, SIGUSR1 (SLURM's warning before the time limit, ``--signal=USR1@N``) also
-requeues the job, which then resumes by itself with a fresh time limit (train/slurm.py).
+requeues the job, which then resumes by itself with a fresh time limit (slurm.py).
 """
 
 from __future__ import annotations

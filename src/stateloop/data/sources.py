@@ -11,7 +11,7 @@ a ``.txt`` file as one document, or one per paragraph or line), or a hub dataset
 same call, as a local copy of a hub repository, when the config sets ``data_files`` or
 ``hub_config`` or the folder's README.md declares ``configs:``). Offline (``HF_HUB_OFFLINE=1``),
 a hub dataset is read by that call from its snapshot in the hub cache, which ``stateloop
-prefetch`` fills (stateloop/prefetch.py). Nothing is held in memory beyond a few batches of
+prefetch`` fills (data/hub.py). Nothing is held in memory beyond a few batches of
 documents; a document longer than :data:`MAX_DOC_CHARS` is refused, naming its file and line, and
 a local file is read no further than that bound.
 """
@@ -25,10 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop import prefetch
 from stateloop.config import to_dict
-from stateloop.data import synthetic
-from stateloop.data.config import LOCAL_FORMATS, DataConfig, DataError, is_local_source
+from stateloop.data import hub, synthetic
+from stateloop.sections.data import LOCAL_FORMATS, DataConfig, DataError, is_local_source
 
 BATCH_DOCS = 1024  # documents per worker task ...
 BATCH_CHARS = 1 << 21  # ... or this many characters, whichever comes first
@@ -250,8 +249,8 @@ def _raw_batches(stream: Stream, cfg: DataConfig) -> Iterator[list]:
     from datasets import load_dataset
 
     path = os.path.expanduser(cfg.source) if stream.kind == "folder" else cfg.source
-    if stream.kind == "hub" and prefetch.offline():  # the files `stateloop prefetch` cached, read by the same call
-        path = str(prefetch.corpus_snapshot(cfg))
+    if stream.kind == "hub" and hub.offline():  # the files `stateloop prefetch` cached, read by the same call
+        path = str(hub.corpus_snapshot(cfg))
     where = f"{cfg.source}" + (f" ({cfg.hub_config})" if cfg.hub_config else "") + f" split {stream.hub_split!r}"
     extra = {"data_files": cfg.data_files} if cfg.data_files is not None else {}
     try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError, StageRequest, from_dict, merge, to_dict
-from stateloop.data.config import DataConfig
+from stateloop.sections.data import DataConfig
 
 if TYPE_CHECKING:
     from stateloop.pipeline import ScaleConfig
@@ -172,8 +172,8 @@ def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
     """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
     here unless a caller that holds it already passes it) say; a train split shorter than one
     training window of the scale is refused (a one-line DataError)."""
+    from stateloop.data.hub import data_needs, require
     from stateloop.data.tokenize import tokenize
-    from stateloop.prefetch import data_needs, require
 
     if args.config and args.scale and scale is None:
         from stateloop.pipeline import load_scale

@@ -9,9 +9,11 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from stateloop import prefetch, resolve
+from stateloop import resolve
 from stateloop.config import ConfigError, StageRequest, parse_dotlist
+from stateloop.data.hub import require
 from stateloop.evaluate import harness
+from stateloop.evaluate.tasks.needs import task_needs
 from stateloop.pipeline import PipelineConfig, Run, load_checked
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
 
@@ -55,7 +57,7 @@ def eval_stage(args: Request, pipeline: PipelineConfig | None = None, runs: dict
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
     rc = resolve.resolve_eval(run_dir, pipeline, overrides)
-    prefetch.require(prefetch.task_needs(rc.eval.tasks, rc.eval), args.config)  # offline: the tasks' data is cached
+    require(task_needs(rc.eval.tasks, rc.eval), args.config)  # offline: the tasks' data is cached
     if args.depths:
         if rc.eval.K is not None:
             raise ConfigError("--depths: evaluates the depths it names; drop eval.K")

@@ -90,7 +90,7 @@ from stateloop.models.mixers import build_mixer
 from stateloop.models.registry import get_spec
 from stateloop.models.state import build_cell
 
-CHECKPOINTING = ("none", "layer", "iteration")  # train.activation_checkpointing (train/config.py)
+CHECKPOINTING = ("none", "layer", "iteration")  # train.activation_checkpointing (sections/train.py)
 
 
 @dataclass

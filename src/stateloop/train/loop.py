@@ -588,8 +588,8 @@ def _log_model(run: Run, tracker: Tracker, step: int) -> str | None:
     train.mlflow_register_model names a model."""
     from stateloop.data.shards import read_meta
     from stateloop.data.tokenizer import TOKENIZER_FILE
+    from stateloop.sections.train import registered_model_name
     from stateloop.tracking.registry import log_model
-    from stateloop.train.config import registered_model_name
 
     r, tcfg = run.rc.run, run.tcfg
     data_dir = Path(run.rc.data.dir)

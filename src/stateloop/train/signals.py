@@ -12,7 +12,7 @@
   SIGUSR1 that arrives before the loop listens, which would otherwise end the process (the
   default action of SIGUSR1), to hand it to the loop's handler once it is installed.
 - :func:`requeue_after_warning`: after training stopped on SLURM's warning, the first task
-  requeues its SLURM job (train/slurm.py), which later resumes with a fresh time limit. SIGTERM
+  requeues its SLURM job (slurm.py), which later resumes with a fresh time limit. SIGTERM
   is not requeued here: ``scancel`` means stop, the time limit itself has passed, and SLURM
   requeues a preempted job (``--requeue``) by itself.
 
@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 
-from stateloop.train.slurm import requeue_job, say
+from stateloop.slurm import requeue_job, say
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 WARNING = signal.SIGUSR1  # what SLURM sends before the time limit (--signal=USR1@N)

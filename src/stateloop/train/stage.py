@@ -30,12 +30,12 @@ class Request(StageRequest):
 def require_eval_data(config_path: str, run_id: str) -> None:
     """Offline (HF_HUB_OFFLINE=1: the DAG's SLURM jobs), in the first task only: the data of the
     lm-eval tasks that this run's evaluation will score must be in the caches before the training
-    starts, not found missing by the evaluation after it (stateloop/prefetch.py)."""
+    starts, not found missing by the evaluation after it (data/hub.py)."""
     if any(os.environ.get(var, "0") != "0" for var in ("SLURM_PROCID", "LOCAL_RANK", "RANK")):
         return
-    from stateloop import prefetch
+    from stateloop.data import hub
 
-    if not prefetch.offline():
+    if not hub.offline():
         return
     from stateloop.pipeline import load_checked
 
@@ -44,7 +44,9 @@ def require_eval_data(config_path: str, run_id: str) -> None:
     if run is None or not (run.scores_tasks() or run.scores_tasks(depths=True)):
         return
     ev = pipeline.scales[run.scale].eval
-    prefetch.require(prefetch.task_needs(ev.tasks, ev, f"scales.{run.scale}.eval"), config_path)
+    from stateloop.evaluate.tasks.needs import task_needs  # lm-eval's task index: only offline
+
+    hub.require(task_needs(ev.tasks, ev, f"scales.{run.scale}.eval"), config_path)
 
 
 def train_stage(args: Request) -> int:
@@ -57,7 +59,8 @@ def train_stage(args: Request) -> int:
 
 def _train(args: Request) -> int:
     """:func:`train_stage` within its shard verification."""
-    from stateloop.train import signals, slurm
+    from stateloop import slurm
+    from stateloop.train import signals
 
     # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
     # training loop instead of ending the process, and the signals that stop training are known.

@@ -5,7 +5,7 @@ The paper's configurations evaluate with lm-eval's tasks by their real names (``
 each task's records; they reach lm-eval in one of two ways:
 
 - ``stateloop rehearse`` writes them as Hub repositories under the real dataset names
-  (:mod:`stateloop.rehearse.tasks`), which the stand-in hub serves to the rehearsal's prefetch:
+  (:mod:`stateloop.ops.rehearse.tasks`), which the stand-in hub serves to the rehearsal's prefetch:
   lm-eval's task YAMLs stay unchanged and resolve their datasets from the caches offline;
 - :func:`write_tasks`, with no hub cache at all (tests/rehearse/test_rehearse_tasks.py evaluates
   the nine tasks at 0 and 5 shots this way), writes, for each task,

@@ -175,7 +175,7 @@ def _keep_rung_order(out: dict) -> None:
 
 def shrink(raw: dict) -> dict:
     """The rehearsal config of a config mapping (without data or task locations: see
-    :func:`stateloop.rehearse.prepare`)."""
+    :func:`stateloop.ops.rehearse.prepare`)."""
     out = copy.deepcopy(raw)
     factors = {}
     for name, scale in out["scales"].items():

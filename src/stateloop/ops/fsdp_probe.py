@@ -1,4 +1,4 @@
-"""The live memory of sharded training steps, measured: the check of train/memory.py's FSDP terms.
+"""The live memory of sharded training steps, measured: the check of ops/memory.py's FSDP terms.
 
 :func:`fsdp_step_memory` runs the sharded step in a fresh process: rank 0 of a fake process group
 of ``world`` ranks (``fake``: torch's ``FakeStore`` backend, whose collectives allocate nothing
@@ -21,7 +21,7 @@ in it). From the second step (the moments exist by then):
   last micro-batch's forward and backward, and of the whole step (c10d's operators).
 
 Allocations made inside a collective (gloo's staging copies; NCCL keeps its buffers outside
-torch's allocator) are left out. Nothing here reads train/memory.py. What the CPU cannot show:
+torch's allocator) are left out. Nothing here reads ops/memory.py. What the CPU cannot show:
 CUDA's streams (FSDP2 issues the next unit's all-gather while the current one computes, so a GPU
 may hold one more gathered unit in the forward than this run, which runs them in turn), the
 caching allocator, and the CUDA kernels' activations (the check uses a model whose memory is
@@ -29,7 +29,7 @@ mostly parameters). With gloo, frees on its threads land at varying moments (thr
 peaked at the fake group's figure twice and 16% above it once): the fake group is the one the
 tests use.
 
-    python -m stateloop.train.fsdp_probe [--sharding full] [--accumulation 1] [--world 2] [--fake]
+    python -m stateloop.ops.fsdp_probe [--sharding full] [--accumulation 1] [--world 2] [--fake]
 """
 
 from __future__ import annotations

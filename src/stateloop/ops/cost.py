@@ -1,6 +1,6 @@
 """What training every run of a pipeline config costs (``stateloop plan``): per run, parameters,
 decoder-layer applications per token, training tokens and FLOPs (models/flops.py), the planned
-peak GPU memory per device (train/memory.py) against ``train.gpu_memory_gib``, and the wall time
+peak GPU memory per device (ops/memory.py) against ``train.gpu_memory_gib``, and the wall time
 of its training at an MFU: compute, the exposed gradient communication, validation, checkpoints and
 restarts, against the runtime its SLURM job asks for; then totals per experiment and overall (each
 run once). ``--compare-strategies`` sets each run's alternatives side by side (DDP or FSDP's
@@ -19,7 +19,7 @@ within the limit less a margin (:data:`DEFAULT_MARGIN`), sharding only where it 
   loss the head's forward again (2 d V per token), at the same rate.
 - Exposed communication: the gradients' reduction overlaps the backward only from the moment a
   gradient is final, which for a parameter is when backward reaches its first use in the forward
-  (the measured order, train/memory.py). In a looped model the shared stack's gradients are final
+  (the measured order, ops/memory.py). In a looped model the shared stack's gradients are final
   only in the backward of its first application, the last 1/K of backward, so little of the
   reduction overlaps. Modelled as one queue: each parameter's bytes join when final (at the
   fraction of backward their first use sets), the link reduces them in turn, and what is left
@@ -34,21 +34,21 @@ within the limit less a margin (:data:`DEFAULT_MARGIN`), sharding only where it 
   K - 1 times per looped unit (FSDP2 reshards a unit after each backward application), the root
   once. With accumulation a looped unit is reduce-scattered twice in the last micro-batch (FSDP2
   reduces the earlier micro-batches' gradient at the unit's first post-backward). These counts are
-  what train/fsdp_probe.py measures (tests/train/test_memory_plan.py). [assume] Links: ``inter_node_gbps`` per node
+  what ops/fsdp_probe.py measures (tests/train/test_memory_plan.py). [assume] Links: ``inter_node_gbps`` per node
   (default 400 Gb/s, one NDR InfiniBand port: a node with a port per GPU has 8 x that, ``--inter-
   node-gbps 3200``) and ``intra_node_gbs`` per GPU within a node (default 360 GB/s, NCCL's
   all-reduce bus bandwidth over NVLink on 8 x H100 SXM); a collective that spans nodes runs at the
   inter-node rate.
 - Validation every ``val_every`` steps (the forward's third of the FLOPs over ``val_tokens``),
   checkpoints every ``checkpoint_every`` steps and at the end (weights and AdamW's moments in
-  float32, written and hashed at the rates train/slurm.py sizes SLURM's warning by:
+  float32, written and hashed at the rates slurm.py sizes SLURM's warning by:
   :func:`checkpoint_seconds`), and each job's start (:data:`STARTUP_S`, plus reading the checkpoint
   back, [assume] as long as writing it, when it resumes).
 
 **Per job, not per total.** A SLURM training job asks for the scale's ``resources.train.runtime``
-minutes; before the limit (train/slurm.py's ``warning_seconds``: time to save a checkpoint) SLURM
+minutes; before the limit (slurm.py's ``warning_seconds``: time to save a checkpoint) SLURM
 signals it, it checkpoints and requeues itself, and SLURM
-starts it again with a fresh limit, resuming (train/slurm.py): a run legitimately spans several
+starts it again with a fresh limit, resuming (slurm.py): a run legitimately spans several
 such jobs, and Snakemake sees one. So the check is per job: a job must be able to make progress
 within its limit (start, resume, at least one step and a checkpoint before the warning); the plan
 prints how many jobs (limits) a run takes and flags ``requeue xN`` where it takes more than one
@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING
 
 from stateloop.models.registry import get_spec
 from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
-from stateloop.train.slurm import (
+from stateloop.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_HASH_BYTES_PER_S,
     CHECKPOINT_WRITE_BYTES_PER_S,
@@ -74,12 +74,12 @@ from stateloop.train.slurm import (
 )
 
 if TYPE_CHECKING:
-    from stateloop.train.memory import MemoryPlan
+    from stateloop.ops.memory import MemoryPlan
 
 DEFAULT_MFU = 0.30  # measured: benchmarks/records/gpu_check_h200_2026-12-04.json (eager PyTorch, 410M shapes)
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16
 # [choice] The share of train.gpu_memory_gib a chosen setting leaves free: the plan's estimate is
-# checked to within a few percent (train/memory.py) on the parts it has measured, and what the GPU
+# checked to within a few percent (ops/memory.py) on the parts it has measured, and what the GPU
 # adds beyond them (allocator fragmentation at a new shape, NCCL's buffers) is an allowance, not a
 # measurement.
 DEFAULT_MARGIN = 0.10
@@ -127,10 +127,10 @@ def _reduce_queue(ready: list[tuple[float, float]], backward_s: float) -> float:
 
 def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params, runtime_min: int,
               mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network()) -> TimePlan:
-    """The time plan of one run of ``model_cfg`` trained as ``setting`` (train/memory.py's Setting)
+    """The time plan of one run of ``model_cfg`` trained as ``setting`` (ops/memory.py's Setting)
     with the budget and cadence of ``tcfg`` (module docstring). ``profile``: the run's
     memory.SavedProfile (for the parameters' first uses); ``params``: its memory.ParamCounts."""
-    from stateloop.train.memory import parameter_bytes
+    from stateloop.ops.memory import parameter_bytes
 
     rate = mfu * peak_tflops * 1e12
     d, V = model_cfg.d_model, model_cfg.vocab_size
@@ -212,7 +212,7 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo
     """Memory and time of one run trained as ``setting``: the columns of a row. ``memo``: the run's
     measurements already looked up (by micro-batch), shared by the calls for its alternatives."""
     from stateloop.models.flops import compute_profile
-    from stateloop.train import memory
+    from stateloop.ops import memory
 
     memo = {} if memo is None else memo
     scale = cfg.scales[run.scale]
@@ -244,7 +244,7 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, p
     ``choice`` (its label), ``choice_mem_gib``, ``choice_step_s``, and ``agrees`` (the config's
     strategy, sharding and micro-batch are the choice's)."""
     from stateloop.models.registry import count_params
-    from stateloop.train.memory import Setting
+    from stateloop.ops.memory import Setting
 
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
@@ -279,7 +279,7 @@ def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float =
     iteration, the loss whole or a sequence at a time; each with its memory and time (rows as
     :func:`plan_rows`'s columns), fastest first. ``fits``: within ``limit_gib`` less ``margin``
     of it (None: not judged)."""
-    from stateloop.train.memory import Setting
+    from stateloop.ops.memory import Setting
 
     tcfg = cfg.scales[run.scale].train
     current = Setting.of(tcfg)
@@ -400,7 +400,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
                limit_gib: float | None = None, top: int = 6, margin: float = DEFAULT_MARGIN) -> int:
     """Print the rows of :func:`plan_rows`, the totals, the plan's strategy per run against the
     config's and (``compare``) every run's alternatives; write the rows as CSV to ``out`` when given."""
-    from stateloop.train.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB
+    from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB
 
     rows = plan_rows(cfg, experiments, mfu, peak_tflops, network, margin, limit_gib)
     print_table(rows, TRAIN_COLUMNS)
@@ -414,7 +414,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
           f"{sum(r['gpu_hours'] for r in rows):>11.0f} GPU-h")
     print(f"\nGiB/GPU: the planned peak per device (weights, gradients, optimizer state; activations of the K "
           f"unrolled iterations; the loss's logits) + {ALLOWANCE_GIB:g} GiB + {ALLOWANCE_FRACTION:.0%} for the "
-          f"allocator and workspaces (train/memory.py); limit: train.gpu_memory_gib. step s: one optimiser step, "
+          f"allocator and workspaces (ops/memory.py); limit: train.gpu_memory_gib. step s: one optimiser step, "
           f"comm s of it the exposed gradient/parameter communication ({network.inter_node_gbps:g} Gb/s per node, "
           f"{network.intra_node_gbs:g} GB/s per GPU within a node). jobs: SLURM time limits of "
           f"resources.train.runtime the run spans (it requeues itself: docs/cluster.md).")
@@ -458,7 +458,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
     return 0
 
 
-# -- calibration: the memory plan against a GPU check's record (train/memory.py's docstring) -----
+# -- calibration: the memory plan against a GPU check's record (ops/memory.py's docstring) -----
 
 
 def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan]:
@@ -467,7 +467,7 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
     DDP, bf16 autocast, its micro-batch and sequence length, one micro-batch per step, gradients set
     to None between steps, the logits kept alive through backward (its loop holds them), and the
     kernels the record says it had (mamba_ssm's for Mamba-2's scan and gated norm)."""
-    from stateloop.train.memory import Setting, plan_memory
+    from stateloop.ops.memory import Setting, plan_memory
 
     step = record["steps"]["train_410m_bf16"]
     scale = pipeline.scales[step["scale"]]

@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stateloop.data import synthetic
-from stateloop.data.config import DataConfig, DataError, SyntheticConfig
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import holdout_key, holdout_split
 from stateloop.files import atomic_write_bytes
+from stateloop.sections.data import DataConfig, DataError, SyntheticConfig
 
 MIRROR_VERSION = 1  # in every README: bump when the same arguments would give other files
 PILE = "monology/pile-uncopyrighted"
@@ -221,7 +221,7 @@ def pile_files(data_cfg: DataConfig, shared_data: Path | None, n_train: int, n_v
         "",
         f"# {PILE} (local mirror)",
         "",
-        f"Written by `stateloop.rehearse.mirrors` (version {MIRROR_VERSION}) for offline rehearsals: the hub",
+        f"Written by `stateloop.ops.rehearse.mirrors` (version {MIRROR_VERSION}) for offline rehearsals: the hub",
         "repository's file layout and record schema (zstd-compressed JSON lines with `text` and",
         "`meta.pile_set_name`), with a few hundred documents instead of the Pile's.",
         "",
@@ -382,7 +382,7 @@ def fineweb_edu_files(data_cfg: DataConfig, shared_data: Path | None, n_train: i
         "",
         f"# {FINEWEB_EDU} (local mirror)",
         "",
-        f"Written by `stateloop.rehearse.mirrors` (version {MIRROR_VERSION}) for offline rehearsals: the hub",
+        f"Written by `stateloop.ops.rehearse.mirrors` (version {MIRROR_VERSION}) for offline rehearsals: the hub",
         f"repository's layout for the config `{config}` (parquet files under `{folder}/`, declared in this",
         "card's `configs:`) and its ten columns, with a few hundred documents instead of billions of tokens.",
         "",

@@ -22,7 +22,7 @@ runs in its own process, as without a server):
   runs; so a job whose shell line sets ``HF_HUB_OFFLINE`` is not served;
 - the same placement: the command's cgroup and CPU affinity are the server's, so a child runs with
   the limits the command would have had. A task a real ``srun`` starts sits in its step's cgroup and
-  is refused; the tasks of a rehearsal's local stand-in (stateloop/rehearse/srun.py) are served;
+  is refused; the tasks of a rehearsal's local stand-in (stateloop/ops/rehearse/srun.py) are served;
 - the project's own modules are imported afresh from disk in every child (the server imports none
   but this one), so editing the code during a DAG behaves as it does without the server.
 [choice] Left as the server has them: numpy's BLAS runs on one thread in every served job (the
@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import io
 import json
 import os
@@ -239,9 +240,8 @@ def _child(req: dict, fds: list[int], conn: socket.socket, listener: socket.sock
     import traceback
 
     try:
-        from stateloop.commands import run_command
-
-        code = run_command(None)
+        # by name: the server imports none of the project's modules, each child imports them afresh
+        code = importlib.import_module("stateloop.commands").run_command(None)
     except SystemExit as exc:
         code = exc.code
     except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught exception
@@ -280,7 +280,6 @@ def serve(path: str, parent: int, base_env: dict, log) -> int:
     """Import :data:`PRELOAD`, listen on ``path`` and fork a child per accepted request whose
     environment is ``base_env`` but for :data:`PER_JOB`, until the process ``parent`` is gone or
     SIGTERM arrives."""
-    import importlib
 
     t0 = time.process_time()
     for name in PRELOAD:
@@ -411,7 +410,7 @@ def start(log_path: str | os.PathLike, ready_s: float = 120.0) -> subprocess.Pop
     Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         # not `python -m`, whose sys.path[0] would be this folder: the children's is the command's own
-        code = "import sys; del sys.path[0]; from stateloop.warm import main; sys.exit(main())"
+        code = "import sys; del sys.path[0]; from stateloop.ops.warm import main; sys.exit(main())"
         proc = subprocess.Popen([sys.executable, "-c", code, sock, str(os.getpid())], env=env,
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     os.environ[ENV] = sock

@@ -111,7 +111,7 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
     assumed = ASSUMED_SPLIT_TOKENS.get((scale.data.source, scale.data.val_split))
     if tokens is None and assumed is not None:
         tokens = assumed
-        source = f"assumed: {scale.data.source} {scale.data.val_split} = {assumed:.3g} tokens (analysis/cost.py)"
+        source = f"assumed: {scale.data.source} {scale.data.val_split} = {assumed:.3g} tokens (ops/analysis_cost.py)"
     whole = None if tokens is None else (tokens - 1) // seq_len
     if ev.heldout_windows is not None:
         windows = ev.heldout_windows if whole is None else min(whole, ev.heldout_windows)
@@ -213,7 +213,7 @@ def forward_flops(cfg, seq_len: int) -> float:
     if key not in _FORWARD:
         from stateloop import measured
 
-        name = measured.key("forward", *key, measured.code_digest("analysis/cost.py"))
+        name = measured.key("forward", *key, measured.code_digest("ops/analysis_cost.py"))
         found = measured.load("flops", name)
         if found is None:
             import torch

@@ -74,7 +74,7 @@ def card(configs: dict[str, dict[str, str]]) -> str:
                for name, files in configs.items()]
     front = yaml.safe_dump({"configs": entries}, sort_keys=False)
     return (f"---\n{front}---\n# Rehearsal stand-in\n\nSmall data in this dataset's record schema, written by "
-            f"stateloop.rehearse.tasks for an offline rehearsal; it measures nothing.\n")
+            f"stateloop.ops.rehearse.tasks for an offline rehearsal; it measures nothing.\n")
 
 
 def hub_tasks(tasks: list[str], task_dir: str | Path | None = None) -> list[str]:

@@ -14,7 +14,7 @@ and, once the DAG ran, its ``data/``, ``results/``, ``figures/`` and ``logs/``: 
 the repository's own Snakefile with ``--directory OUT``, so nothing of a real run is touched.
 
 As on a cluster whose nodes have no network, :func:`prepare` ends with ``stateloop prefetch``
-(stateloop/prefetch.py) against a stand-in for the Hub that serves ``hub-data/``, ``hub-models/``
+(ops/prefetch.py) against a stand-in for the Hub that serves ``hub-data/``, ``hub-models/``
 and ``hub-tasks/`` (hub.py) under the config's own hub names and those of its tasks' datasets, into
 the empty ``hf-home/``; then the stand-in stops. The evaluation jobs read lm-eval's own task YAMLs,
 unchanged, whose datasets then resolve from the caches. The jobs see ``PATH=OUT/bin:$PATH``,
@@ -34,15 +34,16 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError, from_dict, load_yaml
-from stateloop.data.config import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
-from stateloop.evaluate.config import EvalConfig
 from stateloop.evaluate.tasks.files import REPO, default_shared_data
 from stateloop.files import atomic_write_bytes
-from stateloop.pipeline import expand_runs, pipeline_from_dict
-from stateloop.rehearse.config import shrink
-from stateloop.rehearse.mirrors import write_mirror
-from stateloop.rehearse.tasks import hub_tasks, write_task_repos
+from stateloop.ops.memory import gate
+from stateloop.ops.rehearse.config import shrink
+from stateloop.ops.rehearse.mirrors import write_mirror
+from stateloop.ops.rehearse.tasks import hub_tasks, write_task_repos
+from stateloop.pipeline import checked_pipeline, pipeline_from_dict
+from stateloop.sections.data import DataConfig, is_local_source
+from stateloop.sections.evaluate import EvalConfig
 
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder
@@ -81,7 +82,9 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     # the real config must be valid before it is rehearsed; lm-eval tasks' data is served for the scales
     # whose runs are trained (and so evaluated), as `stateloop prefetch` fetches them: Table 3's
     # untrained shapes have a scale of their own whose tasks no job reads
-    trained = {run.scale for run in expand_runs(pipeline_from_dict(raw, str(config)))}
+    real, runs = checked_pipeline(raw, str(config))
+    gate(real, runs, str(config))
+    trained = {run.scale for run in runs.values()}
     cfg = shrink(raw)
     tasks: list[str] = []  # the lm-eval tasks whose data the stand-in hub serves
     repos: dict[tuple[str, str], Path] = {}  # what the stand-in hub serves
@@ -107,12 +110,12 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
             raise ConfigError(f"{repo_id}: both a data source and the dataset of an lm-eval task; a rehearsal serves one")
     pipeline_from_dict(cfg, str(out / "config.yaml"))
     header = (f"# Rehearsal of {config}: the same DAG with sizes shrunk (stateloop rehearse).\n"
-              f"# Written by stateloop.rehearse; edit the real config and rehearse again instead.\n")
+              f"# Written by stateloop.ops.rehearse; edit the real config and rehearse again instead.\n")
     atomic_write_bytes(out / "config.yaml", (header + yaml.safe_dump(cfg, sort_keys=False)).encode())
     srun = out / "bin" / "srun"
     srun.parent.mkdir(parents=True, exist_ok=True)
-    srun.write_text(f"#!/bin/sh\n# local stand-in for SLURM's srun (stateloop.rehearse.srun)\n"
-                    f"exec {sys.executable} -m stateloop.rehearse.srun \"$@\"\n")
+    srun.write_text(f"#!/bin/sh\n# local stand-in for SLURM's srun (stateloop.ops.rehearse.srun)\n"
+                    f"exec {sys.executable} -m stateloop.ops.rehearse.srun \"$@\"\n")
     srun.chmod(0o755)
     prefetch(out, repos)
     return out / "config.yaml"
@@ -121,7 +124,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
 def prefetch(out: Path, repos: dict[tuple[str, str], Path]) -> None:
     """``stateloop prefetch --config OUT/config.yaml`` against the stand-in hub serving ``repos``,
     into ``OUT/hf-home``; the stand-in stops after it. One line on failure."""
-    from stateloop.rehearse.hub import Repo, serve_hub
+    from stateloop.ops.rehearse.hub import Repo, serve_hub
 
     with serve_hub([Repo(kind, name, folder) for (kind, name), folder in repos.items()]) as url:
         env = {k: v for k, v in environment(out).items() if k not in OFFLINE_VARS + PROXY_VARS}

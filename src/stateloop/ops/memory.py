@@ -14,7 +14,7 @@ Peak = static + activations + loss + allowance, per device:
   moments over the shard group (all ranks; a node's ranks for the hybrid strategies), the root and
   the units gathered at the peak (each with its all-gather output), the looped units' gradient
   sums, a reduce-scatter in flight, and accumulation's unsharded gradients (:func:`fsdp_static`).
-  Checked against FSDP2's own allocations (train/fsdp_probe.py: torch's profiler over a real
+  Checked against FSDP2's own allocations (ops/fsdp_probe.py: torch's profiler over a real
   sharded step in a fake process group, no code of this module): the plan lies between 0.5% under
   and 19% over them (tests/train/test_memory_plan.py); it counts every looped unit's gradient sum
   and weight copy alive at its instant, where the step frees some earlier. On a GPU FSDP2 also
@@ -37,66 +37,12 @@ Peak = static + activations + loss + allowance, per device:
   :data:`ALLOWANCE_GIB` + :data:`ALLOWANCE_FRACTION` of the rest ([assume]: not measured here;
   the fraction also covers the 4.5% by which the H200 record lies above this estimate, below).
 
-**How the activations are measured.** The model is built at its full size inside torch's
-``FakeTensorMode`` (tensors with shapes, dtypes and storages but no data: nothing is allocated and
-no arithmetic is done) on the CPU device, and its training forward runs under CPU autocast in the
-run's precision (as Fabric's ``bf16-mixed`` autocasts on CUDA), with
-``torch.autograd.graph.saved_tensors_hooks`` summing the bytes of every distinct storage autograd
-keeps (views counted once; parameters excluded: they are static). Fake tensors give the exact
-shapes at the run's own (B, T), so no fit in the sequence length is needed, and the CPU's
-scaled-dot-product attention keeps what the CUDA flash kernels keep (q, k, v, the output and a
-float32 log-sum-exp per query: nothing of size T^2).
-
-Two things differ between the CPU and CUDA builds of torch, and the measurement follows CUDA:
-
-- ``F.rms_norm`` runs as torch's fused kernel on CUDA (``aten::_fused_rms_norm``, whose backward
-  keeps the input and the float32 rstd), but decomposes into six operators on the CPU, which
-  keep the normalised input too: one more float32 (B, T, d) per norm, 2 per decoder layer, about
-  14% of a 410M model's activations. The measurement replaces the call by a function that keeps
-  what the fused kernel keeps (:class:`_FusedRMSNorm`). The H200 record refutes the decomposed
-  form: with it, Table 4's StateLoop + attention alone would need 84.6 GiB of the 82.8 observed.
-- Mamba-2's SSD scan and gated RMSNorm are mamba_ssm's kernels on CUDA where that package is
-  installed, and this project's pure-PyTorch twins otherwise. By default the measurement keeps
-  the twins (an upper bound: the chunked scan keeps its chunk intermediates); with
-  ``mamba_kernels=True`` it keeps what mamba_ssm's autograd functions keep (their inputs, output,
-  a float32 dA cumsum; the gated norm's input, gate and rstd).
-
-**Why fake tensors and not a fit on real ones.** Real tensors at the paper's sizes are out of the
-question on a laptop (a 1.4B model is 5.7 GB of float32 weights before any activation), and
-small shapes would have to be scaled per token and per layer with a formula for every model.
-Fake tensors run the real forward at the real shapes; what costs is Python: about 25 operators
-per decoder-layer application, and K x L applications (168 in Table 4's 410M K = 7). So every
-application of a decoder layer (``backbone.Layer``) after the first of its shape runs as a
-stand-in that adds the bytes the first one kept (:class:`_Recorder`): the layers of a stack are
-alike, and a layer keeps the same tensors at every application except the low-precision copies
-of its weights, which autocast makes at its first call and caches for the rest of the forward
-(counted once per layer instance); inside a live checkpoint unit a stand-in adds nothing, as
-the layer would not reach the hook. tests/train/test_memory_plan.py checks the stand-ins against
-the full forward at the paper's 410M shape, and the whole measurement against
-train/memory_probe.py's real-tensor forward at every checkpointing level (equal within 0.3%).
-
-**Cost.** One shape (a model config at one micro-batch, its three checkpointing levels) takes
-0.1-0.5 s after torch's import (about 2 s); configs/paper.yaml's 26 runs at micro-batches 1 and 2
-(the plan's affine fit in the micro-batch, :func:`saved_profile`) took 23 s on this repository's
-2-core machine, a cold start. Every measurement is kept on disk (stateloop/measured.py,
-:func:`cache_dir`, keyed by the model config, shapes, precision, the models' and this module's
-source and torch's version), so a config checked again costs about 50 ms and imports no torch;
-the gate measures only the runs of scales that set ``gpu_memory_gib``.
-
-**Calibration** (benchmarks/records/gpu_check_h200_2026-12-04.json, one H200, Table 4's 410M shapes
-at K = 7, d_s = 1024, micro-batch 4 of 2,048 tokens, bf16 autocast over float32 weights, fused
-AdamW, no DDP; ``max_memory_gib`` = 82.84 is the largest of the four models' peaks:
-benchmarks/gpu_check.py reads ``torch.cuda.max_memory_allocated`` once, after all of them). With
-the record's kernels (mamba_ssm's on, the others' twins) and its loop (gradients set to None, the
-logits held through backward) the estimate without allowance is 79.1 GiB for StateLoop + Mamba-2,
-the largest of the four (4.5% under the record), and 75.7 / 74.7 / 73.1 GiB for StateLoop +
-attention, StateLoop and Vanilla Looped, each below the record as it must be; with Mamba-2's twins
-(the plan's default) it is 83.7 GiB (+1.0%). The 4.5% is not explained (a backend's copy, the
-allocator's block rounding, or the previous model's memory not yet freed would each do), and the
-allowance's fraction covers it. The form an outside estimate used (CPU's decomposed RMSNorm,
-16 bytes a parameter, no loss buffers) gives StateLoop 83.3 GiB (+0.6%), but StateLoop + attention
-84.6 and + Mamba-2 92.4: above the record, which bounds all four. tests/train/test_memory_plan.py
-holds these numbers (the record's plans: train/cost.py, ``record_plans``).
+Activations are measured on fake tensors (torch's ``FakeTensorMode``: shapes, no data) at the
+run's own shapes, with CUDA's fused RMSNorm (:class:`_FusedRMSNorm`) and, optionally, mamba_ssm's
+kernels (:func:`_mamba_kernels`); every decoder-layer application after the first of its shape is
+a stand-in that adds what the first kept (:class:`_Recorder`). Measurements are kept on disk
+(stateloop/measured.py, :func:`cache_dir`). How, why, the cost and the H200 calibration:
+docs/memory-plan.md; tests/train/test_memory_plan.py holds the numbers.
 """
 
 from __future__ import annotations
@@ -107,6 +53,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from stateloop.config import ConfigError
+from stateloop.measured import cache_dir as _measured_dir
+from stateloop.measured import code_digest
+from stateloop.pipeline import load_checked
 
 GIB = 2**30
 
@@ -276,7 +227,7 @@ def _mamba_kernels():
 
     for name in ("ssd", "gated_rms_norm"):
         if not hasattr(mixers, name):
-            raise RuntimeError(f"memory measurement: models/mixers.py no longer calls {name}; update train/memory.py")
+            raise RuntimeError(f"memory measurement: models/mixers.py no longer calls {name}; update ops/memory.py")
     saved = mixers.ssd, mixers.gated_rms_norm
     mixers.ssd, mixers.gated_rms_norm = ssd, gated_rms_norm
     try:
@@ -550,17 +501,13 @@ def _model_key(cfg) -> str:
 def _code_digest() -> str:
     """sha256 of the code a measurement depends on: the models, this module and torch's version
     (stateloop/measured.py; a cached measurement is used only while they are unchanged)."""
-    from stateloop.measured import code_digest
-
-    return code_digest("train/memory.py")
+    return code_digest("ops/memory.py")
 
 
 def cache_dir() -> Path | None:
     """Where measurements are kept between processes (stateloop/measured.py): ``$STATELOOP_CACHE/memory``
     (empty: none), else ``$XDG_CACHE_HOME/stateloop/memory`` (``~/.cache``)."""
-    from stateloop.measured import cache_dir as folder
-
-    return folder("memory")
+    return _measured_dir("memory")
 
 
 _MEASURED: dict[str, dict] = {}
@@ -997,13 +944,24 @@ def _fix_hint(setting: Setting) -> str:
     return ", ".join(hints[:-1]) + (" " if len(hints) > 1 else "") + hints[-1]
 
 
+def gate(cfg, runs, where: str = "config") -> None:
+    """The memory gate, asked for by who submits or runs training (workflow/rules/common.smk, the
+    commands): :func:`check_fit` where a scale sets ``train.gpu_memory_gib``; the other scales
+    cost nothing (no torch, no model)."""
+    if any(scale.train.gpu_memory_gib for scale in cfg.scales.values()):
+        check_fit(cfg, runs, where)
+
+
+def gate_file(path) -> None:
+    """:func:`gate` of the config file ``path``, read as the commands read it (``load_checked``)."""
+    gate(*load_checked(path), str(path))
+
+
 def check_fit(cfg, runs, where: str = "config") -> None:
     """Refuse, in one line, a config with a run whose planned peak (:func:`plan_memory`, allowance
     included) exceeds its scale's ``train.gpu_memory_gib``: the first such run, its estimate, the
     limit, what to change, and how many runs do not fit. Scales without the key are not checked and
     cost nothing. ``runs``: the config's runs (pipeline.Run), by id or as a list."""
-    from stateloop.config import ConfigError
-
     failed = []
     for run in runs.values() if isinstance(runs, dict) else runs:
         tcfg = cfg.scales[run.scale].train

@@ -1,5 +1,5 @@
-"""What a config's jobs read from the Hugging Face Hub: fetched where the network is, and checked at
-each job's start where there is none.
+"""What a config's jobs read from the Hugging Face Hub: checked at each job's start where there is no
+network, and fetched ahead by ``stateloop prefetch`` (ops/prefetch.py) where there is.
 
 On a cluster whose compute nodes have no network, ``stateloop prefetch --config C`` runs first on
 a machine that has it (a login node), into the caches the jobs read (``HF_HOME``: the hub cache
@@ -9,7 +9,7 @@ Offline, ``stateloop tokenize``, ``train`` and ``eval`` first check that what th
 training, its evaluation) will read is in the caches, and otherwise stop in one line that names
 every missing piece and the prefetch command, before any work: not at the end of a 30-hour training.
 
-A config's needs (:func:`data_needs`, :func:`task_needs`), per scale:
+A config's needs (:func:`data_needs`; evaluate/tasks/needs.py: ``task_needs``), per scale:
 
 - **tokenizer**: a hub name in ``data.tokenizer``: its ``tokenizer.json``, as the tokenize stage
   loads it (``hf_hub_download``; data/tokenizer.py);
@@ -32,10 +32,8 @@ ones only) and repeatable: a second run fetches only what is missing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +41,7 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.data.config import DataConfig, is_local_source
+from stateloop.sections.data import DataConfig, is_local_source
 
 CARD = "README.md"
 TOKENIZER_FILE = "tokenizer.json"  # data/tokenizer.py's name for it
@@ -63,29 +61,6 @@ def offline() -> bool:
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE) or _true(os.environ.get("HF_DATASETS_OFFLINE"))
-
-
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
-
-
-def go_offline() -> None:
-    """Switch the Hub off in this process for good, as a compute node without network has it:
-    the variables huggingface_hub, datasets and transformers read when they are imported, and,
-    where huggingface_hub or datasets is imported already, the flags they read at each call
-    (transformers asks huggingface_hub). Nothing after this
-    opens a connection to the Hub (``stateloop prefetch --check`` calls it before anything else;
-    without it, datasets tries the Hub with retries for each task: minutes with no route)."""
-    for var in OFFLINE_VARS:
-        os.environ[var] = "1"
-    if "huggingface_hub" in sys.modules:
-        from huggingface_hub import constants
-
-        constants.HF_HUB_OFFLINE = True
-    if "datasets" in sys.modules:
-        import datasets.config
-
-        datasets.config.HF_HUB_OFFLINE = True
-        datasets.config.HF_DATASETS_OFFLINE = True
 
 
 def _true(value: str | None) -> bool:
@@ -280,126 +255,7 @@ def data_needs(data: DataConfig) -> list[Need]:
 
 
 # ----------------------------------------------------------------------------------------------
-# lm-eval tasks
-
-
-@contextlib.contextmanager
-def _prepared(tasks: list[str], eval_cfg):
-    """The tasks as ``stateloop eval`` prepares them (evaluate/tasks/prepare.py), in a temporary folder."""
-    from stateloop.evaluate.tasks.prepare import prepare_tasks
-
-    with tempfile.TemporaryDirectory(prefix="stateloop-prefetch-") as tmp:
-        yield prepare_tasks(list(tasks), tmp, eval_cfg)
-
-
-def _task_datasets(prepared, tasks: list[str]) -> dict[str, tuple | None]:
-    """Task -> (dataset_path, dataset_name, dataset_kwargs) lm-eval loads it from; None where the
-    task's config does not say (a group), which is then checked by building it."""
-    out = {}
-    for name in tasks:
-        entry = prepared.task_manager.task_index.get(name)
-        cfg = dict((entry.cfg if entry is not None else None) or {})
-        if not cfg.get("dataset_path") or cfg.get("custom_dataset"):
-            out[name] = None
-            continue
-        kwargs = {k: v for k, v in dict(cfg.get("dataset_kwargs") or {}).items() if k != "trust_remote_code"}
-        out[name] = (cfg["dataset_path"], cfg.get("dataset_name"), kwargs)
-    return out
-
-
-@contextlib.contextmanager
-def _quiet_datasets():
-    import datasets
-
-    level = datasets.logging.get_verbosity()
-    datasets.logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        datasets.logging.set_verbosity(level)
-
-
-def task_needs(tasks: list[str], eval_cfg, where: str = "eval") -> list[Need]:
-    """The datasets of lm-eval tasks ``tasks`` under the eval settings ``eval_cfg``: one need for
-    them all (lm-eval's task index is built once)."""
-    tasks = list(tasks)
-    if not tasks:
-        return []
-
-    def fetch() -> str:
-        from lm_eval.tasks import get_task_dict
-
-        with _prepared(tasks, eval_cfg) as prepared:
-            get_task_dict(tasks, prepared.task_manager)  # each task's download(): datasets.load_dataset
-        return f"lm-eval tasks {', '.join(tasks)}"
-
-    def check() -> str | None:
-        import datasets
-
-        missing = []
-        try:
-            with _prepared(tasks, eval_cfg) as prepared, _quiet_datasets():
-                for task, spec in _task_datasets(prepared, tasks).items():
-                    try:
-                        if spec is None:
-                            from lm_eval.tasks import get_task_dict
-
-                            get_task_dict([task], prepared.task_manager)
-                        else:
-                            datasets.load_dataset_builder(spec[0], spec[1], **spec[2])
-                    except Exception:  # noqa: BLE001 - not cached (or not readable): named below
-                        shown = f" ({spec[0]}" + (f", {spec[1]}" if spec and spec[1] else "") + ")" if spec else ""
-                        missing.append(f"{task}{shown}")
-        except (ConfigError, FileNotFoundError) as err:
-            return f"lm-eval tasks of {where}: {err}"
-        return f"lm-eval task data {', '.join(missing)}" if missing else None
-
-    return [Need(f"lm-eval tasks {', '.join(tasks)}", fetch, check, repr((tasks, eval_cfg)))]
-
-
-# ----------------------------------------------------------------------------------------------
-# A config's needs; fetching them; requiring them offline
-
-
-def config_needs(pipeline, runs: dict, scales: list[str] | None = None) -> list[Need]:
-    """Every need of the config's trained runs' scales (``scales``: only these): their data
-    stage's, and their lm-eval tasks where a run of the scale scores them."""
-    names = list(dict.fromkeys(r.scale for r in runs.values()))
-    if scales:
-        unknown = [s for s in scales if s not in pipeline.scales]
-        if unknown:
-            raise ConfigError(f"--scales: {unknown[0]!r} is not a scale of the config (has: {', '.join(pipeline.scales)})")
-        names = [s for s in names if s in scales]
-    out: list[Need] = []
-    seen: set[str] = set()
-    for name in names:
-        scale = pipeline.scales[name]
-        scored = any(r.scale == name and (r.scores_tasks() or r.scores_tasks(depths=True)) for r in runs.values())
-        for need in data_needs(scale.data) + (task_needs(scale.eval.tasks, scale.eval, f"scales.{name}.eval")
-                                              if scored else []):
-            key = need.key or need.what
-            if key not in seen:
-                seen.add(key)
-                out.append(need)
-    return out
-
-
-def prefetch(needs: list[Need], config: str) -> int:
-    """Fetch every need (online), then check each as a job would offline. 0 when all are there."""
-    if offline():
-        raise ConfigError("prefetch: the Hub is switched off here (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); "
-                          "run it where the network is, with those unset")
-    if not needs:
-        say(f"{config}: nothing to fetch (no hub tokenizer, dataset or lm-eval task data)")
-        return 0
-    say(f"into {caches()}")
-    for need in needs:
-        say(need.fetch())
-    missing = [m for need in needs if (m := need.check()) is not None]
-    if missing:
-        raise NotPrefetched(f"fetched, but not found in the caches after: {'; '.join(missing)}")
-    say(f"{len(needs)} needs of {config} are in the caches: the jobs can run offline (HF_HUB_OFFLINE=1)")
-    return 0
+# Requiring them offline
 
 
 def require(needs: list[Need], config: str | None) -> None:

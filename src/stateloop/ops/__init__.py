@@ -1,0 +1,1 @@
+"""Operations: planning (memory, cost, the probes), prefetching, the warm server, rehearsals."""
