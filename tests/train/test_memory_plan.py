@@ -13,7 +13,7 @@ from stateloop.cli import main
 from stateloop.config import ConfigError, load_yaml
 from stateloop.ops import cost, memory
 from stateloop.ops.memory import GIB, Setting
-from stateloop.pipeline import load_pipeline, pipeline_from_dict, run_model_config
+from stateloop.pipeline import checked_pipeline, load_checked, load_pipeline, run_model_config
 from support.models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,9 +202,14 @@ def _one_gpu_config(micro_batch: int, **train) -> dict:
     return {"scales": {"1.4b": scale}, "experiments": {"table1": {"scale": "1.4b", "models": ["vanilla_looped"], "K": [4]}}}
 
 
+def _gated(raw: dict, where: str) -> None:
+    """The config check, then the memory gate its callers ask for (common.smk, the commands)."""
+    memory.gate(*checked_pipeline(raw, where), where)
+
+
 def test_a_run_that_cannot_fit_is_refused_in_one_line_naming_the_key():
     with pytest.raises(ConfigError) as err:
-        pipeline_from_dict(_one_gpu_config(128), "gate.yaml")
+        _gated(_one_gpu_config(128), "gate.yaml")
     msg = str(err.value)
     assert "\n" not in msg
     assert msg.startswith("gate.yaml: scales.1.4b.train.micro_batch: 1.4b/vanilla_looped/K4_ds0_seed1234 needs ~")
@@ -225,7 +230,7 @@ def test_the_gate_names_the_cause(train, key, says):
     raw = _one_gpu_config(**train)
     raw["scales"]["1.4b"]["model"]["max_seq_len"] = max(2048, train.get("seq_len", 0))
     with pytest.raises(ConfigError) as err:
-        pipeline_from_dict(raw, "gate.yaml")
+        _gated(raw, "gate.yaml")
     msg = str(err.value)
     assert f"scales.1.4b.train.{key}: " in msg and says in msg and "\n" not in msg, msg
 
@@ -234,6 +239,7 @@ def test_a_run_that_fits_passes(tmp_path):
     raw = _one_gpu_config(1, activation_checkpointing="layer")
     path = tmp_path / "fits.yaml"
     path.write_text(yaml.safe_dump(raw))
+    memory.gate_file(path)
     assert load_pipeline(path).scales["1.4b"].train.gpu_memory_gib == 80
 
 
@@ -244,7 +250,7 @@ def test_configs_without_the_key_are_not_measured(name, monkeypatch):
         pytest.skip(f"{name} sets train.gpu_memory_gib")
     monkeypatch.setattr(memory, "check_fit", lambda *a, **k: pytest.fail("measured a config without the key"))
     monkeypatch.setattr(memory, "_measure", lambda *a, **k: pytest.fail("measured a config without the key"))
-    pipeline_from_dict(raw, name)
+    _gated(raw, name)
 
 
 # -- time -----------------------------------------------------------------------------------------
@@ -399,5 +405,6 @@ def test_plan_lists_the_analysis_jobs_against_their_limits(capsys):
 def test_paper_and_gpu_configs_fit_their_devices():
     """The shipped GPU configs set train.gpu_memory_gib and load: every run passed the gate."""
     for name in ("paper.yaml", "gpu.yaml"):
-        cfg = load_pipeline(ROOT / "configs" / name)
+        cfg, runs = load_checked(ROOT / "configs" / name)
+        memory.gate(cfg, runs, name)
         assert all(s.train.gpu_memory_gib == 79 for s in cfg.scales.values() if s.train.accelerator == "cuda"), name
