@@ -41,6 +41,7 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError
+from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.sections.data import DataConfig, is_local_source
 
 CARD = "README.md"
@@ -92,8 +93,6 @@ class Need:
 
 def hub_tokenizer(data: DataConfig) -> str | None:
     """The hub name in ``data.tokenizer`` (None: a trained BPE or a local file)."""
-    from stateloop.data.tokenizer import is_local_tokenizer
-
     return None if data.tokenizer == "bpe" or is_local_tokenizer(data.tokenizer) else data.tokenizer
 
 

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode, bmm_flop, sdpa_flop_count
 
+from stateloop import measured
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
-from stateloop.models.registry import build_model
+from stateloop.models.registry import build_model, matched_ffn_width
 
 aten = torch.ops.aten
 
@@ -90,8 +91,6 @@ _PROFILES: dict[str, ComputeProfile] = {}
 def compute_profile(cfg, seq_len: int) -> ComputeProfile:
     """Training FLOPs (forward and the loss's backward) and layer applications per token of one
     sequence of ``seq_len`` tokens; counted once for each (config, ``seq_len``, code) and kept."""
-    from stateloop import measured
-
     name = measured.key(dataclasses.asdict(cfg), seq_len, measured.code_digest())
     if name not in _PROFILES:
         found = measured.load("flops", name)
@@ -170,8 +169,6 @@ def decode_flops_per_token(cfg, context: float) -> float | None:
     QK^T, AV; Mamba-2's in_proj, state update (dt x) B^T, read H C and out_proj (its conv window
     is elementwise). The count is linear in ``context``, so a fractional context gives the mean
     over steps. None for models other than DECODE_MIXERS."""
-    from stateloop.models.registry import matched_ffn_width
-
     if cfg.name not in DECODE_MIXERS:
         return None
     d, inner, keys = cfg.d_model, cfg.n_heads * cfg.head_dim, context + 1

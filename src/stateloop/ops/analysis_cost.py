@@ -43,9 +43,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+from stateloop import measured
 from stateloop.analysis import jobs
 from stateloop.analysis.common import CALIB_WINDOWS
+from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Shard, n_batches
+from stateloop.data.stage import data_homes
+from stateloop.models.flops import counter
+from stateloop.models.registry import build_model
+from stateloop.pipeline import expand_runs
 
 # [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
 # Pile's validation split is 1.4 GB of JSON lines (EleutherAI/pile_val_test's card); the paper's
@@ -95,7 +101,6 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
     scale = cfg.scales[scale_name]
     ev, model, train = scale.eval, scale.model, scale.train
     seq_len = int(ev.max_length or min(train.seq_len, model.max_seq_len))
-    from stateloop.data.stage import data_homes
 
     home = data_homes(cfg.scales, list(cfg.scales)).get(scale_name, scale_name)  # a scale may read another's folder
     meta = Path(data_root) / home / "meta.json"
@@ -129,8 +134,6 @@ def _meta_model(cfg):
     """The model on the meta device, in training mode as models/flops.py counts it (an eval-mode
     Parcae makes its fixed initial state from positions read as numbers, which the meta device
     has not; the two modes run the same matmuls)."""
-    from stateloop.models.registry import build_model
-
     return build_model(dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch"), device="meta", init=False)
 
 
@@ -146,9 +149,6 @@ def pieces(cfg, seq_len: int) -> dict:
     if key in _PIECES:
         return _PIECES[key]
     import torch
-
-    from stateloop.analysis.shapley import nll_sum
-    from stateloop.models.flops import counter
 
     model = _meta_model(cfg)
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
@@ -211,14 +211,10 @@ def forward_flops(cfg, seq_len: int) -> float:
     again counts no model's forward."""
     key = _key(cfg, seq_len)
     if key not in _FORWARD:
-        from stateloop import measured
-
         name = measured.key("forward", *key, measured.code_digest("ops/analysis_cost.py"))
         found = measured.load("flops", name)
         if found is None:
             import torch
-
-            from stateloop.models.flops import counter
 
             model = _meta_model(cfg)
             with torch.no_grad(), counter() as c:
@@ -239,8 +235,6 @@ def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_
     from the scale's resources), ``fits`` (hours within the limit), ``gpus``, ``heldout_from`` (where
     the window count comes from) and ``note``. ``flops``, ``hours`` and ``fits`` are None where the
     held-out split's size is unknown."""
-    from stateloop.pipeline import expand_runs
-
     rate = mfu * peak_tflops * 1e12
     made = {name for name, e in cfg.experiments.items() if e.trained}
     rows = []

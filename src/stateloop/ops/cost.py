@@ -63,7 +63,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stateloop.models.registry import get_spec
+from stateloop.files import atomic_write_bytes
+from stateloop.models.registry import count_params, get_spec
+from stateloop.ops import memory
+from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB, Setting, parameter_bytes, plan_memory
 from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
 from stateloop.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
@@ -130,8 +133,6 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
     """The time plan of one run of ``model_cfg`` trained as ``setting`` (ops/memory.py's Setting)
     with the budget and cadence of ``tcfg`` (module docstring). ``profile``: the run's
     memory.SavedProfile (for the parameters' first uses); ``params``: its memory.ParamCounts."""
-    from stateloop.ops.memory import parameter_bytes
-
     rate = mfu * peak_tflops * 1e12
     d, V = model_cfg.d_model, model_cfg.vocab_size
     head_share = min(1.0, 6 * d * V / flops_per_token)
@@ -211,8 +212,7 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
 def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo: dict | None = None) -> dict:
     """Memory and time of one run trained as ``setting``: the columns of a row. ``memo``: the run's
     measurements already looked up (by micro-batch), shared by the calls for its alternatives."""
-    from stateloop.models.flops import compute_profile
-    from stateloop.ops import memory
+    from stateloop.models.flops import compute_profile  # torch: the plan command builds its parser without it
 
     memo = {} if memo is None else memo
     scale = cfg.scales[run.scale]
@@ -243,9 +243,6 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, p
     and ``choose_strategy``, also the plan's own setting for it (:func:`choose`, with ``margin``):
     ``choice`` (its label), ``choice_mem_gib``, ``choice_step_s``, and ``agrees`` (the config's
     strategy, sharding and micro-batch are the choice's)."""
-    from stateloop.models.registry import count_params
-    from stateloop.ops.memory import Setting
-
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
@@ -279,8 +276,6 @@ def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float =
     iteration, the loss whole or a sequence at a time; each with its memory and time (rows as
     :func:`plan_rows`'s columns), fastest first. ``fits``: within ``limit_gib`` less ``margin``
     of it (None: not judged)."""
-    from stateloop.ops.memory import Setting
-
     tcfg = cfg.scales[run.scale].train
     current = Setting.of(tcfg)
     world = current.world
@@ -400,8 +395,6 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
                limit_gib: float | None = None, top: int = 6, margin: float = DEFAULT_MARGIN) -> int:
     """Print the rows of :func:`plan_rows`, the totals, the plan's strategy per run against the
     config's and (``compare``) every run's alternatives; write the rows as CSV to ``out`` when given."""
-    from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB
-
     rows = plan_rows(cfg, experiments, mfu, peak_tflops, network, margin, limit_gib)
     print_table(rows, TRAIN_COLUMNS)
     print(f"\nTotals at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
@@ -447,8 +440,6 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
     if out:
         import io
 
-        from stateloop.files import atomic_write_bytes
-
         buf = io.StringIO()
         fields = [k for k in rows[0] if not k.startswith("_")]
         writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
@@ -467,8 +458,6 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
     DDP, bf16 autocast, its micro-batch and sequence length, one micro-batch per step, gradients set
     to None between steps, the logits kept alive through backward (its loop holds them), and the
     kernels the record says it had (mamba_ssm's for Mamba-2's scan and gated norm)."""
-    from stateloop.ops.memory import Setting, plan_memory
-
     step = record["steps"]["train_410m_bf16"]
     scale = pipeline.scales[step["scale"]]
     setting = Setting(micro_batch=step["micro_batch"], devices=1, num_nodes=1, precision="bf16-mixed", accumulation=1)

@@ -40,6 +40,9 @@ import socket
 import tempfile
 from pathlib import Path
 
+from stateloop.models.config import ModelConfig
+from stateloop.models.registry import build_model
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -56,10 +59,8 @@ def _worker(rank: int, world: int, port: int, spec: dict, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from stateloop.models.config import ModelConfig
-    from stateloop.models.registry import build_model
-    from stateloop.train.loss import lm_loss
-    from stateloop.train.parallel import mesh_shape, shard
+    from stateloop.train.loss import lm_loss  # torch: only in the probe's child process
+    from stateloop.train.parallel import mesh_shape, shard  # torch: only in the child
 
     torch.set_num_threads(1)
     if spec.get("fake"):
@@ -179,8 +180,6 @@ def fsdp_step_memory(model_cfg, *, sharding: str = "full", world: int = 2, num_n
 
 def main(argv=None) -> None:
     import argparse
-
-    from stateloop.models.config import ModelConfig
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sharding", default="full")

@@ -55,8 +55,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.files import atomic_write_bytes
 from stateloop.measured import cache_dir as _measured_dir
 from stateloop.measured import code_digest
+from stateloop.models.registry import build_model
 from stateloop.pipeline import load_checked
 
 GIB = 2**30
@@ -193,7 +195,7 @@ def _mamba_kernels():
     the norm's input, gate and per-group rstd), in place of the twins, for one measurement."""
     import torch
 
-    import stateloop.models.mixers as mixers
+    import stateloop.models.mixers as mixers  # torch: the commands import this module for the gate
 
     class Scan(torch.autograd.Function):
         @staticmethod
@@ -317,7 +319,7 @@ class _Recorder:
     reads."""
 
     def __init__(self, model):
-        from stateloop.models.backbone import Backbone, Layer
+        from stateloop.models.backbone import Backbone, Layer  # torch: see _mamba_kernels
 
         self.params = {p.untyped_storage()._cdata for p in model.parameters()}
         # storages counted, by address; each held (``alive``) so that no later storage reuses an address
@@ -538,8 +540,6 @@ def measure_saved(model_cfg, micro_batches, seq_len: int, precision: str = "bf16
             _MEASURED[keys[mb]] = found
             if folder is not None:
                 with contextlib.suppress(OSError):
-                    from stateloop.files import atomic_write_bytes
-
                     folder.mkdir(parents=True, exist_ok=True)
                     atomic_write_bytes(folder / f"{keys[mb]}.json", json.dumps(found).encode())
     return [dict(_MEASURED[keys[mb]]) for mb in mbs]
@@ -549,8 +549,6 @@ def _fake_model(model_cfg, precision: str):
     """(the model of ``model_cfg`` at full size on fake CPU tensors in the parameters' dtype of
     ``precision``, its fake tensor mode)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from stateloop.models.registry import build_model
 
     cfg = dataclasses.replace(model_cfg, attn_impl="torch", ssd_impl="torch")
     mode = FakeTensorMode()
@@ -564,7 +562,7 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
 
     import torch
 
-    from stateloop.models.backbone import Layer
+    from stateloop.models.backbone import Layer  # torch: see _mamba_kernels
 
     autocast_dtype = compute_dtype(precision)[0]
     out = []

@@ -35,6 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
+from stateloop.models.registry import build_model
+from stateloop.train.loss import lm_loss
+
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 TRUE = {"32-true": torch.float32, "bf16-true": torch.bfloat16, "64-true": torch.float64}
 
@@ -93,9 +96,6 @@ def saved_bytes(cfg, *, batch: int, seq_len: int, precision: str = "bf16-mixed",
     ``loss_chunk_tokens`` are the ``train`` keys. ``model``: an already built model of ``cfg`` on
     ``device`` (in the parameters' dtype of ``precision``), to probe several settings without
     building it again; its checkpointing level is restored afterwards. No backward is run."""
-    from stateloop.models.registry import build_model
-    from stateloop.train.loss import lm_loss
-
     device = torch.device(device)
     context, dtype = precision_context(precision, device.type)
     if model is None:
@@ -131,7 +131,6 @@ def activation_bytes(cfg, *, seq_len: int, model=None, **settings) -> Activation
     device = settings.get("device", "cpu")
     if model is None:
         _, dtype = precision_context(settings.get("precision", "bf16-mixed"), torch.device(device).type)
-        from stateloop.models.registry import build_model
 
         model = build_model(cfg, device=device).to(dtype)
     one, two = (saved_bytes(cfg, batch=b, seq_len=seq_len, model=model, **settings) for b in (1, 2))
@@ -144,8 +143,6 @@ def layer_application_bytes(cfg, *, seq_len: int, **settings) -> float:
     one more layer, less those of ``cfg``, over the layer applications per token the layer adds (K for
     the looped models). A model whose unrolled depth does not follow ``n_layers`` (the baselines'
     explicit splits) is refused."""
-    from stateloop.models.registry import build_model
-
     more = dataclasses.replace(cfg, n_layers=cfg.n_layers + 1)
     models = [build_model(c, device="meta") for c in (cfg, more)]
     added = models[1].n_layer_applications - models[0].n_layer_applications

@@ -166,7 +166,7 @@ def _keep_rung_order(out: dict) -> None:
     """A compute ladder (report/ladder.py) keeps its rungs' order of compute: shrunk to d = 32 and
     one layer, the n-th rung trains n times the steps (4, 8, 12, ...), so that its fit has a
     compute axis."""
-    from stateloop.report.ladder import RUNGS
+    from stateloop.report.ladder import RUNGS  # torch (train.flops): only where a ladder is shrunk
 
     rungs = [r for r in RUNGS if r in out.get("experiments", {})]
     for n, rung in enumerate(rungs, start=1):

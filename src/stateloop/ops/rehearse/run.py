@@ -39,6 +39,7 @@ from stateloop.evaluate.tasks.files import REPO, default_shared_data
 from stateloop.files import atomic_write_bytes
 from stateloop.ops.memory import gate
 from stateloop.ops.rehearse.config import shrink
+from stateloop.ops.rehearse.hub import Repo, serve_hub
 from stateloop.ops.rehearse.mirrors import write_mirror
 from stateloop.ops.rehearse.tasks import hub_tasks, write_task_repos
 from stateloop.pipeline import checked_pipeline, pipeline_from_dict
@@ -124,8 +125,6 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
 def prefetch(out: Path, repos: dict[tuple[str, str], Path]) -> None:
     """``stateloop prefetch --config OUT/config.yaml`` against the stand-in hub serving ``repos``,
     into ``OUT/hf-home``; the stand-in stops after it. One line on failure."""
-    from stateloop.ops.rehearse.hub import Repo, serve_hub
-
     with serve_hub([Repo(kind, name, folder) for (kind, name), folder in repos.items()]) as url:
         env = {k: v for k, v in environment(out).items() if k not in OFFLINE_VARS + PROXY_VARS}
         env.update(HF_ENDPOINT=url, HF_HUB_DISABLE_PROGRESS_BARS="1")
