@@ -37,10 +37,10 @@ def require_eval_data(config_path: str, run_id: str) -> None:
 
     if not prefetch.offline():
         return
-    from stateloop.pipeline import load_checked
+    from stateloop.pipeline import find_run, load_checked
 
-    pipeline, runs = load_checked(config_path)
-    run = runs.get(run_id)
+    pipeline = load_checked(config_path, expand=False)[0]
+    run = find_run(pipeline, run_id)
     if run is None or not (run.scores_tasks() or run.scores_tasks(depths=True)):
         return
     ev = pipeline.scales[run.scale].eval
