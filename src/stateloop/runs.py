@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from stateloop.config import ConfigError, from_dict
 from stateloop.files import code_version, read_safetensors, write_safetensors
 from stateloop.models.config import ModelConfig
+from stateloop.models.registry import build_model
 from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig, parse_run_id
 
 if TYPE_CHECKING:  # torch is imported where it is used
@@ -88,9 +89,6 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     Fails with a one-line error naming the file when the folder has no final weights, the file is
     unreadable, or the weights do not fit the saved config.
     """
-
-    from stateloop.models.registry import build_model
-
     path, blob = read_weights(run_dir)
     config = blob["config"]
     mcfg = from_dict(ModelConfig, config.get("model"), "model")
