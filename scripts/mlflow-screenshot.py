@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -33,12 +32,13 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from stateloop.pipeline import parse_run_id
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--hide-scrollbars", "--force-device-scale-factor=1"]
-RUN_NAME = re.compile(r"^(?P<scale>[^/]+)/(?P<model>[^/]+)/K(?P<K>\d+)_ds(?P<ds>\d+)_seed(?P<seed>\d+)$")
 
 
 def free_port() -> int:
@@ -101,14 +101,13 @@ def all_runs(base: str) -> list[dict]:
 
 def default_pair(names: list[str]) -> tuple[str, str]:
     """StateLoop vs Vanilla at the largest K both have (then the smallest seed, the largest d_s)."""
-    parsed = [m.groupdict() for m in map(RUN_NAME.match, names) if m]
-    vanilla = {(p["scale"], p["K"], p["seed"]) for p in parsed if p["model"] == "vanilla_looped"}
-    pairs = [p for p in parsed if p["model"] == "stateloop" and (p["scale"], p["K"], p["seed"]) in vanilla]
+    parsed = [p for p in map(parse_run_id, names) if p]  # (scale, model, K, d_s, seed)
+    vanilla = {(s, K, seed) for s, m, K, _, seed in parsed if m == "vanilla_looped"}
+    pairs = [p for p in parsed if p[1] == "stateloop" and (p[0], p[2], p[4]) in vanilla]
     if not pairs:
         raise LookupError("no StateLoop run with a Vanilla run at the same scale, K and seed: pass --runs")
-    p = max(pairs, key=lambda p: (int(p["K"]), -int(p["seed"]), int(p["ds"])))
-    return (f"{p['scale']}/stateloop/K{p['K']}_ds{p['ds']}_seed{p['seed']}",
-            f"{p['scale']}/vanilla_looped/K{p['K']}_ds0_seed{p['seed']}")
+    scale, _, K, ds, seed = max(pairs, key=lambda p: (p[2], -p[4], p[3]))
+    return f"{scale}/stateloop/K{K}_ds{ds}_seed{seed}", f"{scale}/vanilla_looped/K{K}_ds0_seed{seed}"
 
 
 def compare_url(base: str, run_ids: list[str], experiment_ids: list[str], metric: str) -> str:

@@ -22,22 +22,15 @@ def shared_data():
 @pytest.hookimpl(tryfirst=True)  # before pytest's -m selection reads the markers
 def pytest_collection_modifyitems(config, items):
     """Mark the tests that read the tiny rehearsal (the smoke DAG, built once per process, ~7
-    minutes) and the paper config's rehearsal: `shared_dag`. scripts/test.sh runs them in one
-    pytest process and every other test in a second one, side by side on the two cores, each
-    with one torch thread; tests/workflow/conftest.py starts both rehearsals at once.
-    With warm starts (stateloop/ops/warm.py) the rehearsals' half took 16.1 minutes in a fresh-clone
-    CI (2026-12-03) against 28.8 for the other, so the tests of :data:`BALANCED` run beside the
-    rehearsals too: the SLURM cluster's (about 4 minutes, mostly waiting on the scheduler) and the
-    interrupted rehearsal (a DAG of its own, about 1.5 minutes). They go first, so that their
-    waiting overlaps the rehearsals' work instead of following it. Then the DAG plans of test_dag.py
-    (about 4 CPU-minutes of Snakemake dry runs): once the SLURM rehearsal's jobs are served warm too,
-    the rehearsals' half is the lighter one (2026-12-04). With torch-free Snakefile parses it was
-    16.5 minutes against 17.8, so lm-eval's whole task index (the one test that builds it, about
-    40 s) moved here too, and ladder.yaml's rehearsal (about 1.7 minutes). On 2026-12-04 (evening)
-    the other half was the longer by 75 s (19.1 against 17.8 minutes), so the benchmark scripts'
-    tests (about 15 s, the GPU check's rehearsal among them) run here as well. On 2026-12-06 the
-    other half was the longer by about 7 minutes (21.6 against 14.0, both slowed by other work), so
-    the four-rank kill-and-resume trainings of tests/train/test_fsdp.py (about 3 minutes) moved here."""
+    minutes) and the paper and ladder configs' rehearsals: `shared_dag`. scripts/test.sh runs them
+    in one pytest process and every other test in a second one, side by side on the two cores,
+    each with one torch thread; tests/workflow/conftest.py starts the rehearsals at once.
+
+    Those rehearsals alone would leave their half the shorter one, so the tests of
+    :data:`BALANCED` (long, and mostly waiting: on the SLURM scheduler, on a DAG of their own, on
+    Snakemake dry runs, on lm-eval's whole task index, on four-rank trainings) join them, first,
+    so that their waiting overlaps the rehearsals' work. When the two halves' times drift apart
+    (each pytest process reports its own), move a test between them here."""
     items.sort(key=_balanced_first)  # stable: the rest keep their order
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})

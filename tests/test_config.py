@@ -154,21 +154,22 @@ def test_nan_infinite_and_absurd_values_are_refused(tmp_path, key, value, msg):
         load_pipeline(_write(tmp_path, text + "  e: {scale: s, models: [vanilla_looped]}\n"))
 
 
-def test_resolve_run_expands_the_experiment_grid_once_per_process(tmp_path, monkeypatch):
-    """The request: "one resolve_run(...) that returns a frozen, typed run config ... built once per
-    process" (the grid was expanded twice per call): the check of the file expands it, once."""
+def test_resolve_run_expands_only_its_runs_model_in_its_experiments(tmp_path, monkeypatch):
+    """A job finds its one run from the run id: of the experiments of its scale that list its
+    model, only that model is expanded, never the whole grid."""
     import dataclasses
 
     from stateloop import pipeline, resolve
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
-                  + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_s: [16]}\n")
-    expanded = []
+                  + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_s: [16]}\n"
+                  + "  b: {scale: s, models: [vanilla_looped], K: [5]}\n")
+    calls = []
     real = pipeline.expand_runs
-    monkeypatch.setattr(pipeline, "expand_runs", lambda *a, **k: expanded.append(1) or real(*a, **k))
+    monkeypatch.setattr(pipeline, "expand_runs", lambda cfg, names=None, only=None: calls.append((names, only)) or real(cfg, names, only))
     first = resolve.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
     again = resolve.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
-    assert len(expanded) == 1
+    assert calls == [(["a"], "stateloop"), (["a", "b"], "vanilla_looped")]
     assert (first.model.K, first.model.d_s, again.train.lr, again.run.experiments) == (3, 16, 1e-3, ["a"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.train.lr = 1.0  # TrainConfig and ModelConfig are frozen: a changed copy is dataclasses.replace
@@ -217,37 +218,3 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     assert old == rc and old.eval is None  # read ignores it (resolve.py reads its value settings)
     with pytest.raises(dataclasses.FrozenInstanceError):
         evaluated.eval.limit = 4  # EvalConfig is frozen like the other sections
-
-
-def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
-    """A run folder saved before the state width was spelled d_s everywhere carries it twice, as
-    ``model.d_state`` and as ``run.d_s``. Its resolved config, final weights and config.yaml read
-    back in today's form (pipeline.upgrade_saved): the width once, as ``model.d_s``, and the folder
-    still counts as the same run for a resumed training."""
-    import yaml
-
-    from stateloop.config import to_dict
-    from stateloop.models.registry import build_model
-    from stateloop.pipeline import RunConfig
-    from stateloop.runs import load_model, save_final, saved_run_config
-    from stateloop.sections.train import TrainConfig
-    from stateloop.train.loop import check_run_folder
-    from support.models import tiny_config
-
-    cfg = tiny_config("stateloop", d_s=24)
-    old_model = {("d_state" if key == "d_s" else key): value for key, value in to_dict(cfg).items()}
-    old = {"run": {"id": "t/stateloop/K3_ds24_seed1", "scale": "t", "model": "stateloop", "K": 3, "d_s": 24, "seed": 1,
-                   "config": "configs/t.yaml", "experiments": ["e"]},
-           "model": old_model, "train": to_dict(TrainConfig()), "data": {"dir": str(tmp_path)}}
-
-    today = RunConfig.read(old, saved=True)
-    assert today.model == cfg and today.d_s == 24
-    assert "d_s" not in today.as_dict()["run"] and today.as_dict()["model"]["d_s"] == 24
-    assert "d_state" not in today.as_dict()["model"]
-
-    save_final(tmp_path, build_model(cfg), old)  # the weights' metadata in the old form
-    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
-    model, config = load_model(tmp_path)  # also compares the folder's config.yaml with the weights'
-    assert model.cfg == cfg and config["model"]["d_s"] == 24 and "d_state" not in config["model"]
-    assert "d_s" not in config["run"] and saved_run_config(tmp_path).d_s == 24
-    assert check_run_folder(tmp_path, today.as_dict()) is None  # no changed key: today's config resumes it

@@ -42,9 +42,15 @@ RUN_CELL_FORM = "{scale}/{model}/K{K}_ds{ds}"
 RUN_ID_FORM = RUN_CELL_FORM + "_seed{seed}"
 _ID_FIELDS = {"scale": r"[^/\s]+", "model": r"[a-z0-9_]+", "K": r"\d+", "ds": r"\d+", "seed": r"\d+"}
 # Matched whole (fullmatch): a pattern ending in $ would also match before a final newline.
-RUN_ID = re.compile(re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m[1]}>{_ID_FIELDS[m[1]]})", RUN_ID_FORM))
+_RUN_ID = re.compile(re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m[1]}>{_ID_FIELDS[m[1]]})", RUN_ID_FORM))
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
+
+
+def parse_run_id(run_id: str) -> tuple[str, str, int, int, int] | None:
+    """(scale, model, K, d_s, seed) of a run id (RUN_ID_FORM), or None: the one parser of run ids."""
+    m = _RUN_ID.fullmatch(run_id)
+    return (m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])) if m else None
 
 
 @dataclass
@@ -240,16 +246,11 @@ class Run:
 
     @staticmethod
     def parse(run_id: str) -> tuple[str, str, int, int, int]:
-        """(scale, model, K, d_s, seed) of a run id (RUN_ID_FORM)."""
-        m = RUN_ID.fullmatch(run_id)
-        if not m:
+        """(scale, model, K, d_s, seed) of a run id (RUN_ID_FORM); one line when it is not one."""
+        parts = parse_run_id(run_id)
+        if parts is None:
             raise ConfigError(f"RUN: expected {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}), got {run_id!r}")
-        return m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])
-
-    @staticmethod
-    def format_id(scale: str, model: str, K: int, d_s: int, seed: int) -> str:
-        """The run id of (scale, model, K, d_s, seed): RUN_ID_FORM filled in."""
-        return RUN_ID_FORM.format(scale=scale, model=model, K=K, ds=d_s, seed=seed)
+        return parts
 
     @property
     def cell(self) -> str:
@@ -259,7 +260,7 @@ class Run:
 
     @property
     def id(self) -> str:
-        return self.format_id(self.scale, self.model, self.K, self.d_s, self.seed)
+        return RUN_ID_FORM.format(scale=self.scale, model=self.model, K=self.K, ds=self.d_s, seed=self.seed)
 
     @property
     def folder(self) -> str:
@@ -272,42 +273,69 @@ class Run:
         return self.test_time_tasks if depths else "table1" in self.experiments
 
 
-def runs_by_id(pipeline: PipelineConfig) -> dict[str, Run]:
-    """Every run the config's experiments define, by run id."""
-    return {r.id: r for r in expand_runs(pipeline)}
-
-
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
     """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read
     and checked once per process while it is unchanged; each caller gets its own copy."""
     return load_checked(path, overrides)[0]
 
 
-def load_checked(path: str | Path, overrides: dict | None = None) -> tuple[PipelineConfig, dict[str, Run]]:
+def load_checked(path: str | Path, overrides: dict | None = None,
+                 expand: bool = True) -> tuple[PipelineConfig, dict[str, Run]]:
     """(the pipeline config of file ``path``, its runs by id), as :func:`load_pipeline` reads it: the
     experiment grid is expanded once, by the check (:func:`checked_pipeline`), and kept with the
-    file's config while it is unchanged; each caller gets its own copy of both."""
+    file's config while it is unchanged; each caller gets its own copy of both. ``expand=False``:
+    every check but the grid's (no runs), for a job that finds its one run (:func:`load_run`)."""
     if overrides or not Path(path).is_file():
-        return _read_pipeline(str(path), overrides)
+        return _read_pipeline(str(path), overrides, expand)
     stat = Path(path).stat()
-    return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size))
+    return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size, expand))
 
 
 @functools.lru_cache(maxsize=8)
-def _read_file_once(path: str, mtime_ns: int, size: int) -> tuple[PipelineConfig, dict[str, Run]]:
-    return _read_pipeline(path)
+def _read_file_once(path: str, mtime_ns: int, size: int, expand: bool) -> tuple[PipelineConfig, dict[str, Run]]:
+    return _read_pipeline(path, None, expand)
 
 
-def _read_pipeline(path: str, overrides: dict | None = None) -> tuple[PipelineConfig, dict[str, Run]]:
+def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[PipelineConfig, dict[str, Run]]:
     data = load_yaml(path)
     if overrides:
         data = merge(data, overrides)
-    return checked_pipeline(data, path)
+    if expand:
+        return checked_pipeline(data, path)
+    cfg = _typed(data, path)
+    check_pipeline(cfg, path)
+    return cfg, {}
 
 
 def load_scale(path: str | Path, name: str) -> ScaleConfig:
     """Scale ``name`` of the pipeline config file ``path``; one line naming it when it is not defined."""
-    return scale_of(load_pipeline(path), name, f"{path}: scales.{name}: not defined")
+    return scale_of(load_checked(path, expand=False)[0], name, f"{path}: scales.{name}: not defined")
+
+
+def find_run(cfg: PipelineConfig, run_id: str) -> Run | None:
+    """The run ``run_id`` of the config's (trained) experiments, or None: only the experiments of its
+    scale that list its model are expanded, and of them only its model."""
+    scale, model, *_ = Run.parse(run_id)
+    names = [n for n, e in cfg.experiments.items() if e.trained and e.scale == scale and model in e.models]
+    return next((r for r in expand_runs(cfg, names, model) if r.id == run_id), None)
+
+
+def load_run(path: str | Path, run_id: str) -> tuple[PipelineConfig, Run]:
+    """(the pipeline config of file ``path``, its run ``run_id``), the grid expanded only as far as
+    :func:`find_run` needs; a run id its experiments do not define is one line naming its
+    neighbours: a typo must not start a training nobody planned."""
+    cfg = load_checked(path, expand=False)[0]
+    scale_name, model, K, d_s, _ = Run.parse(run_id)
+    scale = scale_of(cfg, scale_name, f"RUN: unknown scale {scale_name!r} in {path}")
+    run = find_run(cfg, run_id)
+    if run is None:
+        run_model_config(scale, model, K, d_s)  # an unknown model or bad width: its own line
+        known = [r.id for r in expand_runs(cfg, [n for n, e in cfg.experiments.items() if e.trained and e.scale == scale_name])]
+        near = [r for r in known if r.startswith(f"{scale_name}/{model}/")] or known
+        listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
+        raise ConfigError(f"RUN: {run_id} is not a run of {path}; add it to an experiment there "
+                          f"(its runs like it: {listed or 'none'})")
+    return cfg, run
 
 
 def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
@@ -315,24 +343,29 @@ def pipeline_from_dict(data: dict, where: str = "config") -> PipelineConfig:
     return checked_pipeline(data, where)[0]
 
 
+def _typed(data: dict, where: str) -> PipelineConfig:
+    try:
+        return from_dict(PipelineConfig, data)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
 def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig, dict[str, Run]]:
     """(the pipeline config of a config mapping, checked strictly; every run its experiments
     define, by id): the runs are the ones the check expands, so a caller that needs both expands
     the experiment grid once. The memory gate on ``train.gpu_memory_gib`` is not here: who submits
     or runs training asks for it (ops/memory.py: ``gate``)."""
-    try:
-        cfg = from_dict(PipelineConfig, data)
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    return cfg, validate_pipeline(cfg, where)
+    cfg = _typed(data, where)
+    check_pipeline(cfg, where)
+    return cfg, {r.id: r for r in expand_runs(cfg)}  # building every run's config checks options and shapes
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words
 
 
-def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, Run]:
-    """Check a pipeline config beyond its types; returns its runs by id (building every run's
-    config is part of the check)."""
+def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
+    """Check a pipeline config beyond its types, but for its runs (:func:`expand_runs`); fills in
+    the paper's experiments' default models."""
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
         for name in names:
             if not NAME.fullmatch(str(name)) or str(name) in (".", ".."):
@@ -361,8 +394,6 @@ def validate_pipeline(cfg: PipelineConfig, where: str = "config") -> dict[str, R
                 raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
                                   f"(data: {', '.join(splits)})")
     check_cluster(cfg, where)
-    # Building every run's config checks the variant options and shape constraints early.
-    return runs_by_id(cfg)
 
 
 STAGES = ("tokenize", "train", "eval", "analyze", "bench")
@@ -412,8 +443,9 @@ def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: 
     return cfg
 
 
-def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> list[Run]:
-    """Every run the chosen experiments define, deduplicated, in config order."""
+def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None, only: str | None = None) -> list[Run]:
+    """Every run the chosen experiments define (``only``: of that model only), deduplicated, in
+    config order."""
     runs: dict[str, Run] = {}
     names = experiments if experiments is not None else [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
@@ -422,7 +454,7 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None) -> li
         exp = cfg.experiments[name]
         scale = cfg.scales[exp.scale]
         seeds = exp.seeds or [scale.train.seed]
-        for model in exp.models:
+        for model in (m for m in exp.models if only in (None, m)):
             spec = get_spec(model)
             widths = exp.d_s if spec.has_state else [0]
             for K in exp.K_by_model.get(model, exp.K):
@@ -484,17 +516,22 @@ FIXED_BY_RUN_ID = ("name", "K", "d_s")  # model keys the run id sets
 
 @dataclass(frozen=True)
 class RunSection:
-    """Which run a resolved config is: its id and what the id spells, the pipeline config file it
-    was resolved from, and the experiments that define it. The state width the id spells is not
-    here: it is saved once, as the model's ``d_s`` (RunConfig.d_s)."""
+    """Which run a resolved config is: its id, its scale, the pipeline config file it was resolved
+    from, and the experiments that define it. What else the id spells is saved once, elsewhere:
+    the model, K and d_s in the model section, the seed as ``train.seed``."""
 
     id: str = ""
     scale: str = ""
-    model: str = ""
-    K: int = 0
-    seed: int = 0
     config: str = ""
     experiments: list[str] = field(default_factory=list)
+
+    @property
+    def model(self) -> str:
+        return Run.parse(self.id)[1]
+
+    @property
+    def K(self) -> int:
+        return Run.parse(self.id)[2]
 
 
 @dataclass(frozen=True)
@@ -503,27 +540,8 @@ class DataSection:
 
 
 def upgrade_saved(config):
-    """A resolved config as a run folder saved it (config.yaml, the final weights' metadata, a
-    checkpoint), in today's form; anything else (today's form, not a mapping) is returned as it is.
-
-    Every reader of a saved config passes it through here (RunConfig.read, runs.read_weights,
-    runs.check_folder_config, training's config.yaml and checkpoint comparisons), so the old
-    spellings are read here and nowhere else."""
-    if not isinstance(config, dict):
-        return config
-    model, run = config.get("model"), config.get("run")
-    # Runs saved before the state width had one spelling carry it twice, as model.d_state (today
-    # model.d_s) and as run.d_s (today not saved: RunConfig.d_s reads the model's). Their folders
-    # must still load, resume, and compare equal to today's config of the same run.
-    old_model = isinstance(model, dict) and "d_state" in model
-    old_run = isinstance(run, dict) and "d_s" in run
-    if not (old_model or old_run):
-        return config
-    config = dict(config)
-    if old_model:  # renamed in place: the saved key order stays
-        config["model"] = {("d_s" if key == "d_state" else key): value for key, value in model.items()}
-    if old_run:  # the width's second copy: the model's is the one kept
-        config["run"] = {key: value for key, value in run.items() if key != "d_s"}
+    """``config`` as it is: no earlier saved form is read. Kept only for train/loop.py's calls,
+    which go with its rewrite."""
     return config
 
 
@@ -531,7 +549,7 @@ def upgrade_saved(config):
 class RunConfig:
     """The resolved config of one run, as training reads it and its folder's config.yaml saves it::
 
-        run:   {id, scale, model, K, seed, config, experiments}
+        run:   {id, scale, config, experiments}
         model: ModelConfig fields
         train: TrainConfig fields
         data:  {dir: absolute path of the token shards}
@@ -548,7 +566,6 @@ class RunConfig:
 
     @property
     def d_s(self) -> int:
-        """The run's state width: the model's (the one saved copy; the run id spells it too)."""
         return self.model.d_s
 
     def as_dict(self) -> dict:
@@ -561,7 +578,7 @@ class RunConfig:
     def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
         """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
         key of a section typed and checked as when it was resolved; other sections are ignored
-        (an ``eval`` section an old folder saved too: resolve.resolve_eval reads its value settings).
+        (an ``eval`` section: resolve.resolve_eval reads its value settings).
 
         ``saved``: a finished run's config, as the stages after training read it from a run folder
         that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A
@@ -570,7 +587,6 @@ class RunConfig:
         line naming ``where`` (the weights file) and the key."""
         if not isinstance(config, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(config).__name__}")
-        config = upgrade_saved(config)
         sections = {}
         for section, tp in (("run", RunSection), ("model", ModelConfig), ("train", TrainConfig), ("data", DataSection)):
             if section not in config and not saved:

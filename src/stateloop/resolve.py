@@ -29,12 +29,10 @@ from stateloop.pipeline import (
     RUN_SECTIONS,
     DataSection,
     PipelineConfig,
-    Run,
     RunConfig,
     RunSection,
     load_checked,
-    load_pipeline,
-    run_model_config,
+    load_run,
     scale_of,
 )
 from stateloop.runs import run_id_of, saved_config, saved_run_config
@@ -54,10 +52,8 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of ``train.max_steps`` /
     ``train.max_tokens`` replaces the scale's budget given by the other). Every failure is a
     one-line :class:`ConfigError` naming the key or file."""
-    pipeline, known = load_checked(config_path)
-    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
-    scale = scale_of(pipeline, scale_name, f"RUN: unknown scale {scale_name!r} in {config_path}")
-    run = _known_run(pipeline, known, config_path, run_id)
+    pipeline, run = load_run(config_path, run_id)
+    scale = pipeline.scales[run.scale]
     extra = _run_overrides(overrides, run_id)
     mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
     get_spec(mcfg.name).check(mcfg)
@@ -66,7 +62,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     for key, other in (("max_steps", "max_tokens"), ("max_tokens", "max_steps")):
         if key in train_extra and other not in train_extra:
             train_extra[other] = 0
-    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), {**train_extra, "seed": seed}), "train")
+    tcfg = from_dict(TrainConfig, merge(to_dict(scale.train), {**train_extra, "seed": run.seed}), "train")
     tcfg.check_budget()
     if tcfg.seq_len > mcfg.max_seq_len:
         raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
@@ -77,21 +73,8 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     folder = data_dir or data_extra.get("dir")
     if not folder:
         raise ConfigError("--data-dir: no token-shard folder given (pass --data-dir DIR or --set data.dir=DIR)")
-    section = RunSection(run_id, scale_name, model_name, K, seed, str(config_path), list(run.experiments))
+    section = RunSection(run_id, run.scale, str(config_path), list(run.experiments))
     return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
-
-
-def _known_run(pipeline: PipelineConfig, known: dict[str, Run], config_path, run_id: str) -> Run:
-    """The run ``run_id`` of the config's experiments (``known``: its runs by id); a typo must not
-    start a training nobody planned."""
-    if run_id in known:
-        return known[run_id]
-    scale_name, model_name, K, d_s, seed = Run.parse(run_id)
-    run_model_config(pipeline.scales[scale_name], model_name, K, d_s)  # an unknown model or bad width: one line
-    near = [r for r in known if r.startswith(f"{scale_name}/{model_name}/")] or [r for r in known if r.startswith(f"{scale_name}/")]
-    listed = ", ".join(near[:6]) + (f", ... ({len(near)} in all)" if len(near) > 6 else "")
-    raise ConfigError(f"RUN: {run_id} is not a run of {config_path}; add it to an experiment there "
-                      f"(its runs like it: {listed or 'none'})")
 
 
 def _run_overrides(overrides: list[str] | None, run_id: str) -> dict:
@@ -128,7 +111,7 @@ def resolve_eval(run_dir, pipeline: PipelineConfig | None = None, overrides: dic
     if not given and run.run.config and Path(run.run.config).is_file():
         # The one pipeline config a stage loads itself: the file the run folder names, which the
         # command could not know before reading the folder (value settings only, as above).
-        pipeline, where = load_pipeline(run.run.config), run.run.config
+        pipeline, where = load_checked(run.run.config, expand=False)[0], run.run.config
     if pipeline is not None:
         scale = run.run.scale or run_id_of(run_dir, run).split("/")[0]
         data = to_dict(scale_of(pipeline, scale, f"{where}: scales.{scale}: not defined").eval)

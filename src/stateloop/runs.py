@@ -3,7 +3,7 @@
     results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}/
         config.yaml        the resolved run config (sections: run, model, data, train, ...)
         model.safetensors  final weights; the resolved config (JSON) and code version in its metadata
-                           (read_weights: no unpickler; a folder from before holds model.pt instead)
+                           (read_weights: no unpickler)
         checkpoints/       resumable training state (train stage)
         train.json         training summary (steps, tokens, losses, the validation curve and its windows, MLflow run id, code version)
         train.log          what every attempt of the DAG's train job printed (the rule appends)
@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from stateloop.config import ConfigError, from_dict
-from stateloop.files import code_version, read_safetensors, safe_torch_load, write_safetensors
+from stateloop.files import code_version, read_safetensors, write_safetensors
 from stateloop.models.config import ModelConfig
-from stateloop.pipeline import RUN_ID, RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig, upgrade_saved
+from stateloop.models.registry import build_model
+from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig, parse_run_id
 
 if TYPE_CHECKING:  # torch is imported where it is used
     import torch
 
 FINAL_WEIGHTS = "model.safetensors"
-LEGACY_WEIGHTS = "model.pt"  # final weights as runs wrote them before: {"model": state_dict, "config": ...}, pickled
+LEGACY_WEIGHTS = "model.pt"  # never read; train/loop.py still clears it from a folder it restarts
 CONFIG_METADATA = "stateloop_config"  # the safetensors metadata key of the resolved config (a JSON string)
 RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"
@@ -49,42 +50,32 @@ def weights_metadata(config: dict) -> dict[str, str]:
 
 def save_final(run_dir: str | Path, model: torch.nn.Module | dict, config: dict) -> Path:
     """Save the final weights (a model or its state dict) with the resolved config, atomically, as
-    ``model.safetensors``; a ``model.pt`` of the old format in the folder is removed after."""
+    ``model.safetensors``."""
     path = Path(run_dir) / FINAL_WEIGHTS
     write_safetensors(path, model if isinstance(model, dict) else model.state_dict(), weights_metadata(config))
-    (Path(run_dir) / LEGACY_WEIGHTS).unlink(missing_ok=True)
     return path
 
 
 def read_weights(run_dir: str | Path, tensors: bool = True) -> tuple[Path, dict]:
-    """(path, {"model": state_dict, "config": resolved config}) of a run's final weights:
-    ``model.safetensors`` (the config from its metadata), read with no unpickler; a folder of the
-    old format's ``model.pt``, read with torch's safe unpickler (a file carrying code, truncated or
-    corrupt is one line naming it). ``tensors=False``: the config only ("model" is None; no
-    tensor is read). The config is in today's form (pipeline.upgrade_saved)."""
+    """(path, {"model": state_dict, "config": resolved config}) of a run's ``model.safetensors``,
+    the config from its metadata, read with no unpickler. ``tensors=False``: the config only
+    ("model" is None; no tensor is read)."""
     path = Path(run_dir) / FINAL_WEIGHTS
-    if path.is_file():
-        state, metadata = read_safetensors(path, tensors)
-        try:
-            config = json.loads(metadata[CONFIG_METADATA])
-        except (KeyError, ValueError):
-            config = None
-        if not isinstance(config, dict):
-            raise ConfigError(f"{path}: not a stateloop weights file (no {CONFIG_METADATA} JSON in its metadata)")
-        return path, {"model": state, "config": upgrade_saved(config)}
-    legacy = Path(run_dir) / LEGACY_WEIGHTS
-    if not legacy.is_file():
+    if not path.is_file():
         where = "has the run finished training?" if Path(run_dir).is_dir() else "no such run folder"
         raise FileNotFoundError(f"{path}: no final weights ({where})")
-    blob = safe_torch_load(legacy, mmap=not tensors)
-    if not isinstance(blob, dict) or "model" not in blob or not isinstance(blob.get("config"), dict):
-        raise ConfigError(f"{legacy}: not a stateloop weights file (expected keys 'model' and 'config')")
-    return legacy, {"model": blob["model"] if tensors else None, "config": upgrade_saved(blob["config"])}
+    state, metadata = read_safetensors(path, tensors)
+    try:
+        config = json.loads(metadata[CONFIG_METADATA])
+    except (KeyError, ValueError):
+        config = None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a stateloop weights file (no {CONFIG_METADATA} JSON in its metadata)")
+    return path, {"model": state, "config": config}
 
 
 def has_final_weights(run_dir: str | Path) -> bool:
-    """Whether a folder holds a run's final weights (``model.safetensors``, or an old ``model.pt``)."""
-    return (Path(run_dir) / FINAL_WEIGHTS).is_file() or (Path(run_dir) / LEGACY_WEIGHTS).is_file()
+    return (Path(run_dir) / FINAL_WEIGHTS).is_file()
 
 
 def saved_config(run_dir: str | Path) -> dict:
@@ -98,9 +89,6 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu"):
     Fails with a one-line error naming the file when the folder has no final weights, the file is
     unreadable, or the weights do not fit the saved config.
     """
-
-    from stateloop.models.registry import build_model
-
     path, blob = read_weights(run_dir)
     config = blob["config"]
     mcfg = from_dict(ModelConfig, config.get("model"), "model")
@@ -123,7 +111,7 @@ def check_folder_config(run_dir: Path, saved: ModelConfig, weights_path: Path) -
     if not path.is_file():
         return
     try:
-        folder = upgrade_saved(yaml.safe_load(path.read_text()) or {})
+        folder = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({str(err).splitlines()[0]})") from None
     if not isinstance(folder, dict) or "model" not in folder:
@@ -148,7 +136,7 @@ def _folder_run_id(folder: Path) -> str | None:
     """The run id of a folder laid out as ``<...>/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}``
     (spelled so, or so once symlinks are resolved), else None."""
     for path in (Path(os.path.abspath(folder)), folder.resolve()):
-        if len(path.parts) > 4 and path.parts[-4] == "runs" and RUN_ID.fullmatch("/".join(path.parts[-3:])):
+        if len(path.parts) > 4 and path.parts[-4] == "runs" and parse_run_id("/".join(path.parts[-3:])):
             return "/".join(path.parts[-3:])
     return None
 
@@ -158,17 +146,17 @@ def resolve_run_arg(arg: str, name: str = "RUN") -> RunArg:
     directory is the run folder itself; otherwise a run id ``{scale}/{model}/K{K}_ds{ds}_seed{seed}``
     names ``results/runs/<id>`` (which need not exist: the command reading it says so, in one
     line); anything else is a one-line ConfigError naming the argument and the two forms. A RUN
-    spelled as a run id whose scale is ``.`` or ``..`` (no config has one: pipeline.validate_pipeline)
+    spelled as a run id whose scale is ``.`` or ``..`` (no config has one: pipeline.check_pipeline)
     is refused whether or not a folder of that path exists: as an id it would name a folder outside
     ``results/runs``, and which of the two it meant only the user knows; a folder is then given by
     its full path."""
-    m = RUN_ID.fullmatch(arg)
-    if m and m["scale"] in (".", ".."):
-        raise ConfigError(f"{name}: {arg!r}: {m['scale']!r} is not a scale (a run id names a folder inside {RUNS_ROOT}); "
+    parts = parse_run_id(arg)
+    if parts and parts[0] in (".", ".."):
+        raise ConfigError(f"{name}: {arg!r}: {parts[0]!r} is not a scale (a run id names a folder inside {RUNS_ROOT}); "
                           f"give a run folder elsewhere by its full path, e.g. {os.path.abspath(arg)}")
     if arg and Path(arg).is_dir():
         return RunArg(Path(arg), _folder_run_id(Path(arg)))
-    if m:
+    if parts:
         return RunArg(Path(RUNS_ROOT) / arg, arg)
     raise ConfigError(f"{name}: expected a run folder or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}, for "
                       f"{RUNS_ROOT}/<id>), got {arg!r} (no such run folder: no final weights)")
@@ -187,7 +175,7 @@ def run_id_of(run_dir: str | Path, config: RunConfig) -> str:
     one, else the folder's last three components (results/runs/<id>)."""
     if not config.run.id:
         return "/".join(Path(run_dir).resolve().parts[-3:])
-    if not RUN_ID.fullmatch(config.run.id):  # it names MLflow runs and goes into searches
+    if not parse_run_id(config.run.id):  # it names MLflow runs and goes into searches
         raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: run.id: expected a run id {RUN_ID_FORM}, got {config.run.id!r}")
     return config.run.id
 

@@ -331,25 +331,6 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
     assert (run_dir / ".lock").read_text() == ""  # released
 
 
-@pytest.mark.slow
-def test_an_old_model_pt_folder_is_rewritten_as_safetensors_by_a_train_job(tiny_setup, tmp_path, capsys):
-    """A finished run folder of the old format (model.pt, no model.safetensors), as the DAG sees it:
-    its train job resumes from the final checkpoint, trains nothing, writes model.safetensors with
-    the same weights and removes model.pt."""
-    cfg_path, data = tiny_setup
-    cfg = resolved(cfg_path, data)
-    run_dir = tmp_path / "run"
-    train(cfg, run_dir, progress=False)
-    reference = weights(run_dir)
-    torch.save({"model": reference, "config": cfg}, run_dir / "model.pt")  # the old format
-    (run_dir / "model.safetensors").unlink()
-    assert all(torch.equal(load_model(run_dir)[0].state_dict()[k], v) for k, v in reference.items())  # still loads
-    result = train(cfg, run_dir, progress=False)
-    assert result.summary["resumed_from_step"] == result.summary["steps"]
-    assert (run_dir / "model.safetensors").is_file() and not (run_dir / "model.pt").exists()
-    assert_bitwise_equal(weights(run_dir), reference)
-
-
 def _train_cli(cfg_path, data, run_dir, *args):
     from stateloop.cli import main
 

@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError
+from stateloop.data.shards import ShardSet, sha256_file
+from stateloop.runs import FINAL_WEIGHTS, run_id_of, trained_length
+from stateloop.tracking.stages import log_stage
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +42,6 @@ CALIB_SEED = 0
 def run_seq_len(config: RunConfig, model) -> int:
     """The training context length of a run: ``train.seq_len`` of its config when present,
     else the model's ``max_seq_len``."""
-    from stateloop.runs import trained_length
-
     return int(trained_length(config) or model.cfg.max_seq_len)
 
 
@@ -70,8 +71,6 @@ def heldout_protocol(config: RunConfig, model) -> HeldoutProtocol:
 
 
 def _data_dir(config: RunConfig, run_dir) -> str:
-    from stateloop.runs import FINAL_WEIGHTS
-
     if not config.data.dir:
         raise ConfigError(f"{Path(run_dir) / FINAL_WEIGHTS}: the saved config has no data.dir, so the run's token shards are unknown")
     return config.data.dir
@@ -80,7 +79,7 @@ def _data_dir(config: RunConfig, run_dir) -> str:
 def split_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
     """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config):
     consecutive from the start of the split, as ``stateloop eval``. Returns (windows, shards)."""
-    from stateloop.evaluate.perplexity import split_windows as _split_windows
+    from stateloop.evaluate.perplexity import split_windows as _split_windows  # torch: not at the parser's start-up
 
     return _split_windows(_data_dir(config, run_dir), split, seq_len, max_windows)
 
@@ -118,8 +117,6 @@ class WindowSet:
 def open_shards(data_dir, split: str):
     """The split's :class:`~stateloop.data.shards.ShardSet`; a missing split, a shard of the wrong size,
     dtype or checksum, or ids outside the vocabulary are one-line ConfigErrors (as in training)."""
-    from stateloop.data.shards import ShardSet
-
     try:
         return ShardSet(data_dir, split)
     except KeyError as err:
@@ -141,19 +138,9 @@ def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_window
     return WindowSet(shards, seq_len, n), shards
 
 
-def weights_file(run_dir) -> Path:
-    """The run's final weights file (model.safetensors, or an old folder's model.pt)."""
-    from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS
-
-    path = Path(run_dir) / FINAL_WEIGHTS
-    return path if path.is_file() else Path(run_dir) / LEGACY_WEIGHTS
-
-
 def weights_sha256(run_dir) -> str:
     """sha256 of the run's final weights: the trained model the shards of an analysis evaluated."""
-    from stateloop.data.shards import sha256_file
-
-    return sha256_file(weights_file(run_dir))
+    return sha256_file(Path(run_dir) / FINAL_WEIGHTS)
 
 
 def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int | None, seed: int = CALIB_SEED):
@@ -193,7 +180,7 @@ def heldout_block(protocol: HeldoutProtocol, n_windows: int, split_tokens: int, 
 
 def require_reads(model, what: str) -> None:
     """The analyses of Sec. 5 need a StateLoop model with state reads."""
-    from stateloop.models.looped import StateLoopLM
+    from stateloop.models.looped import StateLoopLM  # torch: not at the parser's start-up
 
     if not isinstance(model, StateLoopLM):
         raise ConfigError(f"model.name: {what} needs a model with a persistent state; {model.cfg.name} has none")
@@ -207,8 +194,5 @@ def log_to_mlflow(run_dir, config: RunConfig, analysis: str, metrics: dict, tags
     ``{analysis}/<name>``, each curve ``{name: [(index, value), ...]}`` as one metric with the index
     as its step, settings as ``{analysis}.<name>`` tags (tags, unlike params, may change when an
     analysis is re-run with other settings), the JSON as an artifact under ``analysis/``."""
-    from stateloop.runs import run_id_of
-    from stateloop.tracking.stages import log_stage
-
     return log_stage(run_dir, run_id_of(run_dir, config), config, pipeline, "analyze", analysis, metrics,
                      curves=curves, tags={f"{analysis}.{k}": v for k, v in tags.items()}, artifact=(json_path, "analysis"))

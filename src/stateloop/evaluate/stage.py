@@ -14,7 +14,7 @@ from stateloop.config import ConfigError, StageRequest, parse_dotlist
 from stateloop.data.hub import require
 from stateloop.evaluate import harness
 from stateloop.evaluate.tasks.needs import task_needs
-from stateloop.pipeline import PipelineConfig, Run, load_checked
+from stateloop.pipeline import find_run, load_checked
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
 
 
@@ -36,12 +36,9 @@ class Request(StageRequest):
     no_progress: bool = False
 
 
-def eval_stage(args: Request, pipeline: PipelineConfig | None = None, runs: dict[str, Run] | None = None) -> int:
-    """Evaluate the run ``args`` asks for; ``pipeline`` and its ``runs`` by id: the config
-    ``args.config`` names (None, {} without one), loaded here unless a caller that holds it
-    already passes it."""
-    if args.config and pipeline is None:
-        pipeline, runs = load_checked(args.config)
+def eval_stage(args: Request) -> int:
+    """Evaluate the run ``args`` asks for, with the eval settings of ``args.config`` when given."""
+    pipeline = load_checked(args.config, expand=False)[0] if args.config else None
     target = resolve_run_arg(args.run)
     run_dir = target.folder
 
@@ -53,7 +50,7 @@ def eval_stage(args: Request, pipeline: PipelineConfig | None = None, runs: dict
     for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
         if getattr(args, flag) is not None:
             overrides[key] = getattr(args, flag)
-    planned = (runs or {}).get(target.id)
+    planned = find_run(pipeline, target.id) if pipeline and target.id else None
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity
     rc = resolve.resolve_eval(run_dir, pipeline, overrides)

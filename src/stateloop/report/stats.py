@@ -122,9 +122,3 @@ def verdict(est: Estimate, paper_sign: int) -> str:
     if not est.excludes_zero():
         return INCONCLUSIVE
     return REPRODUCED if math.copysign(1, est.mean) == paper_sign else CONTRADICTED
-
-
-def detectable(sd: float, n: int, level: float = LEVEL) -> float:
-    """The smallest true effect the interval of ``n`` paired seeds with per-seed spread ``sd``
-    excludes 0 for (at the interval's own width): ``t * sd / sqrt(n)``."""
-    return t_quantile(n, level) * sd / math.sqrt(n) if n > 1 else math.inf

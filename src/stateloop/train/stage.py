@@ -9,7 +9,15 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from stateloop.config import StageRequest
+from stateloop import slurm
+from stateloop.config import ConfigError, StageRequest
+from stateloop.data import hub
+from stateloop.data.shards import reverify
+from stateloop.evaluate.tasks.needs import task_needs
+from stateloop.pipeline import RUN_ID_FORM, find_run, load_checked
+from stateloop.resolve import resolve_run
+from stateloop.runs import resolve_run_arg
+from stateloop.train import signals
 
 
 @dataclass(frozen=True)
@@ -33,42 +41,28 @@ def require_eval_data(config_path: str, run_id: str) -> None:
     starts, not found missing by the evaluation after it (data/hub.py)."""
     if any(os.environ.get(var, "0") != "0" for var in ("SLURM_PROCID", "LOCAL_RANK", "RANK")):
         return
-    from stateloop.data import hub
-
     if not hub.offline():
         return
-    from stateloop.pipeline import load_checked
-
-    pipeline, runs = load_checked(config_path)
-    run = runs.get(run_id)
+    pipeline = load_checked(config_path, expand=False)[0]
+    run = find_run(pipeline, run_id)
     if run is None or not (run.scores_tasks() or run.scores_tasks(depths=True)):
         return
     ev = pipeline.scales[run.scale].eval
-    from stateloop.evaluate.tasks.needs import task_needs  # lm-eval's task index: only offline
-
     hub.require(task_needs(ev.tasks, ev, f"scales.{run.scale}.eval"), config_path)
 
 
 def train_stage(args: Request) -> int:
     """Train the run ``args`` asks for; returns the exit status (commands/train.py lists them)."""
-    from stateloop.data.shards import reverify
-
     with reverify() if args.verify_shards else contextlib.nullcontext():
         return _train(args)
 
 
 def _train(args: Request) -> int:
     """:func:`train_stage` within its shard verification."""
-    from stateloop import slurm
-    from stateloop.train import signals
-
-    # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
-    # training loop instead of ending the process, and the signals that stop training are known.
+    # First, before the heavy imports (torch, Fabric: train/loop.py): from here on a SIGUSR1
+    # (SLURM's warning) is kept for the training loop instead of ending the process, and the
+    # signals that stop training are known.
     with signals.SignalLog() as received:
-        from stateloop.config import ConfigError
-        from stateloop.pipeline import RUN_ID_FORM
-        from stateloop.resolve import resolve_run
-        from stateloop.runs import resolve_run_arg
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
 
         run = resolve_run_arg(args.run)
