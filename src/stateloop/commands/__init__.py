@@ -1,10 +1,12 @@
 """``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
 
-One module per command, named in :data:`COMMANDS`, provides ``add_arguments(parser)`` and
-``run(args) -> int``; a stage's ``run`` turns the parsed flags into the stage's typed request
-(``Request.of(args)``: config.StageRequest) and calls the stage with it. Command modules are
-imported to build the parser, so they import heavy dependencies (torch, lightning, lm-eval,
-mlflow) inside ``run`` only: building the parser imports none of them.
+One module per command, named in :data:`COMMANDS`, provides its typed ``Request``
+(config.StageRequest: a stage's own, or the command's) and ``run(request) -> int``. Each flag is
+declared once, as a field of the request (config.arg): :func:`add_flags` builds the parser from the
+fields (``add_arguments(parser)`` where a command has subcommands, or lm-eval's arguments), and the
+parsed flags are the request (``Request.of(args)``). Command modules and requests are imported to
+build the parser, so they import heavy dependencies (torch, lightning, lm-eval, mlflow) inside
+``run`` only: building the parser imports none of them.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
 (stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/warm.py), whose
@@ -14,15 +16,12 @@ children call :func:`run_command` in turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
+import typing
 
-from stateloop.config import ConfigError
-from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
-
-# RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); decided by
-# runs.resolve_run_arg.
-RUN_HELP = f"a run folder, or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}; its folder {RUNS_ROOT}/<id>)"
+from stateloop.config import ConfigError, flag_of, kinds_of
 
 # command -> (module, one-line help): the pipeline's stages in the order the DAG runs them
 # (workflow/rules/*.smk: tokens -> runs -> evaluations -> analyses -> timings -> tables and
@@ -58,6 +57,30 @@ def version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
+def add_flags(parser: argparse.ArgumentParser, request: type, only: str | None = None) -> None:
+    """The flags of a request, each from its field (config.arg): the flag from the field's name
+    (config.flag_of), its help, metavar, choices; required without a default; store_true for a
+    bool, one or more words for a list (given again: added to); the text of a number is read by
+    ``Request.of``. A flag not given is left out of the namespace: the field keeps its default.
+    ``only``: the subcommand built (a field marked ``only`` belongs to that one alone)."""
+    hints = typing.get_type_hints(request)
+    for f in dataclasses.fields(request):
+        meta = dict(f.metadata)
+        if "help" not in meta or meta.pop("only", only) != only:
+            continue
+        kw = {k: meta[k] for k in ("help", "metavar", "choices", "nargs", "type") if k in meta}
+        listed = all(typing.get_origin(k) is list for k in kinds_of(hints[f.name]) if k is not type(None))
+        if meta.get("positional"):
+            parser.add_argument(f.name, **kw, **({"nargs": "*", "default": []} if listed else {}))
+            continue
+        if hints[f.name] is bool:
+            kw["action"] = "store_true"
+        elif listed:
+            kw = {"nargs": "*", "action": "extend", **kw}
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        parser.add_argument(flag_of(f), dest=f.name, required=required, default=argparse.SUPPRESS, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
@@ -68,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        command = importlib.import_module(module)
+        command.add_arguments(p) if hasattr(command, "add_arguments") else add_flags(p, command.Request)
     return parser
 
 
@@ -83,7 +107,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
         return parser.parse_args(argv)
     cut = argv.index("--")
     args = parser.parse_args(argv[:cut])
-    setattr(args, passthrough, [*getattr(args, passthrough), *argv[cut + 1:]])
+    setattr(args, passthrough, [*getattr(args, passthrough, []), *argv[cut + 1:]])
     return args
 
 
@@ -92,8 +116,9 @@ def run_command(argv: list[str] | None = None) -> int:
     act on is one line on stderr and an exit status."""
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    command = importlib.import_module(args._module)
     try:
-        return importlib.import_module(args._module).run(args) or 0
+        return command.run(command.Request.of(args) if hasattr(command, "Request") else args) or 0
     except (ConfigError, FileNotFoundError) as err:
         print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
         return 2

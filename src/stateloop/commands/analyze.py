@@ -43,62 +43,21 @@ metric each over steps (``shapley/phi`` and ``shapley/share_pct`` at step k for 
 
 from __future__ import annotations
 
-from stateloop.commands import RUN_HELP
+from stateloop.analysis.request import Request
+from stateloop.commands import add_flags
+from stateloop.pipeline import load_pipeline
 
-DTYPE_CHOICES = ["auto", "float32", "bf16-mixed", "bfloat16", "float16"]
-SAVE_EVERY = 120.0  # analysis/stage.py's default (not imported: the parser must not import torch)
-
-
-def _common(p) -> None:
-    p.add_argument("run", metavar="RUN", help=f"the trained run: {RUN_HELP}")
-    p.add_argument("--config", help="pipeline config whose scale's `eval:` section sets the held-out data "
-                                    "(default: the config the run was trained from, as `stateloop eval`)")
-    p.add_argument("--seq-len", type=int, help="window length (default: eval.max_length, else the run's train.seq_len)")
-    p.add_argument("--batch-size", type=int, help="windows per forward pass (default: eval.batch_size)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
-                   help="auto (default): eval.precision, as the held-out PPL (32-true: float32; bf16-mixed: "
-                        "float32 weights under bfloat16 autocast); bfloat16/float16: cast the weights")
-    p.add_argument("--out", help="result JSON (default: in the run folder)")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--shard", metavar="I/N",
-                   help="evaluate only shard I of N (whole batches of the windows) into RUN_DIR/analysis_shards/")
-    p.add_argument("--merge", type=int, metavar="N",
-                   help="merge the N finished shards in RUN_DIR/analysis_shards/ into the analysis JSON (exact sums)")
-    p.add_argument("--save-every", type=float, default=SAVE_EVERY, metavar="SECONDS",
-                   help=f"write the partial sums at most this often (default {SAVE_EVERY:g}; 0: after every batch); "
-                        f"a rerun with the same settings continues from them")
+ANALYSES = {"shapley": "exact Shapley values of the K state reads over all 2^K masks (Figure 4a)",
+            "interventions": "calibrated state replacement and freezing (Figure 4b, eq. 15)"}
 
 
 def add_arguments(p) -> None:
-    from stateloop.analysis.common import CALIB_SEED, CALIB_SPLIT, CALIB_WINDOWS
-
     sub = p.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
-    s = sub.add_parser("shapley", help="exact Shapley values of the K state reads over all 2^K masks (Figure 4a)",
-                       description="exact Shapley values of the K state reads over all 2^K masks (Figure 4a)")
-    _common(s)
-    s.add_argument("--split", help="held-out split evaluated (default: eval.heldout_split, as the held-out PPL)")
-    s.add_argument("--max-windows", type=int,
-                   help="windows evaluated (default: eval.heldout_windows, as the held-out PPL; 0: the whole split)")
-    i = sub.add_parser("interventions", help="calibrated state replacement and freezing (Figure 4b, eq. 15)",
-                       description="calibrated state replacement and freezing (Figure 4b, eq. 15)")
-    _common(i)
-    i.add_argument("--calib-split", default=CALIB_SPLIT,
-                   help=f"split the state statistics come from (default: {CALIB_SPLIT}, disjoint from the held-out split)")
-    i.add_argument("--calib-windows", type=int, default=CALIB_WINDOWS,
-                   help=f"calibration windows, a seeded sample over the whole split (default {CALIB_WINDOWS}; 0: every window)")
-    i.add_argument("--calib-seed", type=int, default=CALIB_SEED, help=f"seed of the calibration sample (default {CALIB_SEED})")
-    i.add_argument("--calibrate-only", action="store_true",
-                   help="write the calibration statistics (RUN_DIR/interventions_calibration.pt) and stop: the "
-                        "shards of one analysis read them")
-    i.add_argument("--eval-split", help="split the perplexities are measured on (default: eval.heldout_split)")
-    i.add_argument("--max-windows", type=int,
-                   help="evaluation windows (default: eval.heldout_windows, as the held-out PPL; 0: the whole split)")
+    for name, help_text in ANALYSES.items():
+        add_flags(sub.add_parser(name, help=help_text, description=help_text), Request, only=name)
 
 
-def run(args) -> int:
-    from stateloop.analysis.stage import Request, analyze
-    from stateloop.pipeline import load_pipeline
+def run(request: Request) -> int:
+    from stateloop.analysis.stage import analyze  # lazy: torch
 
-    return analyze(Request.of(args), load_pipeline(args.config) if args.config else None)
+    return analyze(request, load_pipeline(request.config) if request.config else None)

@@ -21,14 +21,16 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
-from stateloop.commands import RUN_HELP
+from stateloop.config import StageRequest, arg
+from stateloop.pipeline import RUN_HELP
 
 
-def add_arguments(p) -> None:
-    p.add_argument("run", metavar="RUN", help=RUN_HELP)
-    p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face directory to write (replaced if it exists; outside "
-                                                       "the run and data folders)")
+@dataclass(frozen=True)
+class Request(StageRequest):
+    run: str = arg(RUN_HELP, positional=True, metavar="RUN")
+    out: str = arg("the Hugging Face directory to write (replaced if it exists; outside the run and data folders)", metavar="DIR")
 
 
 class Stopped(BaseException):
@@ -43,7 +45,7 @@ def _stop(signum, _frame):
     raise Stopped(signum)
 
 
-def run(args) -> int:
+def run(args: Request) -> int:
     from stateloop.export.hf import export_run
     from stateloop.runs import resolve_run_arg
 
