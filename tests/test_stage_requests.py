@@ -22,7 +22,8 @@ REQUESTS = {
     "stateloop.analysis.request:Request": [(["analyze", "shapley", RID], {"analysis": "shapley", "run": RID}),
                                            (["analyze", "interventions", RID, "--calib-windows", "8"],
                                             {"analysis": "interventions", "run": RID, "calib_windows": 8})],
-    "stateloop.analysis.request:DecodeRequest": [(["bench", "decode", "--threads", "2"], {"threads": 2})],
+    "stateloop.analysis.request:DecodeRequest": [(["bench", "decode", "--threads", "2"],
+                                                  {"benchmark": "decode", "threads": 2})],
 }
 
 

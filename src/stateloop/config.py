@@ -127,12 +127,8 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ConfigError(msg if not where or msg.startswith(where) else f"{where}.{msg.split('.', 1)[-1]}") from None
 
 
-class _Keep:
-    def __repr__(self) -> str:
-        return "KEEP"
-
-
-KEEP: Any = _Keep()  # a request field's default "as the config has it", where None is a value (unset)
+KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()  # a request field's default: as the config has it
+# (where None is a value of its own: unset)
 
 
 def arg(help: str, default: Any = dataclasses.MISSING, **flag: Any) -> Any:
@@ -190,7 +186,7 @@ def _from_text(value: Any, tp: Any, flag: str) -> Any:
 
 class StageRequest:
     """The base of a command's request: what one run of a command (a stage, or a tool) is asked to
-    do, as a frozen dataclass ``Request`` whose fields, declared with :func:`arg`, are its flags,
+    do, as a ``Request`` (a subclass is a frozen dataclass) whose fields, declared with :func:`arg`, are its flags,
     with their help, types and defaults: the command's parser is built from it
     (commands.add_flags), and the parsed flags are the request, ``Request.of(args)``. A stage's
     function takes it, so a stage is a Python API as well as a command:
@@ -200,6 +196,10 @@ class StageRequest:
     as from flags: a value of the wrong type is a one-line :class:`ConfigError` naming the field
     (``train.stage.Request.overrides: expected a list, got str ...``); numbers given for a string
     field become their text, a tuple for a list field a list; a field at :data:`KEEP` is not checked."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True)(cls)
 
     @classmethod
     def where(cls) -> str:

@@ -4,7 +4,7 @@ import torch: the parser is built without it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from stateloop.analysis.common import CALIB_SEED, CALIB_SPLIT, CALIB_WINDOWS
 from stateloop.config import StageRequest, arg, whole
@@ -15,7 +15,6 @@ SAVE_EVERY = 120.0  # seconds between two writes of a running shard's partial su
 INTERVENTIONS = "interventions"  # the flags of that analysis alone
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     """One analysis as asked for (``stateloop analyze``'s flags; None: the run's eval protocol)."""
 
@@ -32,14 +31,12 @@ class Request(StageRequest):
     out: str | None = arg("result JSON (default: in the run folder)", None)
     no_mlflow: bool = arg("do not log to MLflow", False)
     no_progress: bool = arg("no progress bars", False)
-    shard: str | None = arg("evaluate only shard I of N (whole batches of the windows) into RUN_DIR/analysis_shards/",
-                            None, metavar="I/N")
+    shard: str | None = arg("evaluate only shard I of N (whole batches of the windows) into RUN_DIR/analysis_shards/", None, metavar="I/N")
     merge: int | None = arg("merge the N finished shards in RUN_DIR/analysis_shards/ into the analysis JSON (exact sums)",
                             None, metavar="N")
     save_every: float = arg(f"write the partial sums at most this often (default {SAVE_EVERY:g}; 0: after every batch); a "
                             f"rerun with the same settings continues from them", SAVE_EVERY, metavar="SECONDS")
-    split: str | None = arg("held-out split evaluated (default: eval.heldout_split, as the held-out PPL)", None,
-                            only="shapley")
+    split: str | None = arg("held-out split evaluated (default: eval.heldout_split, as the held-out PPL)", None, only="shapley")
     calib_split: str = arg(f"split the state statistics come from (default: {CALIB_SPLIT}, disjoint from the held-out "
                            f"split)", CALIB_SPLIT, only=INTERVENTIONS)
     calib_windows: int = arg(f"calibration windows, a seeded sample over the whole split (default {CALIB_WINDOWS}; 0: every "
@@ -47,16 +44,14 @@ class Request(StageRequest):
     calib_seed: int = arg(f"seed of the calibration sample (default {CALIB_SEED})", CALIB_SEED, only=INTERVENTIONS)
     calibrate_only: bool = arg("write the calibration statistics (RUN_DIR/interventions_calibration.pt) and stop: the "
                                "shards of one analysis read them", False, only=INTERVENTIONS)
-    eval_split: str | None = arg("split the perplexities are measured on (default: eval.heldout_split)", None,
-                                 only=INTERVENTIONS)
-    max_windows: int | None = arg("windows evaluated (default: eval.heldout_windows, as the held-out PPL; 0: the whole "
-                                  "split)", None)
+    eval_split: str | None = arg("split the perplexities are measured on (default: eval.heldout_split)", None, only=INTERVENTIONS)
+    max_windows: int | None = arg("windows evaluated (default: eval.heldout_windows, as the held-out PPL; 0: the whole split)", None)
 
 
-@dataclass(frozen=True)
 class DecodeRequest(StageRequest):
     """One benchmark as asked for (``stateloop bench decode``'s flags, defaults the paper's protocol)."""
 
+    benchmark: str = field(default="decode", metadata={"subcommand": True})
     runs: list[str] = arg(f"trained runs to time, each {RUN_HELP}", [], nargs="+", metavar="RUN")
     models: list[str] = arg("untrained models name[:K[:d_s]] (default without --runs: the --config's decoding experiment, "
                             "else Table 3's rows)", [], nargs="+", metavar="SPEC")

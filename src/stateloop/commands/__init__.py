@@ -3,8 +3,8 @@
 One module per command, named in :data:`COMMANDS`, provides its typed ``Request``
 (config.StageRequest: a stage's own, or the command's) and ``run(request) -> int``. Each flag is
 declared once, as a field of the request (config.arg): :func:`add_flags` builds the parser from the
-fields (``add_arguments(parser)`` where a command has subcommands, or lm-eval's arguments), and the
-parsed flags are the request (``Request.of(args)``). Command modules and requests are imported to
+fields (a parser per subcommand of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``),
+and the parsed flags are the request (``Request.of(args)``). Command modules and requests are imported to
 build the parser, so they import heavy dependencies (torch, lightning, lm-eval, mlflow) inside
 ``run`` only: building the parser imports none of them.
 
@@ -69,16 +69,15 @@ def add_flags(parser: argparse.ArgumentParser, request: type, only: str | None =
         if "help" not in meta or meta.pop("only", only) != only:
             continue
         kw = {k: meta[k] for k in ("help", "metavar", "choices", "nargs", "type") if k in meta}
-        listed = all(typing.get_origin(k) is list for k in kinds_of(hints[f.name]) if k is not type(None))
-        if meta.get("positional"):
-            parser.add_argument(f.name, **kw, **({"nargs": "*", "default": []} if listed else {}))
-            continue
         if hints[f.name] is bool:
             kw["action"] = "store_true"
-        elif listed:
-            kw = {"nargs": "*", "action": "extend", **kw}
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        parser.add_argument(flag_of(f), dest=f.name, required=required, default=argparse.SUPPRESS, **kw)
+        elif all(typing.get_origin(k) is list for k in kinds_of(hints[f.name]) if k is not type(None)):
+            kw = {"nargs": "*", **kw, **({"default": []} if meta.get("positional") else {"action": "extend"})}
+        if meta.get("positional"):
+            parser.add_argument(f.name, **kw)
+        else:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            parser.add_argument(flag_of(f), dest=f.name, required=required, default=argparse.SUPPRESS, **kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
         command = importlib.import_module(module)
-        command.add_arguments(p) if hasattr(command, "add_arguments") else add_flags(p, command.Request)
+        if hasattr(command, "add_arguments"):  # lm-eval's own arguments
+            command.add_arguments(p)
+        elif hasattr(command, "SUBCOMMANDS"):  # name -> help; the request's field marked subcommand holds the name
+            dest = next(f.name for f in dataclasses.fields(command.Request) if f.metadata.get("subcommand"))
+            subs = p.add_subparsers(dest=dest, required=True, metavar=dest.upper())
+            for name, text in command.SUBCOMMANDS.items():
+                add_flags(subs.add_parser(name, help=text, description=text), command.Request, only=name)
+        else:
+            add_flags(p, command.Request)
     return parser
 
 

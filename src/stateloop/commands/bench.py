@@ -16,15 +16,9 @@ overrides); with neither, the shapes of the decoding experiment of ``--config`` 
 from __future__ import annotations
 
 from stateloop.analysis.request import DecodeRequest as Request
-from stateloop.commands import add_flags
 from stateloop.pipeline import load_pipeline
 
-DECODE = "per-token latency and throughput at batch 1 (Table 3)"
-
-
-def add_arguments(p) -> None:
-    add_flags(p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK").add_parser(
-        "decode", help=DECODE, description=DECODE), Request)
+SUBCOMMANDS = {"decode": "per-token latency and throughput at batch 1 (Table 3)"}
 
 
 def run(request: Request) -> int:

@@ -1,7 +1,5 @@
 """``stateloop eval RUN``: held-out perplexity and lm-eval tasks for one trained run.
 
-RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
-
 The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
 paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
@@ -23,8 +21,6 @@ eval settings unless ``--tasks`` names none).
 from __future__ import annotations
 
 from stateloop.evaluate.request import Request
-
-__all__ = ["Request", "run"]
 
 
 def run(request: Request) -> int:

@@ -1,6 +1,5 @@
 """``stateloop export RUN --out DIR``: a trained run as a Hugging Face model directory.
 
-RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
 DIR (replaced whole, atomically; never the run folder or its data folder, nor a folder holding
 or inside either: refused in one line) then loads with transformers alone::
 
@@ -21,13 +20,11 @@ from __future__ import annotations
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 
 from stateloop.config import StageRequest, arg
 from stateloop.pipeline import RUN_HELP
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     run: str = arg(RUN_HELP, positional=True, metavar="RUN")
     out: str = arg("the Hugging Face directory to write (replaced if it exists; outside the run and data folders)", metavar="DIR")

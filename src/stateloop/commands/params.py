@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import io
 import sys
-from dataclasses import dataclass
 
 from stateloop.config import StageRequest, arg
 from stateloop.files import atomic_write_bytes
@@ -14,7 +13,6 @@ from stateloop.models.registry import count_params
 from stateloop.pipeline import expand_runs, load_pipeline
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     config: str = arg("pipeline config (configs/*.yaml)")
     experiments: list[str] | None = arg("only these experiments (default: all)", None)

@@ -16,7 +16,6 @@ the fastest sharded one, beside the config's.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 
 from stateloop.config import StageRequest, arg
 from stateloop.pipeline import load_pipeline
@@ -25,14 +24,12 @@ from stateloop.train.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOP
 NET = Network()
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     config: str = arg("pipeline config (configs/*.yaml)")
     experiments: list[str] | None = arg("only these experiments (default: all)", None)
     mfu: float = arg(f"model FLOPs utilisation assumed (default {DEFAULT_MFU:.2f}: measured for these models in eager "
                      f"PyTorch on an H200, benchmarks/records/gpu_check_h200_2026-12-04.json; it was 0.40 before)", DEFAULT_MFU)
-    peak_tflops: float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)",
-                             DEFAULT_PEAK_TFLOPS)
+    peak_tflops: float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)", DEFAULT_PEAK_TFLOPS)
     inter_node_gbps: float = arg(f"network bandwidth per node between nodes, Gb/s (default {NET.inter_node_gbps:g}: one "
                                  f"400 Gb/s InfiniBand port; 8 ports: 3200)", NET.inter_node_gbps)
     intra_node_gbs: float = arg(f"bandwidth per GPU within a node, GB/s (default {NET.intra_node_gbs:g}: NCCL over NVLink, "

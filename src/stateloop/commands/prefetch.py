@@ -11,12 +11,9 @@ Rerun it safely: it fetches only what is missing (an interrupted download resume
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from stateloop.config import StageRequest, arg
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     config: str = arg("pipeline config (configs/*.yaml)")
     scales: list[str] | None = arg("only these scales (default: every trained one)", None, nargs="+", metavar="SCALE")

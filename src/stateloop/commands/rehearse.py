@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from stateloop.config import StageRequest, arg, whole
@@ -24,7 +23,6 @@ from stateloop.config import StageRequest, arg, whole
 PASSTHROUGH = "snakemake_args"  # every word after the first `--` (commands.parse), wherever the options are
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     config: str = arg("pipeline config to rehearse (configs/*.yaml)", positional=True, metavar="CONFIG")
     out: str | None = arg("rehearsal folder (default: rehearsals/<config name>)", None)
@@ -32,8 +30,7 @@ class Request(StageRequest):
                                   "$STATELOOP_SHARED/data)", None)
     cores: int = arg("Snakemake --cores (default 2)", 2, type=whole("cores"))
     prepare_only: bool = arg("write the rehearsal folder and print the command", False)
-    snakemake_args: list[str] = arg("passed to snakemake (targets, -n, ...), after --", [], positional=True,
-                                    metavar="-- SNAKEMAKE_ARGS")
+    snakemake_args: list[str] = arg("passed to snakemake (targets, -n, ...), after --", [], positional=True, metavar="-- SNAKEMAKE_ARGS")
 
 
 def run(args: Request) -> int:

@@ -13,7 +13,6 @@ of one config adds to the same run; ``--no-mlflow`` skips it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from stateloop.config import StageRequest, arg
@@ -22,7 +21,6 @@ from stateloop.report.outputs import BENCH_FILE, OUTPUTS
 from stateloop.report.render import render
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     target: str = arg("what to render (stateloop.report.outputs)", positional=True, choices=list(OUTPUTS))
     config: str = arg("pipeline config (configs/*.yaml)")

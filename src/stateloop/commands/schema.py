@@ -4,8 +4,6 @@ config key (configs/README.md); stateloop/schema.py renders both."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from stateloop.config import StageRequest, arg
 from stateloop.files import atomic_write_bytes
 from stateloop.schema import render, render_docs
@@ -13,7 +11,6 @@ from stateloop.schema import render, render_docs
 DOCS_FILE = "configs/README.md"
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     out: str | None = arg("write the schema here (default: stdout)", None)
     docs: str | None = arg(f"also write the reference of every config key here ({DOCS_FILE})", None, metavar="PATH")

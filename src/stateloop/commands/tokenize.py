@@ -12,7 +12,6 @@ Without them the flags describe the data alone (defaults: DataConfig's).
 
 from __future__ import annotations
 
-from stateloop.data.stage import Request
-from stateloop.data.stage import tokenize_stage as run  # the stage loads --config's --scale
+from stateloop.data import stage
 
-__all__ = ["Request", "run"]
+Request, run = stage.Request, stage.tokenize_stage  # the stage loads --config's --scale

@@ -22,7 +22,6 @@ requeues the job, which then resumes by itself with a fresh time limit (train/sl
 
 from __future__ import annotations
 
-from stateloop.train.stage import Request
-from stateloop.train.stage import train_stage as run
+from stateloop.train import stage
 
-__all__ = ["Request", "run"]
+Request, run = stage.Request, stage.train_stage

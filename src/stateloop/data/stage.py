@@ -5,7 +5,7 @@ it is asked for is a :class:`Request`, which commands/tokenize.py builds from th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from stateloop.config import KEEP, ConfigError, StageRequest, arg, from_dict, merge, to_dict
@@ -14,7 +14,6 @@ from stateloop.data.config import DataConfig
 if TYPE_CHECKING:
     from stateloop.pipeline import ScaleConfig
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder to write, and
     its data settings as the scale ``config``/``scale`` name and the single keys after ``scale``

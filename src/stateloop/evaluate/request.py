@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from stateloop.config import StageRequest, arg
 from stateloop.pipeline import RUN_HELP
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     """One evaluation as asked for (``stateloop eval``'s flags; None: the eval settings of the run's
     scale, resolve.py)."""

@@ -7,13 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
 
 from stateloop.config import StageRequest, arg
 from stateloop.pipeline import RUN_HELP
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     """One training as asked for (``stateloop train``'s flags): the run, its config and data, and
     how the training reports and reacts to a changed config."""
