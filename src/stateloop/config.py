@@ -135,11 +135,15 @@ def arg(help: str, default: Any = dataclasses.MISSING, **flag: Any) -> Any:
     """A request field declared with its command's flag (commands.add_flags builds the flag from
     it): ``help`` its help text; without ``default`` the flag is required; ``flag``: argparse's
     metavar, choices, nargs or type (a converter of the text), and positional=True, name (the
-    flag when it is not the field's name, "--set"), only (the one subcommand that has it)."""
+    flag when it is not the field's name, "--set"), only (the one subcommand that has it), check
+    ((predicate, "what it asks") of a value given: :data:`POSITIVE`)."""
     meta = {"help": help, **flag}
     if isinstance(default, list):
         return dataclasses.field(default_factory=default.copy, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
+
+
+POSITIVE = (lambda v: v > 0, "positive")
 
 
 def whole(what: str) -> Any:
@@ -209,13 +213,16 @@ class StageRequest:
     @classmethod
     def of(cls, args) -> Any:
         """The request of a command's parsed flags (an argparse namespace): each field from the
-        attribute of the same name, its text read as the field's type (a bad number is a one-line
-        ConfigError naming the flag); a field the namespace lacks (a flag not given) keeps its
+        attribute of the same name, its text read as the field's type (a bad number, or one its
+        check refuses, is a one-line ConfigError naming the flag); a field the namespace lacks (a flag not given) keeps its
         default, a required one is a one-line ConfigError; attributes that are no field (the
         command's name) are left out."""
         hints, given = typing.get_type_hints(cls), vars(args)
         values = {f.name: _from_text(given[f.name], hints[f.name], flag_of(f))
                   for f in dataclasses.fields(cls) if f.init and f.name in given}
+        for f in dataclasses.fields(cls):
+            if (check := f.metadata.get("check")) and values.get(f.name) is not None and not check[0](values[f.name]):
+                raise ConfigError(f"{flag_of(f)} must be {check[1]}, got {values[f.name]}")
         return from_dict(cls, values, cls.where())
 
     def __post_init__(self) -> None:

@@ -1,6 +1,5 @@
 """The requests of ``stateloop analyze`` (analysis/stage.py) and ``stateloop bench decode``
-(analysis/bench_decode.py), their flags declared once (config.arg), apart from the stages, which
-import torch: the parser is built without it."""
+(analysis/bench_decode.py) apart from their stages, which import torch: parsers are built without it."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from stateloop.pipeline import RUN_HELP
 from stateloop.runs import BENCH_FILE
 
 SAVE_EVERY = 120.0  # seconds between two writes of a running shard's partial sums (--save-every)
-INTERVENTIONS = "interventions"  # the flags of that analysis alone
 
 
 class Request(StageRequest):
@@ -38,13 +36,13 @@ class Request(StageRequest):
                             f"rerun with the same settings continues from them", SAVE_EVERY, metavar="SECONDS")
     split: str | None = arg("held-out split evaluated (default: eval.heldout_split, as the held-out PPL)", None, only="shapley")
     calib_split: str = arg(f"split the state statistics come from (default: {CALIB_SPLIT}, disjoint from the held-out "
-                           f"split)", CALIB_SPLIT, only=INTERVENTIONS)
+                           f"split)", CALIB_SPLIT, only="interventions")
     calib_windows: int = arg(f"calibration windows, a seeded sample over the whole split (default {CALIB_WINDOWS}; 0: every "
-                             f"window)", CALIB_WINDOWS, only=INTERVENTIONS)
-    calib_seed: int = arg(f"seed of the calibration sample (default {CALIB_SEED})", CALIB_SEED, only=INTERVENTIONS)
+                             f"window)", CALIB_WINDOWS, only="interventions")
+    calib_seed: int = arg(f"seed of the calibration sample (default {CALIB_SEED})", CALIB_SEED, only="interventions")
     calibrate_only: bool = arg("write the calibration statistics (RUN_DIR/interventions_calibration.pt) and stop: the "
-                               "shards of one analysis read them", False, only=INTERVENTIONS)
-    eval_split: str | None = arg("split the perplexities are measured on (default: eval.heldout_split)", None, only=INTERVENTIONS)
+                               "shards of one analysis read them", False, only="interventions")
+    eval_split: str | None = arg("split the perplexities are measured on (default: eval.heldout_split)", None, only="interventions")
     max_windows: int | None = arg("windows evaluated (default: eval.heldout_windows, as the held-out PPL; 0: the whole split)", None)
 
 

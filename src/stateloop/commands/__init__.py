@@ -1,12 +1,11 @@
 """``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
 
-One module per command, named in :data:`COMMANDS`, provides its typed ``Request``
-(config.StageRequest: a stage's own, or the command's) and ``run(request) -> int``. Each flag is
-declared once, as a field of the request (config.arg): :func:`add_flags` builds the parser from the
-fields (a parser per subcommand of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``),
-and the parsed flags are the request (``Request.of(args)``). Command modules and requests are imported to
-build the parser, so they import heavy dependencies (torch, lightning, lm-eval, mlflow) inside
-``run`` only: building the parser imports none of them.
+One module per command, named in :data:`COMMANDS`, provides its typed ``Request`` (config.StageRequest:
+a stage's own, or the command's) and ``run(request) -> int``. Each flag is declared once, as a field
+of the request (config.arg): :func:`add_flags` builds the parser from the fields (one per subcommand
+of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``), and the parsed flags are the
+request (``Request.of(args)``). Command modules and requests are imported to build the parser, so
+heavy dependencies (torch, lightning, lm-eval, mlflow) are imported inside ``run`` only.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
 (stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/warm.py), whose
@@ -58,11 +57,10 @@ def version() -> str:
 
 
 def add_flags(parser: argparse.ArgumentParser, request: type, only: str | None = None) -> None:
-    """The flags of a request, each from its field (config.arg): the flag from the field's name
-    (config.flag_of), its help, metavar, choices; required without a default; store_true for a
-    bool, one or more words for a list (given again: added to); the text of a number is read by
-    ``Request.of``. A flag not given is left out of the namespace: the field keeps its default.
-    ``only``: the subcommand built (a field marked ``only`` belongs to that one alone)."""
+    """The flags of a request, each from its field (config.arg): named as config.flag_of says, its
+    help, metavar, choices; required without a default; store_true for a bool, words for a list (added
+    to when given again); ``Request.of`` reads numbers. A flag not given is left out of the namespace
+    (the field keeps its default). ``only``: the subcommand built (a field marked ``only``: its alone)."""
     hints = typing.get_type_hints(request)
     for f in dataclasses.fields(request):
         meta = dict(f.metadata)

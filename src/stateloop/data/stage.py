@@ -1,7 +1,7 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
 of ``--config``/``--scale``, then single keys from flags) and the token shards they make; a train
 split shorter than one training window of the scale is refused in one line, no shards left. What
-it is asked for is a :class:`Request`, which commands/tokenize.py builds from the flags."""
+it is asked for is a :class:`Request`, its command's flags."""
 
 from __future__ import annotations
 
@@ -14,16 +14,15 @@ from stateloop.data.config import DataConfig
 if TYPE_CHECKING:
     from stateloop.pipeline import ScaleConfig
 
+
 class Request(StageRequest):
-    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder to write, and
-    its data settings as the scale ``config``/``scale`` name and the single keys after ``scale``
-    (each the DataConfig key of its name) override them. Such a key at :data:`KEEP` (not given)
-    stays as the scale (or DataConfig's default) has it; None (the flag's none/null) unsets it."""
+    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder, and the scale
+    ``config``/``scale`` whose data section the keys after ``scale`` (DataConfig's) override: at
+    :data:`KEEP` (not given) a key stays, None (the flag's none/null) unsets it."""
 
     out: str = arg("data folder to write (shards, tokenizer.json, meta.json)")
     config: str | None = arg("pipeline config (configs/*.yaml); read with --scale", None)
     scale: str | None = arg("the scale whose data: section to use", None)
-    # keys of the data: section, in DataConfig's order
     source: str | list[str] | None = arg("source for the text: synthetic, a hub dataset name, or local files/globs "
                                          "(json/jsonl/txt/parquet; several: '[a.txt, b.txt]')", KEEP)
     hub_config: str | None = arg("the hub dataset's config name", KEEP)

@@ -1,5 +1,4 @@
-"""``stateloop eval``'s request, its flags declared once (config.arg), apart from the stage
-(evaluate/stage.py), which imports torch and lm-eval: the parser is built without them."""
+"""``stateloop eval``'s request apart from its stage (evaluate/stage.py), which imports torch and lm-eval."""
 
 from __future__ import annotations
 
