@@ -22,7 +22,9 @@ import sys
 import threading
 
 from stateloop.config import StageRequest, arg
+from stateloop.export.hf import export_run
 from stateloop.pipeline import RUN_HELP
+from stateloop.runs import resolve_run_arg
 
 
 class Request(StageRequest):
@@ -43,9 +45,6 @@ def _stop(signum, _frame):
 
 
 def run(args: Request) -> int:
-    from stateloop.export.hf import export_run
-    from stateloop.runs import resolve_run_arg
-
     previous = {}
     if threading.current_thread() is threading.main_thread():  # handlers can be set there only
         previous = {sig: signal.signal(sig, _stop) for sig in (getattr(signal, n) for n in STOP_SIGNALS if hasattr(signal, n))}
