@@ -1,5 +1,5 @@
-"""Every stage takes a typed request (config.StageRequest): a frozen dataclass ``Request`` in the
-stage's module whose fields are exactly the flags its command parses, built from them in one place
+"""Every stage takes a typed request (config.StageRequest): a frozen dataclass whose fields are
+exactly the flags its command parses (the parser is built from them), built from them in one place
 (``Request.of(args)``) and checked on construction, from Python as from flags. The stages called
 through their requests: tests/data/test_tokenize_request.py, tests/train/test_train_request.py,
 tests/evaluate/test_eval_request.py."""
@@ -13,32 +13,36 @@ from stateloop.commands import build_parser
 from stateloop.config import ConfigError
 
 RID = "s/stateloop/K2_ds16_seed7"
-# the request type -> command lines of its command (every subcommand it serves)
+# the request type (module:class) -> (command line, fields it sets) of its command, every subcommand it serves
 REQUESTS = {
-    "stateloop.train.stage": [["train", "--config", "c.yaml", RID]],
-    "stateloop.evaluate.stage": [["eval", RID]],
-    "stateloop.data.stage": [["tokenize", "--out", "x"]],
-    "stateloop.analysis.stage": [["analyze", "shapley", RID], ["analyze", "interventions", RID]],
-    "stateloop.analysis.bench_decode": [["bench", "decode"]],
+    "stateloop.train.stage:Request": [(["train", "--config", "c.yaml", RID, "--set", "train.lr=1e-3"],
+                                       {"config": "c.yaml", "run": RID, "overrides": ["train.lr=1e-3"]})],
+    "stateloop.evaluate.request:Request": [(["eval", RID, "--shots", "0", "5"], {"run": RID, "shots": [0, 5]})],
+    "stateloop.data.stage:Request": [(["tokenize", "--out", "x", "--max-docs", "12"], {"out": "x", "max_docs": 12})],
+    "stateloop.analysis.request:Request": [(["analyze", "shapley", RID], {"analysis": "shapley", "run": RID}),
+                                           (["analyze", "interventions", RID, "--calib-windows", "8"],
+                                            {"analysis": "interventions", "run": RID, "calib_windows": 8})],
+    "stateloop.analysis.request:DecodeRequest": [(["bench", "decode", "--threads", "2"],
+                                                  {"benchmark": "decode", "threads": 2})],
 }
-NOT_FLAGS = {"command", "_module", "bench"}  # the parser's own entries, no flags
 
 
-@pytest.mark.parametrize("module", REQUESTS)
-def test_a_request_holds_exactly_its_commands_flags_and_the_parsed_values(module):
+@pytest.mark.parametrize("name", REQUESTS)
+def test_a_request_is_its_commands_parsed_flags(name):
+    """The flags given arrive in the fields of their names, typed; the other fields keep their
+    defaults (tests/test_cli_declared.py: the flags are the fields)."""
     import importlib
 
-    request = importlib.import_module(module).Request
-    fields = {f.name for f in dataclasses.fields(request)}
-    flags = set()
-    for argv in REQUESTS[module]:
-        args = build_parser().parse_args(argv)
-        built = request.of(args)
+    module, cls = name.split(":")
+    request = getattr(importlib.import_module(module), cls)
+    for argv, expected in REQUESTS[name]:
+        built = request.of(build_parser().parse_args(argv))
         assert dataclasses.is_dataclass(built) and built.__dataclass_params__.frozen
-        given = {k: v for k, v in vars(args).items() if k not in NOT_FLAGS}
-        assert {k: getattr(built, k) for k in given} == given  # every flag, as parsed
-        flags |= set(given)
-    assert fields == flags
+        for f in dataclasses.fields(request):
+            if f.name not in expected:  # a required field is always given
+                assert getattr(built, f.name) == (f.default_factory() if f.default is dataclasses.MISSING else f.default)
+            else:
+                assert getattr(built, f.name) == expected[f.name], f.name
 
 
 def test_a_request_missing_a_field_or_with_a_bad_value_is_refused_in_one_line_naming_it():

@@ -9,6 +9,7 @@ how a run's config resolves: ``resolve.resolve_run``.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -126,17 +127,83 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ConfigError(msg if not where or msg.startswith(where) else f"{where}.{msg.split('.', 1)[-1]}") from None
 
 
+KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()  # a request field's default: as the config has it
+# (where None is a value of its own: unset)
+
+
+def arg(help: str, default: Any = dataclasses.MISSING, **flag: Any) -> Any:
+    """A request field declared with its command's flag (commands.add_flags builds the flag from
+    it): ``help`` its help text; without ``default`` the flag is required; ``flag``: argparse's
+    metavar, choices, nargs or type (a converter of the text), and positional=True, name (the
+    flag when it is not the field's name, "--set"), only (the one subcommand that has it), check
+    ((predicate, "what it asks") of a value given: :data:`POSITIVE`)."""
+    meta = {"help": help, **flag}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=default.copy, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+POSITIVE = (lambda v: v > 0, "positive")
+
+
+def whole(what: str) -> Any:
+    """A flag's converter: a whole number of ``what`` >= 1, else argparse's one-line error."""
+    def convert(text: str) -> int:
+        if not text.isdigit() or int(text) < 1:
+            raise argparse.ArgumentTypeError(f"must be a whole number of {what} >= 1, got {text}")
+        return int(text)
+    return convert
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    """A request field's flag: ``data_dir`` -> ``--data-dir``, its own name (metadata ``name``), or a
+    positional's metavar."""
+    if f.metadata.get("positional"):
+        return f.metadata.get("metavar", f.name.upper())
+    return f.metadata.get("name", "--" + f.name.replace("_", "-"))
+
+
+def kinds_of(tp: Any) -> tuple:
+    """The members of a union annotation (``int | None``: int, NoneType), else the annotation alone."""
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
+def _from_text(value: Any, tp: Any, flag: str) -> Any:
+    """A flag's text as its field's annotation asks: a number for int or float, and for a field that
+    may be None, "none"/"null" (any case) is None; a list item by item; other values as they are."""
+    kinds = kinds_of(tp)
+    if isinstance(value, list):
+        items = [typing.get_args(k)[0] for k in kinds if typing.get_origin(k) is list] or [Any]
+        return [_from_text(v, items[0], flag) for v in value]
+    if not isinstance(value, str):
+        return value
+    if value.lower() in ("none", "null") and type(None) in kinds:
+        return None
+    for number, expected in ((int, "an integer"), (float, "a number")):
+        if number in kinds:
+            try:
+                return number(value)
+            except ValueError:
+                raise ConfigError(f"{flag}: expected {expected}, got {value!r}") from None
+    return value
+
+
 class StageRequest:
-    """The base of a stage's request: what one run of a stage is asked to do, as a frozen
-    dataclass ``Request`` in the stage's module whose fields are the flags of its command that the
-    stage reads (the same names, the same defaults). The stage function takes it, so a stage is a
-    Python API as well as a command: ``train_stage(Request(config=..., run=...))``; its command
-    builds it from the parsed flags in one place, ``Request.of(args)``.
+    """The base of a command's request: what one run of a command (a stage, or a tool) is asked to
+    do, as a ``Request`` (a subclass is a frozen dataclass) whose fields, declared with :func:`arg`, are its flags,
+    with their help, types and defaults: the command's parser is built from it
+    (commands.add_flags), and the parsed flags are the request, ``Request.of(args)``. A stage's
+    function takes it, so a stage is a Python API as well as a command:
+    ``train_stage(Request(config=..., run=...))``.
 
     Values are checked as :func:`from_dict` checks a config section, on construction from Python
     as from flags: a value of the wrong type is a one-line :class:`ConfigError` naming the field
     (``train.stage.Request.overrides: expected a list, got str ...``); numbers given for a string
-    field become their text, a tuple for a list field a list."""
+    field become their text, a tuple for a list field a list; a field at :data:`KEEP` is not checked."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True)(cls)
 
     @classmethod
     def where(cls) -> str:
@@ -146,16 +213,22 @@ class StageRequest:
     @classmethod
     def of(cls, args) -> Any:
         """The request of a command's parsed flags (an argparse namespace): each field from the
-        attribute of the same name; a field the namespace lacks (a flag of another subcommand)
-        keeps its default, a required one is a one-line ConfigError; attributes that are no field
-        (the command's name, flags the command itself reads) are left out."""
-        names = {f.name for f in dataclasses.fields(cls) if f.init}
-        return from_dict(cls, {k: v for k, v in vars(args).items() if k in names}, cls.where())
+        attribute of the same name, its text read as the field's type (a bad number, or one its
+        check refuses, is a one-line ConfigError naming the flag); a field the namespace lacks (a flag not given) keeps its
+        default, a required one is a one-line ConfigError; attributes that are no field (the
+        command's name) are left out."""
+        hints, given = typing.get_type_hints(cls), vars(args)
+        values = {f.name: _from_text(given[f.name], hints[f.name], flag_of(f))
+                  for f in dataclasses.fields(cls) if f.init and f.name in given}
+        for f in dataclasses.fields(cls):
+            if (check := f.metadata.get("check")) and values.get(f.name) is not None and not check[0](values[f.name]):
+                raise ConfigError(f"{flag_of(f)} must be {check[1]}, got {values[f.name]}")
+        return from_dict(cls, values, cls.where())
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            if f.init:  # frozen: the checked (converted) value is set past the dataclass's guard
+            if f.init and getattr(self, f.name) is not KEEP:  # frozen: the checked value is set past its guard
                 object.__setattr__(self, f.name, _convert(getattr(self, f.name), hints[f.name], f"{self.where()}.{f.name}"))
 
 

@@ -45,6 +45,8 @@ _ID_FIELDS = {"scale": r"[^/\s]+", "model": r"[a-z0-9_]+", "K": r"\d+", "ds": r"
 _RUN_ID = re.compile(re.sub(r"\{(\w+)\}", lambda m: f"(?P<{m[1]}>{_ID_FIELDS[m[1]]})", RUN_ID_FORM))
 RUN_ID_EXAMPLE = "tiny/stateloop/K3_ds64_seed1234"
 RUNS_ROOT = "results/runs"  # a run id's folder: RUNS_ROOT/<run id>, relative to the working directory
+# RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); runs.resolve_run_arg decides.
+RUN_HELP = f"a run folder, or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}; its folder {RUNS_ROOT}/<id>)"
 
 
 def parse_run_id(run_id: str) -> tuple[str, str, int, int, int] | None:

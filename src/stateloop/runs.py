@@ -41,6 +41,7 @@ RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"
 MLFLOW_FILE = "mlflow.json"
 DEPTH_FILE = "eval_depth.json"  # a run's held-out PPL at its test-time depths (`stateloop eval RUN --depths ...`)
+BENCH_FILE = "bench/decode.json"  # Table 3's timings (`stateloop bench decode`), under the results folder
 
 
 def weights_metadata(config: dict) -> dict[str, str]:

@@ -216,8 +216,8 @@ def test_the_shapley_tree_counts_2K_minus_1_backbone_applications(tiny_run):
 
 
 def test_the_parsers_default_save_interval_is_the_stages():
-    from stateloop.analysis.stage import SAVE_EVERY
+    from stateloop.analysis.request import SAVE_EVERY, Request
     from stateloop.commands import build_parser
 
-    args = build_parser().parse_args(["analyze", "shapley", "r"])
+    args = Request.of(build_parser().parse_args(["analyze", "shapley", "r"]))
     assert args.save_every == SAVE_EVERY and args.shard is None and args.merge is None

@@ -8,7 +8,7 @@ from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.stage import Request, tokenize_stage
 from stateloop.sections.data import DataError
 
-FLAGS = dict(synthetic_docs="20,2,1", vocab_size="300", workers="0")
+FLAGS = dict(synthetic_docs="20,2,1", vocab_size=300, workers=0)
 
 
 def _tokens(folder) -> dict:
@@ -17,7 +17,7 @@ def _tokens(folder) -> dict:
 
 def test_the_stage_from_python_writes_what_the_command_writes(tmp_path, capsys):
     assert tokenize_stage(Request(out=str(tmp_path / "py"), no_progress=True, **FLAGS)) == 0
-    argv = [x for key, value in FLAGS.items() for x in ("--" + key.replace("_", "-"), value)]
+    argv = [x for key, value in FLAGS.items() for x in ("--" + key.replace("_", "-"), str(value))]
     assert cli(["tokenize", "--out", str(tmp_path / "cli"), "--no-progress", *argv]) == 0
     meta = read_meta(tmp_path / "py")
     assert meta["splits"]["train"]["documents"] == 20 and meta["splits"] == read_meta(tmp_path / "cli")["splits"]
@@ -37,4 +37,4 @@ def test_the_stage_loads_the_scale_its_request_names(tmp_path, capsys):
     cfg.write_text(scale.format(16))
     assert tokenize_stage(request) == 0
     meta = read_meta(tmp_path / "o")
-    assert meta["splits"]["train"]["documents"] == 20 and meta["vocab_size"] == 280  # a number from Python: the flag's text
+    assert meta["splits"]["train"]["documents"] == 20 and meta["vocab_size"] == 280  # a number from Python, as the flag's

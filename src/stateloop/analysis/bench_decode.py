@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from stateloop.config import ConfigError, StageRequest, from_dict, merge, parse_dotlist, to_dict
+from stateloop.analysis.request import DecodeRequest
+from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
 from stateloop.files import atomic_write_json, code_version
 from stateloop.models.config import ModelConfig
 from stateloop.models.generate import greedy_steps, model_logits
@@ -358,43 +359,19 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 # ----------------------------------------------------------------------------------------------
-# The stage: what `stateloop bench decode` runs (commands/bench.py parses its flags)
-
-
-@dataclass(frozen=True)
-class Request(StageRequest):
-    """One benchmark as asked for (``stateloop bench decode``'s flags, defaults the paper's protocol)."""
-
-    runs: list[str] = field(default_factory=list)  # trained runs (runs.resolve_run_arg)
-    models: list[str] = field(default_factory=list)  # untrained shapes name[:K[:d_s]]
-    config: str | None = None
-    scale: str | None = None
-    set: list[str] = field(default_factory=list)  # model.KEY=VALUE shape overrides
-    # BENCH_KEYS: None takes the config's bench section (pipeline.BenchConfig; its defaults without --config)
-    prefill: int | None = None
-    tokens: int | None = None
-    repeats: int | None = None
-    warmup: int | None = None
-    dtype: str | None = None
-    device: str = "auto"
-    threads: int | None = None
-    interleave: str | None = None
-    reference: str | None = None
-    seed: int = 0
-    out: str = ""
-    no_progress: bool = False
+# The stage: what `stateloop bench decode` runs (its request: analysis/request.py)
 
 
 BENCH_KEYS = ("prefill", "tokens", "repeats", "warmup", "dtype", "interleave")  # flags that override the bench section
 
 
-def _bench_settings(args: Request, pipeline: PipelineConfig | None) -> BenchConfig:
+def _bench_settings(args: DecodeRequest, pipeline: PipelineConfig | None) -> BenchConfig:
     """The config's ``bench:`` section (BenchConfig's defaults without --config), then the flags given."""
     flags = {key: getattr(args, key) for key in BENCH_KEYS if getattr(args, key) is not None}
     return from_dict(BenchConfig, merge(to_dict(pipeline.bench) if pipeline else {}, flags), "bench")
 
 
-def _bench_scale(args: Request, pipeline: PipelineConfig | None) -> str | None:
+def _bench_scale(args: DecodeRequest, pipeline: PipelineConfig | None) -> str | None:
     """The scale whose shape untrained rows take: --scale, else the config's decoding experiment's."""
     if pipeline is None:
         if args.scale:
@@ -407,7 +384,7 @@ def _bench_scale(args: Request, pipeline: PipelineConfig | None) -> str | None:
     return pipeline.experiments["decoding"].scale
 
 
-def _specs(args: Request, pipeline: PipelineConfig | None) -> list[str]:
+def _specs(args: DecodeRequest, pipeline: PipelineConfig | None) -> list[str]:
     """The untrained rows: --models; without them and without --runs, the config's decoding
     experiment (unless --scale picks another scale), else Table 3's rows."""
     if args.models or args.runs:
@@ -417,18 +394,18 @@ def _specs(args: Request, pipeline: PipelineConfig | None) -> list[str]:
     return [f"{name}:{K}" for name, K in table3_rows()]
 
 
-def _scale_model(args: Request, pipeline: PipelineConfig | None) -> ModelConfig:
+def _scale_model(args: DecodeRequest, pipeline: PipelineConfig | None) -> ModelConfig:
     """The ModelConfig untrained rows are built from: the scale's model section (or the
     defaults, which are the paper's 1.4B shape) with --set overrides."""
     scale = _bench_scale(args, pipeline)
     base = scale_of(pipeline, scale, f"{args.config}: scales.{scale}: not defined").model if scale else ModelConfig()
-    overrides = parse_dotlist(args.set)
+    overrides = parse_dotlist(args.overrides)
     if set(overrides) - {"model"}:
         raise ConfigError(f"--set: {next(iter(set(overrides) - {'model'}))}: only model.* keys shape a benchmark model")
     return from_dict(ModelConfig, merge(to_dict(base), overrides.get("model", {})), "model")
 
 
-def run_stage(args: Request, pipeline: PipelineConfig | None = None) -> int:
+def run_stage(args: DecodeRequest, pipeline: PipelineConfig | None = None) -> int:
     """``stateloop bench decode``: build the rows, time them, write the JSON and print the table.
     ``pipeline``: the config ``args.config`` names, loaded by the command (None without one)."""
     run_dirs = [resolve_run_arg(r, "--runs").folder for r in args.runs]  # every RUN checked before any loads

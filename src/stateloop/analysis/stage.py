@@ -15,42 +15,14 @@ import torch
 from stateloop.analysis import common, interventions, shapley, shards
 from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import StateStats, state_statistics
-from stateloop.config import ConfigError, StageRequest
+from stateloop.analysis.request import Request
+from stateloop.config import ConfigError
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
 from stateloop.pipeline import PipelineConfig
 from stateloop.resolve import resolve_eval
 from stateloop.runs import load_model, resolve_device, resolve_run_arg
 
 CALIBRATION_FILE = "interventions_calibration.pt"  # in the run folder
-SAVE_EVERY = 120.0  # seconds between two writes of a running shard's partial sums (--save-every)
-
-
-@dataclass(frozen=True)
-class Request(StageRequest):
-    """One analysis as asked for (``stateloop analyze``'s flags; None: the run's eval protocol)."""
-
-    analysis: str  # shapley | interventions
-    run: str  # a run folder or a run id (runs.resolve_run_arg)
-    config: str | None = None
-    seq_len: int | None = None
-    batch_size: int | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    out: str | None = None
-    no_mlflow: bool = False
-    no_progress: bool = False
-    split: str | None = None  # shapley's held-out split
-    eval_split: str | None = None  # the interventions' held-out split
-    max_windows: int | None = None
-    calib_split: str = common.CALIB_SPLIT
-    calib_windows: int = common.CALIB_WINDOWS
-    calib_seed: int = common.CALIB_SEED
-    shard: str | None = None  # "I/N": evaluate shard I of N only, into RUN_DIR/analysis_shards/
-    merge: int | None = None  # N: merge the N finished shards instead of evaluating
-    calibrate_only: bool = False  # interventions: write the calibration statistics, nothing else
-    save_every: float = SAVE_EVERY
-
-
 def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
     """Set up the held-out data, then evaluate the analysis (whole, or one shard: --shard) or merge
     its shards (--merge), write its JSON and log it to MLflow. ``pipeline``: the config

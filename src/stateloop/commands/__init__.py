@@ -1,10 +1,11 @@
 """``stateloop <command>``: every pipeline stage as one command; Snakemake rules only wire them.
 
-One module per command, named in :data:`COMMANDS`, provides ``add_arguments(parser)`` and
-``run(args) -> int``; a stage's ``run`` turns the parsed flags into the stage's typed request
-(``Request.of(args)``: config.StageRequest) and calls the stage with it. Command modules are
-imported to build the parser, so they import heavy dependencies (torch, lightning, lm-eval,
-mlflow) inside ``run`` only: building the parser imports none of them.
+One module per command, named in :data:`COMMANDS`, provides its typed ``Request`` (config.StageRequest:
+a stage's own, or the command's) and ``run(request) -> int``. Each flag is declared once, as a field
+of the request (config.arg): :func:`add_flags` builds the parser from the fields (one per subcommand
+of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``), and the parsed flags are the
+request (``Request.of(args)``). Command modules and requests are imported to build the parser, so
+heavy dependencies (torch, lightning, lm-eval, mlflow) are imported inside ``run`` only.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
 (stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/ops/warm.py), whose
@@ -14,16 +15,12 @@ children call :func:`run_command` in turn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import sys
+import typing
 
-from stateloop.config import ConfigError
-from stateloop.ops.memory import gate_file
-from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT
-
-# RUN in every command that addresses runs (train, eval, analyze, bench decode --runs); decided by
-# runs.resolve_run_arg.
-RUN_HELP = f"a run folder, or a run id {RUN_ID_FORM} (e.g. {RUN_ID_EXAMPLE}; its folder {RUNS_ROOT}/<id>)"
+from stateloop.config import ConfigError, flag_of, kinds_of
 
 # command -> (module, one-line help): the pipeline's stages in the order the DAG runs them
 # (workflow/rules/*.smk: tokens -> runs -> evaluations -> analyses -> timings -> tables and
@@ -59,6 +56,28 @@ def version() -> str:
         return "unknown (not installed: pip install -e .)"
 
 
+def add_flags(parser: argparse.ArgumentParser, request: type, only: str | None = None) -> None:
+    """The flags of a request, each from its field (config.arg): named as config.flag_of says, its
+    help, metavar, choices; required without a default; store_true for a bool, words for a list (added
+    to when given again); ``Request.of`` reads numbers. A flag not given is left out of the namespace
+    (the field keeps its default). ``only``: the subcommand built (a field marked ``only``: its alone)."""
+    hints = typing.get_type_hints(request)
+    for f in dataclasses.fields(request):
+        meta = dict(f.metadata)
+        if "help" not in meta or meta.pop("only", only) != only:
+            continue
+        kw = {k: meta[k] for k in ("help", "metavar", "choices", "nargs", "type") if k in meta}
+        if hints[f.name] is bool:
+            kw["action"] = "store_true"
+        elif all(typing.get_origin(k) is list for k in kinds_of(hints[f.name]) if k is not type(None)):
+            kw = {"nargs": "*", **kw, **({"default": []} if meta.get("positional") else {"action": "extend"})}
+        if meta.get("positional"):
+            parser.add_argument(f.name, **kw)
+        else:
+            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            parser.add_argument(flag_of(f), dest=f.name, required=required, default=argparse.SUPPRESS, **kw)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
@@ -69,7 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+        command = importlib.import_module(module)
+        if hasattr(command, "add_arguments"):  # lm-eval's own arguments
+            command.add_arguments(p)
+        elif hasattr(command, "SUBCOMMANDS"):  # name -> help; the request's field marked subcommand holds the name
+            dest = next(f.name for f in dataclasses.fields(command.Request) if f.metadata.get("subcommand"))
+            subs = p.add_subparsers(dest=dest, required=True, metavar=dest.upper())
+            for name, text in command.SUBCOMMANDS.items():
+                add_flags(subs.add_parser(name, help=text, description=text), command.Request, only=name)
+        else:
+            add_flags(p, command.Request)
     return parser
 
 
@@ -84,7 +112,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
         return parser.parse_args(argv)
     cut = argv.index("--")
     args = parser.parse_args(argv[:cut])
-    setattr(args, passthrough, [*getattr(args, passthrough), *argv[cut + 1:]])
+    setattr(args, passthrough, [*getattr(args, passthrough, []), *argv[cut + 1:]])
     return args
 
 
@@ -93,10 +121,9 @@ def run_command(argv: list[str] | None = None) -> int:
     act on is one line on stderr and an exit status."""
     parser = build_parser()
     args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    command = importlib.import_module(args._module)
     try:
-        if getattr(args, "config", None) and args.command != "rehearse":  # rehearse gates its real config itself
-            gate_file(args.config)  # a config with a run that cannot fit its GPUs is refused by every command
-        return importlib.import_module(args._module).run(args) or 0
+        return command.run(command.Request.of(args) if hasattr(command, "Request") else args) or 0
     except (ConfigError, FileNotFoundError) as err:
         print(f"stateloop {args.command}: error: {err}", file=sys.stderr)
         return 2

@@ -15,54 +15,13 @@ overrides); with neither, the shapes of the decoding experiment of ``--config`` 
 
 from __future__ import annotations
 
-import argparse
+from stateloop.analysis.request import DecodeRequest as Request
+from stateloop.pipeline import load_checked
 
-from stateloop.commands import RUN_HELP
-from stateloop.report.outputs import BENCH_FILE
-
-
-def threads(text: str) -> int:
-    """``--threads``: a whole number >= 1 (torch rejects 0 and below with a traceback)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of threads >= 1, got {text}")
-    return n
+SUBCOMMANDS = {"decode": "per-token latency and throughput at batch 1 (Table 3)"}
 
 
-def add_arguments(p) -> None:
-    sub = p.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    d = sub.add_parser("decode", help="per-token latency and throughput at batch 1 (Table 3)",
-                       description="per-token latency and throughput at batch 1 (Table 3)")
-    d.add_argument("--runs", nargs="+", default=[], metavar="RUN",
-                   help=f"trained runs to time, each {RUN_HELP}")
-    d.add_argument("--models", nargs="+", default=[], metavar="SPEC",
-                   help="untrained models name[:K[:d_s]] (default without --runs: the --config's decoding experiment, "
-                        "else Table 3's rows)")
-    d.add_argument("--config", help="pipeline config: its bench: section, its decoding experiment's shapes and scale")
-    d.add_argument("--scale", help="scale of --config whose shape untrained models take (default: the decoding experiment's)")
-    d.add_argument("--set", nargs="+", default=[], metavar="model.KEY=VALUE", help="shape overrides for untrained models")
-    # The next six override bench.* of --config (BenchConfig's defaults without it: the paper's protocol)
-    d.add_argument("--prefill", type=int, help="prompt tokens P (paper: 1024)")
-    d.add_argument("--tokens", type=int, help="generated tokens N (paper: 1024)")
-    d.add_argument("--repeats", type=int, help="timed runs per model (paper: 5)")
-    d.add_argument("--warmup", type=int, help="untimed warm-up runs per model (default 1)")
-    d.add_argument("--dtype", help="auto (default: bfloat16 on CUDA, else float32), float32, bfloat16, float16")
-    d.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    d.add_argument("--threads", type=threads, help="CPU threads for torch, >= 1 (default: torch's choice)")
-    d.add_argument("--interleave", choices=["run", "token"],
-                   help="run: whole runs round-robin across models (paper protocol); token (default): models decode in "
-                        "lockstep, one token each in turn, synced per step (robust ratios on a busy CPU)")
-    d.add_argument("--reference", help="row label the relative latency is taken against (default: the first row)")
-    d.add_argument("--seed", type=int, default=0, help="seed of the prompt and of untrained weights")
-    d.add_argument("--out", default=f"results/{BENCH_FILE}", help="JSON result (written atomically)")
-    d.add_argument("--no-progress", action="store_true", help="no progress bar")
+def run(request: Request) -> int:
+    from stateloop.analysis.bench_decode import run_stage  # lazy: torch
 
-
-def run(args) -> int:
-    from stateloop.analysis.bench_decode import Request, run_stage
-    from stateloop.pipeline import load_pipeline
-
-    return run_stage(Request.of(args), load_pipeline(args.config) if args.config else None)
+    return run_stage(request, load_checked(request.config, expand=False)[0] if request.config else None)

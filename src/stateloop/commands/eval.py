@@ -1,7 +1,5 @@
 """``stateloop eval RUN``: held-out perplexity and lm-eval tasks for one trained run.
 
-RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
-
 The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
 config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
 paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
@@ -22,25 +20,10 @@ eval settings unless ``--tasks`` names none).
 
 from __future__ import annotations
 
-from stateloop.commands import RUN_HELP
+from stateloop.evaluate.request import Request
 
 
-def add_arguments(p) -> None:
-    p.add_argument("run", metavar="RUN", help=RUN_HELP)
-    p.add_argument("--config", help="pipeline config whose scale's `eval:` section to use (configs/*.yaml)")
-    p.add_argument("--tasks", nargs="*", help="lm-eval task names (local ones from workflow/tasks/); none: perplexity only")
-    p.add_argument("--shots", nargs="+", type=int, help="few-shot counts, e.g. --shots 0 5")
-    p.add_argument("--limit", type=int, help="at most N documents per task (quick runs)")
-    p.add_argument("--batch-size", type=int, help="sequences per forward pass")
-    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--depths", nargs="+", type=int, metavar="K",
-                   help="test-time loop depths: evaluate the run at each -> eval_depth.json")
-    p.add_argument("--set", nargs="*", default=[], metavar="eval.KEY=VALUE", help="other eval settings, e.g. eval.heldout_windows=50")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
-    p.add_argument("--no-progress", action="store_true", help="no progress output")
+def run(request: Request) -> int:
+    from stateloop.evaluate.stage import eval_stage  # lazy: torch, lm-eval
 
-
-def run(args) -> int:
-    from stateloop.evaluate.stage import Request, eval_stage
-
-    return eval_stage(Request.of(args))  # the stage loads --config
+    return eval_stage(request)  # the stage loads --config

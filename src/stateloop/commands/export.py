@@ -1,6 +1,5 @@
 """``stateloop export RUN --out DIR``: a trained run as a Hugging Face model directory.
 
-RUN: a run folder or a run id, as in every command that addresses runs (runs.resolve_run_arg).
 DIR (replaced whole, atomically; never the run folder or its data folder, nor a folder holding
 or inside either: refused in one line) then loads with transformers alone::
 
@@ -22,13 +21,15 @@ import signal
 import sys
 import threading
 
-from stateloop.commands import RUN_HELP
+from stateloop.config import StageRequest, arg
+from stateloop.export.hf import export_run
+from stateloop.pipeline import RUN_HELP
+from stateloop.runs import resolve_run_arg
 
 
-def add_arguments(p) -> None:
-    p.add_argument("run", metavar="RUN", help=RUN_HELP)
-    p.add_argument("--out", required=True, metavar="DIR", help="the Hugging Face directory to write (replaced if it exists; outside "
-                                                       "the run and data folders)")
+class Request(StageRequest):
+    run: str = arg(RUN_HELP, positional=True, metavar="RUN")
+    out: str = arg("the Hugging Face directory to write (replaced if it exists; outside the run and data folders)", metavar="DIR")
 
 
 class Stopped(BaseException):
@@ -43,10 +44,7 @@ def _stop(signum, _frame):
     raise Stopped(signum)
 
 
-def run(args) -> int:
-    from stateloop.export.hf import export_run
-    from stateloop.runs import resolve_run_arg
-
+def run(args: Request) -> int:
     previous = {}
     if threading.current_thread() is threading.main_thread():  # handlers can be set there only
         previous = {sig: signal.signal(sig, _stop) for sig in (getattr(signal, n) for n in STOP_SIGNALS if hasattr(signal, n))}

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 
+from stateloop.evaluate.lm_cli import run_lm_eval
+
 
 def add_arguments(p) -> None:
     # Everything after the command is lm-eval's, options and -h included: with no prefix
@@ -26,6 +28,4 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from stateloop.evaluate.lm_cli import run_lm_eval
-
     return run_lm_eval(args.lm_eval_args)

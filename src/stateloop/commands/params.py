@@ -7,17 +7,19 @@ import csv
 import io
 import sys
 
+from stateloop.config import StageRequest, arg
+from stateloop.files import atomic_write_bytes
+from stateloop.models.registry import count_params
+from stateloop.pipeline import expand_runs, load_pipeline
 
-def add_arguments(p) -> None:
-    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--experiments", nargs="*", help="only these experiments (default: all)")
-    p.add_argument("--out", help="write the CSV here instead of stdout")
+
+class Request(StageRequest):
+    config: str = arg("pipeline config (configs/*.yaml)")
+    experiments: list[str] | None = arg("only these experiments (default: all)", None)
+    out: str | None = arg("write the CSV here instead of stdout", None)
 
 
-def run(args) -> int:
-    from stateloop.models.registry import count_params
-    from stateloop.pipeline import expand_runs, load_pipeline
-
+def run(args: Request) -> int:
     cfg = load_pipeline(args.config)
     rows = [(r.id, r.model, r.scale, r.K, r.d_s, count_params(r.model_config)) for r in expand_runs(cfg, args.experiments)]
     buf = io.StringIO()
@@ -25,8 +27,6 @@ def run(args) -> int:
     writer.writerow(["run", "model", "scale", "K", "d_s", "params"])
     writer.writerows(rows)
     if args.out:
-        from stateloop.files import atomic_write_bytes
-
         atomic_write_bytes(args.out, buf.getvalue().encode())
     else:
         sys.stdout.write(buf.getvalue())

@@ -15,55 +15,39 @@ the fastest sharded one, beside the config's.
 
 from __future__ import annotations
 
-import sys
+from stateloop.config import POSITIVE, StageRequest, arg
+from stateloop.pipeline import load_pipeline
+from stateloop.train.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network, print_plan
 
 
-def add_arguments(p) -> None:
-    from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network
-
-    net = Network()
-    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--experiments", nargs="*", help="only these experiments (default: all)")
-    p.add_argument("--mfu", type=float, default=DEFAULT_MFU,
-                   help=f"model FLOPs utilisation assumed (default {DEFAULT_MFU:.2f}: measured for these models in eager "
-                        f"PyTorch on an H200, benchmarks/records/gpu_check_h200_2026-12-04.json; it was 0.40 before)")
-    p.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS,
-                   help=f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)")
-    p.add_argument("--inter-node-gbps", type=float, default=net.inter_node_gbps,
-                   help=f"network bandwidth per node between nodes, Gb/s (default {net.inter_node_gbps:g}: one 400 Gb/s "
-                        "InfiniBand port; 8 ports: 3200)")
-    p.add_argument("--intra-node-gbs", type=float, default=net.intra_node_gbs,
-                   help=f"bandwidth per GPU within a node, GB/s (default {net.intra_node_gbs:g}: NCCL over NVLink, 8 x H100 SXM)")
-    p.add_argument("--compare-strategies", action="store_true",
-                   help="also each run's alternatives: DDP or FSDP (full, grad_op; hybrid ones on several nodes), "
-                        "micro-batch 1/2/4/8, activation checkpointing none/layer/iteration, the loss whole or per "
-                        "sequence; memory and time of each, the fastest that fits marked")
-    p.add_argument("--gpu-memory-gib", type=float, default=None,
-                   help="device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; unset: not judged)")
-    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
-                   help=f"share of the device memory a chosen setting leaves free (default {DEFAULT_MARGIN:g}): the plan "
-                        "chooses each run's strategy, the fastest DDP setting within the limit less the margin, else "
-                        "the fastest sharded one, and judges the alternatives by the same rule")
-    p.add_argument("--top", type=int, default=6, help="alternatives shown per run, fastest first (default 6)")
-    p.add_argument("--analyses", action="store_true",
-                   help="also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
-                        "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)")
-    p.add_argument("--out", help="also write the per-run rows as CSV here")
+class Request(StageRequest):
+    config: str = arg("pipeline config (configs/*.yaml)")
+    experiments: list[str] | None = arg("only these experiments (default: all)", None)
+    mfu: float = arg(f"model FLOPs utilisation assumed (default {DEFAULT_MFU:.2f}: measured for these models in eager PyTorch "
+                     f"on an H200, benchmarks/records/gpu_check_h200_2026-12-04.json; it was 0.40 before)", DEFAULT_MFU,
+                     check=(lambda v: 0 < v <= 1, "in (0, 1]"))
+    peak_tflops: float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)", DEFAULT_PEAK_TFLOPS,
+                             check=POSITIVE)
+    inter_node_gbps: float = arg(f"network bandwidth per node between nodes, Gb/s (default {Network.inter_node_gbps:g}: one "
+                                 f"400 Gb/s InfiniBand port; 8 ports: 3200)", Network.inter_node_gbps, check=POSITIVE)
+    intra_node_gbs: float = arg(f"bandwidth per GPU within a node, GB/s (default {Network.intra_node_gbs:g}: NCCL over NVLink, "
+                                f"8 x H100 SXM)", Network.intra_node_gbs, check=POSITIVE)
+    compare_strategies: bool = arg("also each run's alternatives: DDP or FSDP (full, grad_op; hybrid ones on several nodes), "
+                                   "micro-batch 1/2/4/8, activation checkpointing none/layer/iteration, the loss whole or "
+                                   "per sequence; memory and time of each, the fastest that fits marked", False)
+    gpu_memory_gib: float | None = arg("device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; "
+                                       "unset: not judged)", None, check=POSITIVE)
+    margin: float = arg(f"share of the device memory a chosen setting leaves free (default {DEFAULT_MARGIN:g}): the plan "
+                        "chooses each run's strategy, the fastest DDP setting within the limit less the margin, else the "
+                        "fastest sharded one, and judges the alternatives by the same rule", DEFAULT_MARGIN,
+                        check=(lambda v: 0 <= v < 1, "in [0, 1)"))
+    top: int = arg("alternatives shown per run, fastest first (default 6)", 6, check=POSITIVE)
+    analyses: bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
+                         "merges): FLOPs and hours on one GPU against the job's runtime limit (analysis/cost.py)", False)
+    out: str | None = arg("also write the per-run rows as CSV here", None)
 
 
-def run(args) -> int:
-    from stateloop.ops.cost import Network, print_plan
-    from stateloop.pipeline import load_pipeline
-
-    for key, value, ok in (("--mfu", args.mfu, 0 < args.mfu <= 1), ("--peak-tflops", args.peak_tflops, args.peak_tflops > 0),
-                           ("--inter-node-gbps", args.inter_node_gbps, args.inter_node_gbps > 0),
-                           ("--intra-node-gbs", args.intra_node_gbs, args.intra_node_gbs > 0),
-                           ("--gpu-memory-gib", args.gpu_memory_gib, args.gpu_memory_gib is None or args.gpu_memory_gib > 0),
-                           ("--top", args.top, args.top > 0), ("--margin", args.margin, 0 <= args.margin < 1)):
-        if not ok:
-            bound = {"--mfu": "in (0, 1]", "--margin": "in [0, 1)"}.get(key, "positive")
-            print(f"stateloop plan: error: {key} must be {bound}, got {value}", file=sys.stderr)
-            return 2
+def run(args: Request) -> int:
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
     rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,

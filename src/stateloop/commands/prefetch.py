@@ -11,16 +11,17 @@ Rerun it safely: it fetches only what is missing (an interrupted download resume
 
 from __future__ import annotations
 
-
-def add_arguments(p) -> None:
-    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--scales", nargs="+", metavar="SCALE", help="only these scales (default: every trained one)")
-    p.add_argument("--check", action="store_true",
-                   help="fetch nothing, never touch the network (the Hub switched off as on a compute node): "
-                        "say whether everything is in the caches, as an offline job would find it")
+from stateloop.config import StageRequest, arg
 
 
-def run(args) -> int:
+class Request(StageRequest):
+    config: str = arg("pipeline config (configs/*.yaml)")
+    scales: list[str] | None = arg("only these scales (default: every trained one)", None, nargs="+", metavar="SCALE")
+    check: bool = arg("fetch nothing, never touch the network (the Hub switched off as on a compute node): say whether "
+                      "everything is in the caches, as an offline job would find it", False)
+
+
+def run(args: Request) -> int:
     if args.check:  # offline by construction, before anything reads the Hub's settings
         from stateloop.ops.prefetch import go_offline
 

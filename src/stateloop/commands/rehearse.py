@@ -14,38 +14,26 @@ data copies, and the DAG's data, results, figures and logs.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
 
-
-def cores(text: str) -> int:
-    """``--cores``: a whole number >= 1 (Snakemake waits forever for a core at 0)."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of cores >= 1, got {text}")
-    return n
-
+from stateloop.config import StageRequest, arg, whole
 
 PASSTHROUGH = "snakemake_args"  # every word after the first `--` (commands.parse), wherever the options are
 
 
-def add_arguments(p) -> None:
-    p.add_argument("config", metavar="CONFIG", help="pipeline config to rehearse (configs/*.yaml)")
-    p.add_argument("--out", help="rehearsal folder (default: rehearsals/<config name>)")
-    p.add_argument("--shared-data", help="folder of the local data copies (default: ../shared/data beside the "
-                                         "checkout, or $STATELOOP_SHARED/data)")
-    p.add_argument("--cores", type=cores, default=2, help="Snakemake --cores (default 2)")
-    p.add_argument("--prepare-only", action="store_true", help="write the rehearsal folder and print the command")
-    p.add_argument("snakemake_args", nargs="*", metavar="-- SNAKEMAKE_ARGS",
-                   help="passed to snakemake (targets, -n, ...), after --")
+class Request(StageRequest):
+    config: str = arg("pipeline config to rehearse (configs/*.yaml)", positional=True, metavar="CONFIG")
+    out: str | None = arg("rehearsal folder (default: rehearsals/<config name>)", None)
+    shared_data: str | None = arg("folder of the local data copies (default: ../shared/data beside the checkout, or "
+                                  "$STATELOOP_SHARED/data)", None)
+    cores: int = arg("Snakemake --cores (default 2)", 2, type=whole("cores"))
+    prepare_only: bool = arg("write the rehearsal folder and print the command", False)
+    snakemake_args: list[str] = arg("passed to snakemake (targets, -n, ...), after --", [], positional=True, metavar="-- SNAKEMAKE_ARGS")
 
 
-def run(args) -> int:
+def run(args: Request) -> int:
     from stateloop.ops.rehearse.run import environment, prepare, run_dag, snakemake_command
 
     out = Path(args.out or Path("rehearsals") / Path(args.config).stem)

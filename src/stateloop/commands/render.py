@@ -13,23 +13,23 @@ of one config adds to the same run; ``--no-mlflow`` skips it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from stateloop.config import StageRequest, arg
+from stateloop.pipeline import load_pipeline
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS
+from stateloop.report.render import render
 
 
-def add_arguments(p) -> None:
-    p.add_argument("target", choices=list(OUTPUTS), help="what to render (stateloop.report.outputs)")
-    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("--out", required=True, help="output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
-    p.add_argument("--results", default="results", help="results folder holding runs/ and bench/ (default: results)")
-    p.add_argument("--bench", help=f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})")
-    p.add_argument("--no-mlflow", action="store_true", help="do not log the files to MLflow")
+class Request(StageRequest):
+    target: str = arg("what to render (stateloop.report.outputs)", positional=True, choices=list(OUTPUTS))
+    config: str = arg("pipeline config (configs/*.yaml)")
+    out: str = arg("output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
+    results: str = arg("results folder holding runs/ and bench/ (default: results)", "results")
+    bench: str | None = arg(f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})", None)
+    no_mlflow: bool = arg("do not log the files to MLflow", False)
 
 
-def run(args) -> int:
-    from pathlib import Path
-
-    from stateloop.pipeline import load_pipeline
-    from stateloop.report.render import render
-
+def run(args: Request) -> int:
     return render(load_pipeline(args.config), args.config, args.target, Path(args.results), Path(args.out),
                   Path(args.bench) if args.bench else None, mlflow=not args.no_mlflow)

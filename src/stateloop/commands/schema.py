@@ -4,18 +4,19 @@ config key (configs/README.md); stateloop/schema.py renders both."""
 
 from __future__ import annotations
 
+from stateloop.config import StageRequest, arg
+from stateloop.files import atomic_write_bytes
+from stateloop.schema import render, render_docs
+
 DOCS_FILE = "configs/README.md"
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--out", help="write the schema here (default: stdout)")
-    p.add_argument("--docs", metavar="PATH", help=f"also write the reference of every config key here ({DOCS_FILE})")
+class Request(StageRequest):
+    out: str | None = arg("write the schema here (default: stdout)", None)
+    docs: str | None = arg(f"also write the reference of every config key here ({DOCS_FILE})", None, metavar="PATH")
 
 
-def run(args) -> int:
-    from stateloop.files import atomic_write_bytes
-    from stateloop.schema import render, render_docs
-
+def run(args: Request) -> int:
     text = render()
     if args.out:
         atomic_write_bytes(args.out, text.encode())

@@ -22,26 +22,12 @@ requeues the job, which then resumes by itself with a fresh time limit (slurm.py
 
 from __future__ import annotations
 
-from stateloop.commands import RUN_HELP
+from stateloop.ops.memory import gate_run
+from stateloop.train import stage
+
+Request = stage.Request
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--config", required=True, help="pipeline config (configs/*.yaml)")
-    p.add_argument("run", metavar="RUN", help=f"{RUN_HELP}; the id's seed replaces train.seed")
-    p.add_argument("--data-dir", help="token shards (a `stateloop tokenize` output folder with meta.json)")
-    p.add_argument("--out", help="run folder (default: RUN's folder, results/runs/{run id} for a run id)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--restart-on-change", action="store_true",
-                   help="a changed model or optimiser setting starts the run afresh (its checkpoints and weights are "
-                        "removed) instead of being refused; the DAG passes it")
-    p.add_argument("--verify-shards", action="store_true",
-                   help="read every token shard in full against meta.json's sha256 again, also those stamped as verified "
-                        "(the stamps trust a file whose size, times and inode are unchanged)")
-    p.add_argument("--set", dest="overrides", nargs="*", action="extend", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...")
-
-
-def run(args) -> int:
-    from stateloop.train.stage import Request, train_stage
-
-    return train_stage(Request.of(args))
+def run(request: Request) -> int:
+    gate_run(request.config, request.run)  # a run that cannot fit its GPUs is refused before anything starts
+    return stage.train_stage(request)

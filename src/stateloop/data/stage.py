@@ -1,80 +1,51 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
 of ``--config``/``--scale``, then single keys from flags) and the token shards they make; a train
 split shorter than one training window of the scale is refused in one line, no shards left. What
-it is asked for is a :class:`Request`, which commands/tokenize.py builds from the flags."""
+it is asked for is a :class:`Request`, its command's flags."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from stateloop.config import ConfigError, StageRequest, from_dict, merge, to_dict
+from stateloop.config import KEEP, ConfigError, StageRequest, arg, from_dict, merge, to_dict
 from stateloop.sections.data import DataConfig
 
 if TYPE_CHECKING:
     from stateloop.pipeline import ScaleConfig
 
-# flag -> help; each flag sets the DataConfig key of the same name
-FLAGS = {
-    "source": "source for the text: synthetic, a hub dataset name, or local files/globs (json/jsonl/txt/parquet)",
-    "hub_config": "the hub dataset's config name",
-    "split": "hub split read for training",
-    "val_split": "hub split (or local files) used whole as val",
-    "test_split": "hub split (or local files) used whole as test",
-    "val_fraction": "fraction of training documents held out as val (by content hash)",
-    "test_fraction": "fraction of training documents held out as test (by content hash)",
-    "text_field": "column holding the text (json/parquet/hub)",
-    "text_unit": ".txt files: document, paragraph or line",
-    "max_docs": "read at most this many training documents",
-    "max_tokens": "stop reading once the train split has this many tokens",
-    "tokenizer": "bpe (train on the corpus), a tokenizer.json path, or a hub name",
-    "vocab_size": "vocabulary size of a trained BPE",
-    "bpe_docs": "train the BPE on this many documents",
-    "eos_token": "end-of-document token (default: the tokenizer's own)",
-    "shard_tokens": "tokens per shard file",
-    "workers": "encoding processes (0: in this process)",
-    "seed": "seed of the synthetic generator and the held-out hash",
-}
 
-
-NUMBERS = ("val_fraction", "test_fraction", "max_docs", "max_tokens", "vocab_size", "bpe_docs", "shard_tokens", "workers", "seed")
-
-
-@dataclass(frozen=True)
 class Request(StageRequest):
-    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder to write, and
-    its data settings as the scale ``config``/``scale`` name and the single keys of :data:`FLAGS`
-    override them. A key of FLAGS holds the flag's text, read as YAML where it is a number or a
-    list (``max_docs="12"``, ``source="[a.txt, b.txt]"``; a number given from Python becomes its
-    text); None leaves the key as the scale (or DataConfig's default) has it, and "none"/"null"
-    unset it."""
+    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder, and the scale
+    ``config``/``scale`` whose data section the keys after ``scale`` (DataConfig's) override: at
+    :data:`KEEP` (not given) a key stays, None (the flag's none/null) unsets it."""
 
-    out: str  # the data folder to write (shards, tokenizer.json, meta.json)
-    config: str | None = None  # pipeline config whose scale's data section to read; with scale
-    scale: str | None = None
-    # the keys of FLAGS, in its order
-    source: str | None = None
-    hub_config: str | None = None
-    split: str | None = None
-    val_split: str | None = None
-    test_split: str | None = None
-    val_fraction: str | None = None
-    test_fraction: str | None = None
-    text_field: str | None = None
-    text_unit: str | None = None
-    max_docs: str | None = None
-    max_tokens: str | None = None
-    tokenizer: str | None = None
-    vocab_size: str | None = None
-    bpe_docs: str | None = None
-    eos_token: str | None = None
-    shard_tokens: str | None = None
-    workers: str | None = None
-    seed: str | None = None
-    synthetic_docs: str | None = None  # "TRAIN,VAL,TEST": documents per synthetic split
-    model_vocab_size: int | None = None  # refuse a tokenizer larger than this model vocabulary (default: the scale's)
-    force: bool = False  # rewrite even when the folder is up to date
-    no_progress: bool = False
+    out: str = arg("data folder to write (shards, tokenizer.json, meta.json)")
+    config: str | None = arg("pipeline config (configs/*.yaml); read with --scale", None)
+    scale: str | None = arg("the scale whose data: section to use", None)
+    source: str | list[str] | None = arg("source for the text: synthetic, a hub dataset name, or local files/globs "
+                                         "(json/jsonl/txt/parquet; several: '[a.txt, b.txt]')", KEEP)
+    hub_config: str | None = arg("the hub dataset's config name", KEEP)
+    split: str | None = arg("hub split read for training", KEEP)
+    val_split: str | None = arg("hub split (or local files) used whole as val", KEEP)
+    test_split: str | None = arg("hub split (or local files) used whole as test", KEEP)
+    val_fraction: float | None = arg("fraction of training documents held out as val (by content hash)", KEEP)
+    test_fraction: float | None = arg("fraction of training documents held out as test (by content hash)", KEEP)
+    text_field: str | None = arg("column holding the text (json/parquet/hub)", KEEP)
+    text_unit: str | None = arg(".txt files: document, paragraph or line", KEEP)
+    max_docs: int | None = arg("read at most this many training documents", KEEP)
+    max_tokens: int | None = arg("stop reading once the train split has this many tokens", KEEP)
+    tokenizer: str | None = arg("bpe (train on the corpus), a tokenizer.json path, or a hub name", KEEP)
+    vocab_size: int | None = arg("vocabulary size of a trained BPE", KEEP)
+    bpe_docs: int | None = arg("train the BPE on this many documents", KEEP)
+    eos_token: str | None = arg("end-of-document token (default: the tokenizer's own)", KEEP)
+    shard_tokens: int | None = arg("tokens per shard file", KEEP)
+    workers: int | None = arg("encoding processes (0: in this process)", KEEP)
+    seed: int | None = arg("seed of the synthetic generator and the held-out hash", KEEP)
+    synthetic_docs: str | None = arg("documents per synthetic split, e.g. 20000,500,500", None, metavar="TRAIN,VAL,TEST")
+    model_vocab_size: int | None = arg("fail unless the tokenizer fits this model vocabulary (default: the scale's)", None)
+    force: bool = arg("rewrite even when the folder is up to date", False)
+    no_progress: bool = arg("no progress bar", False)
 
 
 def resolve_data(args: Request, scale: ScaleConfig | None = None) -> tuple[DataConfig, int | None]:
@@ -92,17 +63,9 @@ def resolve_data(args: Request, scale: ScaleConfig | None = None) -> tuple[DataC
         where = f"scales.{args.scale}.data"
         if model_vocab is None:
             model_vocab = scale.model.vocab_size
-    over: dict = {}
-    for key in FLAGS:
-        raw = getattr(args, key)
-        if raw is None:
-            continue
-        if raw.lower() in ("null", "none"):
-            over[key] = None  # unset (YAML's null; Python's None)
-        elif key in NUMBERS or raw.startswith("["):
-            over[key] = yaml.safe_load(raw)  # numbers, lists of files
-        else:
-            over[key] = raw  # names and paths stay strings ("1.4b", "yes.txt")
+    over = {f.name: getattr(args, f.name) for f in fields(args) if f.default is KEEP and getattr(args, f.name) is not KEEP}
+    if isinstance(over.get("source"), str) and over["source"].startswith("["):
+        over["source"] = yaml.safe_load(over["source"])  # a list of files
     if args.synthetic_docs:
         try:
             train, val, test = (int(x) for x in args.synthetic_docs.split(","))

@@ -1,39 +1,20 @@
 """``stateloop eval``'s stage: the eval settings of a command line (resolve.py, then
 ``--set eval.*`` and the dedicated flags; a run the pipeline config plans scores its tasks only
 where the DAG needs them, pipeline.Run.scores_tasks), the evaluation (evaluate/harness.py) and
-what it prints. What it is asked for is a :class:`Request`, which commands/eval.py builds from the
-flags."""
+what it prints. What it is asked for is a :class:`Request` (evaluate/request.py), its command's flags."""
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 
 from stateloop import resolve
-from stateloop.config import ConfigError, StageRequest, parse_dotlist
+from stateloop.config import ConfigError, parse_dotlist
 from stateloop.data.hub import require
 from stateloop.evaluate import harness
+from stateloop.evaluate.request import Request
 from stateloop.evaluate.tasks.needs import task_needs
 from stateloop.pipeline import find_run, load_checked
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
-
-
-@dataclass(frozen=True)
-class Request(StageRequest):
-    """One evaluation as asked for (``stateloop eval``'s flags; None: the eval settings of the run's
-    scale, resolve.py)."""
-
-    run: str  # a run folder or a run id (runs.resolve_run_arg)
-    config: str | None = None  # the pipeline config whose scale's eval section to use
-    tasks: list[str] | None = None  # lm-eval task names; []: held-out perplexity only
-    shots: list[int] | None = None  # few-shot counts
-    limit: int | None = None  # at most this many documents per task
-    batch_size: int | None = None
-    device: str | None = None  # auto, cpu, cuda, cuda:N
-    depths: list[int] | None = None  # test-time loop depths, each evaluated -> eval_depth.json
-    set: list[str] = field(default_factory=list)  # eval.KEY=VALUE overrides
-    no_mlflow: bool = False
-    no_progress: bool = False
 
 
 def eval_stage(args: Request) -> int:
@@ -42,7 +23,7 @@ def eval_stage(args: Request) -> int:
     target = resolve_run_arg(args.run)
     run_dir = target.folder
 
-    dotted = parse_dotlist(args.set)
+    dotted = parse_dotlist(args.overrides)
     unknown = [k for k in dotted if k != "eval"]
     if unknown:
         raise ConfigError(f"--set {unknown[0]}...: only eval.* settings can be overridden here")

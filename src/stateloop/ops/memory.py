@@ -59,7 +59,8 @@ from stateloop.files import atomic_write_bytes
 from stateloop.measured import cache_dir as _measured_dir
 from stateloop.measured import code_digest
 from stateloop.models.registry import build_model
-from stateloop.pipeline import load_checked
+from stateloop.pipeline import load_checked, load_run
+from stateloop.runs import resolve_run_arg
 
 GIB = 2**30
 
@@ -953,6 +954,15 @@ def gate(cfg, runs, where: str = "config") -> None:
 def gate_file(path) -> None:
     """:func:`gate` of the config file ``path``, read as the commands read it (``load_checked``)."""
     gate(*load_checked(path), str(path))
+
+
+def gate_run(path, run: str) -> None:
+    """:func:`gate` of one run of the config file ``path``, ``run`` as ``stateloop train`` takes it (a
+    run id or its folder): the training command asks for it before it trains."""
+    run_id = resolve_run_arg(run).id
+    if run_id is not None:  # a folder that names no run: the stage refuses it in its own words
+        cfg, planned = load_run(path, run_id)
+        gate(cfg, [planned], str(path))
 
 
 def check_fit(cfg, runs, where: str = "config") -> None:

@@ -7,32 +7,33 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, field
 
 from stateloop import slurm
-from stateloop.config import ConfigError, StageRequest
+from stateloop.config import ConfigError, StageRequest, arg
 from stateloop.data import hub
 from stateloop.data.shards import reverify
 from stateloop.evaluate.tasks.needs import task_needs
-from stateloop.pipeline import RUN_ID_FORM, find_run, load_checked
+from stateloop.pipeline import RUN_HELP, RUN_ID_FORM, find_run, load_checked
 from stateloop.resolve import resolve_run
 from stateloop.runs import resolve_run_arg
 from stateloop.train import signals
 
 
-@dataclass(frozen=True)
 class Request(StageRequest):
     """One training as asked for (``stateloop train``'s flags): the run, its config and data, and
     how the training reports and reacts to a changed config."""
 
-    config: str  # the pipeline config (configs/*.yaml) that plans the run
-    run: str  # a run id, or a run folder <...>/runs/<run id> (runs.resolve_run_arg)
-    data_dir: str | None = None  # token shards (a `stateloop tokenize` folder); None: the config's data.dir
-    out: str | None = None  # run folder to train into; None: RUN's folder
-    overrides: list[str] = field(default_factory=list)  # SECTION.KEY=VALUE over the resolved config (--set)
-    no_progress: bool = False
-    restart_on_change: bool = False  # a changed model or optimiser setting starts afresh instead of being refused
-    verify_shards: bool = False  # read every token shard against meta.json's sha256 again, stamped or not
+    config: str = arg("pipeline config (configs/*.yaml)")
+    run: str = arg(f"{RUN_HELP}; the id's seed replaces train.seed", positional=True, metavar="RUN")
+    data_dir: str | None = arg("token shards (a `stateloop tokenize` output folder with meta.json)", None)
+    out: str | None = arg("run folder (default: RUN's folder, results/runs/{run id} for a run id)", None)
+    no_progress: bool = arg("no progress bar", False)
+    restart_on_change: bool = arg("a changed model or optimiser setting starts the run afresh (its checkpoints and weights "
+                                  "are removed) instead of being refused; the DAG passes it", False)
+    verify_shards: bool = arg("read every token shard in full against meta.json's sha256 again, also those stamped as "
+                              "verified (the stamps trust a file whose size, times and inode are unchanged)", False)
+    overrides: list[str] = arg("override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...",
+                               [], name="--set", metavar="SECTION.KEY=VALUE")
 
 
 def require_eval_data(config_path: str, run_id: str) -> None:
