@@ -16,8 +16,8 @@ the fastest sharded one, beside the config's.
 from __future__ import annotations
 
 from stateloop.config import POSITIVE, StageRequest, arg
+from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network, print_plan
 from stateloop.pipeline import load_pipeline
-from stateloop.train.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network, print_plan
 
 
 class Request(StageRequest):
@@ -43,7 +43,7 @@ class Request(StageRequest):
                         check=(lambda v: 0 <= v < 1, "in [0, 1)"))
     top: int = arg("alternatives shown per run, fastest first (default 6)", 6, check=POSITIVE)
     analyses: bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
-                         "merges): FLOPs and hours on one GPU against the job's runtime limit (analysis/cost.py)", False)
+                         "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)", False)
     out: str | None = arg("also write the per-run rows as CSV here", None)
 
 
