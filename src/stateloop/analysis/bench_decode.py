@@ -128,18 +128,9 @@ def _summary(values: list[float]) -> dict:
             "runs": values}
 
 
-def bench_decode(
-    rows: list[BenchModel],
-    prefill: int,
-    n_new: int,
-    runs: int = 5,
-    warmup: int = 1,
-    device: str | torch.device = "cpu",
-    reference: str | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    interleave: str = "run",
-) -> dict:
+def bench_decode(rows: list[BenchModel], prefill: int, n_new: int, runs: int = 5, warmup: int = 1,
+                 device: str | torch.device = "cpu", reference: str | None = None, seed: int = 0,
+                 progress: bool = True, interleave: str = "run") -> dict:
     """Time every row's decoding side by side; return the result dict written as JSON.
 
     ``interleave="run"`` (the paper's protocol, the default): whole runs round-robin across the

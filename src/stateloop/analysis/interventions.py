@@ -23,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Sums
 
 EPSILON = 1e-6  # eq. (15)'s epsilon: "ensures numerical stability"
@@ -103,16 +103,12 @@ def intervention_nll(model, windows: torch.Tensor, interventions: dict, batch_si
         batch = windows[start : start + batch_size].to(device)
         idx, targets = batch[:, :-1], batch[:, 1:]
         clean = model(idx, return_states=True)
-        sums["none"] += _nll_sum(clean.logits, targets)
+        sums["none"] += nll_sum(clean.logits, targets).double().item()
         for name, make in interventions.items():
             logits = model(idx, state_overrides=make(clean.states)).logits
-            sums[name] += _nll_sum(logits, targets)
+            sums[name] += nll_sum(logits, targets).double().item()
         tokens += targets.numel()
     return {name: s / tokens for name, s in sums.items()}
-
-
-def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").double().item()
 
 
 def intervention_names(K: int) -> list[str]:

@@ -490,12 +490,9 @@ _MEASURED: dict[str, dict] = {}
 def measure_saved(model_cfg, micro_batches, seq_len: int, precision: str = "bf16-mixed",
                   mamba_kernels: bool = False) -> list[dict]:
     """What one training forward of ``model_cfg`` keeps for backward at each of ``micro_batches``
-    (an int or a list) with ``seq_len`` tokens under ``precision`` (module docstring: fake tensors,
-    CUDA's fused RMSNorm, decoder-layer stand-ins), the loss excluded; a dict of
-    :class:`SavedProfile`'s fields each, with the parameter counts by role (``params``). Measured
-    once for each argument set and the code's digest (:func:`_code_digest`), kept in this process
-    and in :func:`cache_dir` (one small JSON file each), so that a config checked again costs no
-    measurement; the micro-batches not yet measured share one build of the model."""
+    (an int or a list), the loss excluded: :class:`SavedProfile`'s fields and the parameter counts
+    by role (``params``). Kept per argument set and code digest, in this process and in
+    :func:`cache_dir`, so that a config checked again costs no measurement."""
     mbs = [micro_batches] if isinstance(micro_batches, int) else list(micro_batches)
     keys = {}
     for mb in mbs:
