@@ -805,27 +805,19 @@ GATHERED_UNIT = 2  # x a unit's parameter bytes: its unsharded parameters + the 
 
 def fsdp_static(n: ParamCounts, setting: Setting, embedding: int) -> tuple[int, int]:
     """Parameter, gradient and optimizer bytes of one device under FSDP2 (train/parallel.py: every
-    decoder layer a unit, the root the rest; float32 gathered and reduced, no cast) at the two
-    instants of :func:`plan_memory`: (the start of backward, just after the looped stack's last
-    application's backward). ``embedding``: the token embedding's parameters (its gradient comes
-    last in backward). With p the parameters' bytes, S the shard group, U the largest unit:
+    decoder layer a unit, the root the rest; float32 gathered and reduced) at the two instants of
+    :func:`plan_memory`. With p the parameters' bytes, S the shard group, U the largest unit, R the
+    root, E the token embedding (``embedding``; its gradient comes last):
 
     - always: the shards of the weights and both moments, 3 p P / S;
-    - start: the root, gathered again for its backward (p R; FSDP2 reshards it after the forward),
-      and the first unit of backward prefetched (2 p U: :data:`GATHERED_UNIT`); ``grad_op``:
-      every decoder layer stays gathered from its forward (p (P - R)) and the last all-gather's
-      output (p U); accumulation: every earlier micro-batch's unsharded gradient (p P: no reduction
-      while gradient sync is off);
-    - after: the root (p R) and its gradients but the embedding's (p (R - E)), the looped units'
-      gradients summed over their K applications by autograd before they are final (in the
-      compute dtype: 2 bytes under bf16 autocast, where the sum is of the weights' bf16 copies),
-      the next unit prefetched (2 p U), the reduce-scatter of the unit just finished (its input
-      and output, p U (1 + 1/S)), and the shards of the unique stacks' reduced gradients; ``grad_op``
-      in place of the prefetched unit every decoder layer still gathered from its forward and the
-      last all-gather's output (an upper bound: a looped unit is resharded after its first backward
-      application, then gathered again at each, as under ``full``); accumulation: the earlier gradients of the root and the unique stacks
-      (p (R + unique)), and the looped units' as shards (FSDP2 reduce-scatters a gradient that
-      exists at a unit's first post-backward, the last application's)."""
+    - start: the root, gathered again (p R), the first unit prefetched (2 p U: :data:`GATHERED_UNIT`);
+      ``grad_op``: every layer still gathered from its forward and the last all-gather's output;
+      accumulation: the earlier micro-batches' unsharded gradients (p P);
+    - after: the root and its gradients but E's, the looped units' gradients summed over their K
+      applications (in the compute dtype), the next unit prefetched, the reduce-scatter in flight
+      (p U (1 + 1/S)), the unique stacks' gradient shards; ``grad_op`` as at the start (an upper
+      bound); accumulation: the root's and unique stacks' earlier gradients, the looped units' as
+      shards (FSDP2 reduces them at a unit's first post-backward)."""
     pb = parameter_bytes(setting.precision)
     low = pb if setting.precision in ("32-true", "64-true") or not setting.precision.endswith("mixed") else 2
     S, U = setting.shard_group, n.unit_max
