@@ -1,25 +1,13 @@
 """Decoding latency (paper, Table 3): per-token latency and throughput at batch size 1.
 
 Protocol (paper: BF16, batch 1, a 1024-token prefill followed by a 1024-token continuation,
-five runs, mean and standard deviation):
-
-- one timed *run* of a model = a fresh :class:`~stateloop.models.cache.ModelCache`, the prompt
-  of P tokens processed in one pass (prefill, timed separately), then N single-token forward
-  passes through the per-iteration caches, each fed the greedy (argmax) token of the previous
-  one. Per-token latency = decode time / N; throughput = N / decode time;
-- the clock is read after ``torch.cuda.synchronize`` on CUDA; nothing forces a host sync
-  between decode steps (the argmax stays on the device), as in a real serving loop;
-- warm-up runs (not recorded) come first, so allocator growth, kernel selection and lazy
-  initialisation are not timed;
-- all models are measured side by side: the timed runs are interleaved round-robin across the
-  models, with the order rotated from one run to the next, so drift in machine load (thermal
-  state, other processes) spreads over every model instead of biasing whichever ran last
-  (or, with ``interleave="token"``, the models decode in lockstep, one token each in turn);
-- relative latency = mean per-token latency / that of the reference row - 1 (Table 3's
-  "latency change"); the reference is the first row unless named.
-
-The prompt is a fixed pseudo-random token sequence (seeded): latency does not depend on the
-token values, and untrained models of a given shape time the same as trained ones.
+five runs, mean and standard deviation): a timed run is a fresh cache, the prompt in one pass
+(prefill, timed apart), then N greedy single-token steps; latency = decode time / N, the clock
+read after a device sync. Warm-up runs come first; the timed runs of all models are interleaved
+round-robin (or token by token: ``interleave="token"``), so that drift in machine load spreads
+over every model. Relative latency is against the reference row (the first unless named). The
+prompt is seeded random tokens: latency does not depend on the values, so untrained models of a
+shape time as trained ones.
 """
 
 from __future__ import annotations
@@ -36,6 +24,7 @@ from stateloop.analysis.request import DecodeRequest
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
 from stateloop.files import atomic_write_json, code_version
 from stateloop.models.config import ModelConfig
+from stateloop.models.flops import decode_flops_per_token
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
 from stateloop.pipeline import (
@@ -140,18 +129,9 @@ def _summary(values: list[float]) -> dict:
             "runs": values}
 
 
-def bench_decode(
-    rows: list[BenchModel],
-    prefill: int,
-    n_new: int,
-    runs: int = 5,
-    warmup: int = 1,
-    device: str | torch.device = "cpu",
-    reference: str | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    interleave: str = "run",
-) -> dict:
+def bench_decode(rows: list[BenchModel], prefill: int, n_new: int, runs: int = 5, warmup: int = 1,
+                 device: str | torch.device = "cpu", reference: str | None = None, seed: int = 0,
+                 progress: bool = True, interleave: str = "run") -> dict:
     """Time every row's decoding side by side; return the result dict written as JSON.
 
     ``interleave="run"`` (the paper's protocol, the default): whole runs round-robin across the
@@ -278,8 +258,6 @@ def _add_flop_floors(results: list[dict], rows: list[BenchModel], prefill: int, 
     would be if time followed arithmetic alone. The timed steps see P to P + N - 1 cached tokens
     and the count is linear in the context, so it is taken at their mean. Rows of models the count
     does not cover (trained baselines) get none, and no row does without the reference's."""
-    from stateloop.models.flops import decode_flops_per_token
-
     flops = {r["label"]: decode_flops_per_token(row.model.cfg, prefill + (n_new - 1) / 2) for r, row in zip(results, rows)}
     if flops[ref] is None:
         return

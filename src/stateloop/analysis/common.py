@@ -1,28 +1,20 @@
-"""What the analyses of a trained run share: the run's model, the held-out set they evaluate on,
-the calibration sample, and logging the results to MLflow next to the run's training record.
+"""What the analyses of a trained run share: the held-out set, the calibration sample, MLflow logging.
 
-The held-out set (one protocol for Table 4 and Figure 4). The paper's analyses run "on the full
-Pile validation set" and "all analyses share an unmodified baseline" with Table 4 (PPL 9.04).
-So both analyses evaluate exactly the windows of ``stateloop eval``'s held-out perplexity
-(evaluate/harness.py): the split ``eval.heldout_split`` (default "val") of the run's token
-shards, at most ``eval.heldout_windows`` windows (null: the whole split) of ``eval.max_length``
-tokens (null: the run's ``train.seq_len``), consecutive from the start of the split, in batches
-of ``eval.batch_size`` at ``eval.precision``. The ``eval`` section is the one ``stateloop eval``
-uses for the run (:func:`heldout_protocol`). With the reads all kept (Shapley) or no
-intervention (interventions) the model is the unmodified one, so that NLL is eval.json's
-``heldout.nll``: each analysis JSON records it as its ``heldout`` block, with the same keys.
-
-The calibration sample (interventions, eq. 15) comes from a disjoint split: by default
-``train``, which every data folder has and which is disjoint from the held-out split by
-construction (hash-assigned documents, or separate hub splits / generator seeds), as a seeded
-uniform sample of non-overlapping window slots over the whole split (:func:`sampled_windows`).
+The paper's analyses run "on the full Pile validation set" and "all analyses share an unmodified
+baseline" with Table 4 (PPL 9.04), so both evaluate exactly the windows of ``stateloop eval``'s
+held-out perplexity (:func:`heldout_protocol`), and record the unmodified model's NLL as a
+``heldout`` block with eval.json's keys. The calibration sample (interventions, eq. 15) comes from
+``train``, disjoint from any held-out split by construction (:func:`sampled_windows`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from stateloop.config import ConfigError
 from stateloop.data.shards import ShardSet, sha256_file
@@ -30,19 +22,11 @@ from stateloop.runs import FINAL_WEIGHTS, run_id_of, trained_length
 from stateloop.tracking.stages import log_stage
 
 if TYPE_CHECKING:
-    import torch
-
     from stateloop.pipeline import PipelineConfig, RunConfig
 
 CALIB_SPLIT = "train"  # the split the calibration statistics come from (disjoint from any held-out split)
 CALIB_WINDOWS = 64  # calibration windows, sampled over the whole calibration split
 CALIB_SEED = 0
-
-
-def run_seq_len(config: RunConfig, model) -> int:
-    """The training context length of a run: ``train.seq_len`` of its config when present,
-    else the model's ``max_seq_len``."""
-    return int(trained_length(config) or model.cfg.max_seq_len)
 
 
 @dataclass
@@ -56,18 +40,16 @@ class HeldoutProtocol:
     precision: str  # eval.precision: "32-true" | "bf16-mixed"
 
 
-# The keys of the ``eval`` section the held-out protocol reads, and so all that the analyses read of
-# it (the DAG reruns them when one of these changes: workflow/rules/analysis.smk).
+# All that the analyses read of the ``eval`` section (the DAG reruns them when one changes).
 HELDOUT_KEYS = ("heldout_split", "heldout_windows", "max_length", "batch_size", "precision")
 
 
 def heldout_protocol(config: RunConfig, model) -> HeldoutProtocol:
-    """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: ``config.eval``, the
-    run's eval section as resolve.resolve_eval resolves it (the scale's in --config's
-    pipeline config; default: the pipeline config the run was trained from, when that file exists;
-    else EvalConfig's defaults: split "val", the whole split)."""
+    """The held-out protocol of ``stateloop eval RUN_DIR [--config FILE]``: ``config.eval`` as
+    resolve.resolve_eval resolves it."""
     split, windows, max_length, batch_size, precision = (getattr(config.eval, key) for key in HELDOUT_KEYS)
-    return HeldoutProtocol(split, windows, int(max_length or run_seq_len(config, model)), batch_size, precision)
+    seq_len = max_length or trained_length(config) or model.cfg.max_seq_len
+    return HeldoutProtocol(split, windows, int(seq_len), batch_size, precision)
 
 
 def _data_dir(config: RunConfig, run_dir) -> str:
@@ -76,24 +58,10 @@ def _data_dir(config: RunConfig, run_dir) -> str:
     return config.data.dir
 
 
-def split_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
-    """Held-out windows (N, seq_len + 1) of the run's token shards (``data.dir`` of its config):
-    consecutive from the start of the split, as ``stateloop eval``. Returns (windows, shards)."""
-    from stateloop.evaluate.perplexity import split_windows as _split_windows  # torch: not at the parser's start-up
-
-    return _split_windows(_data_dir(config, run_dir), split, seq_len, max_windows)
-
-
-def run_windows(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None) -> torch.Tensor:
-    """Held-out windows (N, seq_len + 1) of the run's token shards (see :func:`split_windows`)."""
-    return split_windows(config, run_dir, split, seq_len, max_windows)[0]
-
-
 class WindowSet:
-    """The held-out windows of :func:`split_windows` read when asked for: ``len()`` windows of
-    seq_len + 1 tokens, window i at token i * seq_len of the split; ``windows[a:b]`` is the tensor
-    (b - a, seq_len + 1). A shard reads only its own windows (the Pile's validation split, whole,
-    would be 3 GB of int64 per job)."""
+    """The held-out windows of ``stateloop eval`` (evaluate/perplexity.py: split_windows), read when
+    asked for: ``windows[a:b]`` is the tensor (b - a, seq_len + 1). A shard reads only its own
+    windows (the Pile's validation split, whole, would be 3 GB of int64 per job)."""
 
     def __init__(self, shards, seq_len: int, n: int):
         self.shards, self.seq_len, self.n = shards, seq_len, n
@@ -102,8 +70,7 @@ class WindowSet:
         return self.n
 
     def __getitem__(self, item):
-        import numpy as np
-        import torch
+        import torch  # torch: commands/analyze.py's parser imports this module
 
         if not isinstance(item, slice) or item.step not in (None, 1):
             raise TypeError("WindowSet takes a slice [a:b]")
@@ -115,8 +82,7 @@ class WindowSet:
 
 
 def open_shards(data_dir, split: str):
-    """The split's :class:`~stateloop.data.shards.ShardSet`; a missing split, a shard of the wrong size,
-    dtype or checksum, or ids outside the vocabulary are one-line ConfigErrors (as in training)."""
+    """The split's ShardSet; what it refuses, as one-line ConfigErrors (as in training)."""
     try:
         return ShardSet(data_dir, split)
     except KeyError as err:
@@ -126,9 +92,7 @@ def open_shards(data_dir, split: str):
 
 
 def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
-    """The windows of :func:`split_windows` (the same windows, the same one-line errors) as a
-    :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
-
+    """The held-out windows as a :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
     shards = open_shards(_data_dir(config, run_dir), split)
     n = (len(shards) - 1) // seq_len
     if max_windows is not None:
@@ -148,9 +112,7 @@ def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int
     split's non-overlapping window slots ``i * seq_len``, in increasing position: a sample spread
     over the whole split rather than its first documents. ``n`` None, or at least the number of
     slots: every slot. Returns (windows, start positions)."""
-    import numpy as np
-    import torch
-
+    import torch  # torch: see WindowSet
 
     shards = open_shards(_data_dir(config, run_dir), split)
     slots = (len(shards) - 1) // seq_len
@@ -171,8 +133,6 @@ def heldout_block(protocol: HeldoutProtocol, n_windows: int, split_tokens: int, 
     (split, windows, seq_len, tokens, split_tokens, nll, ppl), the precision it was computed at,
     and whether the settings are those of the run's ``stateloop eval`` (``matches_eval_protocol``:
     split, window cap, window length and precision; false after an overriding flag)."""
-    import math
-
     return {"split": protocol.split, "windows": int(n_windows), "seq_len": protocol.seq_len, "tokens": int(tokens),
             "split_tokens": int(split_tokens), "nll": nll, "ppl": math.exp(nll), "precision": precision,
             "matches_eval_protocol": bool(matches_eval)}

@@ -1,43 +1,20 @@
 """Calibrated state replacement and freezing (paper, Sec. 5, eq. 15, Figure 4b).
 
-Does the state carry iteration-specific information, or would any state of the right scale do?
-Two interventions at the iteration boundaries of a trained StateLoop model answer it. In the
-paper's notation (models/looped.py) boundary i = 1..K is where iteration i-1 leaves its state
-S^i, which the read R_i sees and iteration i updates.
-
-Calibration (eq. 15). Per channel c, the mean mu_i[c] and standard deviation sigma_i[c] of S^i
-over every token of a calibration sample. A state taken at boundary i is moved to the statistics
-of boundary j by
+Boundary i = 1..K is where iteration i-1 leaves its state S^i (models/looped.py). Calibration
+(eq. 15): per channel, the mean mu_i and std sigma_i of S^i over a calibration sample's tokens;
 
     C_{i->j}(S) = sigma_j / (sigma_i + epsilon) * (S - mu_i) + mu_j,   epsilon = 1e-6 (the paper's),
 
-the same scale and offset for every token of a channel, so replacing S^j by C_{i->j}(S^i) changes
-what the state says, not its scale. C_{i->i} is the identity up to epsilon / sigma_i.
+so replacing S^j by C_{i->j}(S^i) changes what the state says, not its scale.
 
-- **Single replacement** at i (i = 1..K-1): S^{i+1} is replaced by C_{i->i+1}(S^i), the state one
-  iteration earlier; the read R_{i+1} and the later iterations proceed normally from it.
-- **Freezing** at i (i = 1..K-1): the state stops evolving after boundary i: every later boundary
-  j = i+1..K gets C_{i->j}(S^i), the saved S^i recalibrated to boundary j. (Freezing at K-1 is the
-  single replacement at K-1.)
+- **Single replacement** at i (i = 1..K-1): S^{i+1} <- C_{i->i+1}(S^i); the rest runs normally.
+- **Freezing** at i: every later boundary j = i+1..K gets C_{i->j}(S^i).
 
 Paper, 410M, K = 7: unmodified PPL 9.04; S^4 replaced by the calibrated S^3: 9.08; frozen at S^3:
-18.41. The calibration sample must not be the evaluation data. ``stateloop analyze
-interventions`` (analysis/stage.py, analysis/common.py) measures the perplexities on the
-held-out set of the run's held-out PPL (``eval.heldout_split``, default "val", and
-``eval.heldout_windows`` of its scale: Table 4's set, so the unmodified PPL is Table 4's number)
-and takes the statistics from a seeded sample of 64 windows of the ``train`` split, which is
-disjoint from any held-out split by construction.
-
-Each intervention is what the ``state_overrides`` hook of looped.py does to a forward pass
-(:func:`intervention_nll` runs them so): a clean pass gives S^1..S^K, and the overrides built from
-them replace states at boundaries after i. Iterations 0..i of an intervention at i are therefore
-the clean pass's own (iteration k reads only Z^k and S^k), and replacement and freezing at i also
-share iteration i + 1 (both set S^{i+1} to C_{i->i+1}(S^i); only what follows it differs).
-:func:`intervention_tree` computes each of them from there, with the same operations as the hook,
-so the NLLs are the hook's: per window 1 + 2 (K - 2 - i) backbone applications for the pair at i
-< K - 1 and none at K - 1 (where the two are the same pass), 32 with the clean pass at K = 7
-instead of 13 K = 91 for 13 whole passes. The windows' sums are exact and shardable
-(analysis/shards.py).
+18.41. The calibration sample must not be the evaluation data (analysis/common.py).
+:func:`intervention_tree` computes all 2(K-1) interventions from one clean pass, sharing the
+iterations they share, with the operations of looped.py's ``state_overrides`` hook (the NLLs are
+the hook's; :func:`intervention_nll` is that reference).
 """
 
 from __future__ import annotations
@@ -46,8 +23,8 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Sums
 
 EPSILON = 1e-6  # eq. (15)'s epsilon: "ensures numerical stability"
@@ -126,16 +103,12 @@ def intervention_nll(model, windows: torch.Tensor, interventions: dict, batch_si
         batch = windows[start : start + batch_size].to(device)
         idx, targets = batch[:, :-1], batch[:, 1:]
         clean = model(idx, return_states=True)
-        sums["none"] += _nll_sum(clean.logits, targets)
+        sums["none"] += nll_sum(clean.logits, targets).double().item()
         for name, make in interventions.items():
             logits = model(idx, state_overrides=make(clean.states)).logits
-            sums[name] += _nll_sum(logits, targets)
+            sums[name] += nll_sum(logits, targets).double().item()
         tokens += targets.numel()
     return {name: s / tokens for name, s in sums.items()}
-
-
-def _nll_sum(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum").double().item()
 
 
 def intervention_names(K: int) -> list[str]:

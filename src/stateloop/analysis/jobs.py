@@ -1,12 +1,9 @@
-"""The jobs of Figure 4's analyses for one run, as the DAG's rules (workflow/rules/analysis.smk) and the
-estimates (ops/analysis_cost.py) both read them from a pipeline config.
+"""The jobs of Figure 4's analyses for one run, read by the DAG (workflow/rules/analysis.smk) and
+the estimates (ops/analysis_cost.py). No torch here: the Snakefile imports this module.
 
-[choice] An analysis of ``resources.analyze.<analysis>_shards`` = N jobs: with N = 1, one job
-(``stateloop analyze <analysis> RUN``) of the analyze stage's resources; with N > 1, N shard jobs
-(``--shard I/N``) of the stage's resources, after one calibration job for the interventions
-(``--calibrate-only``), then the merge (``--merge N``), which reads the shards' sums: MERGE_JOB's
-resources, no GPU (analysis/shards.py says why the merge is exact). No torch here: the Snakefile
-imports this module.
+[choice] ``resources.analyze.<analysis>_shards`` = N: one job for N = 1; above, N shard jobs
+(``--shard I/N``), after one calibration job for the interventions (``--calibrate-only``), then
+the merge (``--merge N``: MERGE_JOB's resources, no GPU; analysis/shards.py says why it is exact).
 """
 
 from __future__ import annotations

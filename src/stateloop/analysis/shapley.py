@@ -1,34 +1,18 @@
 """Exact Shapley values of the state reads R_1..R_K (paper, Sec. 5, Figure 4a).
 
-The players are the K reads of a StateLoop model (the paper's notation, models/looped.py): the
-feedback reads R_1..R_{K-1} (Z^{k+1} = H^k + R_{k+1}) and the terminal read R_K (the head reads
-H^{K-1} + R_K). A coalition M ⊆ {1..K} is a set
-of *masked* reads (R_k zeroed, the ``read_mask`` hook of looped.py), and its value is the
-held-out NLL increase it causes,
+The players are the K reads of a StateLoop model (models/looped.py): the feedback reads
+R_1..R_{K-1} and the terminal read R_K. A coalition M is a set of *masked* reads (looped.py's
+``read_mask``), and its value is the held-out NLL increase it causes,
 
-    v(M) = NLL(M masked) - NLL(nothing masked),      v(∅) = 0.
-
-Read i's Shapley value is its marginal NLL increase averaged over all K! orders in which the
-reads could be masked one by one, computed exactly from the 2^K coalition values:
+    v(M) = NLL(M masked) - NLL(nothing masked),      v(∅) = 0,
 
     phi_i = sum_{M ⊆ N \\ {i}}  |M|! (K - |M| - 1)! / K!  [v(M ∪ {i}) - v(M)].
 
-Efficiency: sum_i phi_i = v(N) = NLL(all masked) - NLL(none masked). A read whose mask never
-changes the NLL gets phi_i = 0. Shares are phi_i / sum_j phi_j (paper, K = 7: the six feedback
-reads together 63.70%, the terminal read 36.30%). The held-out NLL is that of the run's
-held-out perplexity (``eval.heldout_split`` and ``eval.heldout_windows`` of its scale; the paper:
-"the full Pile validation set"; see analysis/stage.py), so NLL(nothing masked), the unmodified
-model, is Table 4's held-out NLL.
-
-Evaluation with shared prefixes: iteration k (k = 0..K-1) depends only on the masks of
-R_1..R_k, so the 2^K masked forward passes form a binary tree. Depth-first over it, iteration k is
-computed once per setting of the earlier masks: 2^K - 1 applications of the backbone per batch of windows
-instead of K 2^K for 2^K separate passes (127 instead of 896 at K = 7), and only the 2^K leaves
-pay for the LM head. That is the fewest an exact evaluation can do: the 2^k settings of R_1..R_k
-give iteration k 2^k different inputs. At the paper's scale it is still about 117 GFLOPs per token
-(20 times a forward pass) over the whole validation split, about 43 GPU-hours: the analysis runs
-as shards with exact sums and partial results (analysis/shards.py; each job's estimate:
-ops/analysis_cost.py).
+Shares are phi_i / sum_j phi_j (paper, K = 7: the six feedback reads together 63.70%, the terminal
+read 36.30%), on "the full Pile validation set" (analysis/common.py). Iteration k depends only on
+the masks of R_1..R_k, so the 2^K masked passes form a binary tree, evaluated depth first: 2^K - 1
+backbone applications per batch instead of K 2^K (127 instead of 896 at K = 7), the fewest an
+exact evaluation can do.
 """
 
 from __future__ import annotations

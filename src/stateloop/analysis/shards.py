@@ -1,36 +1,16 @@
 """Exact sums over the held-out windows, split into shards that resume after an interruption.
 
-Both analyses of Sec. 5 run "on the full Pile validation set". At the paper's scale (410M, K = 7,
-2,048-token windows) that is about 4e8 tokens, and one GPU needs about two days for the Shapley
-values' 2^K - 1 = 127 backbone applications per window and about ten hours for the interventions
-(ops/analysis_cost.py estimates every analysis job of a config; ``stateloop plan``). [choice] So an
-analysis may run as N jobs, each on a contiguous part of the windows, and a merge that adds their
-sums; and every job keeps its partial sums on disk, so that a job stopped at its time limit or by a
-preemption continues where it stopped when it runs again. Sharding changes no number:
+Both analyses of Sec. 5 run "on the full Pile validation set": at the paper's scale about two GPU
+days for the Shapley values (ops/analysis_cost.py estimates each job). [choice] So an analysis may
+run as N jobs, each on a contiguous run of whole batches (shard I of N: batches
+[floor((I-1) n / N), floor(I n / N)) of n), and a merge that adds their sums. Sharding changes no
+number: each batch's float64 sums are added as exact rationals (``Fraction``) and rounded once,
+when the mean is taken, so the order and grouping of the additions do not matter.
 
-- Each analysis reduces every batch of windows to a few float64 sums (the NLL summed over the
-  batch's tokens, one per read mask or intervention) and a token count. The sums are kept as exact
-  rationals (``fractions.Fraction`` of each float64 value, which is exact) and rounded once, when
-  the mean is taken. Exact addition does not depend on the order or the grouping of its terms, so
-  the sums of N shards add up to the unsharded sums bit for bit.
-- A shard is a contiguous run of whole batches (batch b holds windows [b B, (b + 1) B) of the
-  held-out set, B the batch size): shard I of N (1-based) takes batches [floor((I-1) n / N),
-  floor(I n / N)) of the n batches. Every batch is the one the unsharded run evaluates, with the
-  same windows, so its sums are the same numbers. A shard may hold no batch (fewer batches than
-  shards): its sums are zero.
-
-Partial results. A running shard writes ``RUN_DIR/analysis_shards/<analysis>_<I>of<N>.partial.json``
-(atomically: a temporary file renamed over it) at most every ``save_every`` seconds and after its
-last batch: the sums of the batches done so far and the next batch. A later run of the same shard
-continues from it when it was made for the same settings (:func:`shard_key`: the weights' sha256,
-the held-out split's shards, window length, window count, batch size, precision, the calibration
-of the interventions, the code version); otherwise it says why and starts the shard again. A
-finished shard writes ``<analysis>_<I>of<N>.json`` and removes its partial file; the unsharded
-analysis (shard 1 of 1) writes the analysis JSON instead.
-
-The merge (``--merge N``) reads the N shard files and refuses, in one line naming the file, a
-missing or unfinished shard, one made for other settings or for another shard count, and shards
-that do not cover every batch exactly once.
+A running shard keeps its partial sums in ``RUN_DIR/analysis_shards/<analysis>_<I>of<N>.partial.json``
+and continues from them when run again with the same settings (:func:`shard_key`, the code
+version); a finished one writes ``<analysis>_<I>of<N>.json``. The merge refuses, in one line, a
+missing, unfinished or foreign shard, and shards that do not cover every batch exactly once.
 """
 
 from __future__ import annotations
@@ -45,6 +25,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.files import atomic_write_json
 
 SHARDS_DIR = "analysis_shards"  # in the run folder: the shard files and the partial results
 FORMAT = 1  # of the shard and partial files
@@ -207,8 +188,6 @@ def run_shard(analysis: str, key: dict, shard: Shard, n_windows: int, batch_size
     def doc(next_batch: int, complete: bool) -> dict:
         return {**base, "next_batch": next_batch, "complete": complete, **sums.to_json(), "device": device,
                 "code_version": code_version}
-
-    from stateloop.files import atomic_write_json
 
     last = time.monotonic()
     bar = tqdm(total=hi - lo, initial=start - lo, desc=f"{analysis} {shard.label}", unit="batch", disable=not progress,

@@ -1,11 +1,10 @@
-"""The analyze stage (``stateloop analyze``, commands/analyze.py parses its flags): the held-out
-set-up every analysis shares, the calibration sample of the interventions, the run of one
-analysis (whole, one shard of it, or the merge of its shards: analysis/shards.py), its JSON and its
-MLflow logging. The protocol is the one commands/analyze.py describes: the held-out data of the
-run's ``stateloop eval`` (analysis/common.py), then the flags."""
+"""The analyze stage (``stateloop analyze``): the held-out set-up, the interventions' calibration,
+one analysis run whole, as one shard or as the merge of its shards (analysis/shards.py), its JSON
+and MLflow logging."""
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,14 +14,17 @@ import torch
 from stateloop.analysis import common, interventions, shapley, shards
 from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import StateStats, state_statistics
+from stateloop.analysis.jobs import CALIBRATION_FILE
 from stateloop.analysis.request import Request
-from stateloop.config import ConfigError
+from stateloop.config import ConfigError, from_dict
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
+from stateloop.models.config import ModelConfig
+from stateloop.models.registry import build_model
 from stateloop.pipeline import PipelineConfig
 from stateloop.resolve import resolve_eval
-from stateloop.runs import load_model, resolve_device, resolve_run_arg
+from stateloop.runs import load_model, read_weights, resolve_device, resolve_run_arg
 
-CALIBRATION_FILE = "interventions_calibration.pt"  # in the run folder
+
 def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
     """Set up the held-out data, then evaluate the analysis (whole, or one shard: --shard) or merge
     its shards (--merge), write its JSON and log it to MLflow. ``pipeline``: the config
@@ -84,11 +86,6 @@ def _check_sharding(args) -> shards.Shard | None:
 def _shape_only(run_dir):
     """The run's model on the meta device (its config and class; no weights read) and its saved
     config: all that a merge needs of the model."""
-    from stateloop.config import from_dict
-    from stateloop.models.config import ModelConfig
-    from stateloop.models.registry import build_model
-    from stateloop.runs import read_weights
-
     _, blob = read_weights(run_dir, tensors=False)
     mcfg = from_dict(ModelConfig, blob["config"].get("model"), "model")
     return build_model(mcfg, device="meta", init=False).eval(), blob["config"]
@@ -333,8 +330,6 @@ def _continues(args, run_dir, setup: EvalSetup, path: Path) -> bool:
     if not (partial.is_file() and path.is_file()):
         return False
     try:
-        import json
-
         made = json.loads(partial.read_text()).get("key", {}).get("calibration")
         _, calib = _load_calibration(args, path, setup)
     except (ConfigError, OSError, ValueError, AttributeError):

@@ -1,40 +1,17 @@
 """What the jobs after training cost: per job of a pipeline config's DAG that evaluates or analyses a
-trained run, its FLOPs, its hours on one GPU at an assumed MFU, its time limit and whether it fits.
+trained run (workflow/rules/eval.smk, analysis.smk), its FLOPs, its hours on one GPU at an assumed
+MFU, its time limit and whether it fits. ``eval``'s lm-eval tasks are bounded from above (each
+request of :data:`LM_EVAL_REQUESTS` as a forward pass of a whole window; a task of unknown size is
+named and not counted); ``eval_depth`` is a forward pass per window at each K'; ``shapley`` and
+``interventions`` are their prefix-shared trees (analysis/shapley.py, interventions.py), sharded
+as analysis/jobs.py says (a merge costs no FLOPs).
 
-The jobs (workflow/rules/eval.smk, analysis.smk), each on one GPU where the scale asks for one:
-
-- ``eval`` (every trained run): held-out perplexity, one forward pass per held-out window; for
-  the runs that score the scale's lm-eval tasks (Table 1's), those too, bounded from above: each
-  request of a task (:data:`LM_EVAL_REQUESTS`, at every few-shot count of ``eval.shots``; a
-  perplexity task's rolling windows once) as one forward pass of a whole window (a request is at
-  most ``max_length`` tokens; most are far shorter, so the hours are at most what is printed).
-  A task of unknown size is named in the row's note and not counted. Nor are the state's
-  diagnostics (a read per iteration).
-- ``eval_depth`` (the runs of the test-time-depth experiment): a forward pass per window at each
-  test-time depth K'.
-- ``shapley`` (the state-analysis runs): per window, the prefix-shared tree of all 2^K read masks
-  (analysis/shapley.py: 2^K - 1 iterations, 2^K heads). With ``resources.analyze.shapley_shards``
-  = N > 1, N ``shapley_shard`` jobs of whole batches of the windows, then ``shapley``, their merge
-  (it reads the shards' sums: no FLOPs, no GPU; analysis/jobs.py).
-- ``interventions``: the calibration sample's forward passes (64 windows of the train split), then
-  per held-out window the shared-prefix tree of the clean pass and every replacement and freezing
-  (analysis/interventions.py). With ``interventions_shards`` = N > 1: ``interventions_calibration``,
-  N ``interventions_shard`` jobs and the merge.
-
-FLOPs are counted, not modelled: the pieces of one window's forward pass (each iteration, each
-read, the head) run on the meta device under models/flops.py's counter (every matmul and attention
-product the model performs; elementwise work is not counted, as for MFU), and are combined as the
-analysis code combines them; tests/analysis/test_cost.py checks each combination against the
-counter run over the analysis's own code. Hours = FLOPs / (MFU x peak). The default MFU, 30%, is
-what the eager training step measured on an H200 (benchmarks/records/gpu_check_h200_2026-12-04.json:
-0.297 for the 410M StateLoop at K = 7, batch 4 x 2,048); an analysis runs the same layers on batches
-of ``eval.batch_size`` windows, without the backward pass.
-
-The held-out windows: ``eval.heldout_windows`` where set, else the whole split, of ``eval.max_length``
-(else the run's ``train.seq_len``) tokens. The split's size is read from the tokenized data
-(``data/<scale>/meta.json`` under ``data_root``) where it exists; before tokenizing, from
-:data:`ASSUMED_SPLIT_TOKENS`, else ``split_tokens`` (scale -> tokens) given by the caller; a scale
-without any has no estimate (``None``), unless ``eval.heldout_windows`` caps it.
+FLOPs are counted, not modelled: the pieces of one window's forward (each iteration, each read, the
+head) run on the meta device under models/flops.py's counter and are combined as the analysis code
+combines them (tests/analysis/test_cost.py checks each against the counter over the analysis's own
+code). Hours = FLOPs / (MFU x peak), the MFU the training step's (ops/cost.py). The held-out split's
+size comes from the tokenized data where it exists, else :data:`ASSUMED_SPLIT_TOKENS`, else the
+caller's ``split_tokens``; a scale without any has no estimate unless ``eval.heldout_windows`` caps it.
 """
 
 from __future__ import annotations

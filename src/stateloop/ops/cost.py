@@ -1,59 +1,29 @@
 """What training every run of a pipeline config costs (``stateloop plan``): per run, parameters,
-decoder-layer applications per token, training tokens and FLOPs (models/flops.py), the planned
-peak GPU memory per device (ops/memory.py) against ``train.gpu_memory_gib``, and the wall time
-of its training at an MFU: compute, the exposed gradient communication, validation, checkpoints and
-restarts, against the runtime its SLURM job asks for; then totals per experiment and overall (each
-run once). ``--compare-strategies`` sets each run's alternatives side by side (DDP or FSDP's
-shardings, micro-batch, activation checkpointing, the loss in chunks). Where the device memory is
-known, the plan chooses among them (:func:`choose`, :func:`choose_for_scale`): DDP where it fits
-within the limit less a margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
+FLOPs (models/flops.py), the planned peak memory per device (ops/memory.py) against
+``train.gpu_memory_gib``, and the wall time at an MFU against its SLURM job's runtime; totals per
+experiment and overall. ``--compare-strategies`` sets each run's alternatives side by side; where
+the memory is known the plan chooses (:func:`choose`): DDP where it fits within the limit less a
+margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
 
-**Time of one optimiser step** (per device; ``accumulation`` micro-batches):
+**Time of one optimiser step** (per device):
 
-- Compute: the micro-batch's training FLOPs (forward + backward matmuls, models/flops.py) at ``mfu``
-  of ``peak_tflops``. [assume] The MFU is the one measured for these models in eager PyTorch: 30%
-  of an H200's datasheet bf16 peak at Table 4's 410M shapes (benchmarks/records/
-  gpu_check_h200_2026-12-04.json), and [assume] the same at every micro-batch (there: 4 x 2,048
-  tokens; the plan compares 1 to 8). Activation checkpointing adds the recomputed forward (a third of
-  the checkpointed part's FLOPs: everything but the head, whose share is 6 d V per token), a chunked
-  loss the head's forward again (2 d V per token), at the same rate.
-- Exposed communication: the gradients' reduction overlaps the backward only from the moment a
-  gradient is final, which for a parameter is when backward reaches its first use in the forward
-  (the measured order, ops/memory.py). In a looped model the shared stack's gradients are final
-  only in the backward of its first application, the last 1/K of backward, so little of the
-  reduction overlaps. Modelled as one queue: each parameter's bytes join when final (at the
-  fraction of backward their first use sets), the link reduces them in turn, and what is left
-  when backward ends is exposed. DDP: one all-reduce of the float32 gradients per step (on the last
-  micro-batch), a ring over all ranks: 2 (N - 1) / N of the bytes cross each node's links.
-  FSDP (FSDP2, train/parallel.py: float32 gathered and reduced, 4 bytes a parameter): the
-  gradients reduce-scattered over the shard group ((S - 1) / S of them; the hybrid shardings
-  all-reduce the shards across nodes too), and parameters all-gathered, each all-gather exposed
-  where it takes longer than the application before it computes. ``full``/``hybrid``: a unit is
-  gathered at every application, in the forward and again in backward (2K per looped unit and
-  micro-batch), the root once in each; ``grad_op``: once per unit in the forward, and in backward
-  K - 1 times per looped unit (FSDP2 reshards a unit after each backward application), the root
-  once. With accumulation a looped unit is reduce-scattered twice in the last micro-batch (FSDP2
-  reduces the earlier micro-batches' gradient at the unit's first post-backward). These counts are
-  what ops/fsdp_probe.py measures (tests/train/test_memory_plan.py). [assume] Links: ``inter_node_gbps`` per node
-  (default 400 Gb/s, one NDR InfiniBand port: a node with a port per GPU has 8 x that, ``--inter-
-  node-gbps 3200``) and ``intra_node_gbs`` per GPU within a node (default 360 GB/s, NCCL's
-  all-reduce bus bandwidth over NVLink on 8 x H100 SXM); a collective that spans nodes runs at the
-  inter-node rate.
-- Validation every ``val_every`` steps (the forward's third of the FLOPs over ``val_tokens``),
-  checkpoints every ``checkpoint_every`` steps and at the end (weights and AdamW's moments in
-  float32, written and hashed at the rates slurm.py sizes SLURM's warning by:
-  :func:`checkpoint_seconds`), and each job's start (:data:`STARTUP_S`, plus reading the checkpoint
-  back, [assume] as long as writing it, when it resumes).
+- Compute: the training FLOPs at ``mfu`` of ``peak_tflops``. [assume] The MFU is the one measured
+  in eager PyTorch (30% of an H200's bf16 peak at Table 4's 410M shapes: benchmarks/records/
+  gpu_check_h200_2026-12-04.json), and [assume] the same at every micro-batch. Checkpointing adds
+  the recomputed forward, a chunked loss the head's forward again.
+- Exposed communication: a parameter's gradient can be reduced once backward reaches its first
+  use in the forward (the measured order, ops/memory.py); in a looped model that is the last 1/K
+  of backward for the shared stack. One queue: bytes join when final, the link reduces them in
+  turn, what is left at backward's end is exposed. DDP: one ring all-reduce per step. FSDP2: the
+  reduce-scatters and all-gathers that ops/fsdp_probe.py counts (tests/train/test_memory_plan.py).
+  [assume] Links: ``inter_node_gbps`` per node (400 Gb/s, one NDR InfiniBand port) and
+  ``intra_node_gbs`` per GPU (360 GB/s, NCCL's all-reduce bus bandwidth over NVLink on 8 x H100).
+- Validation, checkpoints (at slurm.py's rates: :func:`checkpoint_seconds`) and each job's start
+  (:data:`STARTUP_S`, plus reading the checkpoint back, [assume] as long as writing it).
 
-**Per job, not per total.** A SLURM training job asks for the scale's ``resources.train.runtime``
-minutes; before the limit (slurm.py's ``warning_seconds``: time to save a checkpoint) SLURM
-signals it, it checkpoints and requeues itself, and SLURM
-starts it again with a fresh limit, resuming (slurm.py): a run legitimately spans several
-such jobs, and Snakemake sees one. So the check is per job: a job must be able to make progress
-within its limit (start, resume, at least one step and a checkpoint before the warning); the plan
-prints how many jobs (limits) a run takes and flags ``requeue xN`` where it takes more than one
-(each requeue waits in the queue again) and ``no progress`` where a job cannot save a step, which
-would requeue forever.
+**Per job, not per total.** A training job checkpoints and requeues itself before its limit
+(slurm.py), so a run may span several jobs: the check is that a job can start, resume, make a step
+and save it within its limit (``no progress`` otherwise); ``requeue xN`` flags runs of several jobs.
 """
 
 from __future__ import annotations

@@ -1,33 +1,16 @@
 """The live memory of sharded training steps, measured: the check of ops/memory.py's FSDP terms.
 
-:func:`fsdp_step_memory` runs the sharded step in a fresh process: rank 0 of a fake process group
-of ``world`` ranks (``fake``: torch's ``FakeStore`` backend, whose collectives allocate nothing
-and move no data, so every allocation is FSDP2's own and the run is deterministic), or ``world``
-processes over gloo. The process builds the model in float32, shards it with train/parallel.py's
-:func:`~stateloop.train.parallel.shard` (the code the training loop runs) over the mesh of
-``train.fsdp_sharding``, makes AdamW, and trains two optimiser steps as train/loop.py does:
-``accumulation`` micro-batches, gradient synchronisation off on all but the last, the forward and
-the loss under bf16 autocast, the gradients clipped, the step, the gradients set to None. All of
-it runs under torch's profiler with ``profile_memory``: every allocation and free of the CPU
-allocator, with its address and the operators it was made in, so the live bytes at any instant
-are the running sum (the model is built inside the profile: nothing allocated before it is freed
-in it). From the second step (the moments exist by then):
-
-- ``static``: live bytes before it (the shards of weights and moments);
-- ``peak``: the most live bytes from its first forward to the end of its last backward, and
-  ``at_peak``, what is alive then (bytes, the allocating operators);
-- ``backward_start``: live bytes when the last micro-batch's loss is computed;
-- ``all_gathers_forward`` / ``all_gathers_backward`` / ``reduce_scatters``: the collectives of the
-  last micro-batch's forward and backward, and of the whole step (c10d's operators).
-
-Allocations made inside a collective (gloo's staging copies; NCCL keeps its buffers outside
-torch's allocator) are left out. Nothing here reads ops/memory.py. What the CPU cannot show:
-CUDA's streams (FSDP2 issues the next unit's all-gather while the current one computes, so a GPU
-may hold one more gathered unit in the forward than this run, which runs them in turn), the
-caching allocator, and the CUDA kernels' activations (the check uses a model whose memory is
-mostly parameters). With gloo, frees on its threads land at varying moments (three runs here
-peaked at the fake group's figure twice and 16% above it once): the fake group is the one the
-tests use.
+:func:`fsdp_step_memory` runs, in a fresh process, rank 0 of a fake process group of ``world``
+ranks (torch's ``FakeStore``: collectives allocate nothing, so every allocation is FSDP2's own and
+the run is deterministic), or ``world`` processes over gloo. It shards the model with
+train/parallel.py's ``shard`` and trains two optimiser steps as train/loop.py does, under torch's
+profiler with ``profile_memory``, so the live bytes at any instant are the running sum of its
+allocations. From the second step: ``static``, ``peak`` (and ``at_peak``: what is alive then),
+``backward_start``, and the collectives of the last micro-batch (``all_gathers_forward`` /
+``all_gathers_backward``) and of the step (``reduce_scatters``). Nothing here reads ops/memory.py.
+The CPU cannot show CUDA's streams (a GPU may hold one more gathered unit in the forward), the
+caching allocator or the CUDA kernels' activations; gloo's frees land at varying moments, so the
+tests use the fake group.
 
     python -m stateloop.ops.fsdp_probe [--sharding full] [--accumulation 1] [--world 2] [--fake]
 """

@@ -1,48 +1,21 @@
 """The planned peak GPU memory of one training process (``stateloop plan``, and the config check's
-gate on ``train.gpu_memory_gib``).
+gate on ``train.gpu_memory_gib``). Peak = static + activations + loss + allowance, per device:
 
-Peak = static + activations + loss + allowance, per device:
+- **Static**: weights, gradients and AdamW's two moments (4 bytes each under ``bf16-mixed``), DDP's
+  buckets with several processes; gradients only where they exist at the peak (``set_to_none``:
+  :func:`plan_memory` takes the larger of two instants). FSDP2: :func:`fsdp_static`, checked
+  against FSDP2's own allocations (ops/fsdp_probe.py: 0.5% under to 19% over them).
+- **Activations**: what autograd keeps for backward in one training forward, measured
+  (:func:`measure_saved`), then changed by ``train.activation_checkpointing`` (:func:`activations`).
+- **Loss**: the cross-entropy's buffers, 12 bytes a logit (:data:`LOSS_BYTES_PER_LOGIT`) over the
+  micro-batch or one chunk of ``train.loss_chunk_tokens`` (:func:`loss_bytes`).
+- **Allowance**: what ``torch.cuda.max_memory_allocated`` does not show (the allocator's free
+  blocks, workspaces, the CUDA context): :data:`ALLOWANCE_GIB` + :data:`ALLOWANCE_FRACTION` of the
+  rest ([assume]: not measured here).
 
-- **Static**: per parameter, with p the bytes of the parameters' dtype (4 under ``bf16-mixed``:
-  float32 master weights) the weights p, their gradients p and AdamW's two moments 2p; DDP's
-  gradient buckets p more (``gradient_as_bucket_view`` off, Fabric's default) when there are
-  several processes. Gradients are counted at the peak only when they exist there: the training
-  loop zeroes them with ``set_to_none``, so with one micro-batch per step they are allocated
-  during backward (:func:`plan_memory` takes the larger of the two instants that can be the peak).
-  FSDP (``train.fsdp_sharding``: FSDP2's ``fully_shard`` on every decoder layer and on the root,
-  train/parallel.py; float32 gathered and reduced, no cast): the shards of the float32 weights and
-  moments over the shard group (all ranks; a node's ranks for the hybrid strategies), the root and
-  the units gathered at the peak (each with its all-gather output), the looped units' gradient
-  sums, a reduce-scatter in flight, and accumulation's unsharded gradients (:func:`fsdp_static`).
-  Checked against FSDP2's own allocations (ops/fsdp_probe.py: torch's profiler over a real
-  sharded step in a fake process group, no code of this module): the plan lies between 0.5% under
-  and 19% over them (tests/train/test_memory_plan.py); it counts every looped unit's gradient sum
-  and weight copy alive at its instant, where the step frees some earlier. On a GPU FSDP2 also
-  gathers the next unit while the current one computes in the forward (CUDA streams); the CPU
-  measurement runs it in turn, and the plan counts the prefetched unit at both instants.
-- **Activations**: what autograd keeps for backward in one training forward at the run's
-  micro-batch, sequence length and precision, measured (:func:`measure_saved`), then changed by
-  ``train.activation_checkpointing``: measured too where the model checkpoints by itself
-  (models/looped.py's units, run live in the measurement), with the recomputation of the largest
-  unit in backward on top (:func:`activations`).
-- **Loss**: the cross-entropy's buffers at the start of backward, which the saved tensors do not
-  show: per logit, the log-softmax output (float32, saved), the NLL's gradient and the
-  log-softmax's gradient (float32 each): 12 bytes (:data:`LOSS_BYTES_PER_LOGIT`), over the whole
-  micro-batch (B x T x V logits), or over ``train.loss_chunk_tokens`` x V where the loss is
-  chunked (train/loss.py: one chunk's logits exist at a time, recomputed in backward). A caller
-  that keeps the low-precision logits alive through backward (benchmarks/gpu_check.py does) adds
-  their 2 bytes (:func:`loss_bytes` ``logits_kept``).
-- **Allowance**: the caching allocator's reserved-but-free blocks and fragmentation, cuBLAS and
-  NCCL workspaces and the CUDA context, none of which is in ``torch.cuda.max_memory_allocated``:
-  :data:`ALLOWANCE_GIB` + :data:`ALLOWANCE_FRACTION` of the rest ([assume]: not measured here;
-  the fraction also covers the 4.5% by which the H200 record lies above this estimate, below).
-
-Activations are measured on fake tensors (torch's ``FakeTensorMode``: shapes, no data) at the
-run's own shapes, with CUDA's fused RMSNorm (:class:`_FusedRMSNorm`) and, optionally, mamba_ssm's
-kernels (:func:`_mamba_kernels`); every decoder-layer application after the first of its shape is
-a stand-in that adds what the first kept (:class:`_Recorder`). Measurements are kept on disk
-(stateloop/measured.py, :func:`cache_dir`). How, why, the cost and the H200 calibration:
-docs/memory-plan.md; tests/train/test_memory_plan.py holds the numbers.
+Activations are measured on fake tensors at the run's own shapes, with CUDA's fused RMSNorm and,
+optionally, mamba_ssm's kernels; decoder-layer applications after the first of a shape are
+stand-ins (:class:`_Recorder`). How, why, and the H200 calibration: docs/memory-plan.md.
 """
 
 from __future__ import annotations
@@ -71,7 +44,6 @@ LOSS_BYTES_PER_LOGIT = 12  # float32 log-softmax output (kept) + the NLL's gradi
 ALLOWANCE_GIB = 1.5  # CUDA context, cuBLAS and NCCL workspaces
 ALLOWANCE_FRACTION = 0.08  # the allocator's free reserved blocks (~3%) + the H200 record's unexplained 4.5%
 
-FSDP_SHARDINGS = ("full", "hybrid", "grad_op", "hybrid_grad_op")
 CHECKPOINTING = ("none", "layer", "iteration")
 
 
@@ -519,12 +491,9 @@ _MEASURED: dict[str, dict] = {}
 def measure_saved(model_cfg, micro_batches, seq_len: int, precision: str = "bf16-mixed",
                   mamba_kernels: bool = False) -> list[dict]:
     """What one training forward of ``model_cfg`` keeps for backward at each of ``micro_batches``
-    (an int or a list) with ``seq_len`` tokens under ``precision`` (module docstring: fake tensors,
-    CUDA's fused RMSNorm, decoder-layer stand-ins), the loss excluded; a dict of
-    :class:`SavedProfile`'s fields each, with the parameter counts by role (``params``). Measured
-    once for each argument set and the code's digest (:func:`_code_digest`), kept in this process
-    and in :func:`cache_dir` (one small JSON file each), so that a config checked again costs no
-    measurement; the micro-batches not yet measured share one build of the model."""
+    (an int or a list), the loss excluded: :class:`SavedProfile`'s fields and the parameter counts
+    by role (``params``). Kept per argument set and code digest, in this process and in
+    :func:`cache_dir`, so that a config checked again costs no measurement."""
     mbs = [micro_batches] if isinstance(micro_batches, int) else list(micro_batches)
     keys = {}
     for mb in mbs:
@@ -802,25 +771,12 @@ class Activations:
 
 
 def activations(p: SavedProfile, checkpointing: str) -> Activations:
-    """The activation terms for a checkpointing level, from the measured profile ``p``. Autocast's
-    weight copies are made under every strategy (FSDP2 gathers the float32 weights and casts
-    nothing: train/parallel.py).
-
-    - ``none``: everything measured is kept; backward frees the last application of the looped
-      stack first (``loop_app_bytes``).
-    - ``layer`` / ``iteration``, where the model checkpoints by itself: what its units keep is
-      measured (``kept_<level>``: the forward run with the level live); backward recomputes one unit
-      at a time, the largest as the forward without checkpointing kept it, with the weight copies
-      autocast makes again for it (the forward's copies live only in autocast's cache, which empties
-      when the forward ends: ``recompute_<level>``). The forward's own peak holds every weight copy
-      (the cache) and one decoder layer at work.
-    - Otherwise derived from the forward without checkpointing: ``layer``, every decoder-layer
-      application keeps only its input (``layer_inputs`` in place of ``layer_bytes``) and one is
-      recomputed at a time; ``iteration``, every loop iteration (the looped stack's application and
-      the work beside it up to the next one) and every unique stack keeps its inputs (the stack's
-      input and the state the cell reads: ``unit_inputs`` in place of ``unit_bytes``) and the
-      largest is recomputed with its weight copies.
-    """
+    """The activation terms for a checkpointing level, from the measured profile ``p``: ``none``
+    keeps everything measured; a level measured live (``kept_<level>``) keeps that, and backward
+    recomputes its largest unit with the weight copies autocast makes again for it (its cache
+    empties when the forward ends); otherwise the level is derived from the forward without it,
+    each unit keeping only its inputs. The forward's own peak holds every weight copy and one
+    decoder layer at work."""
     if checkpointing == "none":
         return Activations(p.total, 0, 0, p.loop_app_bytes)
     if checkpointing not in CHECKPOINTING:
@@ -850,27 +806,19 @@ GATHERED_UNIT = 2  # x a unit's parameter bytes: its unsharded parameters + the 
 
 def fsdp_static(n: ParamCounts, setting: Setting, embedding: int) -> tuple[int, int]:
     """Parameter, gradient and optimizer bytes of one device under FSDP2 (train/parallel.py: every
-    decoder layer a unit, the root the rest; float32 gathered and reduced, no cast) at the two
-    instants of :func:`plan_memory`: (the start of backward, just after the looped stack's last
-    application's backward). ``embedding``: the token embedding's parameters (its gradient comes
-    last in backward). With p the parameters' bytes, S the shard group, U the largest unit:
+    decoder layer a unit, the root the rest; float32 gathered and reduced) at the two instants of
+    :func:`plan_memory`. With p the parameters' bytes, S the shard group, U the largest unit, R the
+    root, E the token embedding (``embedding``; its gradient comes last):
 
     - always: the shards of the weights and both moments, 3 p P / S;
-    - start: the root, gathered again for its backward (p R; FSDP2 reshards it after the forward),
-      and the first unit of backward prefetched (2 p U: :data:`GATHERED_UNIT`); ``grad_op``:
-      every decoder layer stays gathered from its forward (p (P - R)) and the last all-gather's
-      output (p U); accumulation: every earlier micro-batch's unsharded gradient (p P: no reduction
-      while gradient sync is off);
-    - after: the root (p R) and its gradients but the embedding's (p (R - E)), the looped units'
-      gradients summed over their K applications by autograd before they are final (in the
-      compute dtype: 2 bytes under bf16 autocast, where the sum is of the weights' bf16 copies),
-      the next unit prefetched (2 p U), the reduce-scatter of the unit just finished (its input
-      and output, p U (1 + 1/S)), and the shards of the unique stacks' reduced gradients; ``grad_op``
-      in place of the prefetched unit every decoder layer still gathered from its forward and the
-      last all-gather's output (an upper bound: a looped unit is resharded after its first backward
-      application, then gathered again at each, as under ``full``); accumulation: the earlier gradients of the root and the unique stacks
-      (p (R + unique)), and the looped units' as shards (FSDP2 reduce-scatters a gradient that
-      exists at a unit's first post-backward, the last application's)."""
+    - start: the root, gathered again (p R), the first unit prefetched (2 p U: :data:`GATHERED_UNIT`);
+      ``grad_op``: every layer still gathered from its forward and the last all-gather's output;
+      accumulation: the earlier micro-batches' unsharded gradients (p P);
+    - after: the root and its gradients but E's, the looped units' gradients summed over their K
+      applications (in the compute dtype), the next unit prefetched, the reduce-scatter in flight
+      (p U (1 + 1/S)), the unique stacks' gradient shards; ``grad_op`` as at the start (an upper
+      bound); accumulation: the root's and unique stacks' earlier gradients, the looped units' as
+      shards (FSDP2 reduces them at a unit's first post-backward)."""
     pb = parameter_bytes(setting.precision)
     low = pb if setting.precision in ("32-true", "64-true") or not setting.precision.endswith("mixed") else 2
     S, U = setting.shard_group, n.unit_max

@@ -1,30 +1,14 @@
 """What one training forward keeps for backward: the bytes autograd saves, measured on a real forward.
 
-:func:`saved_bytes` builds a model from its config (or takes one), runs the forward and the loss
-exactly as the training step does (train/loss.py) under a precision, an activation checkpointing
-level and a loss chunk size, and returns the bytes of every distinct storage autograd saved for
-backward, the parameters' own excluded. That is the activation memory a training step holds at its
-peak (between the loss and the backward), beside the parameters, gradients and optimizer state.
-Backward's transient buffers come on top of it and are not counted: under checkpointing, the
-recomputed unit's own saved tensors while its backward runs (one layer application's under
-``"layer"``, a whole stack application's under ``"iteration"``: the per-layer figure of
-``activation_checkpointing="none"`` times the layers of the unit), and the loss's logits (the whole
-micro-batch's without chunks, one chunk's with them), besides the gradients in flight.
-
-What is counted, under ``"bf16-mixed"`` (torch.autocast, as Lightning Fabric's plugin runs it):
-every activation a kernel keeps (in its dtype: bf16 matmul inputs, float32 norms and the state),
-the token ids and targets, and the bf16 copies autocast makes of the weights for the matmuls that
-keep them (a copy per weight and forward, which is why :func:`activation_bytes` reports a part that
-does not grow with the batch). Under checkpointing, a unit's inputs only.
-
-:func:`activation_bytes` separates the two parts from two probes (batch 1 and 2): bytes per token of
-the micro-batch, and the fixed bytes. :func:`layer_application_bytes` gives the bytes per token of
-one decoder-layer application (one more layer in the looped stack, divided by the applications it
-adds): the figure a memory plan scales by the unrolled depth. Every saved tensor of these models is
-per token (the CPU and CUDA attention kernels keep O(T) per sequence, not the T x T scores), so the
-per-token figures do not depend on the sequence length the probe ran at; they do depend on the
-device's kernels (measure on the device a plan is for where its kernels differ: flash-attn,
-mamba_ssm).
+:func:`saved_bytes` runs the forward and the loss as the training step does (train/loss.py) under a
+precision, a checkpointing level and a loss chunk size, and returns the bytes of every distinct
+storage autograd saved, the parameters excluded: the activation memory at a step's peak (backward's
+transient buffers come on top). Under ``bf16-mixed`` that includes autocast's weight copies, the
+part that does not grow with the batch. :func:`activation_bytes` separates the per-token and fixed
+parts from two probes (batch 1 and 2); :func:`layer_application_bytes` gives one decoder-layer
+application's bytes per token. Every saved tensor of these models is O(T) per sequence, so the
+per-token figures do not depend on the probe's sequence length; they do depend on the device's
+kernels.
 """
 
 from __future__ import annotations

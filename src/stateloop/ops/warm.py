@@ -1,37 +1,19 @@
 """Warm starts: one process imports the heavy libraries once, and each local DAG job is forked from it.
 
-Every DAG job is a fresh ``stateloop`` process, and most of a small job's cost is importing torch,
-Lightning Fabric (which imports ``torch._dynamo``), MLflow with its sqlalchemy store, lm-eval and
-transformers: about 5-7 CPU-seconds of a tiny training job's 7 (benchmarks/records/2026-12-03-warm-starts.md). For a local
-run, the Snakefile's ``onstart`` starts a server (:func:`start`) that imports them once and listens
-on a Unix socket named by ``$STATELOOP_WARM``. A ``stateloop`` command (:func:`delegate`, called
-first thing by the console script) sends it its argv, working directory, environment and its three
-standard streams (as file descriptors); the server forks a child that takes them over, runs the
-command as a fresh process would, and reports its exit status. The command's process stays as the
-job's process: it forwards the signals it gets (Ctrl-C, SIGTERM, SIGUSR1) to the child and exits
-with the child's status, or dies by the child's signal. A child whose command process disappears
-(killed with SIGKILL) sends itself SIGTERM, as the job would have got.
+Importing torch, Fabric, MLflow, lm-eval and transformers is most of a small job's cost
+(benchmarks/records/2026-12-03-warm-starts.md). For a local run the Snakefile's ``onstart`` starts a
+server (:func:`start`) on the Unix socket ``$STATELOOP_WARM``; a ``stateloop`` command
+(:func:`delegate`, first thing in the console script) sends it its argv, directory, environment
+and standard streams; the server forks a child that runs the command as a fresh process would. The
+command's process stays the job's: it forwards its signals to the child and exits with its status.
 
-The child is the fresh process it stands for, except for what was imported before the fork, so the
-server serves only requests that cannot tell the difference and refuses the rest (the command then
-runs in its own process, as without a server):
-- the same interpreter, module search path and working directory;
-- the same environment, except the variables of :data:`PER_JOB`, which are applied in the child
-  (thread counts through ``torch.set_num_threads``; temporary folder) and a job step's task
-  variables (:data:`PER_TASK`: ``SLURM_*``, the rendezvous address), read only once a command
-  runs; so a job whose shell line sets ``HF_HUB_OFFLINE`` is not served;
-- the same placement: the command's cgroup and CPU affinity are the server's, so a child runs with
-  the limits the command would have had. A task a real ``srun`` starts sits in its step's cgroup and
-  is refused; the tasks of a rehearsal's local stand-in (stateloop/ops/rehearse/srun.py) are served;
-- the project's own modules are imported afresh from disk in every child (the server imports none
-  but this one), so editing the code during a DAG behaves as it does without the server.
-[choice] Left as the server has them: numpy's BLAS runs on one thread in every served job (the
-server starts with ``OPENBLAS_NUM_THREADS=1`` so that it has no threads to fork), and the
-interpreter's string-hash seed. numpy's global random state is reseeded in each child, as a fresh
-process's is. A process with threads cannot be forked safely, so the server refuses to serve if
-importing left any.
-
-``STATELOOP_WARM=off`` turns it off for a DAG; SLURM runs (non-local executors) never start one.
+The server serves only requests that cannot tell the difference, and refuses the rest (the command
+then runs in its own process): the same interpreter, path, directory and environment (but
+:data:`PER_JOB`, applied in the child, and :data:`PER_TASK`), the same cgroup and CPU affinity (a
+real ``srun`` task is refused); the project's modules are imported afresh in every child.
+[choice] Left as the server has them: numpy's BLAS on one thread and the string-hash seed. A
+process with threads cannot be forked safely, so the server refuses to serve if importing left any.
+``STATELOOP_WARM=off`` turns it off; SLURM runs never start one.
 """
 
 from __future__ import annotations

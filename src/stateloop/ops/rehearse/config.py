@@ -1,31 +1,14 @@
 """The rehearsal of a config: the same DAG with every setting kept and only sizes shrunk.
 
-:func:`shrink` maps a config mapping (as ``configs/*.yaml`` holds it) to its rehearsal. What a
-user's run exercises is **kept**: every scale, experiment, model and model option; K (MeSH's and
-Parcae's K = 10 too) and the structure of d_s (d_s = d stays d_s = d; Figure 3's sweep stays the
-same fractions of d); precision (``bf16-mixed`` becomes CPU bf16 autocast); strategy (FSDP too:
-FSDP2 over gloo, train/parallel.py; with two "nodes" of one process a hybrid sharding replicates
-whole parameters, and tests/train/test_fsdp.py shards them on 2 x 2 ranks); the world shape
-(several nodes become 2 "nodes" x 1 process started by a local ``srun`` with SLURM's variables,
-several devices on one node 2 processes; gloo between them); gradient accumulation; the
-checkpoint / validation cadence (every 2 steps, so a resume has a checkpoint); the data stage's
-code path and the offline one (a hub source and the tokenizer keep their hub names, fetched by
-``stateloop prefetch`` from a stand-in Hub serving local folders in the hub's layout into empty
-caches, then read offline: rehearse/run.py); the evaluation tasks by their lm-eval names and shot
-counts; the analyses' splits; Table 3's dtype (``auto`` is bf16 on the GPUs a CUDA config runs
-on); rendering.
-
-What is **shrunk**: an experiment's seeds (the first two), widths (d = 32 with head dim 8; SwiGLU widths, d_s and the mixers' widths
-by the same factor), layer counts (/8, at least 1), token budgets (4 optimiser steps of 32-token
-windows; a compute ladder's n-th rung n times 4), the data read, evaluation examples and windows, benchmark token counts, resources.
-The vocabulary is kept: the tokenizer is the config's own.
-
-**Changed**: evaluation in ``bf16-mixed`` runs in float32. On a CPU without bf16 instructions
-(AVX2), a bf16 matmul of a GPT-NeoX-vocabulary head takes ~1 s per batch of four 128-token
-windows, 6x float32's, and the paper config's ten Table 1 evaluations spent most of the
-rehearsal's minutes there. Evaluation under CPU bf16 autocast is tested on its own
-(tests/evaluate/test_lm.py); training keeps bf16 autocast here.
-
+:func:`shrink` maps a config mapping to its rehearsal. **Kept**: every scale, experiment, model and
+option; K and the structure of d_s; precision (CPU bf16 autocast); strategy (FSDP2 over gloo); the
+world shape (several nodes: 2 "nodes" x 1 process under a local ``srun``); accumulation; the
+checkpoint and validation cadence (every 2 steps, so a resume has a checkpoint); the data stage's
+hub and offline paths (rehearse/run.py); the lm-eval tasks and shots; the analyses' splits; Table
+3's dtype; rendering. **Shrunk**: seeds (the first two), widths (d = 32, head dim 8), layer counts
+(/8), token budgets (4 steps of 32-token windows), data, evaluation sizes, resources; the
+vocabulary is kept. **Changed**: evaluation in ``bf16-mixed`` runs in float32 (a bf16 head matmul
+without AVX-512 bf16 is 6x float32's; CPU bf16 evaluation is tested in tests/evaluate/test_lm.py).
 :func:`kept_settings` lists, per scale, the settings a test checks in the rehearsal's records.
 """
 

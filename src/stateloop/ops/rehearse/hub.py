@@ -1,25 +1,12 @@
 """A stand-in for the Hugging Face Hub that serves local folders as its repositories, for rehearsals.
 
-A cluster whose compute nodes have no network fetches what its jobs read from the Hub before they
-run (``stateloop prefetch``, stateloop/prefetch.py): huggingface_hub's ``hf_hub_download`` and
-``snapshot_download`` into the cache the jobs then read offline. A rehearsal runs that same code
-against this server (``HF_ENDPOINT`` pointing at it), with an empty cache, and stops the server
-before the DAG runs offline, as the compute nodes do.
-
-Served, for each repository (``(repo_type, repo_id) -> folder``, every file of the folder but
-hidden ones, at one revision whose commit hash is a digest of the folder's files):
-
-- ``GET /api/{models,datasets}/{repo_id}[/revision/{rev}]``: the repository's info (``sha``,
-  ``siblings``), as ``HfApi.repo_info`` reads it;
-- ``GET /api/{models,datasets}/{repo_id}/tree/{rev}[/{path}]``: the file listing
-  (``HfApi.list_repo_tree``, which ``snapshot_download`` caches as the snapshot's tree);
-- ``HEAD``/``GET /[datasets/]{repo_id}/resolve/{rev}/{path}``: a file, with the headers
-  ``hf_hub_download`` reads (``X-Repo-Commit``, ``ETag``: the git blob id, ``Content-Length``),
-  ``Range`` requests for resumed downloads;
-- anything else: 404 with the Hub's ``X-Error-Code`` (RepoNotFound, EntryNotFound,
-  RevisionNotFound), which huggingface_hub turns into its own exceptions.
-
-Only what those two functions use is served: it is not a Hub.
+A rehearsal runs ``stateloop prefetch`` (huggingface_hub's ``hf_hub_download`` and
+``snapshot_download``) against this server (``HF_ENDPOINT``) into an empty cache, then stops it
+before the DAG runs offline, as on compute nodes without network. Served, per repository
+(``(repo_type, repo_id) -> folder``, one revision whose hash is a digest of the files): the info
+and tree endpoints of ``/api/{models,datasets}/{repo_id}``, ``HEAD``/``GET .../resolve/{rev}/{path}``
+with the headers ``hf_hub_download`` reads and ``Range``, and else a 404 with the Hub's
+``X-Error-Code``. Only what those two functions use is served: it is not a Hub.
 """
 
 from __future__ import annotations

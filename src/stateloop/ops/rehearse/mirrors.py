@@ -1,39 +1,16 @@
 """Local folders in a hub dataset's file layout and record schema, for rehearsals offline.
 
-A rehearsal reads a config's hub dataset from a small local folder laid out as the hub
-repository is, through the same ``datasets.load_dataset(path, hub_config, data_files=...,
-split=..., streaming=True)`` call the hub name gets (data/sources.py): only ``data.source``
-changes, so the config's ``data_files``, split names, ``hub_config`` and held-out fractions are
-exercised as they are.
-
-Mirrors (:data:`MIRRORS`, keyed by hub name):
-
-- ``monology/pile-uncopyrighted``: ``train/00.jsonl.zst`` .. ``train/29.jsonl.zst``,
-  ``val.jsonl.zst``, ``test.jsonl.zst`` (zstd-compressed JSON lines ``{"text": ...,
-  "meta": {"pile_set_name": ...}}``) and a README.md whose front matter declares no configs
-  (as the repository's: ``datasets`` infers a ``train`` split only, hence the config's
-  ``data_files``). Train, val and test hold distinct documents.
-- ``HuggingFaceFW/fineweb-edu``: parquet files ``sample/10BT/000_00000.parquet``, ... (for
-  ``hub_config: sample-10BT``; ``sample-100BT`` -> ``sample/100BT/``, ``CC-MAIN-2024-10`` ->
-  ``data/CC-MAIN-2024-10/``, none -> ``default`` over ``data/*/*``) with the dataset's ten columns
-  (text, id, dump, url, file_path, language: string; language_score, score: float64;
-  token_count, int_score: int64), and a README.md whose front matter declares that one config
-  as the hub's dataset card does. The dataset has one split, so the tokenize stage holds val and
-  test out by a hash of each document's content; the mirror picks its documents so that
-  ``n_val_docs`` / ``n_test_docs`` of them fall in val / test under the config's own hash
-  (seed and fractions), enough held-out windows at a size where 0.1% would be none.
-
-Documents are cut deterministically from the shared text (``shared_data``: Tiny Shakespeare's
-speeches, as "Gutenberg (PG-19)", and WikiText-2's validation articles, as "Wikipedia (en)") or,
-with ``shared_data=None``, from the synthetic generator's paragraphs ("Pile-CC"). WikiText-2's
-test.txt and LAMBADA are left out on purpose: a rehearsal evaluates on them.
-
-Writing is idempotent: every file is built in memory, the folder is named after the files'
-digest (``OUT/<org>--<name>-<digest>``: mirrors of different content never share a folder), each
-file is written (atomically) only when its bytes differ from what the folder holds, and files
-the mirror does not list are removed. A rerun with the same arguments leaves the folder,
-modification times included, as it was (the tokenize stage's fingerprint covers the folder's
-files with their sizes and mtimes).
+A rehearsal reads a config's hub dataset from a small local folder laid out as the hub repository
+is, through the same ``datasets.load_dataset`` call (data/sources.py): only ``data.source`` changes,
+so ``data_files``, split names, ``hub_config`` and held-out fractions are exercised as they are.
+:data:`MIRRORS`: ``monology/pile-uncopyrighted`` (zstd JSON lines, a README declaring no configs,
+as the repository's) and ``HuggingFaceFW/fineweb-edu`` (parquet with the dataset's ten columns per
+``hub_config``; its one split is held out by hash, so the mirror picks documents that fall in val
+and test under the config's own hash). Documents come from the shared text (Tiny Shakespeare,
+WikiText-2's validation articles) or the synthetic generator; WikiText-2's test and LAMBADA are
+left out on purpose (a rehearsal evaluates on them). Writing is idempotent: a folder named by the
+files' digest, each file written only when its bytes differ (the tokenize stage's fingerprint
+covers mtimes).
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Prepare a rehearsal folder and run the config's DAG in it.
 
-A rehearsal folder ``OUT`` holds
-
-    config.yaml      the shrunk config (rehearse/config.py); hub names stay hub names
-    hub-data/        each hub dataset of the config as a local folder in its hub layout (mirrors.py)
-    hub-models/      the config's hub tokenizer's tokenizer.json, as its hub repository holds it
-    hub-tasks/       the datasets of the config's lm-eval tasks, each in its hub layout under the name
-                     lm-eval's own task YAML reads (tasks.py; tasks.json says what each holds)
-    hf-home/         the Hugging Face caches the jobs read (hub/, datasets/), empty until the prefetch
-    bin/srun         the local stand-in for SLURM's srun (srun.py)
-
-and, once the DAG ran, its ``data/``, ``results/``, ``figures/`` and ``logs/``: Snakemake runs
-the repository's own Snakefile with ``--directory OUT``, so nothing of a real run is touched.
-
-As on a cluster whose nodes have no network, :func:`prepare` ends with ``stateloop prefetch``
-(ops/prefetch.py) against a stand-in for the Hub that serves ``hub-data/``, ``hub-models/``
-and ``hub-tasks/`` (hub.py) under the config's own hub names and those of its tasks' datasets, into
-the empty ``hf-home/``; then the stand-in stops. The evaluation jobs read lm-eval's own task YAMLs,
-unchanged, whose datasets then resolve from the caches. The jobs see ``PATH=OUT/bin:$PATH``,
-``HF_HOME=OUT/hf-home``, the offline switches of huggingface_hub and datasets, and no network:
-the Hub's endpoint and every HTTP proxy point at a closed port (loopback itself stays, for the
-training's processes). A job that needs a file the prefetch did not fetch fails at its start,
-naming it.
+``OUT`` holds ``config.yaml`` (rehearse/config.py), ``hub-data/`` (mirrors.py), ``hub-models/`` (the
+tokenizer), ``hub-tasks/`` (tasks.py), ``hf-home/`` (the caches, empty until the prefetch) and
+``bin/srun`` (srun.py); Snakemake runs the repository's Snakefile with ``--directory OUT``, so
+nothing of a real run is touched. :func:`prepare` ends with ``stateloop prefetch`` against the
+stand-in Hub (hub.py), then stops it; the jobs see ``PATH=OUT/bin:$PATH``, ``HF_HOME=OUT/hf-home``,
+the offline switches and no network (the endpoint and proxies at a closed port), so a job that
+needs a file the prefetch did not fetch fails at its start, naming it.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """A stand-in for SLURM's ``srun`` that starts a multi-node job step on this machine.
 
-The train rule launches multi-node training as ``srun --nodes=N --ntasks-per-node=T
---cpus-per-task=C stateloop train ...``; on a cluster, srun starts N x T tasks and gives each the
-SLURM variables Lightning Fabric's ``SLURMEnvironment`` reads. A rehearsal puts this script first
-on PATH as ``srun``, so the same command line starts N x T local processes with the variables a
-real job step has:
-
-    SLURM_JOB_ID, SLURM_JOB_NAME, SLURM_NNODES, SLURM_NTASKS, SLURM_NTASKS_PER_NODE,
-    SLURM_NODELIST, SLURM_CPUS_PER_TASK, SLURM_STEP_ID; per task SLURM_PROCID (global rank),
-    SLURM_NODEID (node rank) and SLURM_LOCALID (rank on its node);
-    MASTER_ADDR = 127.0.0.1 and MASTER_PORT = a free port (on a cluster Fabric derives them
-    from SLURM_NODELIST and SLURM_JOB_ID).
-
-Every "node" is this machine, so the processes talk over loopback (gloo on CPUs). Signals sent to
-the stand-in (SIGTERM, SIGUSR1, SIGINT: SLURM's pre-timeout and preemption signals) go to every
-task, as srun forwards them. The exit status is the first non-zero status in rank order, else 0.
-
-``--kill-on-bad-exit=1`` (``-K``) ends the step as SLURM does once a task exits with a non-zero
-status: the other tasks and every process they started (slurmstepd signals the step's cgroup)
-get SIGCONT and SIGTERM, and SIGKILL after the cluster's KillWait (30 s unless
-``STATELOOP_SRUN_KILL_WAIT`` says other seconds): a task blocked in a collective does not run
-its SIGTERM handler, the SIGKILL ends it. The exit status is then the failed task's.
+A rehearsal puts it first on PATH, so the train rule's ``srun --nodes=N --ntasks-per-node=T ...``
+starts N x T local processes with the SLURM variables Lightning Fabric's ``SLURMEnvironment`` reads
+(and MASTER_ADDR = 127.0.0.1, MASTER_PORT a free port); they talk over loopback (gloo). Signals
+(SIGTERM, SIGUSR1, SIGINT) go to every task, as srun forwards them; the exit status is the first
+non-zero one in rank order. ``--kill-on-bad-exit=1`` (``-K``) ends the step as SLURM does when a
+task fails: SIGCONT and SIGTERM to the others and what they started, SIGKILL after KillWait (30 s,
+or ``STATELOOP_SRUN_KILL_WAIT``), since a task blocked in a collective never runs its handler.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """lm-eval's tasks' datasets as hub repositories under their real names, for the stand-in hub.
 
-A config's lm-eval tasks (``arc_easy``, ``hellaswag``, ...) read Hub datasets named in lm-eval's
-own task YAMLs (``dataset_path``, ``dataset_name``: ``allenai/ai2_arc`` with ``ARC-Easy``,
-``Rowan/hellaswag``, ...). :func:`write_task_repos` writes, for the tasks a rehearsal evaluates,
-one folder per such dataset in the layout ``datasets`` resolves from a Hub repository without a
-loading script:
-
-    README.md                                   a dataset card whose ``configs:`` map each config
-                                                (lm-eval's dataset_name; ``default`` where it names
-                                                none) and split to its file
-    {config}/{split}-00000-of-00001.parquet     (``data/...`` for the ``default`` config)
-
-with every split lm-eval's YAML names, in the record schema and with the content of
-:mod:`stateloop.evaluate.tasks.rehearsal` (LAMBADA, PIQA and WikiText-2 from the shared data,
-generated questions for the others). Tasks that share a dataset share its folder (``arc_easy``
-and ``arc_challenge``: ``allenai/ai2_arc`` with two configs). The rehearsal (run.py) serves these
-folders from the stand-in hub (hub.py) beside the corpus and the tokenizer, ``stateloop
-prefetch`` fetches them with lm-eval's own download, and the evaluation jobs read lm-eval's own,
-unchanged task YAMLs offline from the caches, as on a compute node.
-
-Loading scripts: ``datasets`` (4 and later; 5.2 here) refuses a Hub repository that holds one and
-no longer reads the Hub's parquet conversion (``refs/convert/parquet``) in its place, so serving
-that branch would not help; lm-eval's YAMLs name script-free repositories (``baber/piqa`` is a
-parquet copy of the script-based ``ybisk/piqa``), and these stand-ins are script-free as well.
-That the real ones are is not checked here (no network): public reports under datasets 5.x load
-Rowan/hellaswag, allenai/ai2_arc and allenai/winogrande, and lm-eval's issue #3171 lists the
-script-based paths that still fail, none of the EleutherAI ones read here among them.
-
-``tasks.json`` in the output folder records each task's repository, config, files and where
-their content comes from. Only the schema is real: the numbers measure nothing.
+:func:`write_task_repos` writes, for the tasks a rehearsal evaluates, one folder per dataset that
+lm-eval's own task YAMLs name (``dataset_path``, ``dataset_name``), in the layout ``datasets``
+resolves from a script-free Hub repository (a README whose ``configs:`` map each config and split
+to ``{config}/{split}-00000-of-00001.parquet``), with the schema and content of
+:mod:`stateloop.evaluate.tasks.rehearsal`. Tasks that share a dataset share its folder. The
+evaluation jobs then read lm-eval's unchanged YAMLs offline from the caches, as on a compute node.
+``datasets`` 4+ refuses repositories with loading scripts, and lm-eval's YAMLs name script-free
+ones (lm-eval's issue #3171 lists those that still fail, none read here). ``tasks.json`` records
+each task's repository, config, files and sources. Only the schema is real.
 """
 
 from __future__ import annotations
