@@ -76,7 +76,7 @@ def save_tiny_run(run_dir: Path, run, data_dir: Path, pipeline_config: str, max_
 
     torch.manual_seed(0)
     mcfg = tiny_model_config(run, max_seq_len)
-    config = {"run": {"id": run.id, "scale": run.scale, "model": run.model, "K": run.K,
+    config = {"run": {"id": run.id, "scale": run.scale,
                       "config": pipeline_config, "experiments": run.experiments},
               "model": to_dict(mcfg), "train": {"seq_len": SEQ}, "data": {"dir": str(data_dir.resolve())}}
     save_final(run_dir, build_model(mcfg).eval(), config)
