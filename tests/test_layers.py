@@ -4,6 +4,7 @@ modules of its own layer and of the layers listed before it, never of one listed
 core: the package itself and config.py (typed configs from YAML, ConfigError)
 files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
 models: models/ (the architectures and their registry; cycles inside models/ are allowed)
+fast: fast.py (the fused inference forms, applied to a built model from outside models/)
 data: data/'s config, synthetic text, shards and tokenizer
 parts: the pieces of stages that read no pipeline config: config sections, memory plan, sources, tokenizing, prefetch, task files, metrics
 pipeline: pipeline.py (scales, experiments, runs and their ids) and schema.py
@@ -35,6 +36,7 @@ LAYER_OF = {
     "stateloop.files": "files",
     "stateloop.measured": "files",
     "stateloop.models": "models",
+    "stateloop.fast": "fast",
     "stateloop.data": "data",
     "stateloop.data.config": "data",
     "stateloop.data.synthetic": "data",
@@ -52,6 +54,7 @@ LAYER_OF = {
     "stateloop.evaluate.tasks.rehearsal": "parts",
     "stateloop.train.config": "parts",
     "stateloop.train.memory": "parts",
+    "stateloop.train.checkpointing": "parts",
     "stateloop.train.memory_probe": "parts",
     "stateloop.train.slurm": "parts",
     "stateloop.train.signals": "parts",

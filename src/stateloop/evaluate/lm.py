@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer as data_load_tokenizer
 from stateloop.data.shards import read_meta
+from stateloop.fast import accelerate
 from stateloop.models.generate import greedy_steps
 from stateloop.pipeline import RunConfig
 from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, saved_run_config, trained_length
@@ -95,6 +96,7 @@ def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     model, saved = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
+    accelerate(model)  # the fused inference forms (stateloop/fast.py)
     config = config if config is not None else saved_run_config(run_dir, saved)
     if not config.data.dir:
         raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")

@@ -22,8 +22,8 @@ Peak = static + activations + loss + allowance, per device:
   measurement runs it in turn, and the plan counts the prefetched unit at both instants.
 - **Activations**: what autograd keeps for backward in one training forward at the run's
   micro-batch, sequence length and precision, measured (:func:`measure_saved`), then changed by
-  ``train.activation_checkpointing``: measured too where the model checkpoints by itself
-  (models/looped.py's units, run live in the measurement), with the recomputation of the largest
+  ``train.activation_checkpointing``: measured too (train/checkpointing.py's units, run live in
+  the measurement), with the recomputation of the largest
   unit in backward on top (:func:`activations`).
 - **Loss**: the cross-entropy's buffers at the start of backward, which the saved tensors do not
   show: per logit, the log-softmax output (float32, saved), the NLL's gradient and the
@@ -173,7 +173,7 @@ class SavedProfile:
     logits: int  # logits of the micro-batch (B x T x V)
     logit_itemsize: int  # bytes of one logit
     first_use: tuple = ()  # (fraction of the forward's layer applications before a parameter's first use, its count)
-    # Measured with the model's own activation checkpointing (models/looped.py: LoopedLM.unit), where
+    # Measured with activation checkpointing applied (train/checkpointing.py), where
     # it has it; 0: not measured (activations() then derives the level from the figures above)
     kept_layer: int = 0  # everything kept under 'layer'
     copies_layer: int = 0  # of which weight copies (those made outside every unit)
@@ -359,7 +359,7 @@ _LAYER_MEMO: dict[tuple, _LayerMemo] = {}
 class _Recorder:
     """The saved-tensors hook of one measurement and the stand-ins of decoder-layer applications.
 
-    Units of 'iteration' checkpointing, as models/looped.py makes them: every application of a
+    Units of 'iteration' checkpointing, as train/checkpointing.py makes them: every application of a
     stack of decoder layers (``Backbone``) opens one; a unique stack's closes with it, the looped
     stack's stays open over the iteration's work beside it (cell, mixer, read) until the next
     stack, or the final norm, starts. A unit's inputs: the stack's input and the state the cell
@@ -396,10 +396,6 @@ class _Recorder:
                 self._hooks.append(module.register_forward_pre_hook(self._use))
         self._hooks.append(model.norm_f.register_forward_pre_hook(lambda m, a: self._close_unit()))
         self.pack_fn = self.pack  # the hook as registered: stand-ins add bytes only while it is the active one
-        self.recompute: dict[str, int] = {}  # checkpoint level -> the most one of its units keeps (with copies)
-        self.model = model
-        if hasattr(model, "unit"):  # the model's checkpoint units (models/looped.py), measured as they run
-            model.unit = self._unit(model.unit)
         cell = getattr(model, "cell", None)
         if cell is not None:
             self._hooks.append(cell.register_forward_pre_hook(self._cell_pre))
@@ -467,20 +463,6 @@ class _Recorder:
             h.remove()
         for layer in self.layers:
             del layer.forward  # the class's forward again
-        if "unit" in vars(self.model):
-            del self.model.unit
-
-    def _unit(self, unit):
-        def wrapped(level, fn, *args):
-            frame = _Frame("checkpoint")
-            self.frames.append(frame)
-            try:
-                return unit(level, fn, *args)
-            finally:
-                self.frames.remove(frame)
-                self.recompute[level] = max(self.recompute.get(level, 0), frame.kept + frame.copies)
-
-        return wrapped
 
     def active(self) -> bool:
         """Whether what is saved now reaches this hook (not a checkpoint unit's own)."""
@@ -552,7 +534,7 @@ def _code_digest() -> str:
     (stateloop/measured.py; a cached measurement is used only while they are unchanged)."""
     from stateloop.measured import code_digest
 
-    return code_digest("train/memory.py")
+    return code_digest("train/memory.py", "train/checkpointing.py")
 
 
 def cache_dir() -> Path | None:
@@ -618,11 +600,12 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
     import torch
 
     from stateloop.models.backbone import Layer
+    from stateloop.train.checkpointing import checkpointed
 
     autocast_dtype = compute_dtype(precision)[0]
     out = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # FakeTensor's notes on data pointers (DerivedWeights' keys)
+        warnings.simplefilter("ignore")  # FakeTensor's notes
         model, mode = _fake_model(model_cfg, precision)
         layers = [m for m in model.modules() if isinstance(m, Layer)]
         loop = sum(p.numel() for p in model.backbone.parameters())
@@ -630,23 +613,21 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         total = sum(p.numel() for p in model.parameters())
         params = {"total": total, "loop": loop, "unique_layers": sum(sizes) - loop, "unit_max": max(sizes, default=0),
                   "root": total - sum(sizes)}
-        levels = [lv for lv in CHECKPOINTING if lv == "none" or _checkpoints(model)]
+        levels = CHECKPOINTING
 
         def run(B, level):
             rec = _Recorder(model)
             autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
                         else contextlib.nullcontext())
-            if level != "none":
-                model.activation_checkpointing = level
             try:
-                with mode, _cuda_norms(), (_mamba_kernels() if mamba_kernels else contextlib.nullcontext()):
+                # the units wrap the recorder's layer stand-ins (train/checkpointing.py), as they ran
+                with checkpointed(model, level), mode, _cuda_norms(), \
+                        (_mamba_kernels() if mamba_kernels else contextlib.nullcontext()):
                     idx = torch.zeros(B, T, dtype=torch.long)
                     with torch.autograd.graph.saved_tensors_hooks(rec.pack_fn, lambda t: t), autocast:
                         logits = model(idx).logits
             finally:
                 rec.close()
-                if level != "none":
-                    model.activation_checkpointing = "none"
             return rec, logits
 
         for B in micro_batches:
@@ -659,7 +640,7 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
                 alone = rec.layer_max + rec.layer_copies_max if level == "layer" else max(
                     (u.kept + u.copies for u in rec.units), default=0)
                 levels_measured.update({f"kept_{level}": other.total, f"copies_{level}": other.copies,
-                                        f"recompute_{level}": max(rec.recompute.get(level, 0), alone)})
+                                        f"recompute_{level}": alone})
             apps = max(rec.layer_apps, 1)
             first_use: dict[float, int] = {}
             for p in model.parameters():
@@ -678,15 +659,6 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
             })
             del logits
     return out
-
-
-def _checkpoints(model) -> bool:
-    """Whether the model checkpoints by itself (models/looped.py: ``activation_checkpointing``)."""
-    try:
-        model.activation_checkpointing = "none"
-    except (AttributeError, ValueError):  # pragma: no cover - a model without the attribute
-        return False
-    return hasattr(model, "unit")
 
 
 def measure_saved_full(model_cfg, micro_batch: int, seq_len: int, precision: str = "bf16-mixed") -> int:
