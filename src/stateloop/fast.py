@@ -88,7 +88,7 @@ def cell_forward(self: SelectiveStateCell, S: torch.Tensor | None, H: torch.Tens
     return selective_state_step(S, H, self.norm_h.weight, self.norm_h.eps, *self._fast_weights.get())
 
 
-def _cell_weights(cell: SelectiveStateCell):
+def cell_weights(cell: SelectiveStateCell):
     b = torch.cat([torch.zeros_like(cell.b_delta), cell.b_delta])
     return torch.cat([cell.W_u.weight, cell.W_delta.weight]), b, -torch.exp(upcast(cell.A_log))
 
@@ -103,6 +103,6 @@ def accelerate(model: torch.nn.Module) -> torch.nn.Module:
             m.forward = types.MethodType(attention_forward, m)
         elif isinstance(m, SelectiveStateCell) and "_fast_weights" not in vars(m):
             m._fast_weights = Derived(lambda m=m: (m.W_u.weight, m.W_delta.weight, m.b_delta, m.A_log),
-                                      lambda m=m: _cell_weights(m))
+                                      lambda m=m: cell_weights(m))
             m.forward = types.MethodType(cell_forward, m)
     return model

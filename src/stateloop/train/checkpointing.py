@@ -40,6 +40,7 @@ from stateloop.train.config import CHECKPOINTING
 
 STATE_BRANCH = "update"  # StateLoop's state branch, a unit of its own under "layer" ([choice], module docstring)
 ITERATION_METHODS = ("step", "hyper_loop", "core_step", "repetition", "pondering_pass")
+# level -> (the module class whose every application is a unit, the model's methods that are units)
 UNITS = {"layer": (Layer, (STATE_BRANCH, "ponder")), "iteration": (Backbone, ITERATION_METHODS)}
 
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its _Units
@@ -94,19 +95,17 @@ class _Units:
                 setattr(owner, name, before)
 
 
-def apply_checkpointing(model: torch.nn.Module, level: str, state_branch: bool = True) -> torch.nn.Module:
+def apply_checkpointing(model: torch.nn.Module, level: str) -> torch.nn.Module:
     """Make ``model``'s units of ``level`` ("none", "layer" or "iteration") checkpoint in training
     forwards, in place of those of any level applied before; returns the model. Apply it before FSDP
-    shards the model. ``state_branch=False`` leaves StateLoop's state branch outside the "layer"
-    units (benchmarks/bench_memory.py compares the two)."""
+    shards the model."""
     if level not in CHECKPOINTING:
         raise ConfigError(f"train.activation_checkpointing: must be one of {', '.join(CHECKPOINTING)}; got {level!r}")
     old = _APPLIED.pop(model, None)
     if old is not None:
         old.remove()
     if level != "none":
-        methods = [m for m in UNITS[level][1] if state_branch or m != STATE_BRANCH]
-        _APPLIED[model] = _Units(model, level, methods)
+        _APPLIED[model] = _Units(model, level, UNITS[level][1])
     return model
 
 
@@ -116,10 +115,10 @@ def checkpointing_level(model: torch.nn.Module) -> str:
 
 
 @contextlib.contextmanager
-def checkpointed(model: torch.nn.Module, level: str, state_branch: bool = True):
-    """``model`` with the units of ``level`` for the duration, then its level before again."""
+def checkpointed(model: torch.nn.Module, level: str):
+    """``model`` with the units of ``level`` for the duration, then its units before again."""
     before = _APPLIED.get(model)
-    apply_checkpointing(model, level, state_branch)
+    apply_checkpointing(model, level)
     try:
         yield model
     finally:
