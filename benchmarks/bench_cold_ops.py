@@ -28,7 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import SHAPE  # noqa: E402  (the same model shape)
 
-from stateloop.fast import accelerate, cell_weights  # noqa: E402
+from stateloop.fast import accelerate  # noqa: E402
 from stateloop.models.cache import ModelCache  # noqa: E402
 from stateloop.models.config import ModelConfig  # noqa: E402
 from stateloop.models.kernels import cast, rms_norm, upcast  # noqa: E402
