@@ -1,20 +1,15 @@
-"""Fused inference forms of the model code, applied to a built model from outside (models/ holds the
-paper's printed forms only and never imports this module).
+"""Fused inference forms of the model code, applied to a built model from outside by
+:func:`accelerate` (models/ holds the paper's printed forms and never imports this module). They run
+only without gradients (decoding, evaluation, analyses), where a looped model applies them K times
+per token and at batch 1 the cost is per operator (benchmarks/records/2026-12-04-decode-python-cuts.md):
 
-:func:`accelerate` swaps the forwards of a model's attentions and eq. (6) cells for the forms below,
-which run only without gradients (decoding, evaluation, analyses; with gradients the printed forward
-runs). Per decoded token a looped model applies them K times, and at batch 1 the cost is per
-operator (benchmarks/records/2026-12-04-decode-python-cuts.md):
-
-- :func:`qkv_fused`: q, k, v from one product with [W_q; W_k; W_v] and RoPE once on q and k side by
-  side, instead of three products and two RoPEs;
+- :func:`qkv_fused`: q, k, v from one product with [W_q; W_k; W_v], RoPE once on q and k together;
 - :func:`selective_state_step`: eqs. (2), (5), (6) with one product with [W_u; W_Delta] (bias
-  [0; b_Delta]), -lambda made once, and eq. (6) as ``lerp`` (``addcmul`` at S = 0).
+  [0; b_Delta]), -lambda made once, eq. (6) as ``lerp`` (``addcmul`` at S = 0).
 
-Their floats agree with the printed forms to the dtype's rounding, not bit for bit (a product over
-concatenated weights may accumulate in another order; lerp rounds otherwise than g S + (1 - g) P):
-tests/models/test_decode_parts.py and tests/models/test_state_equations.py state the tolerances.
-The concatenated weights are made once and kept while the parameters stay (:class:`Derived`).
+Their floats agree with the printed forms to the dtype's rounding, not bit for bit (tolerances in
+tests/models/test_decode_parts.py, tests/models/test_state_equations.py). The concatenated weights
+are kept while the parameters stay (:class:`Derived`).
 """
 
 from __future__ import annotations

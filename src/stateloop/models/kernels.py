@@ -144,15 +144,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       history: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-PyTorch twin of :func:`causal_conv1d`; ``history`` (B, W-1, C) holds the inputs before
-    x (a cached sequence continued), zeros when None.
-
-    Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
-    ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
-    SiLU's on the transposed layout cost more than the rest of the block's elementwise work
-    (measured in benchmarks/records/2026-12-01-flops-state-branch-startup.md). Being elementwise,
-    it is not counted by models/flops.py's matmul count, like the decoding step's window
-    (:func:`conv1d_step`)."""
+    """Pure-PyTorch twin of :func:`causal_conv1d`, as W shifted multiply-adds in the (B, T, C)
+    layout; ``history`` (B, W-1, C) holds the inputs before x (a cached sequence continued), zeros
+    when None."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
     T, w = x.shape[1], weight.view(-1, W)
@@ -235,9 +229,8 @@ def ssd_decode_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
 
 
 def ssd_decode_step_ref(state, x, dt, A, B, C, D, dt_bias):
-    """Pure-PyTorch twin of :func:`ssd_decode_step`, in as few operations as possible (it runs K
-    times per decoded token in the Mamba-2 mixer): heads are viewed as (groups, heads per group x
-    head dim), so the outer product and the readout are one batched matrix product each."""
+    """Pure-PyTorch twin of :func:`ssd_decode_step`: heads viewed as (groups, heads per group x head
+    dim), so the outer product and the readout are one batched matrix product each."""
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
     sdt = state.dtype

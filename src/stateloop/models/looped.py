@@ -92,15 +92,8 @@ class ModelOutput:
 
 
 class LoopedLM(nn.Module):
-    """Vanilla Looped (module docstring) and the contract every registered model follows.
-
-    :meth:`forward` is written once, here, and does the decoding bookkeeping for every model:
-
-        h, rope = self.inputs(idx, cache)              the loop's input sequence, its RoPE positions
-        out = self.loop(h, rope, cache, **hooks)       ModelOutput: hidden = Y at the T real tokens
-        out.logits = self.lm_head(out.hidden)          eq. (11) (or out.loss = loss_fn(self, Y))
-        cache.advance(T)                               when decoding; T = idx.shape[1] real tokens
-
+    """Vanilla Looped (module docstring) and the contract every registered model follows:
+    :meth:`forward` is written once, here, with the decoding bookkeeping for every model.
     Subclasses override :meth:`loop` (the model itself: StateLoop's state, the baselines' unique
     stacks, streams and buffers) and, where their input sequence is not the scaled embedding at
     positions ``cache.seq_len ...``, :meth:`inputs` (PonderLM's z^0, Pause Token's pause-expanded
