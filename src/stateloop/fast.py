@@ -28,8 +28,7 @@ class Derived:
     """A tensor made from some parameters, kept while none of them moves or changes in place."""
 
     def __init__(self, params, make) -> None:
-        self.params, self.make = params, make
-        self.key = self.value = None
+        self.params, self.make, self.key, self.value = params, make, None, None
 
     def get(self):
         params = self.params()

@@ -133,12 +133,5 @@ class Backbone(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, n_layers: int | None = None, d_ff: int | None = None) -> Backbone:
-        return cls(
-            cfg.n_layers if n_layers is None else n_layers,
-            cfg.d_model,
-            cfg.d_ff if d_ff is None else d_ff,
-            cfg.n_heads,
-            cfg.head_dim,
-            cfg.norm_eps,
-            cfg.attn_impl,
-        )
+        return cls(cfg.n_layers if n_layers is None else n_layers, cfg.d_model, cfg.d_ff if d_ff is None else d_ff,
+                   cfg.n_heads, cfg.head_dim, cfg.norm_eps, cfg.attn_impl)

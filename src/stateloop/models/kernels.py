@@ -156,17 +156,8 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return F.silu(y)
 
 
-def ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    return_final_state: bool = False,
-):
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+        impl: str = "auto", initial_state: torch.Tensor | None = None, return_final_state: bool = False):
     """Mamba-2 state-space duality scan (no D skip, no gate; those live in the module).
 
     x: (b, l, h, p), dt: (b, l, h) after softplus, A: (h,) negative, B, C: (b, l, g, n).
@@ -174,10 +165,8 @@ def ssd(
     Returns y (b, l, h, p) [and the final state (b, h, p, n)].
     """
     if _use_kernel(impl, HAS_MAMBA_SSM, x, "mamba_ssm"):
-        out = _mamba_chunk_scan_combined(
-            x, dt, A, B, C, chunk_size, initial_states=initial_state, return_final_states=return_final_state
-        )
-        return out
+        return _mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, initial_states=initial_state,
+                                          return_final_states=return_final_state)
     from stateloop.models.ssd import ssd_chunked
 
     return ssd_chunked(x, dt, A, B, C, chunk_size, initial_state=initial_state, return_final_state=return_final_state)

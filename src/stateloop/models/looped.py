@@ -60,9 +60,8 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
   without the hook nothing is computed.
 
-Activation checkpointing (``train.activation_checkpointing``) is applied from outside, by
-train/checkpointing.py, which wraps the forwards of the decoder layers, stacks and iteration
-methods below; nothing here knows of it.
+Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers,
+stacks and iteration methods below), and so are the fused inference forms (stateloop/fast.py).
 """
 
 from __future__ import annotations
@@ -200,7 +199,6 @@ class StateLoopLM(LoopedLM):
         self.reset, self.has_reads = reset, reads
         self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
         self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)
-        self.mixes = mixer != "identity"  # eq. (7) is no call at all (step)
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
@@ -225,8 +223,6 @@ class StateLoopLM(LoopedLM):
     def update(self, k: int, S: torch.Tensor | None, H: torch.Tensor, rope: Rotary, cache: ModelCache | None):
         """The state branch of iteration k: S^{k+1} = Mixer(Update(S^k, H^k)) (eq. 3)."""
         S = self.cell(None if self.reset else S, H)  # (2), (5), (6): S~^{k+1} of (3); (14) resets S^k to 0
-        if not self.mixes:  # eq. (7), S^{k+1} = S~^{k+1}: nothing to call, nor to cache
-            return S
         mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
         return self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (8), (9)
 

@@ -40,7 +40,7 @@ class IdentityMixer(nn.Module):
     """Eq. (7): S^{k+1} = X_id(S~^{k+1}) = S~^{k+1}, StateLoop's mixer."""
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache=None) -> torch.Tensor:
-        return S  # (7)  S^{k+1} = S~^{k+1} (StateLoopLM.update does not even call it)
+        return S  # (7)  S^{k+1} = S~^{k+1}
 
     def new_cache(self):
         return None

@@ -18,14 +18,8 @@ S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S~^1 of every m
 initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
 eta_c = 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
 
-:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each (the fused decoding form
-lives outside models/, in stateloop/fast.py).
-
-:func:`build_cell` is the cells' registry, beside them as
-:func:`~stateloop.models.mixers.build_mixer` is beside the mixers: ``ssm`` (eq. 6) and ``gru``.
-
-The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
-P^k, with S^k as its hidden state.
+:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each (the fused inference form:
+stateloop/fast.py). The GRU ablation (Table 4) replaces eq. (6) by a GRU cell on the same P^k.
 
 Precision [choice; the paper is silent]: the state S^k is kept in float32 (float64 in a float64
 run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also under bf16 autocast
