@@ -47,6 +47,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import SHAPE  # noqa: E402  (the same model shape)
 
+from stateloop.fast import accelerate, cell_weights  # noqa: E402
 from stateloop.models.cache import ModelCache  # noqa: E402
 from stateloop.models.config import ModelConfig  # noqa: E402
 from stateloop.models.flops import decode_flops_per_token  # noqa: E402
@@ -120,7 +121,7 @@ def plain_stateloop(model) -> None:
     no read masks): the bound for a branch with no Python around its operators (module docstring)."""
     cell, d_s = model.cell, model.cfg.d_s
     with torch.no_grad():
-        W, b, neg_lambda = (t.clone() for t in cell.fused_weights())
+        W, b, neg_lambda = (t.clone() for t in cell_weights(cell))
     g_h, g_s, eps = cell.norm_h.weight.detach(), model.norm_s.weight.detach(), cell.norm_h.eps
     d = g_h.numel()
     linear, rms_norm, softplus, exp, lerp, addcmul = F.linear, torch.rms_norm, F.softplus, torch.exp, torch.lerp, torch.addcmul
@@ -177,7 +178,7 @@ def main() -> None:
     variants = VARIANTS + (("stateloop:plain",) if args.plain else ())
     for name in variants:
         torch.manual_seed(VARIANTS.index(name.split(":")[0]))
-        models[name] = build_model(ModelConfig(name=name.split(":")[0], K=4, d_s=d, **shape)).eval()
+        models[name] = accelerate(build_model(ModelConfig(name=name.split(":")[0], K=4, d_s=d, **shape)).eval())
         if name.endswith(":plain"):
             plain_stateloop(models[name])
             with torch.inference_mode():
@@ -186,7 +187,7 @@ def main() -> None:
             assert same, "the plain closures changed StateLoop's logits"
         clocks[name] = [instrument(models[name])]
     torch.manual_seed(len(VARIANTS))
-    models["vanilla"] = build_model(vanilla).eval()
+    models["vanilla"] = accelerate(build_model(vanilla).eval())
     clocks["vanilla"] = [instrument_backbone(models["vanilla"], piece) for piece in BACKBONE_PIECES]
 
     def branch_flops(name):  # context -> (F of the branch, F of the rest of the token)

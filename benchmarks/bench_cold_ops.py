@@ -28,6 +28,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import SHAPE  # noqa: E402  (the same model shape)
 
+from stateloop.fast import accelerate  # noqa: E402
 from stateloop.models.cache import ModelCache  # noqa: E402
 from stateloop.models.config import ModelConfig  # noqa: E402
 from stateloop.models.kernels import cast, rms_norm, upcast  # noqa: E402
@@ -46,7 +47,7 @@ PIECES = (
 
 
 def cell_steps(cell, S, H, spent: dict | None):
-    """The cell's decoding twin (kernels.selective_state_step, S^k given) one operator at a time;
+    """The cell's fused inference form (fast.selective_state_step, S^k given) one operator at a time;
     each step's seconds appended to ``spent[piece]`` when given. Returns S~^{k+1} and the step's inputs (for the hot loop)."""
     t = [time.perf_counter()]
 
@@ -55,7 +56,7 @@ def cell_steps(cell, S, H, spent: dict | None):
 
     U = rms_norm(H, cell.norm_h.weight, cell.norm_h.eps)  # as the cell calls it (models/state.py)
     mark()
-    W, b, neg_lambda = cell.fused_weights()
+    W, b, neg_lambda = accelerate(cell)._fast_weights.get()
     mark()
     y = upcast(F.linear(U, W, b))
     mark()
@@ -77,7 +78,7 @@ def hot_calls(cell, x: dict, a, b_, n: int) -> dict[str, float]:
     """Seconds per call of each piece repeated ``n`` times on the same tensors."""
     calls = {
         "cell RMSNorm": lambda: rms_norm(x["H"], cell.norm_h.weight, cell.norm_h.eps),
-        "cell [W_u; W_Delta] lookup": cell.fused_weights,
+        "cell [W_u; W_Delta] lookup": accelerate(cell)._fast_weights.get,
         "cell product": lambda: F.linear(x["U"], x["W"], x["b"]),
         "cell chunk": lambda: x["y"].chunk(2, dim=-1),
         "softplus": lambda: F.softplus(x["pre"]),
@@ -107,7 +108,7 @@ def main(argv=None) -> None:
     d = args.width
     shape = {**SHAPE, "n_layers": args.layers, "d_model": d, "d_ff": 8 * round(2.6875 * d / 8), "n_heads": d // 64}
     torch.manual_seed(0)
-    model = build_model(ModelConfig(name="stateloop", K=4, d_s=d, **shape)).eval()
+    model = accelerate(build_model(ModelConfig(name="stateloop", K=4, d_s=d, **shape)).eval())
     cell, ffn = model.cell, model.backbone.layers[0].ffn
     spent, last = defaultdict(list), {}
 

@@ -35,6 +35,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.analysis.bench_decode import BenchModel, bench_decode
+from stateloop.fast import accelerate
 from stateloop.models.cache import ModelCache
 from stateloop.models.config import ModelConfig
 from stateloop.models.flops import decode_flops_per_token
@@ -96,7 +97,7 @@ def main() -> int:
     for i, (name, K, _) in enumerate(ROWS):
         torch.manual_seed(i)
         cfg = ModelConfig(name=name, K=K, d_s=d if name.startswith("stateloop") else 0, **shape)
-        rows.append(BenchModel(f"{name}:K{K}", build_model(cfg).eval(), name, K, cfg.d_s, "untrained"))
+        rows.append(BenchModel(f"{name}:K{K}", accelerate(build_model(cfg).eval()), name, K, cfg.d_s, "untrained"))
     ops = {r.label: ops_per_token(r.model, args.prefill) for r in rows}
     result = bench_decode(rows, args.prefill, args.tokens, args.repeats, args.warmup, "cpu", interleave="token",
                           progress=sys.stderr.isatty())

@@ -12,7 +12,7 @@ K = 4, SwiGLU 2.6875 d as at 1.4B, heads of 64, the GPT-NeoX vocabulary of 50,43
 
 for train.activation_checkpointing none / layer / iteration and train.loss_chunk_tokens 0 / --chunk,
 and for StateLoop also "layer" with its state branch left un-checkpointed (the [choice] of
-StateLoopLM.state_branch_unit). Then the per-token figures a memory plan scales: bytes per token of
+train/checkpointing.py's STATE_BRANCH). Then the per-token figures a memory plan scales: bytes per token of
 the micro-batch, and per token and decoder-layer application (memory_probe.layer_application_bytes:
 one more layer in the stack), at this width; with --paper also measured at the paper's 1.4B width
 (d = d_s = 2048, 1 and 2 layers, 64 tokens) and extrapolated to its 24 layers, K = 4 and
@@ -30,10 +30,10 @@ import time
 
 import torch
 
-from stateloop.models import looped
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
 from stateloop.ops.memory_probe import activation_bytes, saved_bytes
+from stateloop.train import checkpointing
 from stateloop.train.loss import lm_loss
 
 MiB, GiB = 2.0**20, 2.0**30
@@ -48,13 +48,15 @@ def config(name: str, vocab: int, layers: int, d: int, K: int = 4) -> ModelConfi
 
 @contextlib.contextmanager
 def branch_unit(unit: str | None):
-    """StateLoopLM.state_branch_unit set to ``unit`` for the duration."""
-    before = looped.StateLoopLM.state_branch_unit
-    looped.StateLoopLM.state_branch_unit = unit
+    """StateLoop's state branch a unit of its own under "layer" ("layer") or not (None), for the
+    duration (train/checkpointing.py's UNITS)."""
+    before = checkpointing.UNITS["layer"]
+    if unit is None:
+        checkpointing.UNITS["layer"] = (before[0], tuple(m for m in before[1] if m != checkpointing.STATE_BRANCH))
     try:
         yield
     finally:
-        looped.StateLoopLM.state_branch_unit = before
+        checkpointing.UNITS["layer"] = before
 
 
 def variants(name: str, chunk: int) -> list[tuple[str, str, int, str | None]]:
@@ -90,12 +92,10 @@ def bench_model(name: str, args) -> None:
     times = {label: [] for label, *_ in rows}
     for r in range(args.rounds + 1):  # round 0 warms up (allocator, kernels) and is dropped
         for label, level, chunk, unit in rows[r % len(rows):] + rows[: r % len(rows)]:  # each round starts elsewhere
-            model.activation_checkpointing = level
-            with branch_unit(unit):
+            with branch_unit(unit), checkpointing.checkpointed(model, level):
                 t = step_time(model, x, y, chunk)
             if r:
                 times[label].append(t)
-    model.activation_checkpointing = "none"
     ref = rows[0][0]
     print(f"\n{name}: d = d_s = {args.width}, {args.layers} layers, K = {cfg.K}, {args.batch} x {args.seq} tokens, "
           f"vocab {args.vocab}, bf16 autocast, {torch.get_num_threads()} thread(s), {args.rounds} rounds")

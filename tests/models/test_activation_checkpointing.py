@@ -1,4 +1,5 @@
-"""Activation checkpointing (train.activation_checkpointing) of every registered model: the same
+"""Activation checkpointing (train.activation_checkpointing, applied by train/checkpointing.py) of
+every registered model: the same
 loss and gradients bit for bit, less memory kept for backward, units only in training forwards.
 
 Equality is exact (torch.equal), not within a tolerance: in float32 on the CPU a checkpoint unit's
@@ -13,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import stateloop.models.looped as looped
+import stateloop.train.checkpointing as checkpointing
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
 from stateloop.models.registry import MODELS, build_model
@@ -28,8 +29,7 @@ def loss_and_gradients(name: str, level: str, **cfg) -> tuple[torch.Tensor, dict
     """One training forward and backward of the tiny ``name`` model (the same weights and tokens
     every call; training mode, so Parcae draws its random h_0 from the same seed)."""
     torch.manual_seed(0)
-    model = build_model(tiny_config(name, **cfg))
-    model.activation_checkpointing = level
+    model = checkpointing.apply_checkpointing(build_model(tiny_config(name, **cfg)), level)
     idx = torch.randint(0, model.cfg.vocab_size, (2, 20))
     torch.manual_seed(1)
     logits = model(idx[:, :-1]).logits
@@ -87,13 +87,10 @@ def test_the_comparison_catches_a_unit_that_cuts_the_state(monkeypatch):
     and re-attached would) cuts StateLoop's state and stream between iterations: the loss is the
     same, the gradients of the earlier iterations are not, and the comparison fails."""
 
-    def cutting_unit(self, level, fn, *args):
-        if self._live != level:
-            return fn(*args)
-        cut = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
-        return self._inside_unit(fn, *cut)
+    def cutting_checkpoint(fn, *args, use_reentrant):
+        return fn(*[a.detach() if isinstance(a, torch.Tensor) else a for a in args])
 
-    monkeypatch.setattr(looped.LoopedLM, "unit", cutting_unit)
+    monkeypatch.setattr(checkpointing, "checkpoint", cutting_checkpoint)
     with pytest.raises(AssertionError):
         assert_same("stateloop", "iteration")
 
@@ -102,19 +99,17 @@ def test_the_comparison_catches_a_unit_whose_recomputation_differs(monkeypatch):
     """A unit whose recomputation in backward does not remake what its forward saved (here: its
     input moved by 0.1% when recomputed, as a unit reading changed state would) gives other
     gradients, and the comparison fails."""
-    unit = looped.LoopedLM.unit
+    real = checkpointing.checkpoint
 
-    def drifting_unit(self, level, fn, *args):
-        if self._live != level:
-            return fn(*args)
+    def drifting_checkpoint(inside, fn, x, *rest, use_reentrant):
         runs = []
 
         def drifting(x, *rest):
             runs.append(1)
             return fn(x if len(runs) == 1 else x * 1.001, *rest)
-        return unit(self, level, drifting, *args)
+        return real(inside, drifting, x, *rest, use_reentrant=use_reentrant)
 
-    monkeypatch.setattr(looped.LoopedLM, "unit", drifting_unit)
+    monkeypatch.setattr(checkpointing, "checkpoint", drifting_checkpoint)
     with pytest.raises(AssertionError):
         assert_same("vanilla_looped", "layer")
 
@@ -124,22 +119,19 @@ def test_units_without_checkpointing_keep_as_much_as_the_reference(monkeypatch):
     the reference keeps."""
     cfg = tiny_config("stateloop")
     reference = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true")
-    monkeypatch.setattr(looped, "checkpoint", lambda fn, *args, **kw: fn(*args))
+    monkeypatch.setattr(checkpointing, "checkpoint", lambda fn, *args, **kw: fn(*args))
     for level in LEVELS:
         assert saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing=level) == reference
 
 
-def test_the_state_branch_is_its_own_unit_under_layer_checkpointing():
-    """[choice] of StateLoopLM.state_branch_unit: with the cell a unit of its own, "layer" keeps less
-    than with only the decoder layers checkpointed, and the gradients stay exact either way."""
+def test_the_state_branch_is_its_own_unit_under_layer_checkpointing(monkeypatch):
+    """[choice] of train/checkpointing.py (STATE_BRANCH): with the cell a unit of its own, "layer"
+    keeps less than with only the decoder layers checkpointed, and the gradients stay exact either way."""
     cfg = tiny_config("stateloop_mamba2")
     with_branch = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing="layer")
-    try:
-        looped.StateLoopLM.state_branch_unit = None
-        without = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing="layer")
-        assert_same("stateloop_mamba2", "layer")
-    finally:
-        looped.StateLoopLM.state_branch_unit = "layer"
+    monkeypatch.setitem(checkpointing.UNITS, "layer", (Layer, ("ponder",)))  # the state branch left out
+    without = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing="layer")
+    assert_same("stateloop_mamba2", "layer")
     assert with_branch < without
 
 
@@ -149,15 +141,14 @@ def test_units_are_live_only_in_a_forward_with_gradients_and_without_a_cache(nam
     gradients on: a recomputation would write the caches twice); cached decoding gives the logits of
     the full forward with the level set."""
     calls = []
-    real = looped.checkpoint
+    real = checkpointing.checkpoint
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(looped, "checkpoint", counting)
-    model = build_model(tiny_config(name))
-    model.activation_checkpointing = "layer"
+    monkeypatch.setattr(checkpointing, "checkpoint", counting)
+    model = checkpointing.apply_checkpointing(build_model(tiny_config(name)), "layer")
     idx = torch.randint(0, model.cfg.vocab_size, (1, 12))
     model(idx)
     assert calls, "a training forward checkpoints"
@@ -177,4 +168,17 @@ def test_an_unknown_level_is_refused_in_one_line():
 
     model = build_model(tiny_config("vanilla_looped"))
     with pytest.raises(ConfigError, match="train.activation_checkpointing"):
-        model.activation_checkpointing = "layers"
+        checkpointing.apply_checkpointing(model, "layers")
+
+
+def test_state_dict_keys_and_modules_stay_and_the_units_come_off():
+    """The units wrap forwards in place: the state dict's keys are those of the bare model, and
+    applying "none" (or another level) leaves the classes' forwards again."""
+    model = build_model(tiny_config("stateloop"))
+    keys = list(model.state_dict())
+    for level in ("layer", "iteration"):
+        checkpointing.apply_checkpointing(model, level)
+        assert list(model.state_dict()) == keys
+        assert checkpointing.checkpointing_level(model) == level
+    checkpointing.apply_checkpointing(model, "none")
+    assert not [m for m in model.modules() if "forward" in vars(m)] and "step" not in vars(model)

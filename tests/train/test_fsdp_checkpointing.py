@@ -27,6 +27,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor
 
     from stateloop.models.registry import build_model
+    from stateloop.train.checkpointing import apply_checkpointing
     from stateloop.train.loss import lm_loss
     from stateloop.train.parallel import mesh_shape, shard
     from support.models import tiny_config
@@ -40,8 +41,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=("data_parallel", "tensor_parallel"))
         for level in LEVELS:
             torch.manual_seed(0)
-            model = build_model(tiny_config("stateloop_mamba2"))
-            model.activation_checkpointing = level
+            model = apply_checkpointing(build_model(tiny_config("stateloop_mamba2")), level)  # before sharding
             shard(model, mesh, sharding)
             idx = torch.randint(0, model.cfg.vocab_size, (2, 21), generator=torch.Generator().manual_seed(rank))
             loss = lm_loss(model, idx[:, :-1], idx[:, 1:], 16)

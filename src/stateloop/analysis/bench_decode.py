@@ -22,6 +22,7 @@ import torch
 
 from stateloop.analysis.request import DecodeRequest
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.fast import accelerate
 from stateloop.files import atomic_write_json, code_version
 from stateloop.models.config import ModelConfig
 from stateloop.models.flops import decode_flops_per_token
@@ -311,7 +312,7 @@ def untrained_row(scale_model, spec: str, device, dtype) -> BenchModel:
     K = scale_model.K if K is None else K
     d_s = model_spec.width(scale_model.d_model if d_s is None else d_s)
     cfg = run_model_config(ScaleConfig(model=scale_model), name, K, d_s)
-    model = build_model(cfg, device=device).to(dtype=dtype).eval()
+    model = accelerate(build_model(cfg, device=device).to(dtype=dtype).eval())
     label = f"{name}:K{K}" + (f":ds{d_s}" if model_spec.has_state else "")
     return BenchModel(label, model, name, K, d_s, "untrained")
 
@@ -320,7 +321,7 @@ def run_row(run_dir, device, dtype) -> BenchModel:
     """A trained run's model, from its folder."""
 
     model, _ = load_model(run_dir, device=device)
-    model = model.to(dtype=dtype).eval()
+    model = accelerate(model.to(dtype=dtype).eval())
     cfg = model.cfg
     label = f"{cfg.name}:K{cfg.K}" + (f":ds{cfg.d_s}" if cfg.d_s else "")
     return BenchModel(label, model, cfg.name, cfg.K, cfg.d_s, str(run_dir))

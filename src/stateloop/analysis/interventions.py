@@ -122,42 +122,42 @@ def intervention_tree(model, idx: torch.Tensor, targets: torch.Tensor, stats: St
     :func:`replacement_overrides` and :func:`freezing_overrides`, applied as looped.py's
     ``state_overrides`` hook applies them."""
     from stateloop.analysis.shapley import nll_sum
-    from stateloop.models.backbone import DerivedWeights
+    from stateloop.fast import accelerate
 
     K = model.cfg.K
-    with DerivedWeights.one_pass():
-        Z = model.embed_tokens(idx)
-        rope = model.rotary(idx.shape[1], None, idx.device, Z.dtype)
-        Hs, Ss, S = [], [], None  # the clean pass: Hs[k] = H^k, Ss[k] = S^{k+1}
-        for k in range(K):
-            H, S = model.step(k, Z, S, rope, None)
-            Hs.append(H)
-            Ss.append(S)
-            if k < K - 1:
-                Z = model.feedback(H, S)
-        yield "none", nll_sum(model.lm_head(model.terminal(H, S)), targets)
+    accelerate(model)  # the fused forms without gradients (stateloop/fast.py)
+    Z = model.embed_tokens(idx)
+    rope = model.rotary(idx.shape[1], None, idx.device, Z.dtype)
+    Hs, Ss, S = [], [], None  # the clean pass: Hs[k] = H^k, Ss[k] = S^{k+1}
+    for k in range(K):
+        H, S = model.step(k, Z, S, rope, None)
+        Hs.append(H)
+        Ss.append(S)
+        if k < K - 1:
+            Z = model.feedback(H, S)
+    yield "none", nll_sum(model.lm_head(model.terminal(H, S)), targets)
 
-        def override(i: int, j: int, S):  # S^j <- C_{i->j}(S^i), as the hook sets it
-            return stats.calibrate(Ss[i - 1], i, j).to(S.dtype).expand_as(S)
+    def override(i: int, j: int, S):  # S^j <- C_{i->j}(S^i), as the hook sets it
+        return stats.calibrate(Ss[i - 1], i, j).to(S.dtype).expand_as(S)
 
-        def rest(k0: int, H, S, frozen_at: int | None):
-            """Iterations k0..K-1 from H^{k0-1} and S^{k0}, freezing at ``frozen_at``; the NLL."""
-            for k in range(k0, K):
-                H, S = model.step(k, model.feedback(H, S), S, rope, None)
-                if frozen_at is not None:
-                    S = override(frozen_at, k + 1, S)
-            return nll_sum(model.lm_head(model.terminal(H, S)), targets)
+    def rest(k0: int, H, S, frozen_at: int | None):
+        """Iterations k0..K-1 from H^{k0-1} and S^{k0}, freezing at ``frozen_at``; the NLL."""
+        for k in range(k0, K):
+            H, S = model.step(k, model.feedback(H, S), S, rope, None)
+            if frozen_at is not None:
+                S = override(frozen_at, k + 1, S)
+        return nll_sum(model.lm_head(model.terminal(H, S)), targets)
 
-        for i in range(1, K):
-            S_next = override(i, i + 1, Ss[i])  # S^{i+1} <- C_{i->i+1}(S^i): both interventions at i
-            if i == K - 1:  # nothing follows S^K but the head: the two are one pass
-                nll = nll_sum(model.lm_head(model.terminal(Hs[i], S_next)), targets)
-                yield f"replace_{i}", nll
-                yield f"freeze_{i}", nll
-                continue
-            H, S = model.step(i + 1, model.feedback(Hs[i], S_next), S_next, rope, None)  # H^{i+1}, S^{i+2}
-            yield f"replace_{i}", rest(i + 2, H, S, None)
-            yield f"freeze_{i}", rest(i + 2, H, override(i, i + 2, S), i)
+    for i in range(1, K):
+        S_next = override(i, i + 1, Ss[i])  # S^{i+1} <- C_{i->i+1}(S^i): both interventions at i
+        if i == K - 1:  # nothing follows S^K but the head: the two are one pass
+            nll = nll_sum(model.lm_head(model.terminal(Hs[i], S_next)), targets)
+            yield f"replace_{i}", nll
+            yield f"freeze_{i}", nll
+            continue
+        H, S = model.step(i + 1, model.feedback(Hs[i], S_next), S_next, rope, None)  # H^{i+1}, S^{i+2}
+        yield f"replace_{i}", rest(i + 2, H, S, None)
+        yield f"freeze_{i}", rest(i + 2, H, override(i, i + 2, S), i)
 
 
 @torch.no_grad()

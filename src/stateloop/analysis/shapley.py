@@ -44,12 +44,12 @@ def sum_names(K: int) -> list[str]:
 def mask_tree(model, idx: torch.Tensor, targets: torch.Tensor):
     """Yield (mask index, the NLL summed over the batch's targets) for all 2^K read masks of one
     batch: the prefix-shared tree, depth first (module docstring)."""
-    from stateloop.models.backbone import DerivedWeights
+    from stateloop.fast import accelerate
 
-    with DerivedWeights.one_pass():
-        h = model.embed_tokens(idx)
-        rope = model.rotary(idx.shape[1], None, idx.device, h.dtype)
-        yield from _descend(model, 0, h, None, 0, rope, targets)  # Z^0 = E, S^0 = 0, nothing masked
+    accelerate(model)  # the fused forms without gradients (stateloop/fast.py)
+    h = model.embed_tokens(idx)
+    rope = model.rotary(idx.shape[1], None, idx.device, h.dtype)
+    yield from _descend(model, 0, h, None, 0, rope, targets)  # Z^0 = E, S^0 = 0, nothing masked
 
 
 def _descend(model, k: int, Z, S, m: int, rope, targets):

@@ -54,6 +54,7 @@ from tqdm.auto import tqdm
 from stateloop.config import ConfigError
 from stateloop.data import load_tokenizer as data_load_tokenizer
 from stateloop.data.shards import read_meta
+from stateloop.fast import accelerate
 from stateloop.models.generate import greedy_steps
 from stateloop.pipeline import RunConfig
 from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, saved_run_config, trained_length
@@ -95,6 +96,7 @@ def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
     model, saved = load_model(run_dir, device=resolve_device(device))  # also checks the folder's config.yaml
+    accelerate(model)  # the fused inference forms (stateloop/fast.py)
     config = config if config is not None else saved_run_config(run_dir, saved)
     if not config.data.dir:
         raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")
@@ -194,7 +196,7 @@ class StateLoopEvalLM(TemplateLM):
         if model is None or tokenizer is None or eos_id is None:
             raise ValueError("StateLoopEvalLM needs run_dir, or model, tokenizer and eos_id")
         self._device = eval_device(device) if run_dir is None else next(model.parameters()).device
-        self.model = model.to(self._device).eval()
+        self.model = accelerate(model.to(self._device).eval())  # the fused inference forms (stateloop/fast.py)
         self.tokenizer = tokenizer
         self._eos_id = int(eos_id)
         self.batch_size, self.batch_schedule = parse_batch_size(batch_size)

@@ -14,21 +14,15 @@ Shapes: B batch, T tokens, d model width, H heads, D head dim.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import threading
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.kernels import attention, qkv_fused, rms_norm
+from stateloop.models.kernels import attention, rms_norm
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a learned gain, through :func:`~stateloop.models.kernels.rms_norm`: one call instead of six Python-level
-    operations (fused on CUDA). The norms are a large share of the per-token cost of batch-1
-    decoding at small widths."""
+    """RMSNorm with a learned gain: x / sqrt(mean(x^2) + eps) * weight (:func:`~stateloop.models.kernels.rms_norm`)."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -47,125 +41,34 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] over the last dimension (halves of D/2)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
 class Rotary:
     """Positions and their RoPE angles for one forward pass (shared by every layer and iteration).
-
-    :meth:`apply` rotates the pairs (i, i + D/2) of x (B, T, H, D) by the position angle, LLaMA's
-    rotate-half convention: x cos + rotate_half(x) sin with rotate_half(x) = [-x2, x1]. It is
-    computed as x cos + roll(x, D/2) [-sin1, sin2] (the sign moved onto the table: the same
-    floats) in four operators instead of eight: it runs twice per attention application, and in
-    batch-1 decoding the cost is per operator."""
+    :meth:`apply` rotates x (B, T, H, D): x cos + rotate_half(x) sin (LLaMA's convention)."""
 
     def __init__(self, T: int, offset: int, head_dim: int, theta: float, device, dtype):
         self.positions = torch.arange(offset, offset + T, device=device)
-        self.head_dim = head_dim
-        self.theta = theta
-        self._tables(*rope_cos_sin(self.positions, head_dim, theta, dtype))
-
-    def _tables(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
-        half = self.head_dim // 2
-        self.cos, self.sin = cos, sin  # (T, D)
-        self.cos_heads = cos[:, None, :]  # (T, 1, D): broadcast over the heads
-        self.sin_signed = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)[:, None, :]
+        self.T, self.offset, self.head_dim, self.theta = T, offset, head_dim, theta
+        self.cos, self.sin = rope_cos_sin(self.positions, head_dim, theta, dtype)  # (T, D)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.cos_heads + x.roll(self.head_dim // 2, dims=-1) * self.sin_signed
+        cos, sin = self.cos[:, None], self.sin[:, None]  # (T, 1, D): broadcast over the heads
+        return x * cos + rotate_half(x) * sin
 
     def for_head_dim(self, head_dim: int) -> Rotary:
         if head_dim == self.head_dim:
             return self
-        r = Rotary.__new__(Rotary)
-        r.positions, r.head_dim, r.theta = self.positions, head_dim, self.theta
-        r._tables(*rope_cos_sin(self.positions, head_dim, self.theta, self.cos.dtype))
-        return r
-
-
-_PASS = threading.local()  # .id: the forward pass this thread is in (DerivedWeights.one_pass), 0 or unset outside one
-
-
-class DerivedWeights(nn.Module):
-    """A tensor made from some parameters (a concatenation, a transform), kept while none of them
-    changes. With gradients it is remade at every call (it must be differentiable), and so it is
-    for inference tensors (made in inference mode, they have no version to key on); otherwise it is
-    remade only when a parameter changes in place. It is a submodule of the module whose
-    parameters it derives from (it holds no parameters or buffers, so state dicts are unchanged),
-    so moving or casting that module clears it: a new tensor may reuse a freed address at
-    version 0.
-
-    Inside one forward pass (:meth:`one_pass`, which ``LoopedLM.forward`` enters) no parameter
-    changes, so the parameters are looked up only at the first call of the pass: a looped model
-    asks for the same tensor K times per decoded token (every application of the backbone's
-    attention, every iteration of the state cell), and the lookup, a few attribute reads per
-    parameter, cost about as much as an operator inside a token (measured in
-    benchmarks/records/2026-12-01-flops-state-branch-startup.md)."""
-
-    _passes = itertools.count(1)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.clear()
-
-    def clear(self) -> None:
-        self._key = self._value = None
-        self._pass = 0  # the pass whose first call checked the key
-
-    def _apply(self, fn, *args, **kwargs):
-        self.clear()
-        return super()._apply(fn, *args, **kwargs)
-
-    @staticmethod
-    def one_pass():
-        """A forward pass in this thread: the parameters stay as they are until it ends. Under
-        torch.compile it is no pass at all: a compiled forward makes the tensors inside its graphs,
-        and the lookup's ``is_inference`` breaks a graph, which a generator's context may not hold."""
-        if torch.compiler.is_compiling():
-            return contextlib.nullcontext()
-        return DerivedWeights._pass_context()
-
-    @staticmethod
-    @contextlib.contextmanager
-    def _pass_context():
-        outer = getattr(_PASS, "id", 0)
-        _PASS.id = next(DerivedWeights._passes)
-        try:
-            yield
-        finally:
-            _PASS.id = outer
-
-    @staticmethod
-    def differentiable(params) -> bool:
-        """Whether gradients flow to any of ``params()`` (a function giving the parameters: they
-        are read only where needed, as reading a module's parameters is itself a cost per call)."""
-        return torch.is_grad_enabled() and any(p.requires_grad for p in params())
-
-    def get(self, params, make):
-        """``make()``'s tensor, made from ``params()``."""
-        # gradients are checked at every call: a pass may turn them off and on. A compiled forward
-        # makes the tensor inside its graph (and is_inference, below, would break the graph)
-        if self.differentiable(params) or torch.compiler.is_compiling():
-            return make()
-        current = getattr(_PASS, "id", 0)
-        if current and self._pass == current:
-            return self._value
-        params = params()
-        if any(p.is_inference() for p in params):
-            return make()
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._key != key:
-            self._key, self._value = key, make()
-        self._pass = current
-        return self._value
+        return Rotary(self.T, self.offset, head_dim, self.theta, self.positions.device, self.cos.dtype)
 
 
 class Attention(nn.Module):
-    """Causal self-attention with RoPE; optional KV cache for incremental decoding.
-
-    With gradients (training) q, k and v are three products, q = RoPE(x W_q^T), k = RoPE(x W_k^T),
-    v = x W_v^T. Without (decoding, evaluation) they come from their twin
-    :func:`~stateloop.models.kernels.qkv_fused`, one product with [W_q; W_k; W_v], which is kept
-    while the weights stay: one operator instead of three per application, at the cost of a copy
-    of the three matrices in memory beside them ([choice]; training's numbers are the three
-    products'; the twin's agree to the dtype's rounding, tests/models/test_decode_parts.py)."""
+    """Causal self-attention with RoPE; optional KV cache for incremental decoding:
+    q = RoPE(x W_q^T), k = RoPE(x W_k^T), v = x W_v^T, y = softmax(q k^T / sqrt(D), causal) v W_o^T."""
 
     def __init__(self, d_in: int, n_heads: int, head_dim: int, impl: str = "auto"):
         super().__init__()
@@ -176,24 +79,17 @@ class Attention(nn.Module):
         self.wv = nn.Linear(d_in, inner, bias=False)
         self.wo = nn.Linear(inner, d_in, bias=False)
         self.wo.residual_out = True  # init: scaled by the unrolled depth (models/init.py)
-        self._qkv = DerivedWeights()
 
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
-        if not DerivedWeights.differentiable(self._qkv_weights):  # decoding, evaluation: the fused twin
-            q, k, v = qkv_fused(x, self._qkv.get(self._qkv_weights, lambda: torch.cat(self._qkv_weights())), rope, H, D)
-        else:  # the weights on F.linear, not calls of their modules (the mixer's attention sits outside the layers)
-            q = rope.apply(F.linear(x, self.wq.weight).view(B, T, H, D))  # RoPE(x W_q^T)
-            k = rope.apply(F.linear(x, self.wk.weight).view(B, T, H, D))  # RoPE(x W_k^T)
-            v = F.linear(x, self.wv.weight).view(B, T, H, D)  # x W_v^T
+        q = rope.apply(self.wq(x).view(B, T, H, D))
+        k = rope.apply(self.wk(x).view(B, T, H, D))
+        v = self.wv(x).view(B, T, H, D)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)  # (B, T_past + T, H, D)
-        y = attention(q, k, v, impl=self.impl)  # (B, T, H, D): softmax(q k^T / sqrt(D), causal) v
+        y = attention(q, k, v, impl=self.impl)  # (B, T, H, D)
         return self.wo(y.reshape(B, T, -1))
-
-    def _qkv_weights(self):
-        return self.wq.weight, self.wk.weight, self.wv.weight
 
 
 class SwiGLU(nn.Module):
@@ -237,12 +133,5 @@ class Backbone(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, n_layers: int | None = None, d_ff: int | None = None) -> Backbone:
-        return cls(
-            cfg.n_layers if n_layers is None else n_layers,
-            cfg.d_model,
-            cfg.d_ff if d_ff is None else d_ff,
-            cfg.n_heads,
-            cfg.head_dim,
-            cfg.norm_eps,
-            cfg.attn_impl,
-        )
+        return cls(cfg.n_layers if n_layers is None else n_layers, cfg.d_model, cfg.d_ff if d_ff is None else d_ff,
+                   cfg.n_heads, cfg.head_dim, cfg.norm_eps, cfg.attn_impl)

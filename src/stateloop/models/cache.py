@@ -15,13 +15,8 @@ import torch
 
 
 class KVCache:
-    """Keys and values of one attention application, in buffers preallocated along the token axis.
-
-    ``update`` writes the new (B, T, H, D) keys and values after those already cached and returns
-    views of everything so far. The buffers grow by doubling when full (amortised O(1) copies per
-    token, instead of re-copying the whole cache on every decoding step as ``torch.cat`` growth
-    would); ``capacity`` sets the initial size (tokens), e.g. prompt + continuation length.
-    """
+    """Keys and values of one attention application, in buffers along the token axis that double
+    when full (``capacity``: the initial size in tokens); ``update`` appends and returns views."""
 
     def __init__(self, capacity: int = 256) -> None:
         self._k: torch.Tensor | None = None  # (B, capacity, H, D)

@@ -1,18 +1,13 @@
-"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d), and the
-home of the fused decoding twins of the paper-form model code.
+"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d).
 
 Every kernel has a pure-PyTorch twin with the same signature, used on CPU and whenever the
-package is missing. The other way round, :func:`selective_state_step` is the fused twin of a
-reference written as the paper's equations (StateLoop's cell, models/state.py), which decoding
-takes: the same floats in fewer operators. ``impl`` selects: ``"auto"`` takes the kernel on CUDA
+package is missing. ``impl`` selects: ``"auto"`` takes the kernel on CUDA
 tensors when the package imports, ``"torch"`` never does, ``"kernel"`` requires it and fails loudly otherwise.
 Tests force the torch path with ``impl="torch"``; ``tests/models/test_kernels_gpu.py`` compares
 both on a GPU.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -70,37 +65,21 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 # Precision
 
 
-def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """``torch.promote_types(a, b)``, looked up once per pair: the call is an aten operator, which
-    would be dispatched several times per decoded iteration of a bf16 model (every cast of a
-    bf16 activation into the state's float32). A compiled graph folds the call into a constant, so
-    there it is called directly (Dynamo warns about tracing through a cache wrapper)."""
-    if torch.compiler.is_compiling():
-        return torch.promote_types(a, b)
-    return _promoted(a, b)
-
-
-@functools.cache
-def _promoted(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    return torch.promote_types(a, b)
-
-
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for bf16 / fp16 / float32, float64 for float64: where precision-critical values
     (normalisation statistics, gates, recurrent states) are computed and kept."""
-    return promote(dtype, torch.float32)
+    return torch.promote_types(dtype, torch.float32)
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in ``dtype``; x itself, with no operator dispatched, when it already is (the decoding
-    steps below run K times per token, where every operator counts)."""
+    """x in ``dtype`` (x itself when it already is)."""
     return x if x.dtype == dtype else x.to(dtype)
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
     """x in :func:`wide_dtype`: a bf16 tensor becomes float32, a float64 one stays float64 (where
     ``x.float()`` would silently downcast a float64 verification run). x itself when it is already
-    float32 or float64 (no operator dispatched: this runs several times per decoded iteration)."""
+    float32 or float64."""
     return x if x.dtype in (torch.float32, torch.float64) else x.to(wide_dtype(x.dtype))
 
 
@@ -113,39 +92,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
     computed in the wider dtype, which is also the result's dtype."""
     if weight is not None and weight.dtype != x.dtype:
-        dtype = promote(x.dtype, weight.dtype)
+        dtype = torch.promote_types(x.dtype, weight.dtype)
         x, weight = cast(x, dtype), cast(weight, dtype)
     return F.rms_norm(x, x.shape[-1:], weight, eps)
-
-
-# ----------------------------------------------------------------------------------------------
-# StateLoop's state update, eqs. (2), (5), (6): the decoding twin
-
-
-def selective_state_gates(H: torch.Tensor, norm_weight: torch.Tensor, eps: float, W: torch.Tensor, b: torch.Tensor,
-                          neg_lambda: torch.Tensor):
-    """Proposal P^k and retention g^k of :class:`~stateloop.models.state.SelectiveStateCell` for H^k:
-    U = RMSNorm_h(H), [P, pre] = U W^T + b with W = [W_u; W_Delta], b = [0; b_Delta], and
-    g = exp(softplus(pre) * neg_lambda) with neg_lambda = -lambda. Both in the state's dtype."""
-    U = rms_norm(H, norm_weight, eps)
-    P, pre = upcast(F.linear(U, W, b)).chunk(2, dim=-1)  # inside a decoded token `chunk` costs less than `split`
-    return P, torch.exp(F.softplus(pre) * neg_lambda)
-
-
-def selective_state_step(S: torch.Tensor | None, H: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                         W: torch.Tensor, b: torch.Tensor, neg_lambda: torch.Tensor) -> torch.Tensor:
-    """Twin of ``SelectiveStateCell.forward`` (models/state.py, the reference, written as the paper's
-    eqs. 2, 5, 6), taken without gradients: decoding and evaluation. The same arithmetic on the same
-    operands, hence the same floats (tests/models/test_state_equations.py checks them bit for bit), on
-    weights the cell concatenates once while its parameters stay (``SelectiveStateCell.fused_weights``:
-    W = [W_u; W_Delta], b = [0; b_Delta], neg_lambda = -exp(A_log)), with the norm's function instead
-    of a call of its module and -lambda made once: it runs K times per decoded token, where a module's
-    call or an operator on the d_s vector costs about as much as a small operator on the token.
-    S = None is S^k = 0."""
-    P, g = selective_state_gates(H, norm_weight, eps, W, b, neg_lambda)
-    if S is None:  # (1 - g) P = P - g P
-        return torch.addcmul(P, g, P, value=-1.0)
-    return torch.lerp(P, cast(S, P.dtype), g)  # g S + (1 - g) P as P + g (S - P)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,19 +112,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "au
         # flash-attn >= 2.1 aligns the causal mask to the bottom-right corner, as we need.
         return _flash_attn_func(q, k, v, causal=True)
     return attention_ref(q, k, v)
-
-
-def qkv_fused(x: torch.Tensor, W_qkv: torch.Tensor, rope, n_heads: int, head_dim: int):
-    """Twin of the q, k, v of ``backbone.Attention`` (models/backbone.py), taken without gradients:
-    one product with W_qkv = [W_q; W_k; W_v] instead of three, and RoPE (``rope.apply``, a
-    :class:`~stateloop.models.backbone.Rotary`) once on q and k side by side. x: (B, T, d_in);
-    returns q, k, v (B, T, n_heads, head_dim). The same products as the three, up to the order
-    of a matmul's accumulation, which a BLAS may choose by the product's shape."""
-    B, T, _ = x.shape
-    H = n_heads
-    qkv = F.linear(x, W_qkv).view(B, T, 3 * H, head_dim)
-    qk = rope.apply(qkv[:, :, : 2 * H])
-    return qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
 
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -208,15 +144,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       history: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-PyTorch twin of :func:`causal_conv1d`; ``history`` (B, W-1, C) holds the inputs before
-    x (a cached sequence continued), zeros when None.
-
-    Computed as W shifted multiply-adds in the (B, T, C) layout the module has, not as a grouped
-    ``F.conv1d``: that needs (B, C, T), i.e. two transposes, and on a CPU its backward and the
-    SiLU's on the transposed layout cost more than the rest of the block's elementwise work
-    (measured in benchmarks/records/2026-12-01-flops-state-branch-startup.md). Being elementwise,
-    it is not counted by models/flops.py's matmul count, like the decoding step's window
-    (:func:`conv1d_step`)."""
+    """Pure-PyTorch twin of :func:`causal_conv1d`, as W shifted multiply-adds in the (B, T, C)
+    layout; ``history`` (B, W-1, C) holds the inputs before x (a cached sequence continued), zeros
+    when None."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
     T, w = x.shape[1], weight.view(-1, W)
@@ -226,17 +156,8 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return F.silu(y)
 
 
-def ssd(
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    chunk_size: int,
-    impl: str = "auto",
-    initial_state: torch.Tensor | None = None,
-    return_final_state: bool = False,
-):
+def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
+        impl: str = "auto", initial_state: torch.Tensor | None = None, return_final_state: bool = False):
     """Mamba-2 state-space duality scan (no D skip, no gate; those live in the module).
 
     x: (b, l, h, p), dt: (b, l, h) after softplus, A: (h,) negative, B, C: (b, l, g, n).
@@ -244,10 +165,8 @@ def ssd(
     Returns y (b, l, h, p) [and the final state (b, h, p, n)].
     """
     if _use_kernel(impl, HAS_MAMBA_SSM, x, "mamba_ssm"):
-        out = _mamba_chunk_scan_combined(
-            x, dt, A, B, C, chunk_size, initial_states=initial_state, return_final_states=return_final_state
-        )
-        return out
+        return _mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, initial_states=initial_state,
+                                          return_final_states=return_final_state)
     from stateloop.models.ssd import ssd_chunked
 
     return ssd_chunked(x, dt, A, B, C, chunk_size, initial_state=initial_state, return_final_state=return_final_state)
@@ -299,9 +218,8 @@ def ssd_decode_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: t
 
 
 def ssd_decode_step_ref(state, x, dt, A, B, C, D, dt_bias):
-    """Pure-PyTorch twin of :func:`ssd_decode_step`, in as few operations as possible (it runs K
-    times per decoded token in the Mamba-2 mixer): heads are viewed as (groups, heads per group x
-    head dim), so the outer product and the readout are one batched matrix product each."""
+    """Pure-PyTorch twin of :func:`ssd_decode_step`: heads viewed as (groups, heads per group x head
+    dim), so the outer product and the readout are one batched matrix product each."""
     b, h, p = x.shape
     g, n = B.shape[1], B.shape[2]
     sdt = state.dtype
@@ -328,7 +246,7 @@ def gated_rms_norm_ref(y, z, weight, group_size, eps):
     *before* the gate y * SiLU(z), as mamba_ssm's ``rms_norm_ref`` and transformers'
     ``MambaRMSNormGated`` do; the result is returned in y's dtype, as the kernel returns it."""
     out_dtype = y.dtype
-    dtype = promote(wide_dtype(y.dtype), weight.dtype)
+    dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
     y = cast(y, dtype) * F.silu(cast(z, dtype))
     if group_size == y.shape[-1]:  # one group
         return cast(rms_norm(y, weight, eps), out_dtype)

@@ -60,15 +60,8 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
   without the hook nothing is computed.
 
-Activation checkpointing (``train.activation_checkpointing``, set on a model as
-``model.activation_checkpointing``): a training forward keeps, for backward, only the inputs of
-each checkpoint *unit* and recomputes the unit's inside in backward (torch.utils.checkpoint,
-non-reentrant). ``"layer"``: every decoder-layer application is a unit (K x L of them in the
-looped stack, and each layer of a baseline's unique stacks); ``"iteration"``: every application of
-the looped stack is one, with the model's per-iteration work beside it (StateLoop's ``step``:
-backbone, cell and mixer; see each ``loop``), and every unique stack one. Units are live only in a
-forward with gradients and without a cache, and never nest (:meth:`LoopedLM.unit`); the floats of
-the loss and of every gradient are those of the forward without them.
+Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers,
+stacks and iteration methods below), and so are the fused inference forms (stateloop/fast.py).
 """
 
 from __future__ import annotations
@@ -79,18 +72,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from stateloop.config import ConfigError
-from stateloop.models.backbone import Backbone, DerivedWeights, RMSNorm, Rotary
+from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
-from stateloop.models.kernels import cast, rms_norm, upcast
+from stateloop.models.kernels import cast, upcast
 from stateloop.models.mixers import build_mixer
 from stateloop.models.registry import get_spec
 from stateloop.models.state import build_cell
-
-CHECKPOINTING = ("none", "layer", "iteration")  # train.activation_checkpointing (sections/train.py)
 
 
 @dataclass
@@ -102,22 +91,14 @@ class ModelOutput:
 
 
 class LoopedLM(nn.Module):
-    """Vanilla Looped (module docstring) and the contract every registered model follows.
-
-    :meth:`forward` is written once, here, and does the decoding bookkeeping for every model:
-
-        h, rope = self.inputs(idx, cache)              the loop's input sequence, its RoPE positions
-        out = self.loop(h, rope, cache, **hooks)       ModelOutput: hidden = Y at the T real tokens
-        out.logits = self.lm_head(out.hidden)          eq. (11) (or out.loss = loss_fn(self, Y))
-        cache.advance(T)                               when decoding; T = idx.shape[1] real tokens
-
+    """Vanilla Looped (module docstring) and the contract every registered model follows:
+    :meth:`forward` is written once, here, with the decoding bookkeeping for every model.
     Subclasses override :meth:`loop` (the model itself: StateLoop's state, the baselines' unique
     stacks, streams and buffers) and, where their input sequence is not the scaled embedding at
     positions ``cache.seq_len ...``, :meth:`inputs` (PonderLM's z^0, Pause Token's pause-expanded
     sequence). A loop returns Y, the input of the final norm and head, at the real tokens only (Pause
     Token reads each group's last pause). Its looped stack runs through :meth:`apply_backbone` and
-    its unique stacks through :meth:`run_stack`, which make them checkpoint units; other units
-    (an iteration's work beside the backbone) go through :meth:`unit`.
+    its unique stacks through :meth:`apply_stack`.
     """
 
     def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
@@ -131,8 +112,6 @@ class LoopedLM(nn.Module):
         self.backbone = Backbone.from_config(cfg, n_layers=n_layers, d_ff=d_ff)
         self.norm_f = RMSNorm(d, cfg.norm_eps)
         self.head = nn.Linear(d, cfg.vocab_size, bias=False)
-        self.activation_checkpointing = "none"  # the training loop sets train.activation_checkpointing
-        self._live = "none"  # the level whose units checkpoint in the running forward (unit)
 
     # -- test-time depth -------------------------------------------------------------------------
     def at_depth(self, K: int) -> LoopedLM:
@@ -165,53 +144,14 @@ class LoopedLM(nn.Module):
 
     def apply_backbone(self, h: torch.Tensor, rope: Rotary, cache: ModelCache | None, k: int) -> torch.Tensor:
         """Application k = 0..K-1 of T, with the KV caches of that application when decoding."""
-        return self.run_stack(self.backbone, h, rope, cache, ("T", k))
+        return self.apply_stack(self.backbone, h, rope, cache, ("T", k))
 
-    def run_stack(self, stack: Backbone, h: torch.Tensor, rope: Rotary, cache: ModelCache | None, key) -> torch.Tensor:
-        """One application of a stack of decoder layers (the looped T, or a baseline's unique stack)
-        with its per-layer KV caches under ``key`` when decoding. It is one checkpoint unit under
-        ``"iteration"`` and each of its layers one under ``"layer"`` (module docstring)."""
-        if self._live == "layer":
-            for layer in stack.layers:
-                h = self.unit("layer", layer, h, rope)
-            return h
-        if self._live == "iteration":
-            return self.unit("iteration", stack, h, rope)
-        caches = None if cache is None else cache.kv_list(key, len(stack.layers))
-        return stack(h, rope, caches)
+    def apply_stack(self, stack: Backbone, h: torch.Tensor, rope: Rotary, cache: ModelCache | None, key) -> torch.Tensor:
+        """One application of a stack of decoder layers with its per-layer KV caches under ``key``."""
+        return stack(h, rope, None if cache is None else cache.kv_list(key, len(stack.layers)))
 
     def lm_head(self, h: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm_f(h))  # (11): LMHead(Y) = W_o RMSNorm_f(Y), softmax in the loss (12)
-
-    # -- activation checkpointing -----------------------------------------------------------------
-    @property
-    def activation_checkpointing(self) -> str:
-        """"none", "layer" or "iteration": which units a training forward checkpoints (module docstring)."""
-        return self._checkpointing
-
-    @activation_checkpointing.setter
-    def activation_checkpointing(self, level: str) -> None:
-        if level not in CHECKPOINTING:
-            raise ConfigError(f"train.activation_checkpointing: must be one of {', '.join(CHECKPOINTING)}; got {level!r}")
-        self._checkpointing = level
-
-    def unit(self, level: str, fn, *args):
-        """``fn(*args)``, as one checkpoint unit when ``level`` is the running forward's: only the
-        tensors among ``args`` are kept for backward, and ``fn`` runs again in backward to remake
-        what it saved. Inside a unit no other unit checkpoints (in the forward, and in backward's
-        recomputation, which runs after the forward has ended), so units never nest and the
-        recomputation saves exactly what the forward did. torch's checkpoint restores the RNG state
-        and autocast of the forward for the recomputation (no unit draws random numbers today)."""
-        if self._live != level:
-            return fn(*args)
-        return checkpoint(self._inside_unit, fn, *args, use_reentrant=False)
-
-    def _inside_unit(self, fn, *args):
-        live, self._live = self._live, "none"
-        try:
-            return fn(*args)
-        finally:
-            self._live = live
 
     # -- forward: the same for every model ------------------------------------------------------
     def forward(self, idx: torch.Tensor, cache: ModelCache | None = None, loss_fn=None, **hooks) -> ModelOutput:
@@ -222,19 +162,12 @@ class LoopedLM(nn.Module):
         ``loss_fn(model, Y)``: instead of the logits, ``output.loss`` is computed from Y, the head's
         input (B, T, d), inside the forward (train/loss.py's chunked loss: under FSDP the head's
         parameters are gathered only inside it)."""
-        # Checkpoint units only where a backward follows and nothing is cached: in training
-        live = self.activation_checkpointing if cache is None and torch.is_grad_enabled() else "none"
-        with DerivedWeights.one_pass():  # the parameters stay as they are: derived weights are looked up once
-            self._live = live
-            try:
-                h, rope = self.inputs(idx, cache)
-                out = self.loop(h, rope, cache, **hooks)
-            finally:
-                self._live = "none"
-            if loss_fn is None:
-                out.logits = self.lm_head(out.hidden)  # (11)
-            else:
-                out.loss = loss_fn(self, out.hidden)
+        h, rope = self.inputs(idx, cache)
+        out = self.loop(h, rope, cache, **hooks)
+        if loss_fn is None:
+            out.logits = self.lm_head(out.hidden)  # (11)
+        else:
+            out.loss = loss_fn(self, out.hidden)
         if cache is not None:
             cache.advance(idx.shape[1])  # the cache counts real tokens
         return out
@@ -266,7 +199,6 @@ class StateLoopLM(LoopedLM):
         self.reset, self.has_reads = reset, reads
         self.cell = build_cell(update, cfg)  # V_phi of (3): (2), (5), (6) or the GRU
         self.mixer = build_mixer(mixer, cfg)  # X_psi of (3): (7)-(9)
-        self.mixes = mixer != "identity"  # eq. (7) is no call at all (step)
         if reads:
             self.norm_s = RMSNorm(d_s, cfg.norm_eps)
             self.W_sz = nn.Linear(d_s, d, bias=False)  # W_{s->z}: feedback reads R_1..R_{K-1}
@@ -277,37 +209,20 @@ class StateLoopLM(LoopedLM):
     def read(self, W: nn.Linear, S: torch.Tensor, keep=None) -> torch.Tensor:
         """A read of the state, R = N W^T with W = W_{s->z} (feedback, eq. 4) or W_{s->out} (terminal,
         eq. 10), times ``keep``, the read mask's multiplier (analyses; None keeps the read)."""
-        # RMSNorm_s's function and F.linear on W's weight, not calls of the modules: the floats are
-        # the same, and a read runs K times per decoded token, where a module's call costs about as
-        # much as a small operator (measured in
-        # benchmarks/records/2026-12-01-flops-state-branch-startup.md). S is float32
-        # (models/state.py); the product runs in W's dtype.
-        N = rms_norm(S, self.norm_s.weight, self.norm_s.eps)  # (3)  N^{k+1} = RMSNorm_s(S^{k+1})
-        R = F.linear(cast(N, W.weight.dtype), W.weight)        # (4), (10)  R_{k+1} = N^{k+1} W^T
+        N = self.norm_s(S)                 # (3)  N^{k+1} = RMSNorm_s(S^{k+1}); S is float32 (models/state.py)
+        R = W(cast(N, W.weight.dtype))     # (4), (10)  R_{k+1} = N^{k+1} W^T, in W's dtype
         return R if keep is None else R * keep
-
-    # [choice] Under "layer" checkpointing the state branch of an iteration (cell and mixer, ``update``)
-    # is a checkpoint unit of its own, beside the K x L layer units: it keeps only (S^k, H^k) instead
-    # of the cell's proposal, gates and norm input (about 6 d + 22 d_s bytes per token and iteration
-    # under bf16 autocast, the mixer's on top), for one more recomputation of the cell's d x 2 d_s
-    # matmul in backward. Measured in benchmarks/records/2026-12-05-activation-memory.md; None here leaves the
-    # branch un-checkpointed (benchmarks/bench_memory.py compares the two).
-    state_branch_unit: str | None = "layer"
 
     def step(self, k: int, Z: torch.Tensor, S: torch.Tensor | None, rope: Rotary, cache: ModelCache | None):
         """Iteration k = 0..K-1 without its read: H^k = T(Z^k), S^{k+1} = Mixer(Update(S^k, H^k)),
         S^0 = None (zero). Returns (H^k, S^{k+1}). The loop below and the analyses (prefix-shared
-        Shapley masks) share it; under "iteration" checkpointing it is the loop's unit."""
-        H = self.apply_backbone(Z, rope, cache, k)
-        if self.state_branch_unit is None:
-            return H, self.update(k, S, H, rope, cache)
-        return H, self.unit(self.state_branch_unit, self.update, k, S, H, rope, cache)
+        Shapley masks) share it."""
+        H = self.apply_backbone(Z, rope, cache, k)  # H^k = T(Z^k)
+        return H, self.update(k, S, H, rope, cache)
 
     def update(self, k: int, S: torch.Tensor | None, H: torch.Tensor, rope: Rotary, cache: ModelCache | None):
         """The state branch of iteration k: S^{k+1} = Mixer(Update(S^k, H^k)) (eq. 3)."""
         S = self.cell(None if self.reset else S, H)  # (2), (5), (6): S~^{k+1} of (3); (14) resets S^k to 0
-        if not self.mixes:  # eq. (7), S^{k+1} = S~^{k+1}: nothing to call, nor to cache
-            return S
         mix_cache = None if cache is None else cache.get(("mixer", k), self.mixer.new_cache)
         return self.mixer(S, rope, mix_cache)  # (3) S^{k+1} = X(S~^{k+1}): (8), (9)
 
@@ -326,7 +241,7 @@ class StateLoopLM(LoopedLM):
         states = []
         Z, S = h, None  # (1): Z^0 = E, S^0 = 0
         for k in range(K):
-            H, S = self.unit("iteration", self.step, k, Z, S, rope, cache)  # H^k, S^{k+1}
+            H, S = self.step(k, Z, S, rope, cache)  # H^k, S^{k+1}
             if state_overrides and k + 1 in state_overrides:
                 S = state_overrides[k + 1].to(S.dtype).expand_as(S)
             if return_states:
@@ -334,7 +249,7 @@ class StateLoopLM(LoopedLM):
             if diagnostics is not None:
                 self.diagnose(diagnostics, k, H, S, (self.W_sz if k < K - 1 else self.W_sout, keeps[k]))
             if k < K - 1:
-                Z = self.feedback(H, S, keeps[k])  # (4): Z^{k+1} = H^k + R_{k+1}; outside the units
+                Z = self.feedback(H, S, keeps[k])  # (4): Z^{k+1} = H^k + R_{k+1}
         return ModelOutput(hidden=self.terminal(H, S, keeps[K - 1]), states=states if return_states else None)  # (10)
 
     @torch.no_grad()
@@ -384,7 +299,7 @@ class StateOnlyLM(StateLoopLM):
         states = []
         Z, X = h, None  # Z^0 = E, X^0 = 0
         for k in range(K - 1):
-            H, X = self.unit("iteration", self.step, k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
+            H, X = self.step(k, Z, X, rope, cache)  # H^k = T(Z^k), X^{k+1} = Cell(H^k, X^k)
             if state_overrides and k + 1 in state_overrides:
                 X = state_overrides[k + 1].to(X.dtype).expand_as(X)
             if return_states:

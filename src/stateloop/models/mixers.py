@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.backbone import Attention, DerivedWeights, RMSNorm, Rotary
+from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
 from stateloop.models.kernels import (
     cast,
@@ -40,7 +40,7 @@ class IdentityMixer(nn.Module):
     """Eq. (7): S^{k+1} = X_id(S~^{k+1}) = S~^{k+1}, StateLoop's mixer."""
 
     def forward(self, S: torch.Tensor, rope: Rotary, cache=None) -> torch.Tensor:
-        return S  # (7)  S^{k+1} = S~^{k+1} (StateLoopLM.update does not even call it)
+        return S  # (7)  S^{k+1} = S~^{k+1}
 
     def new_cache(self):
         return None
@@ -117,7 +117,6 @@ class Mamba2(nn.Module):
         self.norm = GatedRMSNorm(self.d_inner, self.d_inner // n_groups, eps, impl)
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=False)
         self.out_proj.residual_out = True
-        self._neg_A = DerivedWeights()
 
     def reset_parameters(self, std: float, dt_range=(1e-3, 1e-1), A_range=(1.0, 16.0)) -> None:
         """mamba_ssm's init: dt log-uniform in dt_range (stored through inverse softplus),
@@ -133,9 +132,8 @@ class Mamba2(nn.Module):
         self.norm.weight.data.fill_(1.0)
 
     def _A(self) -> torch.Tensor:
-        """A = -exp(A_log) in float32 at least, made once while A_log stays (decoding; with gradients
-        at every call)."""
-        return self._neg_A.get(lambda: (self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
+        """A = -exp(A_log), in float32 at least."""
+        return -torch.exp(upcast(self.A_log))
 
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:
         if cache is None:
@@ -169,13 +167,11 @@ class Mamba2(nn.Module):
 
     def _decode_step(self, u: torch.Tensor, cache: Mamba2Cache) -> torch.Tensor:
         """One new token (B, 1, d) through the cached convolution window and SSM state: the
-        computation of :meth:`forward` for a single position, in a handful of operations (it runs
-        K times per decoded token, and at batch 1 the cost is per operation, on a CPU as in GPU
-        kernel launches). On CUDA the convolution, recurrence and norm are mamba_ssm's and
-        causal-conv1d's fused decoding kernels (:mod:`stateloop.models.kernels`)."""
+        computation of :meth:`forward` for a single position (on CUDA through mamba_ssm's and
+        causal-conv1d's decoding kernels, :mod:`stateloop.models.kernels`)."""
         Bsz = u.shape[0]
         G, N, H, P = self.n_groups, self.ssm_state, self.n_heads, self.head_dim
-        z, xBC, dt = F.linear(u.view(Bsz, -1), self.in_proj.weight).split([self.d_inner, self.conv_dim, H], dim=-1)
+        z, xBC, dt = self.in_proj(u.view(Bsz, -1)).split([self.d_inner, self.conv_dim, H], dim=-1)
         if cache.conv is None:
             cache.conv = xBC.new_zeros(Bsz, self.d_conv - 1, self.conv_dim)
         xBC, cache.conv = conv1d_step(xBC, cache.conv, self.conv1d.weight.view(self.conv_dim, self.d_conv),
@@ -187,7 +183,7 @@ class Mamba2(nn.Module):
         y, cache.ssm = ssd_decode_step(cache.ssm, x.view(Bsz, H, P), dt, A, Bm.view(Bsz, G, N), Cm.view(Bsz, G, N),
                                         self.D, self.dt_bias, self.impl)
         y = self.norm(y.view(Bsz, 1, self.d_inner), z.unsqueeze(1))
-        return F.linear(y, self.out_proj.weight)
+        return self.out_proj(y)
 
 
 class Mamba2Mixer(nn.Module):

@@ -17,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from stateloop.models.kernels import promote
-
 
 def _expand_groups(t: torch.Tensor, h: int) -> torch.Tensor:
     """(b, l, g, n) -> (b, l, h, n): each group serves h / g consecutive heads."""
@@ -45,7 +43,7 @@ def ssd_chunked(x, dt, A, B, C, chunk_size: int, initial_state=None, return_fina
     elementwise steps, which models/flops.py does not count as matmul FLOPs.
     """
     out_dtype = x.dtype
-    cdt = promote(x.dtype, A.dtype)
+    cdt = torch.promote_types(x.dtype, A.dtype)
     x, dt, B, C = (t.to(cdt) for t in (x, dt, B, C))
     b, l, h, p = x.shape
     g, n = B.shape[2], B.shape[3]

@@ -18,15 +18,8 @@ S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S~^1 of every m
 initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
 eta_c = 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
 
-:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each, the path training takes;
-decoding and evaluation take its fused twin :func:`~stateloop.models.kernels.selective_state_step`
-(the same floats, fewer operators per decoded token).
-
-:func:`build_cell` is the cells' registry, beside them as
-:func:`~stateloop.models.mixers.build_mixer` is beside the mixers: ``ssm`` (eq. 6) and ``gru``.
-
-The GRU ablation (Table 4, "update rule") replaces eq. (6) by a GRU cell on the same proposal
-P^k, with S^k as its hidden state.
+:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each (the fused inference form:
+stateloop/fast.py). The GRU ablation (Table 4) replaces eq. (6) by a GRU cell on the same P^k.
 
 Precision [choice; the paper is silent]: the state S^k is kept in float32 (float64 in a float64
 run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also under bf16 autocast
@@ -47,8 +40,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from stateloop.models.backbone import DerivedWeights, RMSNorm
-from stateloop.models.kernels import cast, rms_norm, selective_state_gates, selective_state_step, upcast
+from stateloop.models.backbone import RMSNorm
+from stateloop.models.kernels import cast, upcast
 
 # Paper initialisation of eq. (6).
 DELTA_INIT = 0.3  # softplus(b_Delta) at init
@@ -70,7 +63,6 @@ class SelectiveStateCell(nn.Module):
         self.W_delta = nn.Linear(d, d_s, bias=False)
         self.b_delta = nn.Parameter(torch.empty(d_s))
         self.A_log = nn.Parameter(torch.empty(d_s))
-        self._fused_weights = DerivedWeights()  # the decoding twin's weights (fused_weights)
 
     def reset_parameters(self, std: float) -> None:
         """Paper init: W_Delta = 0, b_Delta = log(e^0.3 - 1), lambda log-spaced in [0.01, 4]."""
@@ -82,64 +74,26 @@ class SelectiveStateCell(nn.Module):
             lam = torch.logspace(math.log10(lo), math.log10(hi), self.A_log.numel(), dtype=torch.float64)
             self.A_log.copy_(lam.log())
 
-    def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
-        """(S^k, H^k) -> S~^{k+1} of eq. (3), S = None being S^k = 0: eqs. (2), (5), (6), one line each.
-
-        This is the reference, the path training takes. Without gradients (decoding, evaluation) the
-        same floats come from its twin :func:`~stateloop.models.kernels.selective_state_step`, the
-        same operators on weights concatenated once (:meth:`fused_weights`), in fewer calls: the
-        cell runs K times per decoded token. tests/models/test_state_equations.py checks the twin
-        against this path bit for bit, and this path against the paper's equations."""
-        if not DerivedWeights.differentiable(self._eq6_parameters):
-            return selective_state_step(S, H, self.norm_h.weight, self.norm_h.eps, *self.fused_weights())
-        U = rms_norm(H, self.norm_h.weight, self.norm_h.eps)                 # (2)  U^k = RMSNorm_h(H^k)
-        UW = F.linear(U, torch.cat([self.W_u.weight, self.W_delta.weight]),  # U^k [W_u; W_Delta]^T + [0; b_Delta]:
-                      torch.cat([torch.zeros_like(self.b_delta), self.b_delta]))  # (5) and (6)'s map, one product
-        P, pre = upcast(UW).chunk(2, dim=-1)                                  # (5)  P^k = U^k W_u^T; pre = U^k W_Delta^T + b_Delta
-        Delta = F.softplus(pre)                                               # (6)  Delta^k = softplus(pre)
-        lam = torch.exp(upcast(self.A_log))                                   # (6)  lambda = exp(A_log)
-        g = torch.exp(-lam * Delta)                                           # (6)  g^k = exp(-lambda * Delta^k)
-        if S is None:                                                         # S^k = 0: S^0, or the reset of (14)
-            return torch.addcmul(P, g, P, value=-1.0)                         # (6)  S~^{k+1} = (1 - g^k) P^k
-        return torch.lerp(P, cast(S, P.dtype), g)                             # (6)  S~^{k+1} = g^k S^k + (1 - g^k) P^k
-
-    # How the lines of :meth:`forward` are spelled, and why: their floats are those training has
-    # always had (tests/train/test_golden.py compares the losses bit for bit on a recorded machine kind).
-    # - P^k and Delta^k's pre-activation are one product of U^k with [W_u; W_Delta] (bias [0; b_Delta]),
-    #   then halved: the same numbers as two products in exact arithmetic, but in floats the gradient
-    #   of U^k is then one product over 2 d_s instead of the sum of two, so the two spellings differ
-    #   in the last bits (and one matmul is faster). Both halves are cast together to the state's
-    #   dtype (module docstring).
-    # - -lambda * Delta^k is (-lambda) * Delta^k, the negation on the d_s vector: negating is exact,
-    #   so it is the same float as -(lambda * Delta^k).
-    # - torch.lerp(P, S, g) is eq. (6) written P + g (S - P) (torch evaluates it as S - (S - P)(1 - g)
-    #   where g >= 0.5): one fused operator, and not bitwise g S + (1 - g) P, whose 1 - g rounds.
-    # - at S^k = 0, eq. (6) is (1 - g) P = P - g P, computed as addcmul(P, g, P, value=-1).
-
-    def _eq6_parameters(self):
-        return self.W_u.weight, self.W_delta.weight, self.b_delta, self.A_log
-
-    def fused_weights(self):
-        """[W_u; W_Delta], [0; b_Delta] and -lambda, the weights of
-        :func:`~stateloop.models.kernels.selective_state_step`: the concatenations of :meth:`forward`,
-        and -lambda made once on the d_s vector rather than per token. The parameters stay W_u,
-        W_delta, b_delta, A_log (checkpoints unchanged); with gradients the tensors are remade at
-        every call, without (decoding) kept until a parameter changes
-        (:class:`~stateloop.models.backbone.DerivedWeights`), so a decoded iteration copies no weights."""
-        return self._fused_weights.get(self._eq6_parameters, self._concat)
-
-    def _concat(self):
-        b = torch.cat([torch.zeros_like(self.b_delta), self.b_delta])
-        return torch.cat([self.W_u.weight, self.W_delta.weight]), b, -torch.exp(upcast(self.A_log))
-
     def gates(self, H: torch.Tensor):
-        """Proposal P^k (eq. 5) and retention g^k = exp(-lambda Delta^k) (eq. 6) for the output H^k of
-        iteration k, with the floats of :meth:`forward`."""
-        return selective_state_gates(H, self.norm_h.weight, self.norm_h.eps, *self.fused_weights())
+        """Proposal P^k (eq. 5) and retention g^k (eq. 6) for the output H^k of iteration k, in the
+        state's wide dtype (module docstring)."""
+        U = self.norm_h(H)                                          # (2)  U^k = RMSNorm_h(H^k)
+        P = upcast(self.W_u(U))                                     # (5)  P^k = U^k W_u^T
+        Delta = F.softplus(upcast(self.W_delta(U)) + self.b_delta)  # (6)  Delta^k = softplus(U^k W_Delta^T + b_Delta)
+        lam = torch.exp(upcast(self.A_log))                         # (6)  lambda = exp(A_log)
+        g = torch.exp(-lam * Delta)                                 # (6)  g^k = exp(-lambda * Delta^k)
+        return P, g
+
+    def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
+        """(S^k, H^k) -> S~^{k+1} of eq. (3), S = None being S^k = 0."""
+        P, g = self.gates(H)
+        if S is None:                              # S^k = 0: S^0, or the reset of (14)
+            return (1 - g) * P                     # (6)  S~^{k+1} = (1 - g^k) P^k
+        return g * cast(S, P.dtype) + (1 - g) * P  # (6)  S~^{k+1} = g^k S^k + (1 - g^k) P^k
 
     def write_rate(self, H: torch.Tensor) -> torch.Tensor:
         """eta^k = 1 - g^k (eq. 6): the fraction of each channel overwritten by the proposal."""
-        return 1.0 - self.gates(H)[1]
+        return 1 - self.gates(H)[1]
 
 
 class GRUStateCell(nn.Module):

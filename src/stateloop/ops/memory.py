@@ -15,7 +15,7 @@ gate on ``train.gpu_memory_gib``). Peak = static + activations + loss + allowanc
 
 Activations are measured on fake tensors at the run's own shapes, with CUDA's fused RMSNorm and,
 optionally, mamba_ssm's kernels; decoder-layer applications after the first of a shape are
-stand-ins (:class:`_Recorder`). How, why, and the H200 calibration: docs/memory-plan.md.
+stand-ins (:class:`_Recorder`); checkpointing runs as training applies it (train/checkpointing.py). How, why, and the H200 calibration: docs/memory-plan.md.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from stateloop.measured import code_digest
 from stateloop.models.registry import build_model
 from stateloop.pipeline import load_checked, load_run
 from stateloop.runs import resolve_run_arg
+from stateloop.sections.train import CHECKPOINTING
 
 GIB = 2**30
 
@@ -44,7 +45,6 @@ LOSS_BYTES_PER_LOGIT = 12  # float32 log-softmax output (kept) + the NLL's gradi
 ALLOWANCE_GIB = 1.5  # CUDA context, cuBLAS and NCCL workspaces
 ALLOWANCE_FRACTION = 0.08  # the allocator's free reserved blocks (~3%) + the H200 record's unexplained 4.5%
 
-CHECKPOINTING = ("none", "layer", "iteration")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ class SavedProfile:
     logits: int  # logits of the micro-batch (B x T x V)
     logit_itemsize: int  # bytes of one logit
     first_use: tuple = ()  # (fraction of the forward's layer applications before a parameter's first use, its count)
-    # Measured with the model's own activation checkpointing (models/looped.py: LoopedLM.unit), where
+    # Measured with activation checkpointing applied (train/checkpointing.py), where
     # it has it; 0: not measured (activations() then derives the level from the figures above)
     kept_layer: int = 0  # everything kept under 'layer'
     copies_layer: int = 0  # of which weight copies (those made outside every unit)
@@ -285,7 +285,7 @@ _LAYER_MEMO: dict[tuple, _LayerMemo] = {}
 class _Recorder:
     """The saved-tensors hook of one measurement and the stand-ins of decoder-layer applications.
 
-    Units of 'iteration' checkpointing, as models/looped.py makes them: every application of a
+    Units of 'iteration' checkpointing, as train/checkpointing.py makes them: every application of a
     stack of decoder layers (``Backbone``) opens one; a unique stack's closes with it, the looped
     stack's stays open over the iteration's work beside it (cell, mixer, read) until the next
     stack, or the final norm, starts. A unit's inputs: the stack's input and the state the cell
@@ -322,10 +322,6 @@ class _Recorder:
                 self._hooks.append(module.register_forward_pre_hook(self._use))
         self._hooks.append(model.norm_f.register_forward_pre_hook(lambda m, a: self._close_unit()))
         self.pack_fn = self.pack  # the hook as registered: stand-ins add bytes only while it is the active one
-        self.recompute: dict[str, int] = {}  # checkpoint level -> the most one of its units keeps (with copies)
-        self.model = model
-        if hasattr(model, "unit"):  # the model's checkpoint units (models/looped.py), measured as they run
-            model.unit = self._unit(model.unit)
         cell = getattr(model, "cell", None)
         if cell is not None:
             self._hooks.append(cell.register_forward_pre_hook(self._cell_pre))
@@ -393,20 +389,6 @@ class _Recorder:
             h.remove()
         for layer in self.layers:
             del layer.forward  # the class's forward again
-        if "unit" in vars(self.model):
-            del self.model.unit
-
-    def _unit(self, unit):
-        def wrapped(level, fn, *args):
-            frame = _Frame("checkpoint")
-            self.frames.append(frame)
-            try:
-                return unit(level, fn, *args)
-            finally:
-                self.frames.remove(frame)
-                self.recompute[level] = max(self.recompute.get(level, 0), frame.kept + frame.copies)
-
-        return wrapped
 
     def active(self) -> bool:
         """Whether what is saved now reaches this hook (not a checkpoint unit's own)."""
@@ -476,7 +458,7 @@ def _model_key(cfg) -> str:
 def _code_digest() -> str:
     """sha256 of the code a measurement depends on: the models, this module and torch's version
     (stateloop/measured.py; a cached measurement is used only while they are unchanged)."""
-    return code_digest("ops/memory.py")
+    return code_digest("ops/memory.py", "train/checkpointing.py")
 
 
 def cache_dir() -> Path | None:
@@ -533,11 +515,12 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
     import torch
 
     from stateloop.models.backbone import Layer  # torch: see _mamba_kernels
+    from stateloop.train.checkpointing import checkpointed  # torch
 
     autocast_dtype = compute_dtype(precision)[0]
     out = []
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # FakeTensor's notes on data pointers (DerivedWeights' keys)
+        warnings.simplefilter("ignore")  # FakeTensor's notes
         model, mode = _fake_model(model_cfg, precision)
         layers = [m for m in model.modules() if isinstance(m, Layer)]
         loop = sum(p.numel() for p in model.backbone.parameters())
@@ -545,23 +528,21 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         total = sum(p.numel() for p in model.parameters())
         params = {"total": total, "loop": loop, "unique_layers": sum(sizes) - loop, "unit_max": max(sizes, default=0),
                   "root": total - sum(sizes)}
-        levels = [lv for lv in CHECKPOINTING if lv == "none" or _checkpoints(model)]
+        levels = CHECKPOINTING
 
         def run(B, level):
             rec = _Recorder(model)
             autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
                         else contextlib.nullcontext())
-            if level != "none":
-                model.activation_checkpointing = level
             try:
-                with mode, _cuda_norms(), (_mamba_kernels() if mamba_kernels else contextlib.nullcontext()):
+                # the units wrap the recorder's layer stand-ins (train/checkpointing.py), as they ran
+                with checkpointed(model, level), mode, _cuda_norms(), \
+                        (_mamba_kernels() if mamba_kernels else contextlib.nullcontext()):
                     idx = torch.zeros(B, T, dtype=torch.long)
                     with torch.autograd.graph.saved_tensors_hooks(rec.pack_fn, lambda t: t), autocast:
                         logits = model(idx).logits
             finally:
                 rec.close()
-                if level != "none":
-                    model.activation_checkpointing = "none"
             return rec, logits
 
         for B in micro_batches:
@@ -574,7 +555,7 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
                 alone = rec.layer_max + rec.layer_copies_max if level == "layer" else max(
                     (u.kept + u.copies for u in rec.units), default=0)
                 levels_measured.update({f"kept_{level}": other.total, f"copies_{level}": other.copies,
-                                        f"recompute_{level}": max(rec.recompute.get(level, 0), alone)})
+                                        f"recompute_{level}": alone})
             apps = max(rec.layer_apps, 1)
             first_use: dict[float, int] = {}
             for p in model.parameters():
@@ -593,15 +574,6 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
             })
             del logits
     return out
-
-
-def _checkpoints(model) -> bool:
-    """Whether the model checkpoints by itself (models/looped.py: ``activation_checkpointing``)."""
-    try:
-        model.activation_checkpointing = "none"
-    except (AttributeError, ValueError):  # pragma: no cover - a model without the attribute
-        return False
-    return hasattr(model, "unit")
 
 
 def measure_saved_full(model_cfg, micro_batch: int, seq_len: int, precision: str = "bf16-mixed") -> int:

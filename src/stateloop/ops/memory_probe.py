@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from stateloop.models.registry import build_model
+from stateloop.train.checkpointing import checkpointed
 from stateloop.train.loss import lm_loss
 
 MIXED = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
@@ -84,17 +85,12 @@ def saved_bytes(cfg, *, batch: int, seq_len: int, precision: str = "bf16-mixed",
     context, dtype = precision_context(precision, device.type)
     if model is None:
         model = build_model(cfg, device=device).to(dtype)
-    before = model.activation_checkpointing
-    model.activation_checkpointing = activation_checkpointing
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, cfg.vocab_size, (batch, seq_len + 1), generator=generator).to(device)
-    try:
-        with SavedTensorBytes(exclude=model.parameters()) as saved, context:
-            loss = lm_loss(model, tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens)
-        count = saved.bytes
-        del loss  # frees the graph, and every saved tensor with it
-    finally:
-        model.activation_checkpointing = before
+    with checkpointed(model, activation_checkpointing), SavedTensorBytes(exclude=model.parameters()) as saved, context:
+        loss = lm_loss(model, tokens[:, :-1], tokens[:, 1:], loss_chunk_tokens)
+    count = saved.bytes
+    del loss  # frees the graph, and every saved tensor with it
     return count
 
 

@@ -72,6 +72,7 @@ from stateloop.tracking.records import flatten, log_datasets
 from stateloop.tracking.store import tracking_uri
 from stateloop.tracking.tracker import Tracker
 from stateloop.train.checkpoint import CheckpointStore, clean_run_folder, collect_rng, direct_checkpoint_io, restore_rng, warn
+from stateloop.train.checkpointing import apply_checkpointing
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
 from stateloop.train.parallel import fsdp_strategy, full_state_dict, is_sharded, local
@@ -325,7 +326,7 @@ def setup(run_config: RunConfig, run_dir: Path, shards) -> Run:
     fabric.seed_everything(tcfg.seed, verbose=False)
     with fabric.init_module():  # in the precision's dtype; under FSDP on the CPU, sharded (and moved) by setup_module
         raw_model = build_model(mcfg)
-    raw_model.activation_checkpointing = tcfg.activation_checkpointing  # its units: training forwards only
+    apply_checkpointing(raw_model, tcfg.activation_checkpointing)  # its units: training forwards only; before FSDP
     decay = decaying(raw_model)
     model = torch.compile(raw_model) if tcfg.compile else raw_model
     model = fabric.setup_module(model)  # under FSDP, raw_model's parameters are now its shards (in place)

@@ -4,13 +4,12 @@ The prelude / core / coda baselines (MeSH, Parcae) and Hyperloop's begin / middl
 keep their *shared* (looped) stack in ``LoopedLM.backbone``, so ``apply_backbone(h, rope, cache,
 k)`` is application k of the looped stack with the caches of that application, exactly as for
 Vanilla Looped. Their unique stacks are extra :class:`Backbone` modules applied once per token
-through :meth:`StackedLM.apply_stack`, each with its own per-layer caches under its own key.
+through ``LoopedLM.apply_stack``, each with its own per-layer caches under its own key.
 """
 
 from __future__ import annotations
 
 from stateloop.models.backbone import Backbone
-from stateloop.models.cache import ModelCache
 from stateloop.models.looped import LoopedLM
 from stateloop.models.registry import PRELUDE_CORE_CODA, resolve_split
 
@@ -20,11 +19,6 @@ class StackedLM(LoopedLM):
 
     def unique_stack(self, n_layers: int) -> Backbone:
         return Backbone.from_config(self.cfg, n_layers=n_layers)
-
-    def apply_stack(self, stack: Backbone, h, rope, cache: ModelCache | None, key):
-        """A unique stack (applied once per token) with its per-layer caches under ``key``: one
-        checkpoint unit under "iteration", each layer one under "layer" (``LoopedLM.run_stack``)."""
-        return self.run_stack(stack, h, rope, cache, key)
 
 
 class PreludeCoreCodaLM(StackedLM):

@@ -113,15 +113,12 @@ class HyperloopLM(StackedLM):
         x_b = self.apply_stack(self.begin, h, rope, cache, ("begin",))
         Y = x_b[..., None, :].expand(*x_b.shape[:-1], self.opts.n_streams, x_b.shape[-1])  # n copies
         for l in range(self.cfg.K):
-            Y = self.unit("iteration", self.hyper_loop, l, Y, rope, cache)  # Y^{l+1}
+            Y = self.hyper_loop(l, Y, rope, cache)  # Y^{l+1}
         out = self.apply_stack(self.end, Y.mean(dim=-2), rope, cache, ("end",))
         return ModelOutput(hidden=out)
 
     def hyper_loop(self, l: int, Y: torch.Tensor, rope, cache) -> torch.Tensor:
-        """Loop l: Y^l -> Y^{l+1} through its hyper-connection and the shared middle block. One
-        checkpoint unit under "iteration"; under "layer" only the middle block's layers are units
-        ([choice]: the hyper-connection keeps its stream norm's input and o, a few d-wide tensors
-        per token and loop beside the n d of Y^l that a unit would keep anyway)."""
+        """Loop l: Y^l -> Y^{l+1} through its hyper-connection and the shared middle block."""
         hc = self.hyper[l]
         h_pre, h_post, h_res = hc.weights(Y)
         o = self.apply_backbone(hc.read(Y, h_pre), rope, cache, l) + hc.loop_embed

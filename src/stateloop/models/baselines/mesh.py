@@ -102,16 +102,13 @@ class MeshLM(PreludeCoreCodaLM):
         m, h = write_then_read(m, h_p, *self.routers[0](h_p))
         buffers.append(m)
         for t in range(self.cfg.K):
-            m, h = self.unit("iteration", self.core_step, t, m, h, rope, cache)
+            m, h = self.core_step(t, m, h, rope, cache)
             buffers.append(m)
         out = self.apply_stack(self.coda, h, rope, cache, ("coda",))
         return ModelOutput(hidden=out, states=buffers if return_buffers else None)
 
     def core_step(self, t: int, m: torch.Tensor, h: torch.Tensor, rope, cache):
-        """Core step t: (m, h^t) -> (m', h^{t+1}). One checkpoint unit under "iteration" (it keeps
-        the buffer m, S d per token, and h^t); under "layer" only the core's layers are units (the
-        routers and the buffer step keep their S-wide weights and the new buffer, which the next
-        step reads anyway)."""
+        """Core step t: (m, h^t) -> (m', h^{t+1})."""
         w_write, w_read = self.routers[t + 1](h)  # routers read the core input h^t
         h_m = self.apply_backbone(h, rope, cache, t)
         return write_then_read(m, h_m, w_write, w_read)

@@ -165,11 +165,10 @@ class ParcaeLM(PreludeCoreCodaLM):
         drive, a = self.injection.drive(e), self.injection.decay()  # the same at every repetition
         h = self.initial_state(e, rope.positions)  # drawn here, outside every checkpoint unit
         for r in range(self.cfg.K):
-            h = self.unit("iteration", self.repetition, r, h, drive, a, rope, cache)
+            h = self.repetition(r, h, drive, a, rope, cache)
         out = self.apply_stack(self.coda, self.injection.C(h), rope, cache, ("coda",))
         return ModelOutput(hidden=out)
 
     def repetition(self, r: int, h: torch.Tensor, drive: torch.Tensor, a: torch.Tensor, rope, cache) -> torch.Tensor:
-        """h_r = R(a h_{r-1} + Delta B e): one checkpoint unit under "iteration"; under "layer" the
-        core's layers are (the injection keeps only h_{r-1} beside them)."""
+        """h_r = R(a h_{r-1} + Delta B e)."""
         return self.apply_backbone(self.injection(h, drive, a), rope, cache, r)

@@ -101,7 +101,7 @@ class PauseTokenLM(LoopedLM):
 
     def loop(self, h, rope, cache) -> ModelOutput:
         """One pass of T over the expanded sequence; Y at the last pause of each group."""
-        H = self.apply_backbone(h, rope, cache, 0)  # (B, (P+1) T, d); "iteration" checkpoints it whole
+        H = self.apply_backbone(h, rope, cache, 0)  # (B, (P+1) T, d)
         return ModelOutput(hidden=H[:, self.group - 1 :: self.group])  # the head reads the last pauses
 
     def expanded_logits(self, idx: torch.Tensor) -> torch.Tensor:

@@ -73,16 +73,13 @@ class PonderLM(LoopedLM):
     def loop(self, z, rope, cache) -> ModelOutput:
         s = self.pondering_steps
         for j in range(s):
-            z = self.unit("iteration", self.pondering_pass, j, z, rope, cache)  # z^{j+1}
+            z = self.pondering_pass(j, z, rope, cache)  # z^{j+1}
         return ModelOutput(hidden=self.apply_backbone(z, rope, cache, s))  # final pass; its head in forward
 
     def pondering_pass(self, j: int, z: torch.Tensor, rope, cache) -> torch.Tensor:
-        """Pondering pass j: z^{j+1} = z^j + c softmax(W_o RMSNorm_f(T(z^j))) E. One checkpoint unit
-        under "iteration". Under "layer" the pass's layers are units and so is the pondering step
-        after them ([choice]: it keeps (B, T, V) logits and probabilities otherwise, more than all
-        the layer units' inputs of a pass at the paper's vocabulary)."""
+        """Pondering pass j: z^{j+1} = z^j + c softmax(W_o RMSNorm_f(T(z^j))) E."""
         H = self.apply_backbone(z, rope, cache, j)  # pass j, its own caches
-        return self.unit("layer", self.ponder, z, H)
+        return self.ponder(z, H)
 
     def ponder(self, z: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
         return z + self.pondering_embedding(self.lm_head(H))  # z^{j+1}

@@ -1,0 +1,127 @@
+"""Activation checkpointing (``train.activation_checkpointing``), applied to a built model from outside.
+
+A checkpoint *unit* keeps only its inputs for backward and runs again in backward to remake what it
+saved (torch.utils.checkpoint, non-reentrant; it restores the forward's RNG state and autocast).
+The units of each level:
+
+- ``"layer"``: every decoder-layer application (``backbone.Layer``), and as units of their own
+  [choice] StateLoop's state branch (cell and mixer, ``StateLoopLM.update``: it keeps (S^k, H^k)
+  instead of the cell's proposal, gates and norm input; benchmarks/records/2026-12-05-activation-memory.md)
+  and PonderLM's pondering step (``ponder``: it keeps (B, T, V) logits otherwise). The other
+  baselines' per-iteration glue stays outside every unit.
+- ``"iteration"``: every application of a stack (``backbone.Backbone``: the looped T, each unique
+  stack) and each model's iteration method (:data:`ITERATION_METHODS`), the stack inside one running
+  as part of it.
+
+Units run only in a forward with gradients and without a decoding cache (the model's forward
+pre-hook decides per forward), and never nest: a unit reached inside another runs plainly, in the
+forward and in backward's recomputation, so the recomputation saves exactly what the forward did
+and the loss and gradients are those without checkpointing, bit for bit
+(tests/models/test_activation_checkpointing.py).
+
+The forwards (and methods) are wrapped as instance attributes rather than the modules replaced by
+torch's ``checkpoint_wrapper``: the modules stay where they are, so state-dict keys, FSDP's units
+(train/parallel.py, applied after this) and ``isinstance`` checks are unchanged, and methods that are
+no modules (``step``, ``update``) become units the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from stateloop.config import ConfigError
+from stateloop.models.backbone import Backbone, Layer
+from stateloop.sections.train import CHECKPOINTING
+
+STATE_BRANCH = "update"  # StateLoop's state branch, a unit of its own under "layer" ([choice], module docstring)
+ITERATION_METHODS = ("step", "hyper_loop", "core_step", "repetition", "pondering_pass")
+# level -> (the module class whose every application is a unit, the model's methods that are units)
+UNITS = {"layer": (Layer, (STATE_BRANCH, "ponder")), "iteration": (Backbone, ITERATION_METHODS)}
+
+_APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its _Units
+
+
+class _Units:
+    """The units of one model at one level, and whether the running forward checkpoints them."""
+
+    def __init__(self, model: torch.nn.Module, level: str, methods) -> None:
+        self.level, self.methods, self.live, self.inside = level, methods, False, False
+        self.wrapped: list[tuple[object, str, object]] = []  # (owner, name, the instance attribute before)
+        kind, _ = UNITS[level]
+        for module in model.modules():
+            if isinstance(module, kind):
+                self._wrap(module, "forward")
+        for name in methods:
+            if callable(getattr(model, name, None)):
+                self._wrap(model, name)
+        self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
+                      model.register_forward_hook(self._end)]
+
+    def _wrap(self, owner, name: str) -> None:
+        self.wrapped.append((owner, name, vars(owner).get(name)))
+        setattr(owner, name, functools.partial(self.run, getattr(owner, name)))
+
+    def _start(self, model, args, kwargs) -> None:
+        cache = kwargs.get("cache", args[1] if len(args) > 1 else None)
+        self.live = cache is None and torch.is_grad_enabled()  # training forwards only
+
+    def _end(self, model, args, output) -> None:
+        self.live = False
+
+    def run(self, fn, *args, **kwargs):
+        if self.inside or not (self.live and torch.is_grad_enabled()):
+            return fn(*args, **kwargs)
+        return checkpoint(self._inside, fn, *args, use_reentrant=False, **kwargs)
+
+    def _inside(self, fn, *args, **kwargs):
+        self.inside = True
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.inside = False
+
+    def remove(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        for owner, name, before in reversed(self.wrapped):
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+
+
+def apply_checkpointing(model: torch.nn.Module, level: str) -> torch.nn.Module:
+    """Make ``model``'s units of ``level`` ("none", "layer" or "iteration") checkpoint in training
+    forwards, in place of those of any level applied before; returns the model. Apply it before FSDP
+    shards the model."""
+    if level not in CHECKPOINTING:
+        raise ConfigError(f"train.activation_checkpointing: must be one of {', '.join(CHECKPOINTING)}; got {level!r}")
+    old = _APPLIED.pop(model, None)
+    if old is not None:
+        old.remove()
+    if level != "none":
+        _APPLIED[model] = _Units(model, level, UNITS[level][1])
+    return model
+
+
+def checkpointing_level(model: torch.nn.Module) -> str:
+    units = _APPLIED.get(model)
+    return "none" if units is None else units.level
+
+
+@contextlib.contextmanager
+def checkpointed(model: torch.nn.Module, level: str):
+    """``model`` with the units of ``level`` for the duration, then its units before again."""
+    before = _APPLIED.get(model)
+    apply_checkpointing(model, level)
+    try:
+        yield model
+    finally:
+        apply_checkpointing(model, "none")
+        if before is not None:
+            _APPLIED[model] = _Units(model, before.level, before.methods)
