@@ -15,7 +15,8 @@ gate on ``train.gpu_memory_gib``). Peak = static + activations + loss + allowanc
 
 Activations are measured on fake tensors at the run's own shapes, with CUDA's fused RMSNorm and,
 optionally, mamba_ssm's kernels; decoder-layer applications after the first of a shape are
-stand-ins (:class:`_Recorder`); checkpointing runs as training applies it (train/checkpointing.py). How, why, and the H200 calibration: docs/memory-plan.md.
+stand-ins (:class:`_Recorder`); checkpointing runs as training applies it (train/checkpointing.py).
+How, why, and the H200 calibration: docs/memory-plan.md.
 """
 
 from __future__ import annotations
