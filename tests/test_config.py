@@ -231,7 +231,7 @@ def test_a_run_saved_before_the_width_had_one_spelling_still_loads(tmp_path):
     from stateloop.pipeline import RunConfig
     from stateloop.runs import load_model, save_final, saved_run_config
     from stateloop.train.config import TrainConfig
-    from stateloop.train.loop import check_run_folder
+    from stateloop.train.run_folder import check_run_folder
     from support.models import tiny_config
 
     cfg = tiny_config("stateloop", d_s=24)
