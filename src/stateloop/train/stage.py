@@ -9,7 +9,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from stateloop.config import StageRequest
+from stateloop import prefetch
+from stateloop.config import ConfigError, StageRequest
+from stateloop.data.shards import reverify
+from stateloop.pipeline import RUN_ID_FORM, load_checked
+from stateloop.resolve import resolve_run
+from stateloop.runs import resolve_run_arg
+from stateloop.train import signals, slurm
 
 
 @dataclass(frozen=True)
@@ -31,14 +37,8 @@ def require_eval_data(config_path: str, run_id: str) -> None:
     """Offline (HF_HUB_OFFLINE=1: the DAG's SLURM jobs), in the first task only: the data of the
     lm-eval tasks that this run's evaluation will score must be in the caches before the training
     starts, not found missing by the evaluation after it (stateloop/prefetch.py)."""
-    if any(os.environ.get(var, "0") != "0" for var in ("SLURM_PROCID", "LOCAL_RANK", "RANK")):
+    if any(os.environ.get(var, "0") != "0" for var in ("SLURM_PROCID", "LOCAL_RANK", "RANK")) or not prefetch.offline():
         return
-    from stateloop import prefetch
-
-    if not prefetch.offline():
-        return
-    from stateloop.pipeline import load_checked
-
     pipeline, runs = load_checked(config_path)
     run = runs.get(run_id)
     if run is None or not (run.scores_tasks() or run.scores_tasks(depths=True)):
@@ -49,23 +49,10 @@ def require_eval_data(config_path: str, run_id: str) -> None:
 
 def train_stage(args: Request) -> int:
     """Train the run ``args`` asks for; returns the exit status (commands/train.py lists them)."""
-    from stateloop.data.shards import reverify
-
-    with reverify() if args.verify_shards else contextlib.nullcontext():
-        return _train(args)
-
-
-def _train(args: Request) -> int:
-    """:func:`train_stage` within its shard verification."""
-    from stateloop.train import signals, slurm
-
     # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
     # training loop instead of ending the process, and the signals that stop training are known.
-    with signals.SignalLog() as received:
-        from stateloop.config import ConfigError
-        from stateloop.pipeline import RUN_ID_FORM
-        from stateloop.resolve import resolve_run
-        from stateloop.runs import resolve_run_arg
+    with reverify() if args.verify_shards else contextlib.nullcontext(), signals.SignalLog() as received:
+        # here, not above: torch and Lightning take seconds to import, and a SIGUSR1 meanwhile is kept
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
 
         run = resolve_run_arg(args.run)
