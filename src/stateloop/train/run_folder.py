@@ -99,7 +99,7 @@ def check_run_folder(run_dir: Path, config: dict, restart: bool = False) -> str 
         raise ConfigError(f"{run_dir}: holds run {old_id}, not {new_id}; train into another --out folder")
     conflict, old_model = None, old.get("model") or {}
     if old.get("model") != config["model"]:
-        key = next(k for k in sorted(set(old_model) | set(config["model"])) if old_model.get(k) != config["model"].get(k))
+        key = _changed(old_model, config["model"])
         conflict = f"model.{key} = {config['model'].get(key)!r} differs from the run's {old_model.get(key)!r} in {path}"
     elif any((run_dir / "checkpoints").glob("*")) or has_final_weights(run_dir):
         key = next((k for k in OPTIMIZER_KEYS if (old.get("train") or {}).get(k) != config["train"].get(k)), None)
@@ -190,47 +190,40 @@ def check_resume(path, saved: dict, current: dict, saved_data: dict | None, data
     """A checkpoint resumes only the model and optimiser settings it holds (a folder copied without
     its config.yaml is checked here); every other change it applies is warned about and returned
     (the run records it: the steps after the resume differ from an uninterrupted run's)."""
-    name = Path(path).name
-    changes = []
+    name, was, now = Path(path).name, saved["train"], current["train"]
     if saved.get("model") != current["model"]:
-        keys = sorted(k for k in set(saved.get("model", {})) | set(current["model"])
-                      if saved.get("model", {}).get(k) != current["model"].get(k))
-        raise ConfigError(f"{path}: model.{keys[0] if keys else '?'} differs from the checkpoint's config; "
-                          f"train into a new --out folder")
-    for key in (k for k in OPTIMIZER_KEYS if k in saved["train"]):  # the keys the checkpoint records
-        before, now = saved["train"][key], current["train"].get(key)
-        if before != now:
-            raise ConfigError(f"train.{key}: {now!r} differs from {before!r} in {path}, and a resumed optimizer and "
-                              f"schedule would keep {before!r}; restore it, or train into another --out folder")
+        raise ConfigError(f"{path}: model.{_changed(saved.get('model', {}), current['model']) or '?'} differs from "
+                          f"the checkpoint's config; train into a new --out folder")
+    for key in (k for k in OPTIMIZER_KEYS if k in was and was[k] != now.get(k)):  # the keys the checkpoint records
+        raise ConfigError(f"train.{key}: {now.get(key)!r} differs from {was[key]!r} in {path}, and a resumed optimizer "
+                          f"and schedule would keep {was[key]!r}; restore it, or train into another --out folder")
+    stream, changes = "the resumed batch stream differs from an uninterrupted run's", []
     old_print = (saved_data or {}).get("fingerprint")
     if old_print and old_print != data["fingerprint"]:
-        changes.append(f"the {data['split']!r} tokens in {data['dir']} changed since {name} "
-                       f"({saved_data.get('tokens')} -> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): "
-                       f"the resumed batch stream differs from an uninterrupted run's")
+        changes.append(f"the {data['split']!r} tokens in {data['dir']} changed since {name} ({saved_data.get('tokens')} "
+                       f"-> {data['tokens']} tokens, shards {old_print} -> {data['fingerprint']}): {stream}")
     old_stream = (saved_data or {}).get("stream", "uniform-starts")
     if old_stream != data["stream"]:
-        changes.append(f"{name} was trained on the {old_stream!r} batch stream, this code draws {data['stream']!r}: "
-                       f"the resumed batch stream differs from an uninterrupted run's")
-    for key in STREAM_KEYS:
-        before, now = saved["train"].get(key), current["train"].get(key)
-        if before != now:
-            changes.append(f"train.{key} changed since {name} ({before} -> {now}): "
-                           f"the resumed batch stream differs from an uninterrupted run's")
-    for key in (k for k in COMPUTE_KEYS if k in saved["train"]):
-        before, now = saved["train"][key], current["train"].get(key)
-        if before != now:
-            changes.append(f"train.{key} changed since {name} ({before} -> {now}): the steps from {step} on compute "
-                           f"the same batches another way, not bitwise as an uninterrupted run would")
-    if saved["train"].get("grad_clip") != current["train"].get("grad_clip"):
-        changes.append(f"train.grad_clip changed since {name} ({saved['train'].get('grad_clip')} -> "
-                       f"{current['train'].get('grad_clip')}): the steps from {step} on clip at the new value")
-    old_total, new_total = _total_steps(saved["train"]), _total_steps(current["train"])
-    t = current["train"]  # lr, min_lr, warmup_steps and schedule: the checkpoint's (checked above)
-    if old_total != new_total and any(
-            lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], old_total, t["schedule"])
-            != lr_at(s, t["lr"], t["min_lr"], t["warmup_steps"], new_total, t["schedule"]) for s in range(step, min(old_total, new_total))):
+        changes.append(f"{name} was trained on the {old_stream!r} batch stream, this code draws {data['stream']!r}: {stream}")
+    effects = {**dict.fromkeys(STREAM_KEYS, stream), **dict.fromkeys(COMPUTE_KEYS, (
+        f"the steps from {step} on compute the same batches another way, not bitwise as an uninterrupted run would")),
+        "grad_clip": f"the steps from {step} on clip at the new value"}
+    for key, effect in effects.items():  # a compute key the checkpoint does not record is not compared
+        if was.get(key) != now.get(key) and (key in was or key not in COMPUTE_KEYS):
+            changes.append(f"train.{key} changed since {name} ({was.get(key)} -> {now.get(key)}): {effect}")
+    old_total, new_total = _total_steps(was), _total_steps(now)
+
+    def lr(s: int, total: int) -> float:  # lr, min_lr, warmup_steps and schedule: the checkpoint's (checked above)
+        return lr_at(s, now["lr"], now["min_lr"], now["warmup_steps"], total, now["schedule"])
+
+    if old_total != new_total and any(lr(s, old_total) != lr(s, new_total) for s in range(step, min(old_total, new_total))):
         changes.append(f"the budget changed since {name} ({old_total} -> {new_total} steps; train.max_tokens, train.max_steps): "
                        f"the lr schedule is spliced at step {step} (it follows the new budget from there)")
     for line in changes:
         warn(line)
     return changes
+
+
+def _changed(old: dict, new: dict) -> str | None:
+    """The first key (in sorted order) whose value differs."""
+    return next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)), None)
