@@ -1,7 +1,7 @@
 """The run folder's policy: one training holds it (:func:`claim`: a lock, then refusing or, with
 ``--restart-on-change``, restarting on a changed setting), and which checkpoint resumes the run and
-what that resume may change (:func:`resume`). :class:`RunFolder` is the folder as training
-writes it: the resume point and the progress saved since. runs.py describes the folder; checkpoint.py writes and verifies its files."""
+what that resume may change (:func:`resume`). :class:`RunFolder`: the resume point and the progress
+saved since. runs.py describes the folder; checkpoint.py writes and verifies its files."""
 
 from __future__ import annotations
 
