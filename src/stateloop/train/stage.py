@@ -9,11 +9,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from stateloop import prefetch
+from stateloop import prefetch, resolve
 from stateloop.config import ConfigError, StageRequest
 from stateloop.data.shards import reverify
 from stateloop.pipeline import RUN_ID_FORM, load_checked
-from stateloop.resolve import resolve_run
 from stateloop.runs import resolve_run_arg
 from stateloop.train import signals, slurm
 
@@ -59,7 +58,7 @@ def train_stage(args: Request) -> int:
         if run.id is None:
             raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
                               f"three components are the run id); or give the run id and --out DIR")
-        config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
+        config = resolve.resolve_run(args.config, run.id, args.overrides, args.data_dir)
         slurm.warn_cpu_fallback(config.train.accelerator)
         require_eval_data(args.config, run.id)
         out = args.out or str(run.folder)
