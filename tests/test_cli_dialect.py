@@ -138,7 +138,6 @@ def recorded(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)
-    monkeypatch.setattr("stateloop.train.stage.resolve_run", resolve_run)
     monkeypatch.setattr(stateloop.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     monkeypatch.setattr("stateloop.commands.train.gate_run", lambda config, run: None)  # reads the config file

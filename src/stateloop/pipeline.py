@@ -541,12 +541,6 @@ class DataSection:
     dir: str = ""  # absolute path of the token shards
 
 
-def upgrade_saved(config):
-    """``config`` as it is: no earlier saved form is read. Kept only for train/loop.py's calls,
-    which go with its rewrite."""
-    return config
-
-
 @dataclass(frozen=True)
 class RunConfig:
     """The resolved config of one run, as training reads it and its folder's config.yaml saves it::

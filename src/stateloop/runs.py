@@ -35,7 +35,6 @@ if TYPE_CHECKING:  # torch is imported where it is used
     import torch
 
 FINAL_WEIGHTS = "model.safetensors"
-LEGACY_WEIGHTS = "model.pt"  # never read; train/loop.py still clears it from a folder it restarts
 CONFIG_METADATA = "stateloop_config"  # the safetensors metadata key of the resolved config (a JSON string)
 RUN_CONFIG = "config.yaml"
 TRAIN_SUMMARY = "train.json"

@@ -62,7 +62,8 @@ def install(out: str, misread: bool) -> None:
     rank = [0]
 
     def probed_setup(*args, **kwargs):
-        run = setup(*args, **kwargs)
+        pieces = setup(*args, **kwargs)
+        run = pieces[0]  # the Trainee: the model on the Fabric
         rank[0] = run.fabric.global_rank
         for module in run.raw_model.modules():
             if isinstance(module, Layer):
@@ -84,7 +85,7 @@ def install(out: str, misread: bool) -> None:
                 return allreduce_hook(state, bucket)
 
             ddp.register_comm_hook(None, hook)
-        return run
+        return pieces
 
     loop.setup = probed_setup
 

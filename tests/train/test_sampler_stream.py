@@ -135,14 +135,14 @@ def test_batches_are_a_pure_function_of_seed_and_step(tmp_path):
 def test_resuming_a_checkpoint_of_the_old_stream_warns(capsys):
     """A checkpoint written before the stream became a permutation of windows (it records no
     stream) resumes with a warning that its batches differ from an uninterrupted run's."""
-    from stateloop.train.loop import _check_resume
+    from stateloop.train.run_folder import check_resume
     from stateloop.train.sampler import STREAM
 
     cfg = {"model": {"d_model": 8}, "train": {"seed": 0, "seq_len": 8, "global_batch": 4}}
     data = {"dir": "d", "split": "train", "tokens": 100, "fingerprint": "f", "stream": STREAM}
-    _check_resume("step_00000004.ckpt", cfg, cfg, {**data, "stream": STREAM}, data, 4)
+    check_resume("step_00000004.ckpt", cfg, cfg, {**data, "stream": STREAM}, data, 4)
     assert "batch stream" not in capsys.readouterr().err
     old = {k: v for k, v in data.items() if k != "stream"}
-    _check_resume("step_00000004.ckpt", cfg, cfg, old, data, 4)
+    check_resume("step_00000004.ckpt", cfg, cfg, old, data, 4)
     err = capsys.readouterr().err
     assert "'uniform-starts' batch stream" in err and STREAM in err

@@ -315,7 +315,7 @@ def test_a_second_training_of_the_same_folder_is_refused(tiny_setup, tmp_path, c
     import socket
 
     from stateloop.cli import main
-    from stateloop.train.loop import run_lock
+    from stateloop.train.run_folder import run_lock
 
     cfg_path, data = tiny_setup
     run_dir = tmp_path / "run"
@@ -472,13 +472,13 @@ def test_every_setting_of_how_the_steps_compute_is_a_change_a_resume_records(tin
     """The settings that change how the same batches are computed (the accumulation's grouping,
     the processes that reduce the gradient, the arithmetic) are each a change a resume warns about
     and returns for the record."""
-    from stateloop.train.loop import _check_resume
+    from stateloop.train.run_folder import check_resume
     from stateloop.train.sampler import STREAM
 
     saved = resolved(*tiny_setup)
     current = {**saved, "train": {**saved["train"], key: value}}
     data = {"dir": "data", "split": "train", "tokens": 60_000, "fingerprint": "f", "stream": STREAM}
-    changes = _check_resume("checkpoints/step_00000004.ckpt", saved, current, data, data, 4)
+    changes = check_resume("checkpoints/step_00000004.ckpt", saved, current, data, data, 4)
     assert len(changes) == 1 and changes[0].startswith(f"train.{key} changed since step_00000004.ckpt "
                                                        f"({saved['train'][key]} -> {value}): the steps from 4 on"), changes
     assert changes[0] in capsys.readouterr().err

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from stateloop.export.hf import export_run
+
 # MLflow refuses these in a logged model's name (and '/' and ':' in a registered model's)
 MODEL_NAME_FORBIDDEN = re.compile(r"[/:.%\"']")
 LOGGED_MODEL_TYPE = "transformers (trust_remote_code)"  # what the artifacts are: a Hugging Face directory
@@ -28,8 +30,6 @@ def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], ta
     import tempfile
 
     from mlflow.entities import LoggedModelOutput
-
-    from stateloop.export.hf import export_run
 
     exp_id = c.get_run(run_id).info.experiment_id
     mine = c.search_logged_models([exp_id], filter_string=f"source_run_id = '{run_id}'")

@@ -27,11 +27,18 @@ global "active run" leaks between runs trained in one process (tests, notebooks)
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
-from stateloop.tracking.records import log_params, standard_tags
-from stateloop.tracking.store import client, experiment_id
+from stateloop.data.shards import read_meta
+from stateloop.data.tokenizer import TOKENIZER_FILE
+from stateloop.files import atomic_write_json, code_version
+from stateloop.runs import MLFLOW_FILE
+from stateloop.sections.train import registered_model_name
+from stateloop.tracking.records import flatten, log_datasets, log_params, standard_tags
+from stateloop.tracking.registry import log_model
+from stateloop.tracking.store import client, experiment_id, tracking_uri
 
 
 def _run_id_in(path: Path | None) -> str | None:
@@ -127,3 +134,37 @@ class Tracker:
             self.monitor = None
         self.flush()
         self.client.set_terminated(self.run_id, status=status)
+
+
+def open_training_run(rc, run_dir: Path, run_id: str | None, inexact: list[str], step: int, datasets: dict) -> Tracker:
+    """The MLflow run of training ``rc`` (a RunConfig) in ``run_dir``: the one ``run_id`` names (a
+    resumed run's, from its checkpoint), else a new one; after an inexact resume the redone steps are
+    logged again, with their new values. Logs the params and ``datasets`` (name -> ShardSet), and
+    names the run in RUN_DIR/mlflow.json."""
+    run, tcfg = rc.run, rc.train
+    tags = {"scale": run.scale, "model": run.model, "K": str(run.K), "d_s": str(rc.d_s),
+            "code_version": code_version(), "config_file": run.config}
+    tracker = Tracker(tracking_uri(tcfg.mlflow_tracking_uri), tcfg.mlflow_experiment, run.id, run_id=run_id, tags=tags,
+                      previous=run_dir / MLFLOW_FILE, exact=not inexact, system_metrics_s=tcfg.mlflow_system_metrics_s)
+    if inexact:
+        tracker.client.set_tag(tracker.run_id, "stateloop.inexact_resume", f"from step {step}: {'; '.join(inexact)}"[:5000])
+    tracker.log_params(flatten(rc.as_dict()))
+    atomic_write_json(run_dir / MLFLOW_FILE, {"tracking_uri": tracker.uri, "experiment": tcfg.mlflow_experiment,
+                                              "run_id": tracker.run_id, "run_name": run.id})
+    log_datasets(tracker.client, tracker.run_id, run.scale, datasets)
+    return tracker
+
+
+def log_final_model(tracker: Tracker, rc, run_dir: Path, params: int, step: int) -> str | None:
+    """The final weights as the run's MLflow model (registry.log_model), registered where
+    train.mlflow_register_model names a model; None without a tokenizer to export with."""
+    r, tcfg, data_dir = rc.run, rc.train, Path(rc.data.dir)
+    tokenizer = read_meta(data_dir).get("tokenizer") if (data_dir / "meta.json").is_file() else None
+    if not (isinstance(tokenizer, dict) and (data_dir / tokenizer.get("file", TOKENIZER_FILE)).is_file()):
+        print(f"stateloop train: {data_dir}: no tokenizer file beside the shards, so no MLflow model is logged "
+              "(the export needs one; train.mlflow_log_model)", file=sys.stderr, flush=True)
+        return None
+    fields = {"scale": r.scale, "model": r.model, "K": r.K, "d_s": rc.d_s}
+    register = registered_model_name(tcfg.mlflow_register_model, **fields) if tcfg.mlflow_register_model else ""
+    return log_model(tracker.client, tracker.run_id, run_dir, r.id, {**{k: str(v) for k, v in fields.items()},
+                     "params": str(params)}, {"code_version": code_version()}, step, register=register)

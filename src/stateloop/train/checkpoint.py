@@ -45,7 +45,7 @@ from pathlib import Path
 from stateloop.config import ConfigError
 from stateloop.data.shards import sha256_file
 from stateloop.files import _numpy_globals, atomic_write_json, is_unsafe_load_error, safe_torch_load, torch_write_error, unsafe_load_message
-from stateloop.runs import FINAL_WEIGHTS, LEGACY_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY
+from stateloop.runs import FINAL_WEIGHTS, MLFLOW_FILE, RUN_CONFIG, TRAIN_SUMMARY
 
 NAME = re.compile(r"step_(\d{8})\.ckpt")
 
@@ -193,7 +193,7 @@ class CheckpointStore:
 
 # The files training writes into the run folder, each through a temporary file beside it,
 # ``.<name>.XXXXXXXX.tmp`` (files.atomic_write_bytes, files.write_safetensors).
-RUN_FILES = (FINAL_WEIGHTS, LEGACY_WEIGHTS, TRAIN_SUMMARY, RUN_CONFIG, MLFLOW_FILE)
+RUN_FILES = (FINAL_WEIGHTS, TRAIN_SUMMARY, RUN_CONFIG, MLFLOW_FILE)
 
 
 def clean_run_folder(run_dir: Path) -> None:

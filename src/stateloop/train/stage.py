@@ -8,13 +8,12 @@ import contextlib
 import os
 import sys
 
-from stateloop import slurm
+from stateloop import resolve, slurm
 from stateloop.config import ConfigError, StageRequest, arg
 from stateloop.data import hub
 from stateloop.data.shards import reverify
 from stateloop.evaluate.tasks.needs import task_needs
 from stateloop.pipeline import RUN_HELP, RUN_ID_FORM, find_run, load_checked
-from stateloop.resolve import resolve_run
 from stateloop.runs import resolve_run_arg
 from stateloop.train import signals
 
@@ -54,23 +53,17 @@ def require_eval_data(config_path: str, run_id: str) -> None:
 
 def train_stage(args: Request) -> int:
     """Train the run ``args`` asks for; returns the exit status (commands/train.py lists them)."""
-    with reverify() if args.verify_shards else contextlib.nullcontext():
-        return _train(args)
-
-
-def _train(args: Request) -> int:
-    """:func:`train_stage` within its shard verification."""
-    # First, before the heavy imports (torch, Fabric: train/loop.py): from here on a SIGUSR1
-    # (SLURM's warning) is kept for the training loop instead of ending the process, and the
-    # signals that stop training are known.
-    with signals.SignalLog() as received:
+    # First, before the heavy imports: from here on a SIGUSR1 (SLURM's warning) is kept for the
+    # training loop instead of ending the process, and the signals that stop training are known.
+    with reverify() if args.verify_shards else contextlib.nullcontext(), signals.SignalLog() as received:
+        # here, not above: torch and Lightning take seconds to import, and a SIGUSR1 meanwhile is kept
         from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
 
         run = resolve_run_arg(args.run)
         if run.id is None:
             raise ConfigError(f"RUN: {args.run}: a run folder to train must be <...>/runs/{RUN_ID_FORM} (its last "
                               f"three components are the run id); or give the run id and --out DIR")
-        config = resolve_run(args.config, run.id, args.overrides, args.data_dir)
+        config = resolve.resolve_run(args.config, run.id, args.overrides, args.data_dir)
         slurm.warn_cpu_fallback(config.train.accelerator)
         require_eval_data(args.config, run.id)
         out = args.out or str(run.folder)
