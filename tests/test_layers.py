@@ -181,7 +181,7 @@ def test_no_import_cycle_outside_models():
 
 def test_the_reader_sees_nested_imports():
     """Function-local imports and ``from PACKAGE import MODULE`` are read as imports of that module."""
-    assert "stateloop.evaluate.tasks.needs" in {t for _, t in imports("stateloop.train.stage")}  # inside require_eval_data
+    assert "stateloop.train.loop" in {t for _, t in imports("stateloop.train.stage")}  # inside _train
     assert "stateloop.evaluate.diagnostics" in {t for _, t in imports("stateloop.evaluate.harness")}
 
 
@@ -191,3 +191,33 @@ def test_a_folder_tells_its_layer():
     inner = [name for name in LAYER_OF if name.count(".") > 1 or (name.count(".") == 1 and not MODULES[name][1]
                                                                   and name.rpartition(".")[0] != "stateloop")]
     assert not inner, inner
+
+
+# The package's own modules imported inside a function: at most this many (issue 54 set the budget
+# when there were 157), each where a module-level import would cost start-up time (torch and the
+# like, in a module a command's parser or a Snakemake rule file imports) or close a cycle.
+LOCAL_IMPORT_BUDGET = 60
+
+
+def local_imports() -> list[tuple[Path, int, str]]:
+    """(file, line, its text) of every import of a stateloop module inside a function."""
+    found = set()
+    for module, (path, is_package) in MODULES.items():
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines), str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and \
+                        any(t != module for line, t in imports(module) if line == node.lineno):
+                    found.add((path, node.lineno, lines[node.end_lineno - 1]))
+    return sorted(found)
+
+
+def test_function_local_imports_say_why_and_stay_few():
+    """Each import of the package's own modules inside a function says on its line why it is not at
+    the top (a ``#`` comment), and there are at most LOCAL_IMPORT_BUDGET of them."""
+    found = local_imports()
+    silent = [f"{path.relative_to(SRC.parent)}:{line}" for path, line, text in found if "#" not in text]
+    assert not silent, "function-local imports without a reason comment:\n" + "\n".join(silent)
+    assert len(found) <= LOCAL_IMPORT_BUDGET, f"{len(found)} function-local imports of the package's modules"
