@@ -72,6 +72,24 @@ def test_a_benchmark_runs_at_a_tiny_shape(run, monkeypatch, capsys):
             assert len(re.findall(r"\d+\.\d+", line[len(piece) :])) == 3, line  # in a token, hot, their ratio
 
 
+MERGED = {"bench_branch_share.py": "decode", "bench_train_share.py": "train", "bench_pieces.py": "pieces",
+          "bench_cold_ops.py": "cold", "bench_forward_backward.py": "whole"}  # issue 54: now bench_state_branch.py's
+
+
+def test_every_script_the_benchmarks_name_exists_or_was_merged():
+    """benchmarks/README.md and the dated records name scripts by file; a name that is gone must be
+    one of the merged ones, and the README must say which measurement of bench_state_branch.py it became."""
+    readme = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    for old, new in MERGED.items():
+        assert not (ROOT / "benchmarks" / old).exists(), old
+        assert f"`{old}` is its `{new}`" in readme or f"`{old}` `{new}`" in readme, old
+    for page in [ROOT / "benchmarks" / "README.md", *sorted((ROOT / "benchmarks" / "records").glob("*.md"))]:
+        for name in set(re.findall(r"benchmarks/(\w+\.(?:py|sh))|`(\w+\.(?:py|sh))", page.read_text())):
+            name = name[0] or name[1]
+            if name.startswith(("bench_", "gpu_check", "golden_", "checkpoint_", "baselines_", "eval_")):
+                assert (ROOT / "benchmarks" / name).exists() or name in MERGED, (page.name, name)
+
+
 def import_benchmark(name: str):
     """benchmarks/<name>.py as a module (the scripts sit beside the package, not in it)."""
     import importlib
