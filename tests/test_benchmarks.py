@@ -16,23 +16,28 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"-?\d+\.\d\d"
 
-SCRIPTS = {
-    "bench_pieces.py": ["--width", "64", "--seq", "16", "--rounds", "4", "--inner", "1"],
-    "bench_branch_share.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--rounds", "1", "--plain"],
-    "bench_forward_backward.py": ["--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4", "--vocab", "256"],
-    "bench_state_branch.py": ["--before", str(ROOT / "src"), "--width", "64", "--seq", "64", "--repeats", "1"],
-    "bench_cold_ops.py": ["--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"],
-    "bench_train_share.py": ["--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256", "--groups", "2"],
-    "bench_plan.py": ["--config", "configs/tiny.yaml", "--warm", "1", "--no-snakemake"],
-    "bench_memory.py": ["--layers", "1", "--width", "64", "--seq", "16", "--batch", "2", "--vocab", "256", "--chunk", "8",
-                        "--rounds", "1"],
+BRANCH = "bench_state_branch.py"  # the state branch's CPU cost, one subcommand per measurement
+RUNS = {  # test id -> (script, its arguments at the smallest setting)
+    "decode": (BRANCH, ["decode", "--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--rounds", "1",
+                        "--plain", "--printed"]),
+    "train": (BRANCH, ["train", "--layers", "1", "--width", "64", "--seq", "16", "--rounds", "2", "--vocab", "256",
+                       "--groups", "2"]),
+    "pieces": (BRANCH, ["pieces", "--width", "64", "--seq", "16", "--rounds", "4", "--inner", "1"]),
+    "cold": (BRANCH, ["cold", "--layers", "1", "--width", "64", "--prefill", "4", "--tokens", "4", "--hot", "5"]),
+    "whole": (BRANCH, ["whole", "--layers", "1", "--width", "64", "--batch", "1", "--seq", "8", "--rounds", "4",
+                       "--vocab", "256"]),
+    "bench_plan.py": ("bench_plan.py", ["--config", "configs/tiny.yaml", "--warm", "1", "--no-snakemake"]),
+    "bench_memory.py": ("bench_memory.py", ["--layers", "1", "--width", "64", "--seq", "16", "--batch", "2", "--vocab",
+                                            "256", "--chunk", "8", "--rounds", "1"]),
 }
+VARIANTS = ("stateloop", "stateloop_attn", "stateloop_mamba2")
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
+@pytest.mark.parametrize("run", RUNS)
+def test_a_benchmark_runs_at_a_tiny_shape(run, monkeypatch, capsys):
     """Run in this process, as ``python benchmarks/<script> ...`` would (the imports are paid once)."""
-    monkeypatch.setattr(sys, "argv", [script, *SCRIPTS[script]])
+    script, argv = RUNS[run]
+    monkeypatch.setattr(sys, "argv", [script, *argv])
     monkeypatch.setattr(sys, "path", [str(ROOT / "benchmarks"), *sys.path])
     threads = torch.get_num_threads()
     try:
@@ -40,29 +45,49 @@ def test_a_benchmark_runs_at_a_tiny_shape(script, monkeypatch, capsys):
     except SystemExit as exit_:
         assert exit_.code in (0, None)
     finally:
-        torch.set_num_threads(threads)  # two of the scripts pin one thread
+        torch.set_num_threads(threads)  # the state branch's measurements pin one thread
     out = capsys.readouterr().out
-    if script in ("bench_pieces.py", "bench_branch_share.py", "bench_forward_backward.py", "bench_train_share.py"):
+    if run in ("decode", "train", "pieces", "whole"):
         # stateloop:plain's logits were checked equal first; vanilla:<piece> are the backbone's sub-blocks
-        extra = {"bench_branch_share.py": ("stateloop:plain", "vanilla:attention", "vanilla:swiglu"),
-                 "bench_train_share.py": ("vanilla:attention", "vanilla:swiglu")}.get(script, ())
-        for variant in ("stateloop", "stateloop_attn", "stateloop_mamba2", *extra):
+        extra = {"decode": ("stateloop:plain", *(f"{v}:printed" for v in VARIANTS), "vanilla:attention", "vanilla:swiglu"),
+                 "train": ("vanilla:attention", "vanilla:swiglu")}.get(run, ())
+        for variant in (*VARIANTS, *extra):
             line = next(ln for ln in out.splitlines() if ln.split() and ln.split()[0] == variant)
             assert re.search(NUMBER, line), line
-    elif script == "bench_memory.py":  # saved MiB, its ratio, step s, time ratio for every setting; per-token rows
+        if run == "pieces":  # one token's forward, fused against printed (checked close first): both times, their ratio
+            for piece in ("backbone attention", "StateLoop cell", "attention mixer"):
+                line = [ln for ln in out.splitlines() if ln.startswith(piece)][-1]
+                assert len(re.findall(r"\d+\.\d+", line[len(piece) :])) == 3, line
+    elif run == "bench_memory.py":  # saved MiB, its ratio, step s, time ratio for every setting; per-token rows
         for setting in ("none", "layer", "iteration", "none + loss/8", "iteration + loss/8", "layer, branch kept"):
             assert any(re.match(rf"\s+{re.escape(setting)}\s+-?\d+\.\d\s+\d+\.\d{{3}}\s+\d+\.\d\d", ln)
                        for ln in out.splitlines()), (setting, out)
         assert out.count("per token (") == 2
-    elif script == "bench_plan.py":  # a cold and a warm plan of tiny.yaml, each with its wall and CPU seconds
+    elif run == "bench_plan.py":  # a cold and a warm plan of tiny.yaml, each with its wall and CPU seconds
         for what in ("plan, cold", "plan, warm (median of 1)"):
             assert re.search(rf"after\s+{re.escape(what)}\s+\d+\.\d\s+\d+\.\d", out), (what, out)
-    elif script == "bench_cold_ops.py":  # its step-by-step cell and SwiGLU were checked equal to the modules first
-        for piece in import_benchmark("bench_cold_ops").PIECES:
+    else:  # cold: its step-by-step cell and SwiGLU were checked equal to the modules first
+        for piece in import_benchmark("bench_state_branch").COLD_PIECES:
             line = next(ln for ln in out.splitlines() if ln.startswith(piece))
             assert len(re.findall(r"\d+\.\d+", line[len(piece) :])) == 3, line  # in a token, hot, their ratio
-    else:  # before and after are the same code here: the script's own equality checks passed, and it timed both
-        assert re.search(rf"SSD scan fwd\+bwd.*\({NUMBER}x\)", out) and re.search(rf"causal conv.*\({NUMBER}x\)", out), out
+
+
+MERGED = {"bench_branch_share.py": "decode", "bench_train_share.py": "train", "bench_pieces.py": "pieces",
+          "bench_cold_ops.py": "cold", "bench_forward_backward.py": "whole"}  # issue 54: now bench_state_branch.py's
+
+
+def test_every_script_the_benchmarks_name_exists_or_was_merged():
+    """benchmarks/README.md and the dated records name scripts by file; a name that is gone must be
+    one of the merged ones, and the README must say which measurement of bench_state_branch.py it became."""
+    readme = " ".join((ROOT / "benchmarks" / "README.md").read_text().split())
+    for old, new in MERGED.items():
+        assert not (ROOT / "benchmarks" / old).exists(), old
+        assert f"`{old}` is its `{new}`" in readme or f"`{old}` `{new}`" in readme, old
+    for page in [ROOT / "benchmarks" / "README.md", *sorted((ROOT / "benchmarks" / "records").glob("*.md"))]:
+        for name in set(re.findall(r"benchmarks/(\w+\.(?:py|sh))|`(\w+\.(?:py|sh))", page.read_text())):
+            name = name[0] or name[1]
+            if name.startswith(("bench_", "gpu_check", "golden_", "checkpoint_", "baselines_", "eval_")):
+                assert (ROOT / "benchmarks" / name).exists() or name in MERGED, (page.name, name)
 
 
 def import_benchmark(name: str):
@@ -77,12 +102,12 @@ def import_benchmark(name: str):
 
 
 def test_the_training_share_counts_the_backward_of_the_operators_in_its_ranges_only():
-    """bench_train_share.py times the state branch's backward as the autograd nodes made by the
+    """bench_state_branch.py train times the state branch's backward as the autograd nodes made by the
     operators that ran inside its profiler ranges: here the first of two products and nothing of
     the second, nor of the tanh and sum after it."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    bench = import_benchmark("bench_train_share")
+    bench = import_benchmark("bench_state_branch")
     a = torch.randn(8, 16, requires_grad=True)
     W1, W2 = torch.randn(16, 32, requires_grad=True), torch.randn(32, 4, requires_grad=True)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -98,17 +123,17 @@ def test_the_training_share_counts_the_backward_of_the_operators_in_its_ranges_o
 
 
 def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
-    """bench_branch_share.py scores the backbone's attention and SwiGLU sub-blocks against their
+    """bench_state_branch.py decode scores the backbone's attention and SwiGLU sub-blocks against their
     share of a decoded token's FLOPs: the two and the head (2 d V) are the whole token as
     models/flops.py counts it (itself checked against torch's counter in tests/models/test_flops.py)."""
-    backbone_piece_flops = import_benchmark("bench_branch_share").backbone_piece_flops
+    decode_piece_flops = import_benchmark("bench_state_branch").decode_piece_flops
     from stateloop.models.config import ModelConfig
     from stateloop.models.flops import decode_flops_per_token
 
     for shape in (dict(n_layers=8, d_model=512, d_ff=1376, n_heads=8), dict(n_layers=3, d_model=96, d_ff=256, n_heads=3)):
         cfg = ModelConfig(name="vanilla_looped", K=4, d_s=0, vocab_size=4096, head_dim=32, **shape)
         for context in (0, 32, 63.5):
-            pieces = sum(backbone_piece_flops(cfg, piece, context) for piece in ("attention", "swiglu"))
+            pieces = sum(decode_piece_flops(cfg, piece, context) for piece in ("attention", "swiglu"))
             assert pieces + 2 * cfg.d_model * cfg.vocab_size == decode_flops_per_token(cfg, context)
 
 

@@ -217,7 +217,7 @@ def test_a_shape_is_counted_once_per_process_and_each_shape_apart(own_cache, mon
 def test_a_training_step_on_cpu_tensors_counts_what_the_meta_count_does(name):
     """On CPU tensors attention runs torch's CPU flash kernel, which torch's counter has no formula
     for; models/flops.py gives it one (forward QK^T and AV, backward twice that), so the benchmark
-    scripts, which count real CPU steps (bench_pieces.py, bench_train_share.py), count the attention
+    scripts, which count real CPU steps (bench_state_branch.py pieces and train), count the attention
     products compute_profile counts on the meta device."""
     import torch
 
