@@ -38,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
-from stateloop.data.shards import read_meta
+from stateloop.data.shards import ShardSet, read_meta
 from stateloop.evaluate import diagnostics as state_diagnostics
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
@@ -332,8 +332,6 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: RunConfig |
 def _heldout_input(results: dict) -> dict:
     """The held-out split the perplexity read, as the run's "evaluation" dataset input (lm-eval's
     task data is named in eval.json's tasks, not here)."""
-    from stateloop.data.shards import ShardSet
-
     split = (results.get("eval_config") or {}).get("heldout_split")
     if not results.get("data_dir") or not split or not results.get("heldout"):
         return {}

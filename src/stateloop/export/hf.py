@@ -45,7 +45,10 @@ from pathlib import Path
 
 import stateloop
 from stateloop.config import ConfigError
-from stateloop.files import current_umask
+from stateloop.data.shards import read_meta
+from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
+from stateloop.files import code_version, current_umask, write_safetensors
+from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
 
 ENTRY = "stateloop.export.hf_modeling"
 MODELING_FILE = "modeling_stateloop.py"  # the entry module's name in an export (transformers' convention)
@@ -249,11 +252,6 @@ def export_run(run_dir: str | Path, out: str | Path, log=None) -> Path:
     SIGTERM and SIGHUP) removes the temporary folder and leaves ``out`` as it was; what a killed
     export left beside ``out`` the next export to ``out`` removes (``log`` says so). A failed write
     (a full disk) is one OSError naming ``out``."""
-    from stateloop.data.shards import read_meta
-    from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
-    from stateloop.files import code_version, write_safetensors
-    from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
-
     run_dir, out = Path(run_dir), Path(out)
     check_out(out, run_dir, "run folder")
     model, saved = load_model(run_dir)  # one line naming the file when the weights are missing or wrong

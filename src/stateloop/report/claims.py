@@ -30,7 +30,7 @@ import pandas as pd
 
 from stateloop.models.registry import count_params
 from stateloop.pipeline import cells, expand_runs
-from stateloop.report import depth, stats, trends
+from stateloop.report import depth, ladder, lr, precision, recipe, stats, trends
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -312,8 +312,6 @@ def ladder_rows(cfg) -> list[Claim]:
     """The project's own rows (not the paper's claims): does StateLoop's gap to Vanilla Looped
     shrink as training compute grows along a ladder, and where does the fitted trend cross 0
     (report/ladder.py)? One row per K."""
-    from stateloop.report import ladder
-
     rows = []
     for K in ladder.loop_counts(cfg):
         def measure(cfg, results, K=K):
@@ -335,8 +333,6 @@ def lr_rows(cfg) -> list[Claim]:
     """The project's own rows (not the paper's claims): does the StateLoop vs Vanilla Looped
     verdict hold at every peak lr of a bracket (report/lr.py)? One row per K; the effect is the
     gap with each model at its own best lr."""
-    from stateloop.report import lr
-
     return [Claim(f"lr_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped at every peak lr tried "
                   f"(K = {K})", LR_SOURCE, PCT, -1, math.nan, "- (the paper trains at one lr per scale)",
                   lambda cfg, results, K=K: lr.measure(cfg, results, K), list(lr.experiments(cfg)))
@@ -350,8 +346,6 @@ def recipe_rows(cfg) -> list[Claim]:
     """The project's own rows: the verdict under the authors' recipe where the paper is silent
     (plain init, their warm-up; report/recipe.py). One row per K; the note holds the project's
     recipe at the same lrs and seeds."""
-    from stateloop.report import recipe
-
     return [Claim(f"recipe_authors_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped under the "
                   f"authors' recipe (K = {K})", RECIPE_SOURCE, PCT, -1, math.nan,
                   "- (the paper states neither init nor warm-up)",
@@ -366,8 +360,6 @@ def precision_rows(cfg) -> list[Claim]:
     """The project's own rows: the verdict when both models train in the paper runs' precision,
     bf16-mixed, rather than float32 (report/precision.py). One row per K; the note holds the float32
     gap on the same seeds and the change between them."""
-    from stateloop.report import precision
-
     return [Claim(f"precision_bf16_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped when both "
                   f"train in bf16-mixed (K = {K})", PRECISION_SOURCE, PCT, -1, math.nan,
                   "- (the paper names no training precision)",

@@ -35,10 +35,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.pipeline import expand_runs
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import lr
 from stateloop.report.stats import Estimate, relative_pct, t_quantile
+from stateloop.report.tables import reference
 from stateloop.report.trends import trend_verdict
+from stateloop.train.flops import flops_per_sequence
 
 RUNGS = tuple(f"ladder_{i}" for i in range(1, 6))
 MODEL, REFERENCE = "stateloop", "vanilla_looped"
@@ -102,8 +104,6 @@ _FLOPS: dict[tuple[str, int], int] = {}  # (model config, seq_len) -> FLOPs per 
 
 def training_flops(cfg, run) -> float:
     """A run's training FLOPs: forward + backward per sequence times the sequences of its steps."""
-    from stateloop.train.flops import flops_per_sequence
-
     t = cfg.scales[run.scale].train
     key = (repr(run.model_config), t.seq_len)
     if key not in _FLOPS:
@@ -217,9 +217,6 @@ def paper_points() -> dict[int, tuple[float, float]]:
     """{K: (training FLOPs, % PPL gap)} of the paper's StateLoop against Vanilla Looped: 1.4B at
     K = 4 (Table 1, 30B tokens) and 410M at K = 7 (Table 4, 25B tokens), the FLOPs of
     configs/paper.yaml's runs by the project's count (minutes of meta-device tracing: cached)."""
-    from stateloop.pipeline import load_pipeline
-    from stateloop.report.tables import reference
-
     paper = load_pipeline(Path(__file__).resolve().parents[3] / "configs" / "paper.yaml")
     t1 = reference("table1_ppl").set_index("model").pile_ppl
     t4 = reference("table4_ablations").drop_duplicates("variant").set_index("variant").pile_ppl

@@ -28,6 +28,7 @@ from pathlib import Path
 from stateloop.pipeline import cells, expand_runs
 from stateloop.report import stats, style
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
+from stateloop.report.tables import heldout_by_seed
 
 POINTS = tuple(f"lr_{i}" for i in range(1, 6))
 MODEL, REFERENCE = "stateloop", "vanilla_looped"
@@ -67,8 +68,6 @@ def bracket(cfg, results: Path, K: int, names: tuple[str, ...] = POINTS) -> list
     """The points of the bracket at loop count K, lowest lr first; an lr whose experiment lacks
     one of the two models at K is left out. ``names``: the experiments that make the bracket
     (another recipe's, report/recipe.py)."""
-    from stateloop.report.tables import heldout_by_seed
-
     out = []
     for e in experiments(cfg, names):
         groups = [rs for rs in cells(expand_runs(cfg, [e])).values() if rs[0].K == K]

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from stateloop.pipeline import Run, cells, expand_runs
 from stateloop.report.stats import Estimate, relative_pct, t_interval
+from stateloop.report.tables import read_json
 
 SHRINKS, GROWS, HOLDS = "shrinks", "grows", "holds (no trend resolved)"
 SLOPE_UNIT = "points of % PPL gap per 10x tokens"
@@ -110,8 +111,6 @@ def comparisons(cfg) -> list[Comparison]:
 
 def read_curve(results: Path, run: Run) -> tuple[dict[int, float], dict | None]:
     """({tokens: validation loss}, the windows' identity) of a run's train.json."""
-    from stateloop.report.tables import read_json
-
     summary = read_json(results / "runs" / run.id / "train.json")
     return {int(p["tokens"]): float(p["loss"]) for p in summary.get("val_curve") or []}, summary.get("val_windows")
 
