@@ -15,13 +15,10 @@ iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples i
 ``eval_K{K'}_samples/``); :func:`evaluate_depths` measures several depths from one load into
 ``eval_depth.json``.
 
-``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
-each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
-what goes to MLflow. It is written atomically; prompts and answers of every request go to
-``eval_samples/{task}_{shots}shot.jsonl`` when ``eval.log_samples`` is on. Beside them,
-``lm_eval/`` (``lm_eval_K{K'}/`` at another depth) holds lm-eval's own files, as ``lm_eval --output_path`` writes them: one
-``results_<time>.json`` per shot count (its name in eval.json's ``lm_eval_results``) and, with
-samples logged, ``samples_<task>_<time>.jsonl``; the folder is replaced whole by each evaluation.
+``eval.json`` (written atomically) records the versions, sample counts, the metric each table
+reports (evaluate/metrics.py) and a flat ``summary`` of every number, which also goes to MLflow;
+``eval_samples/`` holds prompts and answers with ``eval.log_samples``, and ``lm_eval/``
+(``lm_eval_K{K'}/``) lm-eval's own files as ``--output_path`` writes them, replaced whole each time.
 """
 
 from __future__ import annotations
