@@ -72,24 +72,31 @@ def _cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int
     return groups[0]
 
 
+def _find(cfg, keep):
+    """The first cell of the config whose first run ``keep`` accepts, else None."""
+    return next((rs for rs in cells(expand_runs(cfg)).values() if keep(rs[0])), None)
+
+
+def _gap(results, ours, theirs):
+    """Our held-out PPL change of cell ``ours`` against ``theirs`` (percent, paired by seed), with
+    its note; None where either is missing."""
+    if ours is None or theirs is None:
+        return None
+    return paired(heldout_by_seed(results, ours), heldout_by_seed(results, theirs), relative_pct), \
+        f"{ours[0].cell} vs {theirs[0].cell}"
+
+
 def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
     """Our held-out PPL change of ``model`` against ``against`` (percent, paired by seed)."""
 
     def measure(cfg, results):
         ours = _cell(cfg, experiment, model)
-        if ours is None:
-            return None
-        theirs = _cell(cfg, experiment, against, ours[0].K if same_K else None)
-        if theirs is None:
-            return None
-        est = paired(heldout_by_seed(results, ours), heldout_by_seed(results, theirs), relative_pct)
-        return est, f"{ours[0].cell} vs {theirs[0].cell}"
+        return None if ours is None else _gap(results, ours, _cell(cfg, experiment, against, ours[0].K if same_K else None))
 
     return measure
 
 
 def _ffn_measure(cfg, results):
-
     out = _ppl_change("table1", "stateloop", "vanilla_looped_ffn", same_K=False)(cfg, results)
     if out is None:
         return None
@@ -125,14 +132,8 @@ def _mean(values: dict[int, float]) -> float:
 
 def _narrowest_state(cfg, results):
     s = _cell(cfg, "state_width", "stateloop", d_s="min")
-    if s is None:
-        return None
-    v = next((rs for rs in cells(expand_runs(cfg)).values()
-              if rs[0].model == "vanilla_looped" and rs[0].K == s[0].K and rs[0].scale == s[0].scale), None)
-    if v is None:
-        return None
-    est = paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct)
-    return est, f"{s[0].cell} vs {v[0].cell}"
+    return None if s is None else _gap(results, s, _find(
+        cfg, lambda r: r.model == "vanilla_looped" and r.K == s[0].K and r.scale == s[0].scale))
 
 
 def _feedback_share(cfg, results):
@@ -215,7 +216,7 @@ PCT = "% PPL change"
 
 def paper_claims() -> list[Claim]:
     """The claims of the paper this pipeline judges, in the paper's order."""
-    out = [
+    return [
         Claim("stateloop_vs_vanilla", "StateLoop lowers perplexity against Vanilla Looped", "Table 1", PCT, -1,
               _paper_t1("stateloop"), PCT, _ppl_change("table1", "stateloop", "vanilla_looped"), ["table1"]),
         Claim("stateloop_attn_vs_vanilla", "StateLoop with an attention mixer lowers perplexity against Vanilla Looped",
@@ -253,7 +254,6 @@ def paper_claims() -> list[Claim]:
               "Table 3", "points of latency change", 1, _paper_latency(), "points (25.0% vs 1.4%)",
               _state_branch_latency, ["decoding"]),
     ]
-    return out
 
 
 def choice_rows() -> list[Claim]:
@@ -262,23 +262,12 @@ def choice_rows() -> list[Claim]:
     for K in (3, 4, 5, 6, 7):
         def vs_vanilla(cfg, results, K=K):
             s = _cell(cfg, "read_init", "stateloop", K)
-            if s is None:
-                return None
-            v = next((rs for rs in cells(expand_runs(cfg)).values() if rs[0].model == "vanilla_looped" and rs[0].K == K), None)
-            if v is None:
-                return None
-            return paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct), f"{s[0].cell} vs {v[0].cell}"
+            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "vanilla_looped" and r.K == K))
 
         def vs_default(cfg, results, K=K):
             s = _cell(cfg, "read_init", "stateloop", K)
-            if s is None:
-                return None
-            d = next((rs for rs in cells(expand_runs(cfg)).values()
-                      if rs[0].model == "stateloop" and rs[0].K == K and rs[0].scale != s[0].scale
-                      and rs[0].d_s == s[0].d_s), None)
-            if d is None:
-                return None
-            return paired(heldout_by_seed(results, s), heldout_by_seed(results, d), relative_pct), f"{s[0].cell} vs {d[0].cell}"
+            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "stateloop" and r.K == K
+                                                               and r.scale != s[0].scale and r.d_s == s[0].d_s))
 
         rows.append(Claim(f"read_init_input_vs_vanilla_K{K}", f"With input-style read init, StateLoop lowers perplexity "
                           f"against Vanilla Looped (K = {K})", "choice: model.read_init", PCT, -1, _paper_t1("stateloop"),
