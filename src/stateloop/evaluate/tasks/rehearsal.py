@@ -271,14 +271,10 @@ def check_records(name: str, rows: list[dict]) -> None:
 
 
 def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: int = 20) -> dict:
-    """Write data files and task YAMLs for lm-eval's ``tasks`` (real names, e.g. PAPER_TASKS)
-    into ``out_dir`` (``data/{task}/{split}.jsonl``, ``yaml/{task}.yaml``, ``tasks.json``); each
-    split holds at most ``n_examples`` records. Returns the overrides of a config's ``eval:``
-    section that evaluate them: ``{"task_dir": <the YAML folder>}``.
-
-    Names of the default local folder (``workflow/tasks/``) are not written, only copied with the
-    rest of that folder; any other name that is not one of :data:`SOURCES` is an error (it would
-    need the Hub)."""
+    """Write data files and task YAMLs for lm-eval's ``tasks`` (real names) into ``out_dir``, at most
+    ``n_examples`` records a split; returns the ``eval:`` overrides that evaluate them (``task_dir``).
+    Names of ``workflow/tasks/`` are copied, not written; any other name not in :data:`SOURCES` is
+    an error (it would need the Hub)."""
     if n_examples < MIN_EXAMPLES:
         raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")
     out_dir, shared_data = Path(out_dir).resolve(), Path(shared_data).resolve()
