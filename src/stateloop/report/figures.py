@@ -4,16 +4,8 @@ Every point of ours is a mean over seeds with its 95% interval as an error bar (
 reference line); the paper's points sit on a twin y-axis of their own (vermillion stars), since its
 410M models and ours have different perplexity scales. Sizes, fonts and colours: report/style.py.
 
-- loop_depth (Figure 2): held-out PPL against K for Vanilla Looped and StateLoop, and StateLoop's
-  advantage (PPL(vanilla) / PPL(StateLoop) - 1, paired by seed); the paper states the advantage
-  (in PPL) at K = 3 and K = 7.
-- state_width (Figure 3): StateLoop's PPL against its parameter overhead over Vanilla Looped,
-  points labelled by d_s and PPL (as the paper labels them), with Vanilla Looped as the reference line; the paper's 410M points
-  from Table 4 are marked.
-- state_analysis (Figure 4): (a) Shapley shares of the reads R_1..R_K, the paper's feedback /
-  terminal split marked; (b) held-out PPL after single replacement and after freezing, per
-  boundary, with the unmodified PPL (the run's held-out PPL of Table 4 on the same windows: "all
-  analyses share an unmodified baseline") and the paper's three stated points.
+Figure 4b's unmodified PPL is the run's held-out PPL of Table 4 on the same windows ("all
+analyses share an unmodified baseline").
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ The project's own question, not a claim of the paper. A ladder is a config whose
 ``ladder_1``, ``ladder_2``, ... (:data:`RUNGS`, smallest first) each train StateLoop and Vanilla
 Looped at one scale, at the same loop counts and seeds (configs/ladder.yaml). For each K:
 
-- each rung's gap, seed by seed, ``100 (PPL_StateLoop / PPL_Vanilla - 1)`` of the held-out PPL
-  (eval.json), at the rung's training compute: StateLoop's FLOPs per sequence (the project's own
-  count, models/flops.py) times the sequences it trained on;
+- each rung's gap, seed by seed, of the held-out PPL at the rung's training compute (FLOPs per
+  sequence by models/flops.py's count, times the sequences trained on);
 - the fitted trend: [choice] ordinary least squares of every (rung, seed) gap against log10 FLOPs
   (the runs are independent across rungs, so every seed of every rung is one observation), the
   slope with its t interval (n - 2 degrees of freedom) and the verdict of report/trends.py

@@ -5,11 +5,8 @@ may be closing the gap or falling further behind, and only the run's learning cu
 Every training run validates on the same held-out windows every ``train.val_every`` steps and
 after its last step (train/loop.py, ``val_curve`` and ``val_windows`` in train.json).
 
-For each comparison of two models on PPL (:func:`comparisons`: StateLoop against Vanilla Looped
-at every K a config trains, each mixer variant and Vanilla + FFN against Vanilla Looped, each
-ablation against StateLoop), the gap at a validation point is, seed by seed,
-``100 (PPL_a / PPL_b - 1)`` with PPL = exp(validation loss) (:func:`gap_curves`); its mean and 95%
-t interval over seeds at each point are drawn against training tokens (figures/gap_vs_tokens.pdf).
+For each comparison of two models on PPL (:func:`comparisons`), the gap at a validation point is,
+seed by seed, ``100 (PPL_a / PPL_b - 1)`` with PPL = exp(validation loss) (:func:`gap_curves`).
 
 The trend (:func:`slope`): [choice] for each seed, the least-squares slope of its gap against
 log10(tokens) (points of % PPL per tenfold more tokens), then the mean and 95% t interval of the
