@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError
+from stateloop.data.shards import META, ShardSet, read_meta
+from stateloop.data.tokenizer import tokenizer_file
 
 if TYPE_CHECKING:
     from stateloop.pipeline import RunConfig
@@ -25,9 +27,6 @@ def open_data(rc: RunConfig):
     twice (in one split, or in both train and the validation split), the tokenizer's vocabulary
     does not fit ``model.vocab_size``, or its file is named outside the folder.
     """
-    from stateloop.data.shards import META, ShardSet, read_meta
-    from stateloop.data.tokenizer import tokenizer_file
-
     folder, mcfg, tcfg = Path(rc.data.dir), rc.model, rc.train
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder}: data folder not found (run `stateloop tokenize` first)")

@@ -45,13 +45,10 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 class ShardWriter:
-    """Append token arrays to one split; cuts shards of ``shard_tokens`` tokens, each written
-    to ``.name.tmp`` and renamed when full. ``close()`` returns the split's meta entry.
-
-    The writer hashes what it writes and keeps each shard's largest id (:attr:`tops`), so that
-    the tokenizer can stamp its shards as verified (:func:`stamp_verified`). :meth:`state` and
-    :meth:`restore` let an interrupted tokenization continue: the complete shards as they are,
-    the open one cut back to the tokens the state recorded (and hashed again)."""
+    """Append token arrays to one split in shards of ``shard_tokens`` tokens, each renamed into
+    place when full; ``close()`` returns the split's meta entry. It hashes what it writes and keeps
+    each shard's largest id (:attr:`tops`) for :func:`stamp_verified`; :meth:`state` and
+    :meth:`restore` let an interrupted tokenization continue."""
 
     def __init__(self, data_dir: str | Path, split: str, dtype: np.dtype, shard_tokens: int = 1 << 27):
         self.dir = Path(data_dir)
@@ -234,14 +231,10 @@ def stamp_verified(path: Path, sha256: str, top: int, vocab_size: int) -> None:
 
 
 def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int, chunk: int = 1 << 22) -> None:
-    """Check a shard in full the first time it is opened: against the sha256 meta.json records
-    (none recorded: refused, as nothing could tell its bytes changed) and every id against the
-    vocabulary (an id past it would fail deep inside the model's embedding). A stamp
-    (``.verified/<file>``, :func:`stamp_key`) lets later opens skip the pass while the file's
-    size, mtime, ctime and inode are unchanged: a shard written, replaced or copied since, even
-    with its times put back (no tool can set a ctime), is read again. A change no file attribute
-    shows (bit rot below the file system) passes the stamp; :func:`reverify` reads every shard
-    again."""
+    """Check a shard in full the first time it is opened: its sha256 against meta.json's (none
+    recorded: refused) and every id against the vocabulary. A stamp (:func:`stamp_key`) skips the
+    pass while size, mtime, ctime and inode are unchanged (no tool can set a ctime back); bit rot
+    no attribute shows passes it: :func:`reverify` reads every shard again."""
     if not sha256:
         raise ConfigError(f"{path}: meta.json records no sha256 for it, so its contents cannot be verified "
                           f"(tokenize again to record checksums)")

@@ -6,13 +6,12 @@ it is asked for is a :class:`Request`, its command's flags."""
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import TYPE_CHECKING
 
 from stateloop.config import KEEP, ConfigError, StageRequest, arg, from_dict, merge, to_dict
+from stateloop.data.hub import data_needs, require
+from stateloop.data.tokenize import tokenize
+from stateloop.pipeline import ScaleConfig, load_scale
 from stateloop.sections.data import DataConfig
-
-if TYPE_CHECKING:
-    from stateloop.pipeline import ScaleConfig
 
 
 class Request(StageRequest):
@@ -135,12 +134,7 @@ def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
     """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
     here unless a caller that holds it already passes it) say; a train split shorter than one
     training window of the scale is refused (a one-line DataError)."""
-    from stateloop.data.hub import data_needs, require
-    from stateloop.data.tokenize import tokenize
-
     if args.config and args.scale and scale is None:
-        from stateloop.pipeline import load_scale
-
         scale = load_scale(args.config, args.scale)
 
     data, model_vocab = resolve_data(args, scale)

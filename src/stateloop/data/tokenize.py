@@ -70,10 +70,7 @@ PARTIAL = ".partial"
 SPLITS = ("train", "val", "test")
 
 
-# ----------------------------------------------------------------------------------------------
-# Workers: encode one batch. State lives in module globals set by the pool initializer.
-
-_W: dict = {}
+_W: dict = {}  # a worker's state, set by the pool initializer
 
 
 def holdout_key(seed: int) -> bytes:
@@ -113,7 +110,6 @@ def _encode(texts: list[str]) -> np.ndarray:
 
 
 def _synthetic_docs(split: str, start: int, stop: int) -> list[str]:
-
     cfg = SyntheticConfig(**_W["synthetic"])
     return [document(split, i, _W["seed"], cfg) for i in range(start, stop)]
 
@@ -203,10 +199,6 @@ class _Runner:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
-
-
-# ----------------------------------------------------------------------------------------------
-# The stage
 
 
 def fingerprint(cfg: DataConfig, source: dict, tokenizer_id: dict) -> str:
@@ -330,35 +322,6 @@ def _tokenizer_from(tok_json: str):
     return Tokenizer.from_str(tok_json)
 
 
-def _dtype_of(tok_json: str) -> np.dtype:
-    return token_dtype(vocab_size_of(_tokenizer_from(tok_json)))
-
-
-def _fresh_stage(out: Path) -> Path:
-    """Clear ``out`` (:func:`_clear`) and return its new, empty staging folder ``out/.partial``."""
-    out.mkdir(parents=True, exist_ok=True)
-    _clear(out)
-    stage = out / PARTIAL
-    stage.mkdir()
-    return stage
-
-
-def _train_tokenizer(cfg: DataConfig, stream: Stream, tok_desc: dict, log) -> tuple:
-    """A byte-level BPE trained on the first training documents of ``stream``:
-    ``(tokenizer, its JSON, tok_desc with the number of documents it was trained on)``."""
-    log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
-    count = [0]
-    tok = train_bpe(_bpe_texts(cfg, stream, count), cfg.vocab_size, cfg.eos_token or "<|endoftext|>")
-    return tok, tok.to_str(), {**tok_desc, "trained_on_docs": count[0]}
-
-
-def _stream_tasks(cfg: DataConfig, stream: Stream) -> Iterator[tuple]:
-    """The worker tasks (see :func:`_work`) that encode one stream."""
-    if stream.kind == "synthetic":
-        return _synthetic_tasks(stream.split, stream.n_docs)
-    return (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
-
-
 def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dict[str, ShardWriter],
                   docs: dict[str, int], progress: bool, skip: int = 0, save=None) -> None:
     """Encode one stream into the splits' writers, counting documents per split in ``docs``.
@@ -372,7 +335,9 @@ def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dic
     with _progress(f"tokenize {stream.split or 'train+held-out'}", stream.n_docs, progress) as bar:
         n_tokens = 0
         done = skip
-        for result in runner.map(itertools.islice(_stream_tasks(cfg, stream), skip, None)):
+        tasks = _synthetic_tasks(stream.split, stream.n_docs) if stream.kind == "synthetic" else \
+            (("texts", stream.split, batch) for batch in text_batches(stream, cfg))
+        for result in runner.map(itertools.islice(tasks, skip, None)):
             before = sum(len(w.shards) for w in writers.values())
             for split, (arr, n_docs) in result.items():
                 writers[split].add(arr)
@@ -400,7 +365,7 @@ def _save_resume(stage: Path, fp: str, tok_desc: dict, stream: int, results: int
     atomic_write_json(stage / RESUME, state)
 
 
-def _resume_state(out: Path, fp: str, dtype_of) -> dict | None:
+def _resume_state(out: Path, fp: str) -> dict | None:
     """The resume record of an interrupted tokenization of the same inputs in ``out``, checked
     against the staged files; None where there is none (or it no longer holds)."""
     stage = out / PARTIAL
@@ -412,7 +377,7 @@ def _resume_state(out: Path, fp: str, dtype_of) -> dict | None:
         return None
     try:
         tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
-        dtype = dtype_of(tok_json)
+        dtype = token_dtype(vocab_size_of(_tokenizer_from(tok_json)))
         for split, wstate in state["writers"].items():  # every recorded file as it was
             ShardWriter.check_state(stage, split, dtype, wstate)
     except (OSError, ValueError, KeyError, TypeError):
@@ -477,16 +442,10 @@ def _check_enough(cfg: DataConfig, tokens: int, least: tuple[int, str] | None) -
 
 def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None = None, force: bool = False,
              progress: bool = True, log=print, least: tuple[int, str] | None = None) -> dict:
-    """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content.
-
-    Raises :class:`DataError` (one line, naming the key or file) for a missing or empty source,
-    an unreadable tokenizer, a tokenizer with more ids than ``model_vocab_size``, or a train split
-    shorter than ``least`` = (tokens, what needs them: one training window of the scale), which
-    then leaves no shards behind (an up-to-date folder that short is refused as it is).
-
-    With ``workers > 0`` the pool uses the ``spawn`` start method, so a script calling this
-    needs the usual ``if __name__ == "__main__":`` guard (the command line has it).
-    """
+    """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content. A missing
+    or empty source, an unreadable tokenizer, one with more ids than ``model_vocab_size``, or a
+    train split shorter than ``least`` = (tokens, what needs them) is a one-line :class:`DataError`
+    (no shards left behind). ``workers > 0`` spawns a pool: a script needs the ``__main__`` guard."""
     out = Path(out)
     streams = plan_streams(cfg)
     source = describe_source(cfg, streams)
@@ -504,7 +463,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     workers = encoding_workers(cfg.workers, warn=lambda msg: print(f"stateloop tokenize: warning: {msg}", file=sys.stderr))
     if workers != cfg.workers:
         cfg = dataclasses.replace(cfg, workers=workers)  # not part of the fingerprint: the same tokens
-    resume = None if force else _resume_state(out, fp, _dtype_of)
+    resume = None if force else _resume_state(out, fp)
     if resume is not None:  # an interrupted run of the same inputs: its tokenizer and complete shards stay
         stage = out / PARTIAL
         tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
@@ -512,9 +471,15 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
         done = sum(len(w["shards"]) for w in resume["writers"].values())
         log(f"{out}: resuming an interrupted tokenization after its last complete shard ({done} shards kept)")
     else:
-        stage = _fresh_stage(out)
-        if tok is None:
-            tok, tok_json, tok_desc = _train_tokenizer(cfg, streams[0], tok_desc, log)
+        out.mkdir(parents=True, exist_ok=True)
+        _clear(out)
+        stage = out / PARTIAL
+        stage.mkdir()
+        if tok is None:  # a byte-level BPE trained on the first training documents
+            log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
+            count = [0]
+            tok = train_bpe(_bpe_texts(cfg, streams[0], count), cfg.vocab_size, cfg.eos_token or "<|endoftext|>")
+            tok_json, tok_desc = tok.to_str(), {**tok_desc, "trained_on_docs": count[0]}
         atomic_write_bytes(stage / "tokenizer.json", tok_json.encode("utf-8"))
     eos_token, eos_id = find_eos(tok, cfg.eos_token, tok_desc.get("name", "the trained BPE"))
     n_vocab = vocab_size_of(tok)
@@ -530,20 +495,12 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
             out.rmdir()  # only where empty
         raise
     _publish(stage, out, splits, tops, n_vocab)  # meta.json last: only a complete folder has one
-    write_meta(out, {
-        "dtype": dtype.name,
-        "vocab_size": n_vocab,
-        "eos_id": eos_id,
-        "eos_token": eos_token,
-        "tokens": sum(e["tokens"] for e in splits.values()),
-        "documents": sum(e["documents"] for e in splits.values()),
-        "tokenizer": {"file": "tokenizer.json", "sha256": sha256_file(out / "tokenizer.json"), **tok_desc},
-        "source": source,
-        "splits": splits,
-        "fingerprint": fp,
-        "data_config": to_dict(cfg),
-        "code_version": code_version(),
-    })
+    write_meta(out, {"dtype": dtype.name, "vocab_size": n_vocab, "eos_id": eos_id, "eos_token": eos_token,
+                     "tokens": sum(e["tokens"] for e in splits.values()),
+                     "documents": sum(e["documents"] for e in splits.values()),
+                     "tokenizer": {"file": "tokenizer.json", "sha256": sha256_file(out / "tokenizer.json"), **tok_desc},
+                     "source": source, "splits": splits, "fingerprint": fp, "data_config": to_dict(cfg),
+                     "code_version": code_version()})
     log(f"{out}: " + ", ".join(f"{s} {e['tokens']:,} tokens / {e['documents']:,} docs" for s, e in splits.items())
         + f" ({dtype.name}, vocab {n_vocab})")
     return read_meta(out)

@@ -20,13 +20,13 @@ with reads has read ratios (state-only has none; its states are X^1..X^{K-1}).
 
 from __future__ import annotations
 
+from stateloop.models.looped import StateLoopLM
+
 QUANTITIES = ("write_rate_mean", "write_rate_sd", "write_rate_min", "write_rate_max", "read_ratio", "state_norm")
 
 
 def supports(model) -> bool:
     """Whether ``model`` (unwrapped) takes the ``diagnostics`` hook: the StateLoop family."""
-    from stateloop.models.looped import StateLoopLM
-
     return isinstance(model, StateLoopLM)
 
 

@@ -15,13 +15,10 @@ iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples i
 ``eval_K{K'}_samples/``); :func:`evaluate_depths` measures several depths from one load into
 ``eval_depth.json``.
 
-``eval.json`` records the lm-eval version, each task's version and sample counts, the metric
-each table reports (evaluate/metrics.py) and a flat ``summary`` of every number, which is also
-what goes to MLflow. It is written atomically; prompts and answers of every request go to
-``eval_samples/{task}_{shots}shot.jsonl`` when ``eval.log_samples`` is on. Beside them,
-``lm_eval/`` (``lm_eval_K{K'}/`` at another depth) holds lm-eval's own files, as ``lm_eval --output_path`` writes them: one
-``results_<time>.json`` per shot count (its name in eval.json's ``lm_eval_results``) and, with
-samples logged, ``samples_<task>_<time>.jsonl``; the folder is replaced whole by each evaluation.
+``eval.json`` (written atomically) records the versions, sample counts, the metric each table
+reports (evaluate/metrics.py) and a flat ``summary`` of every number, which also goes to MLflow;
+``eval_samples/`` holds prompts and answers with ``eval.log_samples``, and ``lm_eval/``
+(``lm_eval_K{K'}/``) lm-eval's own files as ``--output_path`` writes them, replaced whole each time.
 """
 
 from __future__ import annotations
@@ -38,7 +35,7 @@ import torch
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
-from stateloop.data.shards import read_meta
+from stateloop.data.shards import ShardSet, read_meta
 from stateloop.evaluate import diagnostics as state_diagnostics
 from stateloop.evaluate import metrics as M
 from stateloop.evaluate.lm import StateLoopEvalLM, load_run
@@ -332,8 +329,6 @@ def log_to_mlflow(run_dir: Path, run_id: str, results: dict, config: RunConfig |
 def _heldout_input(results: dict) -> dict:
     """The held-out split the perplexity read, as the run's "evaluation" dataset input (lm-eval's
     task data is named in eval.json's tasks, not here)."""
-    from stateloop.data.shards import ShardSet
-
     split = (results.get("eval_config") or {}).get("heldout_split")
     if not results.get("data_dir") or not split or not results.get("heldout"):
         return {}

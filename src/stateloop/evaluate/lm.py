@@ -2,20 +2,11 @@
 
     stateloop lm-eval --model stateloop --model_args pretrained=results/runs/tiny/stateloop/K4_ds64_seed1234 ...
 
-(lm-eval's own command line, arguments unchanged, with this model registered first: the released
-lm-eval 0.4.13 finds models only in its registry; its development branch also through the
-``lm_eval.models`` entry point pyproject.toml declares; see ``stateloop.commands.lm_eval``),
-or, as ``stateloop eval`` does, ``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)``.
-``run_dir=`` is an alias of ``pretrained=``. As lm-eval's HF backend (HFLM) does, a CUDA device
-that is not there (the command line's default is ``cuda:0``) falls back, with a warning, to the
-CPU, and ``batch_size=auto`` (``auto:N``) takes the largest of ``max_batch_size`` (default 64),
-its half, its quarter, ... whose forward pass over the longest requests fits in CUDA memory
-(detected again at N evenly spaced points of the length-sorted requests); on the CPU, with no
-out-of-memory signal to probe, it is ``max_batch_size``.
-
-The variant and its shape come from the run folder (its final weights' file holds the resolved config), never
-from arguments; the tokenizer is the one that made the run's token shards (``data.dir`` of the
-resolved config: ``tokenizer.json`` and ``meta.json``'s ``eos_id``).
+(lm-eval's command line with this model registered first: see ``stateloop.commands.lm_eval``), or
+``simple_evaluate(model=StateLoopEvalLM.from_run(run_dir), ...)`` as ``stateloop eval`` does. As
+lm-eval's HF backend (HFLM) does, a missing CUDA device falls back to the CPU with a warning, and
+``batch_size=auto`` (``auto:N``) halves ``max_batch_size`` until the longest requests fit. The
+variant, its shape and the tokenizer come from the run folder, never from arguments.
 
 Scoring, in the harness's terms. A request (context c, continuation y) with token ids
 c_1..c_m, y_1..y_n is scored as
@@ -24,11 +15,9 @@ c_1..c_m, y_1..y_n is scored as
 
 from one causal forward pass over the last L + 1 tokens of c ++ y (L = the context window: the
 run's training ``seq_len``, else the model's ``max_seq_len``, unless the eval config sets one;
-longer inputs lose tokens on the left, as lm-eval's HF backend does). ``is_greedy`` says
-whether every y_j is the argmax. Documents longer than L (``loglikelihood_rolling``) are cut into lm-eval's rolling windows
-(:func:`lm_eval.utils.get_rolling_token_windows` with context_len = 1, made disjoint by
-:func:`lm_eval.utils.make_disjoint_window`): every token is predicted exactly once, the first
-from the end-of-document token.
+longer inputs lose tokens on the left, as lm-eval's HF backend does). Documents longer than L
+(``loglikelihood_rolling``) are cut into lm-eval's disjoint rolling windows: every token is
+predicted exactly once, the first from the end-of-document token.
 
 Why not subclass lm-eval's ``HFLM`` (as its mamba backend does): HFLM builds transformers
 models and tokenizers and generates through ``model.generate``; our models decode through

@@ -23,7 +23,7 @@ def check_arguments(argv: list[str]) -> None:
     """What lm-eval would take silently (``--num_fewshot -1`` runs as 0) or reject only after
     indexing every task (the ``stateloop`` model's ``batch_size`` and ``max_length``): one line
     each, before any work."""
-    from stateloop.evaluate.lm import parse_batch_size
+    from stateloop.evaluate.lm import parse_batch_size  # torch, lm-eval: `stateloop`'s parser imports this module
 
     shots = _option(argv, "--num_fewshot")
     if shots is not None and not (shots.lstrip("-").isdigit() and int(shots) >= 0):
@@ -46,7 +46,7 @@ def run_lm_eval(argv: list[str]) -> int:
     """Run lm-eval's command line on ``argv`` (its arguments, unchanged) with the model registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    import stateloop.evaluate.lm  # noqa: F401  (registers the `stateloop` model)
+    import stateloop.evaluate.lm  # noqa: F401  torch, lm-eval; registers the `stateloop` model
 
     check_arguments(argv)
     saved = sys.argv

@@ -45,7 +45,10 @@ from pathlib import Path
 
 import stateloop
 from stateloop.config import ConfigError
-from stateloop.files import current_umask
+from stateloop.data.shards import read_meta
+from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
+from stateloop.files import code_version, current_umask, write_safetensors
+from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
 
 ENTRY = "stateloop.export.hf_modeling"
 MODELING_FILE = "modeling_stateloop.py"  # the entry module's name in an export (transformers' convention)
@@ -240,20 +243,10 @@ def _remove_leftovers(out: Path, log) -> None:
 
 
 def export_run(run_dir: str | Path, out: str | Path, log=None) -> Path:
-    """Write the Hugging Face directory of a run folder to ``out`` (replaced whole, atomically:
-    written beside it, then renamed into place). ``out`` must lie outside the run folder and the
-    data folder, and hold neither (:func:`check_out`); an existing ``out`` must be empty or an earlier
-    export (:func:`check_replaceable`).
-
-    An exception, a Ctrl-C or a signal its caller turns into one (``stateloop export`` does so for
-    SIGTERM and SIGHUP) removes the temporary folder and leaves ``out`` as it was; what a killed
-    export left beside ``out`` the next export to ``out`` removes (``log`` says so). A failed write
-    (a full disk) is one OSError naming ``out``."""
-    from stateloop.data.shards import read_meta
-    from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
-    from stateloop.files import code_version, write_safetensors
-    from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
-
+    """Write the Hugging Face directory of a run folder to ``out``, replaced whole (written beside
+    it, then renamed): :func:`check_out` and :func:`check_replaceable` say which ``out`` may be
+    used. An exception or signal leaves ``out`` as it was; what a killed export left beside it the
+    next export removes (``log`` says so). A failed write is one OSError naming ``out``."""
     run_dir, out = Path(run_dir), Path(out)
     check_out(out, run_dir, "run folder")
     model, saved = load_model(run_dir)  # one line naming the file when the weights are missing or wrong

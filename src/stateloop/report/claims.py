@@ -30,7 +30,7 @@ import pandas as pd
 
 from stateloop.models.registry import count_params
 from stateloop.pipeline import cells, expand_runs
-from stateloop.report import depth, stats, trends
+from stateloop.report import depth, ladder, lr, precision, recipe, stats, trends
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct
 from stateloop.report.tables import fact, heldout_by_seed, read_json, reference
@@ -72,24 +72,31 @@ def _cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int
     return groups[0]
 
 
+def _find(cfg, keep):
+    """The first cell of the config whose first run ``keep`` accepts, else None."""
+    return next((rs for rs in cells(expand_runs(cfg)).values() if keep(rs[0])), None)
+
+
+def _gap(results, ours, theirs):
+    """Our held-out PPL change of cell ``ours`` against ``theirs`` (percent, paired by seed), with
+    its note; None where either is missing."""
+    if ours is None or theirs is None:
+        return None
+    return paired(heldout_by_seed(results, ours), heldout_by_seed(results, theirs), relative_pct), \
+        f"{ours[0].cell} vs {theirs[0].cell}"
+
+
 def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
     """Our held-out PPL change of ``model`` against ``against`` (percent, paired by seed)."""
 
     def measure(cfg, results):
         ours = _cell(cfg, experiment, model)
-        if ours is None:
-            return None
-        theirs = _cell(cfg, experiment, against, ours[0].K if same_K else None)
-        if theirs is None:
-            return None
-        est = paired(heldout_by_seed(results, ours), heldout_by_seed(results, theirs), relative_pct)
-        return est, f"{ours[0].cell} vs {theirs[0].cell}"
+        return None if ours is None else _gap(results, ours, _cell(cfg, experiment, against, ours[0].K if same_K else None))
 
     return measure
 
 
 def _ffn_measure(cfg, results):
-
     out = _ppl_change("table1", "stateloop", "vanilla_looped_ffn", same_K=False)(cfg, results)
     if out is None:
         return None
@@ -125,14 +132,8 @@ def _mean(values: dict[int, float]) -> float:
 
 def _narrowest_state(cfg, results):
     s = _cell(cfg, "state_width", "stateloop", d_s="min")
-    if s is None:
-        return None
-    v = next((rs for rs in cells(expand_runs(cfg)).values()
-              if rs[0].model == "vanilla_looped" and rs[0].K == s[0].K and rs[0].scale == s[0].scale), None)
-    if v is None:
-        return None
-    est = paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct)
-    return est, f"{s[0].cell} vs {v[0].cell}"
+    return None if s is None else _gap(results, s, _find(
+        cfg, lambda r: r.model == "vanilla_looped" and r.K == s[0].K and r.scale == s[0].scale))
 
 
 def _feedback_share(cfg, results):
@@ -215,7 +216,7 @@ PCT = "% PPL change"
 
 def paper_claims() -> list[Claim]:
     """The claims of the paper this pipeline judges, in the paper's order."""
-    out = [
+    return [
         Claim("stateloop_vs_vanilla", "StateLoop lowers perplexity against Vanilla Looped", "Table 1", PCT, -1,
               _paper_t1("stateloop"), PCT, _ppl_change("table1", "stateloop", "vanilla_looped"), ["table1"]),
         Claim("stateloop_attn_vs_vanilla", "StateLoop with an attention mixer lowers perplexity against Vanilla Looped",
@@ -253,7 +254,6 @@ def paper_claims() -> list[Claim]:
               "Table 3", "points of latency change", 1, _paper_latency(), "points (25.0% vs 1.4%)",
               _state_branch_latency, ["decoding"]),
     ]
-    return out
 
 
 def choice_rows() -> list[Claim]:
@@ -262,23 +262,12 @@ def choice_rows() -> list[Claim]:
     for K in (3, 4, 5, 6, 7):
         def vs_vanilla(cfg, results, K=K):
             s = _cell(cfg, "read_init", "stateloop", K)
-            if s is None:
-                return None
-            v = next((rs for rs in cells(expand_runs(cfg)).values() if rs[0].model == "vanilla_looped" and rs[0].K == K), None)
-            if v is None:
-                return None
-            return paired(heldout_by_seed(results, s), heldout_by_seed(results, v), relative_pct), f"{s[0].cell} vs {v[0].cell}"
+            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "vanilla_looped" and r.K == K))
 
         def vs_default(cfg, results, K=K):
             s = _cell(cfg, "read_init", "stateloop", K)
-            if s is None:
-                return None
-            d = next((rs for rs in cells(expand_runs(cfg)).values()
-                      if rs[0].model == "stateloop" and rs[0].K == K and rs[0].scale != s[0].scale
-                      and rs[0].d_s == s[0].d_s), None)
-            if d is None:
-                return None
-            return paired(heldout_by_seed(results, s), heldout_by_seed(results, d), relative_pct), f"{s[0].cell} vs {d[0].cell}"
+            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "stateloop" and r.K == K
+                                                               and r.scale != s[0].scale and r.d_s == s[0].d_s))
 
         rows.append(Claim(f"read_init_input_vs_vanilla_K{K}", f"With input-style read init, StateLoop lowers perplexity "
                           f"against Vanilla Looped (K = {K})", "choice: model.read_init", PCT, -1, _paper_t1("stateloop"),
@@ -312,8 +301,6 @@ def ladder_rows(cfg) -> list[Claim]:
     """The project's own rows (not the paper's claims): does StateLoop's gap to Vanilla Looped
     shrink as training compute grows along a ladder, and where does the fitted trend cross 0
     (report/ladder.py)? One row per K."""
-    from stateloop.report import ladder
-
     rows = []
     for K in ladder.loop_counts(cfg):
         def measure(cfg, results, K=K):
@@ -335,8 +322,6 @@ def lr_rows(cfg) -> list[Claim]:
     """The project's own rows (not the paper's claims): does the StateLoop vs Vanilla Looped
     verdict hold at every peak lr of a bracket (report/lr.py)? One row per K; the effect is the
     gap with each model at its own best lr."""
-    from stateloop.report import lr
-
     return [Claim(f"lr_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped at every peak lr tried "
                   f"(K = {K})", LR_SOURCE, PCT, -1, math.nan, "- (the paper trains at one lr per scale)",
                   lambda cfg, results, K=K: lr.measure(cfg, results, K), list(lr.experiments(cfg)))
@@ -350,8 +335,6 @@ def recipe_rows(cfg) -> list[Claim]:
     """The project's own rows: the verdict under the authors' recipe where the paper is silent
     (plain init, their warm-up; report/recipe.py). One row per K; the note holds the project's
     recipe at the same lrs and seeds."""
-    from stateloop.report import recipe
-
     return [Claim(f"recipe_authors_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped under the "
                   f"authors' recipe (K = {K})", RECIPE_SOURCE, PCT, -1, math.nan,
                   "- (the paper states neither init nor warm-up)",
@@ -366,8 +349,6 @@ def precision_rows(cfg) -> list[Claim]:
     """The project's own rows: the verdict when both models train in the paper runs' precision,
     bf16-mixed, rather than float32 (report/precision.py). One row per K; the note holds the float32
     gap on the same seeds and the change between them."""
-    from stateloop.report import precision
-
     return [Claim(f"precision_bf16_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped when both "
                   f"train in bf16-mixed (K = {K})", PRECISION_SOURCE, PCT, -1, math.nan,
                   "- (the paper names no training precision)",

@@ -4,16 +4,8 @@ Every point of ours is a mean over seeds with its 95% interval as an error bar (
 reference line); the paper's points sit on a twin y-axis of their own (vermillion stars), since its
 410M models and ours have different perplexity scales. Sizes, fonts and colours: report/style.py.
 
-- loop_depth (Figure 2): held-out PPL against K for Vanilla Looped and StateLoop, and StateLoop's
-  advantage (PPL(vanilla) / PPL(StateLoop) - 1, paired by seed); the paper states the advantage
-  (in PPL) at K = 3 and K = 7.
-- state_width (Figure 3): StateLoop's PPL against its parameter overhead over Vanilla Looped,
-  points labelled by d_s and PPL (as the paper labels them), with Vanilla Looped as the reference line; the paper's 410M points
-  from Table 4 are marked.
-- state_analysis (Figure 4): (a) Shapley shares of the reads R_1..R_K, the paper's feedback /
-  terminal split marked; (b) held-out PPL after single replacement and after freezing, per
-  boundary, with the unmodified PPL (the run's held-out PPL of Table 4 on the same windows: "all
-  analyses share an unmodified baseline") and the paper's three stated points.
+Figure 4b's unmodified PPL is the run's held-out PPL of Table 4 on the same windows ("all
+analyses share an unmodified baseline").
 """
 
 from __future__ import annotations
@@ -25,9 +17,10 @@ from pathlib import Path
 
 from matplotlib.patches import Patch
 
-from stateloop.models.registry import count_params
+from stateloop.models.registry import count_params, get_spec
 from stateloop.pipeline import cells, expand_runs
-from stateloop.report import depth, lr, style
+from stateloop.report import depth, ladder, lr, style, trends
+from stateloop.report.outputs import OUTPUTS
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference
 
@@ -200,8 +193,6 @@ def gap_vs_tokens(cfg, results: Path):
     """The project's own figure (not the paper's): each PPL comparison's paired gap against training
     tokens (log axis), mean and 95% interval over seeds at every validation point, one panel per
     group of comparisons (report/trends.py), the fitted slope in each line's label."""
-    from stateloop.report import trends
-
     comps = trends.comparisons(cfg)
     if not comps:
         raise KeyError("experiments: no PPL comparison to follow over tokens (table1, table4 or loop_depth)")
@@ -245,9 +236,6 @@ def state_diagnostics(cfg, results: Path):
     cell does over the iterations (eval.json's ``state``, evaluate/diagnostics.py), mean and 95%
     interval over seeds per state index i; a quantity a model lacks (the GRU's write rate,
     state-only's reads) is not drawn for it."""
-    from stateloop.models.registry import get_spec
-    from stateloop.report.outputs import OUTPUTS
-
     experiments = [e for e in OUTPUTS["state_diagnostics"].experiments if e in cfg.experiments and cfg.experiments[e].trained]
     groups = [rs for rs in cells(expand_runs(cfg, experiments)).values() if get_spec(rs[0].model).has_state] if experiments else []
     if not groups:
@@ -292,8 +280,6 @@ def gap_vs_compute(cfg, results: Path):
     each rung of a compute ladder against training FLOPs (log axis), one line per K with its
     95% interval over seeds, the fitted trend with its 95% band and crossing, and the paper's two
     points on the same axes (report/ladder.py)."""
-    from stateloop.report import ladder
-
     Ks = ladder.loop_counts(cfg)
     if not Ks:
         raise KeyError(f"experiments: no ladder rung ({', '.join(ladder.RUNGS)}) trains {ladder.MODEL}")

@@ -4,9 +4,8 @@ The project's own question, not a claim of the paper. A ladder is a config whose
 ``ladder_1``, ``ladder_2``, ... (:data:`RUNGS`, smallest first) each train StateLoop and Vanilla
 Looped at one scale, at the same loop counts and seeds (configs/ladder.yaml). For each K:
 
-- each rung's gap, seed by seed, ``100 (PPL_StateLoop / PPL_Vanilla - 1)`` of the held-out PPL
-  (eval.json), at the rung's training compute: StateLoop's FLOPs per sequence (the project's own
-  count, models/flops.py) times the sequences it trained on;
+- each rung's gap, seed by seed, of the held-out PPL at the rung's training compute (FLOPs per
+  sequence by models/flops.py's count, times the sequences trained on);
 - the fitted trend: [choice] ordinary least squares of every (rung, seed) gap against log10 FLOPs
   (the runs are independent across rungs, so every seed of every rung is one observation), the
   slope with its t interval (n - 2 degrees of freedom) and the verdict of report/trends.py
@@ -35,10 +34,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.pipeline import expand_runs
+from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.report import lr
 from stateloop.report.stats import Estimate, relative_pct, t_quantile
+from stateloop.report.tables import reference
 from stateloop.report.trends import trend_verdict
+from stateloop.train.flops import flops_per_sequence
 
 RUNGS = tuple(f"ladder_{i}" for i in range(1, 6))
 MODEL, REFERENCE = "stateloop", "vanilla_looped"
@@ -102,8 +103,6 @@ _FLOPS: dict[tuple[str, int], int] = {}  # (model config, seq_len) -> FLOPs per 
 
 def training_flops(cfg, run) -> float:
     """A run's training FLOPs: forward + backward per sequence times the sequences of its steps."""
-    from stateloop.train.flops import flops_per_sequence
-
     t = cfg.scales[run.scale].train
     key = (repr(run.model_config), t.seq_len)
     if key not in _FLOPS:
@@ -217,9 +216,6 @@ def paper_points() -> dict[int, tuple[float, float]]:
     """{K: (training FLOPs, % PPL gap)} of the paper's StateLoop against Vanilla Looped: 1.4B at
     K = 4 (Table 1, 30B tokens) and 410M at K = 7 (Table 4, 25B tokens), the FLOPs of
     configs/paper.yaml's runs by the project's count (minutes of meta-device tracing: cached)."""
-    from stateloop.pipeline import load_pipeline
-    from stateloop.report.tables import reference
-
     paper = load_pipeline(Path(__file__).resolve().parents[3] / "configs" / "paper.yaml")
     t1 = reference("table1_ppl").set_index("model").pile_ppl
     t4 = reference("table4_ablations").drop_duplicates("variant").set_index("variant").pile_ppl

@@ -7,10 +7,8 @@ Vanilla Looped at one scale that differs from the others only in ``train.lr`` (a
 at the same loop counts and seeds (configs/decide.yaml). The same grid for both models: nothing is
 tuned for one of them. For each K:
 
-- at every lr, StateLoop's held-out PPL change against Vanilla Looped, paired by seed, with its
-  95% interval and the verdict of the paper's claim (StateLoop lowers PPL: reproduced /
-  contradicted / inconclusive, report/stats.py);
-- each model's best lr: the lowest mean held-out PPL over its seeds;
+- at every lr, the paired PPL change and the paper claim's verdict; each model's best lr (the
+  lowest mean held-out PPL over its seeds);
 - [choice] the row's effect is the gap with each model at its own best lr, paired by seed (the
   seeds share the data order at every lr), so that neither model is judged at an lr that suits
   only the other. The best lr is picked on the same held-out windows the gap is measured on; with
@@ -28,6 +26,7 @@ from pathlib import Path
 from stateloop.pipeline import cells, expand_runs
 from stateloop.report import stats, style
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
+from stateloop.report.tables import heldout_by_seed
 
 POINTS = tuple(f"lr_{i}" for i in range(1, 6))
 MODEL, REFERENCE = "stateloop", "vanilla_looped"
@@ -67,8 +66,6 @@ def bracket(cfg, results: Path, K: int, names: tuple[str, ...] = POINTS) -> list
     """The points of the bracket at loop count K, lowest lr first; an lr whose experiment lacks
     one of the two models at K is left out. ``names``: the experiments that make the bracket
     (another recipe's, report/recipe.py)."""
-    from stateloop.report.tables import heldout_by_seed
-
     out = []
     for e in experiments(cfg, names):
         groups = [rs for rs in cells(expand_runs(cfg, [e])).values() if rs[0].K == K]

@@ -23,6 +23,7 @@ from stateloop.pipeline import Run, expand_runs
 from stateloop.report import stats
 from stateloop.report.lr import MODEL, PAPER_SIGN, REFERENCE
 from stateloop.report.stats import Estimate, paired, relative_pct
+from stateloop.report.tables import heldout_ppl
 
 EXPERIMENT = "precision_bf16"
 MODELS = (MODEL, REFERENCE)
@@ -52,8 +53,6 @@ def float32_scale(cfg, scale: str) -> str:
 def ppl(cfg, results: Path, K: int) -> dict[tuple[str, str], dict[int, float]]:
     """{(precision, model): {seed: held-out PPL}} at loop count K, both precisions on the same run ids
     but for the scale."""
-    from stateloop.report.tables import heldout_ppl
-
     mine = [r for r in runs(cfg) if r.K == K]
     out: dict[tuple[str, str], dict[int, float]] = {}
     for r in mine:

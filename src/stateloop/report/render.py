@@ -4,12 +4,15 @@ MLflow (commands/render.py says which files and where)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
 from stateloop.files import atomic_write_bytes
 from stateloop.pipeline import PipelineConfig
 from stateloop.report.outputs import OUTPUTS
+from stateloop.tracking.records import standard_tags
+from stateloop.tracking.store import client, named_run, tracking_uri
 
 
 def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Path, bench: Path | None = None,
@@ -18,14 +21,14 @@ def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Pa
     command) from the ``results`` folder into ``out`` and its twin; log both unless ``mlflow`` is false."""
     kind = OUTPUTS[target].kind
     if kind == "claims":
-        from stateloop.report import claims
+        from stateloop.report import claims  # pandas, matplotlib: `stateloop`'s parser imports this module
 
         df = claims.judge(cfg, results)
         atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
         atomic_write_bytes(out.with_suffix(".md"), claims.to_markdown(df, cfg, str(config_file)).encode())
         written = [out, out.with_suffix(".md")]
     elif kind == "table":
-        from stateloop.report import tables
+        from stateloop.report import tables  # pandas: `stateloop`'s parser imports this module
 
         kwargs = {"bench_json": bench} if OUTPUTS[target].bench and bench else {}
         df, notes = tables.TABLES[target](cfg, results, **kwargs)
@@ -35,7 +38,7 @@ def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Pa
     else:
         import matplotlib.pyplot as plt
 
-        from stateloop.report import figures
+        from stateloop.report import figures  # matplotlib: `stateloop`'s parser imports this module
 
         fig = figures.FIGURES[target](cfg, results)
         for path, fmt in ((out, "pdf"), (out.with_suffix(".png"), "png")):
@@ -53,11 +56,6 @@ def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Pa
 def log_to_mlflow(cfg, config_file, target: str, paths) -> str:
     """Log rendered files as artifacts under TARGET/ of the config's report run (found by the
     sha256 of the config file, made once, closed FINISHED after each render). Returns its id."""
-    import hashlib
-
-    from stateloop.tracking.records import standard_tags
-    from stateloop.tracking.store import client, named_run, tracking_uri
-
     digest = hashlib.sha256(Path(config_file).read_bytes()).hexdigest()[:16]
     first = next(iter(cfg.scales.values()))
     c = client(tracking_uri(*(s.train.mlflow_tracking_uri for s in cfg.scales.values())))

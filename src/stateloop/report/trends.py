@@ -5,11 +5,8 @@ may be closing the gap or falling further behind, and only the run's learning cu
 Every training run validates on the same held-out windows every ``train.val_every`` steps and
 after its last step (train/loop.py, ``val_curve`` and ``val_windows`` in train.json).
 
-For each comparison of two models on PPL (:func:`comparisons`: StateLoop against Vanilla Looped
-at every K a config trains, each mixer variant and Vanilla + FFN against Vanilla Looped, each
-ablation against StateLoop), the gap at a validation point is, seed by seed,
-``100 (PPL_a / PPL_b - 1)`` with PPL = exp(validation loss) (:func:`gap_curves`); its mean and 95%
-t interval over seeds at each point are drawn against training tokens (figures/gap_vs_tokens.pdf).
+For each comparison of two models on PPL (:func:`comparisons`), the gap at a validation point is,
+seed by seed, ``100 (PPL_a / PPL_b - 1)`` with PPL = exp(validation loss) (:func:`gap_curves`).
 
 The trend (:func:`slope`): [choice] for each seed, the least-squares slope of its gap against
 log10(tokens) (points of % PPL per tenfold more tokens), then the mean and 95% t interval of the
@@ -29,6 +26,7 @@ from pathlib import Path
 
 from stateloop.pipeline import Run, cells, expand_runs
 from stateloop.report.stats import Estimate, relative_pct, t_interval
+from stateloop.report.tables import read_json
 
 SHRINKS, GROWS, HOLDS = "shrinks", "grows", "holds (no trend resolved)"
 SLOPE_UNIT = "points of % PPL gap per 10x tokens"
@@ -110,8 +108,6 @@ def comparisons(cfg) -> list[Comparison]:
 
 def read_curve(results: Path, run: Run) -> tuple[dict[int, float], dict | None]:
     """({tokens: validation loss}, the windows' identity) of a run's train.json."""
-    from stateloop.report.tables import read_json
-
     summary = read_json(results / "runs" / run.id / "train.json")
     return {int(p["tokens"]): float(p["loss"]) for p in summary.get("val_curve") or []}, summary.get("val_windows")
 

@@ -53,13 +53,9 @@ def log_params(c, run_id: str, params: dict[str, str], changed_prefix: str) -> N
 
 
 def log_datasets(c, run_id: str, scale: str, shard_sets: dict) -> None:
-    """Each split a run read as an MLflow dataset input (the runs table's Datasets column):
-    ``shard_sets`` maps MLflow's context ("training", "validation") to a data.shards.ShardSet.
-    Name ``<scale>/<split>``; digest the split's fingerprint (its shard files, token counts and
-    checksums in meta.json: equal exactly when the tokens are); source the meta.json; profile
-    the split's token and document counts and its own source (files, hash split). MLflow keeps
-    one input per dataset and context, so a resumed run logs nothing twice, and one dataset per
-    name and digest in an experiment: runs that read the same tokens share it (the first source)."""
+    """Each split a run read (``shard_sets``: MLflow context -> ShardSet) as an MLflow dataset input
+    named ``<scale>/<split>``, its digest the split's fingerprint in meta.json (equal exactly when
+    the tokens are): a resumed run logs nothing twice, runs that read the same tokens share it."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     inputs = []

@@ -21,12 +21,10 @@ def logged_model_name(run_name: str) -> str:
 
 def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], tags: dict[str, str],
               step: int, register: str = "") -> str:
-    """The run's final weights as an MLflow LoggedModel of its experiment, and its id: the Hugging
-    Face directory of export/hf.py (config.json, model.safetensors, the tokenizer files and the
-    modeling code; `AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)` loads a
-    download of it), linked to the run as its output at ``step``. A READY model this run already
-    logged (a finish redone after a kill) is kept, not logged twice; one a killed attempt left
-    PENDING is marked FAILED. ``register``: also a version of the registered model of that name."""
+    """The run's final weights as an MLflow LoggedModel (export/hf.py's Hugging Face directory),
+    linked to the run as its output at ``step``, and its id. A READY model this run already logged
+    is kept; one a killed attempt left PENDING is marked FAILED. ``register``: also a version of
+    the registered model of that name."""
     import tempfile
 
     from mlflow.entities import LoggedModelOutput

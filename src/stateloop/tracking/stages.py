@@ -55,12 +55,9 @@ def stage_uri(config: RunConfig | None, pipeline: PipelineConfig | None = None) 
 
 
 def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineConfig | None = None, command: str = "eval"):
-    """(client, MLflow run id) of a run folder, for the stages after training, in :func:`stage_uri`'s store.
-
-    The MLflow run is the one RUN_DIR/train.json names (``mlflow_run_id``) when the store holds it;
-    a train.json recording this store (or none) whose run is missing is an error. Otherwise (a run
-    trained elsewhere, or logged to another store) the newest run named ``run_id`` in the run's
-    ``train.mlflow_experiment`` (default "stateloop"), created when absent and found again next time."""
+    """(client, MLflow run id) of a run folder in :func:`stage_uri`'s store: the run train.json
+    names when the store holds it (missing from the store train.json records: an error), else the
+    newest run named ``run_id`` in the run's experiment, created when absent."""
     from mlflow.exceptions import MlflowException
 
 
@@ -83,15 +80,10 @@ def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineCon
 def log_stage(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineConfig | None, command: str, prefix: str,
               metrics: dict, curves: dict | None = None, params: dict | None = None, tags: dict | None = None,
               artifact: tuple | None = None, datasets: dict | None = None) -> str:
-    """Log one stage's results into the run's MLflow run (:func:`run_of`: the one train.json names,
-    else the run named by the run id) and return its id.
-
-    ``metrics`` as ``{prefix}/<name>`` at step 0; each curve ``{name: [(index, value), ...]}`` as one
-    metric ``{prefix}/<name>`` with the index as its step (one chart per curve); ``params`` as
-    params (a later call with other values keeps them as ``changed_on_re{command}.<key>`` tags:
-    MLflow params cannot change); ``tags`` as tags; ``artifact`` = (a file path or a dict, the
-    artifact path: a folder for a file, a file name for a dict); ``datasets`` {context: ShardSet}
-    as the run's dataset inputs (:func:`log_datasets`, named by the run id's scale)."""
+    """Log one stage's results into the run's MLflow run (:func:`run_of`) and return its id:
+    ``metrics`` as ``{prefix}/<name>`` at step 0, each curve ``{name: [(index, value), ...]}`` stepped
+    by its index, ``params`` (changed values go to ``changed_on_re{command}.<key>`` tags: MLflow
+    params cannot change), ``tags``, ``artifact`` = (file or dict, artifact path), ``datasets``."""
     import datetime
 
     from mlflow.entities import Metric, RunTag

@@ -4,22 +4,12 @@
   ``sqlite:///<absolute cwd>/results/mlflow.db`` (MLflow 3.17 refuses the ``./mlruns`` file store).
 - Experiment: ``train.mlflow_experiment``; run name: the run id ``{scale}/{model}/K{K}_ds{ds}``,
   so every attempt of a run carries one stable name.
-- Params: the resolved config flattened to dotted keys (``model.d_model``, ``train.lr``, ...);
-  tags: scale, model, K, d_s, code version, and MLflow's own (user, source, git commit).
-- Metrics: ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``,
-  ``train/tokens``, ``train/mfu`` (GPU), ``val/loss``, ``val/ppl`` and, for the StateLoop family,
-  the state's diagnostics ``val/state/<quantity>_<i>`` (evaluate/diagnostics.py), indexed by
-  optimiser step. Evaluation adds ``eval/state/<quantity>`` curves stepped by the state index i.
-- A resumed run continues the MLflow run whose id its checkpoint holds. An attempt killed after
-  its checkpoint may have logged steps beyond it: the resumed attempt skips a metric at a step
-  the run already holds (resuming is exact, so the value there is the one it would log), so every
-  step appears once. After an inexact resume (a setting changed: train.json's ``inexact_resume``,
-  the tag ``stateloop.inexact_resume``) the redone steps are logged again: MLflow's latest value of
-  each is the new one.
-- An attempt that starts from scratch (no checkpoint) opens a new MLflow run; the previous
-  attempt's run (RUN_DIR/mlflow.json), still RUNNING because its process was killed (SIGKILL, a
-  lost node: nothing could close it), is marked KILLED. Its process is gone for certain: the
-  training holds the run folder's lock.
+- Params: the resolved config flattened to dotted keys; metrics ``train/*``, ``val/*`` (and the
+  state's diagnostics ``val/state/<quantity>_<i>``) by optimiser step.
+- A resumed run continues the MLflow run its checkpoint names and skips steps the run already
+  holds (resuming is exact); after an inexact resume the redone steps are logged again.
+- An attempt from scratch opens a new run and marks the previous attempt's, still RUNNING after a
+  kill, KILLED (its process is gone for certain: the training holds the run folder's lock).
 
 The client API (``MlflowClient``) is used instead of the fluent ``mlflow.start_run`` so that no
 global "active run" leaks between runs trained in one process (tests, notebooks)."""

@@ -165,17 +165,12 @@ def _registers(text: str, name: str) -> str | None:
 
 def lm_eval_task_files(names: Iterable[str]) -> dict[str, Path] | None:
     """Task name -> the one YAML of the installed lm-eval's task tree whose top level says
-    ``task: <name>``; None when a name cannot be placed that way (no such line: a group, a tag, a
-    name of a ``task:`` list or of a python class, an unknown name; more than one such file; or
-    any YAML of the tree registering the name as a ``group:`` or ``tag:``).
+    ``task: <name>``; None when a name cannot be placed that way (a group, a tag, a ``task:`` list,
+    a python class, an unknown name, more than one such file).
 
-    [choice] A task manager over lm-eval's whole tree parses its ~14,000 YAMLs (11 CPU-s
-    measured, 2026-12-04), while an evaluation names a handful of tasks. This scan reads the bytes
-    of each YAML and parses as text only those holding a requested name (0.45 CPU-s for the
-    paper's nine tasks, measured 2026-12-04), so that a task manager indexes only the folders of
-    the files found (:func:`stateloop.evaluate.tasks.prepare.task_manager`, which checks the
-    index against them and falls back to the whole tree; figures in
-    benchmarks/records/2026-12-04-lm-eval-task-index.md).
+    [choice] lm-eval's whole tree is ~14,000 YAMLs (11 CPU-s to index); reading bytes and parsing
+    only those holding a requested name takes 0.45 CPU-s for the paper's nine tasks
+    (benchmarks/records/2026-12-04-lm-eval-task-index.md).
     [assume] No YAML of another folder registers a requested name through a template it includes
     (none does in lm-eval 0.4.13 for the tasks the test suite compares with the whole index)."""
     names = list(dict.fromkeys(names))

@@ -181,14 +181,11 @@ def _merged_config(spec: dict, seen: tuple = ()) -> dict:
 
 def task_manager(builtin: list[str], include_path: list[str] = ()):
     """An lm-eval TaskManager that knows lm-eval's own tasks ``builtin`` and every task of the
-    folders ``include_path``, which override built-in tasks of the same name (lm-eval lets a later
-    path override an earlier one, and lists its own folder first).
+    folders ``include_path``, which override built-in tasks of the same name.
 
     [choice] Only the folders of lm-eval's tree holding the YAMLs of ``builtin`` are indexed
-    (:func:`~stateloop.evaluate.tasks.files.lm_eval_task_files`; measured 2026-12-04, see
-    benchmarks/records/2026-12-04-lm-eval-task-index.md), listed before ``include_path`` as lm-eval lists its whole folder; when
-    the scan cannot place every name, or the index does not give a name the file found, lm-eval's
-    whole folder is indexed, as lm-eval does by default. Without built-in tasks, it is not indexed."""
+    (:func:`~stateloop.evaluate.tasks.files.lm_eval_task_files`); where that cannot place every
+    name, lm-eval's whole folder is, as lm-eval does by default."""
     from lm_eval.tasks import TaskManager
 
     files = lm_eval_task_files(builtin) if builtin else None

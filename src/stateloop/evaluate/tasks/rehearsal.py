@@ -19,23 +19,10 @@ each task's records; they reach lm-eval in one of two ways:
     references of an included YAML relative to that YAML's own folder, so the processors are
     lm-eval's installed ones.
 
-Where the data comes from:
-
-- ``lambada_openai`` (EleutherAI/lambada_openai ``text``): the first lines of the shared
-  ``lambada-openai/lambada_test.jsonl`` (the same file);
-- ``piqa`` (``goal, sol1, sol2, label``): the shared original dev split (``valid.jsonl`` joined
-  with ``valid-labels.lst``); ``validation`` is its first items and the ``train`` split (the
-  few-shot pool, which is not shared) a stand-in made of its last items;
-- ``wikitext`` (EleutherAI/wikitext_document_level ``page``): one article per document, split at
-  the top-level headings of the shared *tokenized* WikiText-2 (``test.txt`` for ``test``, the first
-  articles of ``valid.txt`` for ``validation`` and its last ones as a stand-in ``train``);
-- ``arc_easy``, ``arc_challenge``, ``sciq``, ``race``, ``hellaswag``: questions of the synthetic
-  corpus's multiple-choice task (:func:`stateloop.data.synthetic.task_examples`, its ``train``,
-  ``val`` and ``test`` splits for lm-eval's ``train``, ``validation`` and ``test``) written in each
-  dataset's schema; ``winogrande``: templated two-person sentences over the generator's names.
-
-Only the schema is real: the numbers measure nothing, they rehearse the code path. A stand-in
-split is disjoint from the evaluated one whenever the shared file has room for both.
+The data: lambada, piqa and wikitext from the shared files (a split the shared data lacks is a
+stand-in made of the other end of the file, disjoint where it has room for both); the
+multiple-choice tasks from the synthetic corpus's questions; winogrande from templated sentences.
+Only the schema is real: the numbers measure nothing, they rehearse the code path.
 
 Every task of the default local folder (``workflow/tasks/``) is copied beside the written YAMLs,
 so a config's offline tasks (``synth_mc``, ``*_local``) still resolve with ``eval.task_dir``
@@ -73,10 +60,6 @@ class Source:
     origin: str  # where the content comes from (tasks.json)
 
 
-# ----------------------------------------------------------------------------------------------
-# Shared data files
-
-
 def _lines(path: Path) -> list[str]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (shared data; see shared/data/README.md)")
@@ -108,10 +91,6 @@ def _wikitext(split: str, n: int, shared: Path) -> list[dict]:
     pages = wikitext_pages(path.read_text(encoding="utf-8"))
     pages = pages[:n] if split == "test" else _first_and_last(pages, split, n, "validation")
     return [{"page": p} for p in pages]
-
-
-# ----------------------------------------------------------------------------------------------
-# Generated content in each dataset's schema
 
 
 SEEDS = {"arc_easy": 101, "arc_challenge": 102, "hellaswag": 103, "sciq": 104, "race": 105, "winogrande": 106}
@@ -255,10 +234,6 @@ SOURCES: dict[str, Source] = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Writing the tasks
-
-
 def lm_eval_yamls(tasks: list[str]) -> dict[str, tuple[Path, dict]]:
     """Task -> (lm-eval's installed YAML, its config with includes resolved), from lm-eval's own
     index over the folders of those tasks (:func:`~stateloop.evaluate.tasks.prepare.task_manager`)."""
@@ -296,14 +271,10 @@ def check_records(name: str, rows: list[dict]) -> None:
 
 
 def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: int = 20) -> dict:
-    """Write data files and task YAMLs for lm-eval's ``tasks`` (real names, e.g. PAPER_TASKS)
-    into ``out_dir`` (``data/{task}/{split}.jsonl``, ``yaml/{task}.yaml``, ``tasks.json``); each
-    split holds at most ``n_examples`` records. Returns the overrides of a config's ``eval:``
-    section that evaluate them: ``{"task_dir": <the YAML folder>}``.
-
-    Names of the default local folder (``workflow/tasks/``) are not written, only copied with the
-    rest of that folder; any other name that is not one of :data:`SOURCES` is an error (it would
-    need the Hub)."""
+    """Write data files and task YAMLs for lm-eval's ``tasks`` (real names) into ``out_dir``, at most
+    ``n_examples`` records a split; returns the ``eval:`` overrides that evaluate them (``task_dir``).
+    Names of ``workflow/tasks/`` are copied, not written; any other name not in :data:`SOURCES` is
+    an error (it would need the Hub)."""
     if n_examples < MIN_EXAMPLES:
         raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")
     out_dir, shared_data = Path(out_dir).resolve(), Path(shared_data).resolve()
