@@ -1,4 +1,4 @@
-"""`stateloop prefetch` (stateloop/prefetch.py): a config's hub tokenizer, hub dataset files and
+"""`stateloop prefetch` (stateloop/ops/prefetch.py): a config's hub tokenizer, hub dataset files and
 lm-eval task data fetched into empty caches through huggingface_hub and lm-eval's own download,
 from a stand-in for the Hub (stateloop/ops/rehearse/hub.py: local folders served under hub names);
 then, offline with the stand-in gone, the jobs find them, and a missing one stops a job at its
