@@ -53,7 +53,7 @@ def run(args: Request) -> int:
     rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
                     args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
     if args.analyses:
-        from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan
+        from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan  # lazy: torch
 
         rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
         print(f"\nEvaluation and analysis jobs ({sum(r['fits'] is False for r in rows)} of {len(rows)} past their limit):")

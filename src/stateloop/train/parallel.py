@@ -42,6 +42,8 @@ import functools
 
 import torch
 
+from stateloop.models.backbone import Layer
+
 # The unit of sharding: one decoder layer (every Layer of the model, looped or unique).
 RESHARD_AFTER_FORWARD = {"full": True, "hybrid": True, "grad_op": False, "hybrid_grad_op": False}
 
@@ -57,7 +59,6 @@ def shard(model: torch.nn.Module, mesh, sharding: str) -> torch.nn.Module:
     (2-D: replicate x shard; a 1 x N mesh shards over all N ranks). In place; returns ``model``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from stateloop.models.backbone import Layer
 
     mesh = mesh if mesh.size(0) > 1 else mesh[mesh.mesh_dim_names[1]]  # one replica: a 1-D mesh
     # No cast: parameters gathered, and gradients reduced, in the parameters' own dtype (float32;
