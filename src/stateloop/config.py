@@ -189,17 +189,10 @@ def _from_text(value: Any, tp: Any, flag: str) -> Any:
 
 
 class StageRequest:
-    """The base of a command's request: what one run of a command (a stage, or a tool) is asked to
-    do, as a ``Request`` (a subclass is a frozen dataclass) whose fields, declared with :func:`arg`, are its flags,
-    with their help, types and defaults: the command's parser is built from it
-    (commands.add_flags), and the parsed flags are the request, ``Request.of(args)``. A stage's
-    function takes it, so a stage is a Python API as well as a command:
-    ``train_stage(Request(config=..., run=...))``.
-
-    Values are checked as :func:`from_dict` checks a config section, on construction from Python
-    as from flags: a value of the wrong type is a one-line :class:`ConfigError` naming the field
-    (``train.stage.Request.overrides: expected a list, got str ...``); numbers given for a string
-    field become their text, a tuple for a list field a list; a field at :data:`KEEP` is not checked."""
+    """The base of a command's request (a frozen dataclass): its fields, declared with :func:`arg`,
+    are the command's flags (commands.add_flags), and a stage's function takes it, so a stage is a
+    Python API as well as a command. Values are checked as :func:`from_dict` checks a config
+    section, on construction from Python as from flags; a field at :data:`KEEP` is not checked."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

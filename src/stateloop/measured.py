@@ -18,6 +18,8 @@ import json
 import os
 from pathlib import Path
 
+from stateloop.files import atomic_write_bytes
+
 ROOT = Path(__file__).resolve().parent  # src/stateloop
 
 
@@ -68,7 +70,5 @@ def store(kind: str, name: str, value) -> None:
     if folder is None:
         return
     with contextlib.suppress(OSError):
-        from stateloop.files import atomic_write_bytes
-
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(folder / f"{name}.json", json.dumps(value).encode())

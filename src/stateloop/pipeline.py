@@ -137,14 +137,11 @@ class ExperimentConfig:
     # False for shapes that are only measured, never trained (Table 3's decoding rows): such an
     # experiment defines no runs unless it is asked for by name.
     trained: bool = True
-    # One run per seed; empty: the scale's train.seed alone. Seeds shared between experiments
-    # (and between models of one experiment) pair runs: StateLoop and Vanilla Looped with the
-    # same seed see the same data order, so their difference is compared seed by seed.
+    # One run per seed; empty: the scale's train.seed alone. Runs of one seed see the same data
+    # order, so models are compared seed by seed.
     seeds: list[int] = field(default_factory=list)
-    # Test-time depths (this project's study, not the paper's): each run of the experiment is also
-    # evaluated at every loop count K' listed (its trained K among them or not) into the run
-    # folder's eval_depth.json (`stateloop eval RUN --depths ...`); held-out PPL only, unless
-    # test_time_tasks also runs the scale's lm-eval tasks at every K'.
+    # Test-time depths (this project's study, not the paper's): each run is also evaluated at every
+    # K' listed into its eval_depth.json (`stateloop eval RUN --depths ...`).
     test_time_K: list[int] = field(default_factory=list)
     test_time_tasks: bool = False  # also run the lm-eval tasks at every test-time K'
 
@@ -203,14 +200,11 @@ class SlurmConfig:
     gpu_type: str = ""
     gpu_constraint: str = ""  # --constraint of every GPU job (node features, e.g. 'h100|a100'); "": none
     gpu_qos: str = ""  # --qos of every GPU job; "": the profile's (slurm-qos, or a default-resources qos)
-    # The longest time limit a job may ask for, in minutes (the partitions' MaxTime: `sinfo -o "%P
-    # %l"`): a stage whose `resources.STAGE.runtime` is longer is refused when the config is checked
-    # (SLURM would keep such a job pending for ever: PartitionTimeLimit); 0: not checked
+    # The partitions' MaxTime in minutes (`sinfo -o "%P %l"`): a longer `resources.STAGE.runtime`
+    # is refused by the config check (SLURM would keep it pending for ever); 0: not checked
     max_runtime: int = 0
-    # The write speed of the file system the run folders are on, in MB/s, measured where they live
-    # (docs/cluster.md: dd ... conv=fsync). It sizes each training job's warning before its time
-    # limit (--signal=USR1@N) and the least train.dist_timeout_s a multi-process scale may set
-    # (rank 0 writes and hashes a checkpoint while the other ranks wait); the config check compares both
+    # The run folders' file system's write speed in MB/s (docs/cluster.md: dd ... conv=fsync): it
+    # sizes each training job's warning before its time limit and the least train.dist_timeout_s
     write_mb_per_s: float = 100.0
 
     def __post_init__(self) -> None:

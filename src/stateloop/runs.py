@@ -11,11 +11,8 @@
         .lock              held by the training that writes the folder (flock)
         eval.json, eval_depth.json, shapley.json, interventions.json, ...   results of later stages
 
-A run folder alone rebuilds its model: the variant and its shape come from the saved config,
-never from command-line arguments.
-
-Every command that addresses runs (``train``, ``eval``, ``analyze``, ``bench decode``) takes a RUN
-that is either a run folder or a run id; :func:`resolve_run_arg` alone decides which.
+A run folder alone rebuilds its model (from the saved config, never from command-line arguments);
+a command's RUN is a run folder or a run id, as :func:`resolve_run_arg` decides.
 """
 
 from __future__ import annotations

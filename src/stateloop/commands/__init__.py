@@ -4,7 +4,7 @@ One module per command, named in :data:`COMMANDS`, provides its typed ``Request`
 a stage's own, or the command's) and ``run(request) -> int``. Each flag is declared once, as a field
 of the request (config.arg): :func:`add_flags` builds the parser from the fields (one per subcommand
 of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``), and the parsed flags are the
-request (``Request.of(args)``). Command modules and requests are imported to build the parser, so
+request (``Request.of(args)``). A command's module and request are imported to build its parser, so
 heavy dependencies (torch, lightning, lm-eval, mlflow) are imported inside ``run`` only.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
@@ -78,7 +78,9 @@ def add_flags(parser: argparse.ArgumentParser, request: type, only: str | None =
             parser.add_argument(flag_of(f), dest=f.name, required=required, default=argparse.SUPPRESS, **kw)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(built=COMMANDS) -> argparse.ArgumentParser:
+    """The parser of every command, listed with its help; the arguments of those in ``built`` alone
+    (each imports its module: :func:`run_command` builds only the one it runs)."""
     parser = argparse.ArgumentParser(
         prog="stateloop", description=__doc__.splitlines()[0].replace("``", ""),
         epilog=f"pipeline, in the DAG's order: {' -> '.join(PIPELINE)}; tools: {', '.join(TOOLS)}. "
@@ -87,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
+        if name not in built:
+            continue
         p.set_defaults(_module=module)
         command = importlib.import_module(module)
         if hasattr(command, "add_arguments"):  # lm-eval's own arguments
@@ -119,8 +123,8 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
 def run_command(argv: list[str] | None = None) -> int:
     """Run ``stateloop ARGV`` (``sys.argv[1:]`` when None) in this process; a failure the user can
     act on is one line on stderr and an exit status."""
-    parser = build_parser()
-    args = parse(parser, sys.argv[1:] if argv is None else list(argv))
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse(build_parser(argv[:1]), argv)
     command = importlib.import_module(args._module)
     try:
         return command.run(command.Request.of(args) if hasattr(command, "Request") else args) or 0

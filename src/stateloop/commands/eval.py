@@ -1,14 +1,9 @@
 """``stateloop eval RUN``: held-out perplexity and lm-eval tasks for one trained run.
 
-The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the pipeline
-config the run was trained from, as its resolved config records), else EvalConfig's defaults (the
-paper's tasks at 0 and 5 shots); then ``--set eval.key=value`` overrides and the dedicated flags
-(``--tasks``, ``--shots``, ``--limit``, ...). A run that ``--config`` plans scores its tasks only
-where the DAG needs them (``pipeline.Run.scores_tasks``: Tables 1-2's runs; at ``--depths``, an
-experiment's ``test_time_tasks``), else only its held-out perplexity, unless the tasks are named.
-The model itself always comes from the run folder.
-The settings that name code or files (``eval.task_dir``, ``eval.task_data``) and the MLflow store
-come only from ``--config`` and ``--set``: a run folder is data, never code (resolve.py).
+The eval settings: the ``eval`` section of the run's scale in ``--config`` (default: the config
+the run was trained from), then ``--set`` and the dedicated flags (resolve.py). A planned run
+scores its tasks only where the DAG needs them (``pipeline.Run.scores_tasks``) unless they are
+named; the model always comes from the run folder.
 
 Writes eval.json (atomically) and eval_samples/ into the run folder, and logs to the run's MLflow run.
 

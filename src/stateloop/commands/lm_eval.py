@@ -4,13 +4,8 @@
         --include_path workflow/tasks --output_path out/
 
 ARGS are lm-eval's, unchanged (``stateloop lm-eval ls tasks``, ``stateloop lm-eval run -h``):
-they go to lm-eval's console entry (the ``lm_eval`` command) after ``stateloop.evaluate.lm`` has
-registered the model. The released lm-eval (0.4.13) looks models up only in its own registry,
-which nothing outside lm-eval can join before its command line runs, so there ``lm_eval --model
-stateloop`` itself cannot find the model. Its development branch discovers models through the
-``lm_eval.models`` entry-point group (docs/plugins.md), which pyproject.toml declares: with it
-``lm_eval --model stateloop`` works as it is. An export (``stateloop export``) is scored by any
-lm-eval as ``--model hf --model_args pretrained=DIR,trust_remote_code=True``.
+they go to lm-eval's console entry after ``stateloop.evaluate.lm`` has registered the model:
+the released lm-eval (0.4.13) cannot find a model outside its own registry (docs/plugins.md).
 """
 
 from __future__ import annotations

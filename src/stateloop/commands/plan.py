@@ -1,16 +1,9 @@
 """``stateloop plan --config CONFIG``: what training every run of a config costs.
 
-For each run: parameters, decoder-layer applications per token (loop iterations unrolled),
-training tokens (the scale's ``train`` budget), training FLOPs (forward + backward matmuls
-counted on the meta device, models/flops.py), the planned peak memory per GPU against
-``train.gpu_memory_gib`` (ops/memory.py), and the time of its training at an MFU: one optimiser
-step with its exposed communication, the wall time, the SLURM jobs of ``resources.train.runtime``
-it spans, GPU-hours (ops/cost.py). Then totals per experiment (a run shared by several
-experiments counts in each) and overall (each run once). ``--compare-strategies``: each run's
-alternatives (DDP / FSDP shardings, micro-batch, activation checkpointing, the loss in chunks).
-Where a scale sets ``train.gpu_memory_gib`` (or ``--gpu-memory-gib`` is given), the plan also
-chooses each run's setting (``--margin``): the fastest DDP setting that fits with the margin, else
-the fastest sharded one, beside the config's.
+For each run: parameters, tokens, training FLOPs (models/flops.py), the planned peak memory per
+GPU (ops/memory.py), and the time at an MFU: step, wall time, SLURM jobs, GPU-hours (ops/cost.py);
+then totals per experiment and overall. ``--compare-strategies``: each run's alternatives. Where a
+GPU's memory is known, the plan also chooses each run's fastest setting that fits (``--margin``).
 """
 
 from __future__ import annotations
@@ -53,7 +46,7 @@ def run(args: Request) -> int:
     rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
                     args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
     if args.analyses:
-        from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan
+        from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan  # lazy: torch
 
         rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
         print(f"\nEvaluation and analysis jobs ({sum(r['fits'] is False for r in rows)} of {len(rows)} past their limit):")

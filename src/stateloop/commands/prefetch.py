@@ -12,6 +12,8 @@ Rerun it safely: it fetches only what is missing (an interrupted download resume
 from __future__ import annotations
 
 from stateloop.config import StageRequest, arg
+from stateloop.ops.prefetch import NotPrefetched, caches, config_needs, go_offline, prefetch, say
+from stateloop.pipeline import load_checked
 
 
 class Request(StageRequest):
@@ -23,12 +25,7 @@ class Request(StageRequest):
 
 def run(args: Request) -> int:
     if args.check:  # offline by construction, before anything reads the Hub's settings
-        from stateloop.ops.prefetch import go_offline
-
         go_offline()
-    from stateloop.ops.prefetch import NotPrefetched, caches, config_needs, prefetch, say
-    from stateloop.pipeline import load_checked
-
     pipeline, runs = load_checked(args.config)
     needs = config_needs(pipeline, runs, args.scales)
     if not args.check:

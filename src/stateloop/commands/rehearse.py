@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from stateloop.config import StageRequest, arg, whole
+from stateloop.ops.rehearse import run as rehearsal
 
 PASSTHROUGH = "snakemake_args"  # every word after the first `--` (commands.parse), wherever the options are
 
@@ -34,15 +35,13 @@ class Request(StageRequest):
 
 
 def run(args: Request) -> int:
-    from stateloop.ops.rehearse.run import environment, prepare, run_dag, snakemake_command
-
     out = Path(args.out or Path("rehearsals") / Path(args.config).stem)
-    config = prepare(args.config, out, args.shared_data)
+    config = rehearsal.prepare(args.config, out, args.shared_data)
     print(f"rehearsal of {args.config}: {config}", file=sys.stderr)
-    env = environment(out)
+    env = rehearsal.environment(out)
     shown = " ".join(f"{k}={shlex.quote(env[k])}" for k in ("HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-    command = snakemake_command(out, args.cores, args.snakemake_args)
+    command = rehearsal.snakemake_command(out, args.cores, args.snakemake_args)
     print(f"PATH={shlex.quote(str(out.resolve() / 'bin'))}:$PATH {shown} {shlex.join(command)}", file=sys.stderr)
     if args.prepare_only:
         return 0
-    return run_dag(out, args.cores, args.snakemake_args).returncode
+    return rehearsal.run_dag(out, args.cores, args.snakemake_args).returncode

@@ -4,11 +4,8 @@ Tables (table1..table4) and the claims (``claims``: the paper's claims judged, r
 write PATH (.csv) and its Markdown twin (.md); figures (loop_depth, state_width, state_analysis)
 write PATH (.pdf) and its PNG twin (.png). Both atomically.
 
-Both files are also logged to MLflow, as artifacts under TARGET/ of the config's report run: one
-run per pipeline config file content (the DAG's results/configs/<digest>.yaml), named
-``report/<scales>``, in the first scale's ``train.mlflow_experiment``, in ``$MLFLOW_TRACKING_URI``,
-else the first ``train.mlflow_tracking_uri`` the scales set, else results/mlflow.db. Every render
-of one config adds to the same run; ``--no-mlflow`` skips it.
+Both files are also logged to MLflow under TARGET/ of the config's report run (one run per
+config file content, report/render.py); ``--no-mlflow`` skips it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """``stateloop train --config C RUN --data-dir DIR [--out DIR] [--set section.key=value ...]``
 
 Trains one run with Lightning Fabric and leaves its folder with config.yaml, checkpoints/,
-model.safetensors and train.json. RUN, as in every command that addresses runs
-(runs.resolve_run_arg), is a run id, whose folder is ``results/runs/<run id>``, or an existing
-run folder ``<...>/runs/<run id>``, whose last three components are the run id; ``--out``
-trains into another folder (a new folder elsewhere: the run id and ``--out DIR``). The run id's
-seed replaces ``train.seed``. Rerunning the same command resumes from the newest complete
-checkpoint; a changed model or optimiser setting (``train.lr``, ...: a resume would keep the old
-one) is refused, or with ``--restart-on-change`` (which the DAG passes: Snakemake reruns a job
-whose settings changed) starts the run afresh, saying so. Everything is checked before training starts: a malformed RUN, unknown or mistyped
-keys, a missing or empty data folder, a tokenizer vocabulary larger than ``model.vocab_size``;
-each fails with a one-line message naming the argument, key or file (exit 2). A token shard is
-read in full against meta.json's sha256 on its first open, then trusted while its stamp matches
-(stateloop/data/shards.py); ``--verify-shards`` reads every shard again.
+model.safetensors and train.json (RUN: runs.resolve_run_arg; its seed replaces ``train.seed``).
+Rerunning resumes from the newest complete checkpoint; a changed model or optimiser setting is
+refused, or with ``--restart-on-change`` (the DAG passes it) starts the run afresh, saying so.
+Everything is checked before training starts, each failure one line (exit 2);
+``--verify-shards`` reads every token shard against its sha256 again (data/shards.py).
 
 Exit status: 0 finished; 2 config/data error; 3 non-finite loss (the last good checkpoint is
 kept); 75 (EX_TEMPFAIL) stopped by SIGTERM/SIGUSR1 after writing a checkpoint: requeue or rerun.

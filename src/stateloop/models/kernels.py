@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from stateloop.models.ssd import ssd_chunked
+
 try:  # pragma: no cover - only on GPU machines
     from flash_attn import flash_attn_func as _flash_attn_func
 
@@ -167,8 +169,6 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
     if _use_kernel(impl, HAS_MAMBA_SSM, x, "mamba_ssm"):
         return _mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, initial_states=initial_state,
                                           return_final_states=return_final_state)
-    from stateloop.models.ssd import ssd_chunked
-
     return ssd_chunked(x, dt, A, B, C, chunk_size, initial_state=initial_state, return_final_state=return_final_state)
 
 

@@ -7,7 +7,7 @@ are checked against the variant's options dataclass, so a bad key fails before a
 The registry holds everything a config check reads about a model: its name, label, whether it
 has a state, its options dataclass and their checks, and the test-time depths it refuses. It
 imports no torch, so the Snakefile, ``stateloop plan`` and every config check read it without
-loading torch and the model modules: a spec's ``build`` imports its model's module when a model
+loading torch and the model modules: a spec names its model's class, imported when a model
 is built (:func:`build_model`; it, :func:`count_params` and :func:`matched_ffn_width` need torch).
 
 Every model maps token ids (B, T) to next-token logits (B, T, V) through
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    build: Callable  # (ModelConfig, options) -> LoopedLM; imports the model's module (and torch) when called
+    model: str  # "module:Class" under stateloop.models, imported (with torch) by build only
     label: str  # the row label the paper prints
     has_state: bool  # a persistent state of width d_s (run folders carry ds{d_s})
     options: type | None = None  # dataclass of model.options, or None (no options allowed)
@@ -43,6 +44,14 @@ class ModelSpec:
     validate: Callable | None = None  # extra shape checks: (ModelConfig, options) -> None
     depth: Callable | None = None  # (trained ModelConfig, K) -> None, refusing a K; None: every K
     state_at_d_model: bool = False  # the state is the backbone's input, so d_s must be d (state only)
+    variant: dict = dataclasses.field(default_factory=dict)  # the model class's keyword arguments
+
+    def build(self, cfg: ModelConfig, opts):
+        module, name = self.model.split(":")
+        cls = getattr(importlib.import_module(f"stateloop.models.{module}"), name)
+        if self.options is FFNOptions:
+            return cls(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
+        return cls(cfg, **self.variant) if self.options is None else cls(cfg, opts, **self.variant)
 
     def parse_options(self, cfg: ModelConfig):
         if self.options is None:
@@ -240,96 +249,36 @@ def check_pause_token_depth(trained, K: int) -> None:
                           f"fixes its pauses")
 
 
-# ----------------------------------------------------------------------------------------------
-# Builders: each imports its model's module when called (torch), so a config check never does.
-
-
-def _vanilla(cfg, _opts):
-    from stateloop.models.looped import LoopedLM
-
-    return LoopedLM(cfg)
-
-
-def _vanilla_ffn(cfg, opts: FFNOptions):
-    from stateloop.models.looped import LoopedLM
-
-    return LoopedLM(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
-
-
-def _stateloop(**variant):
-    def build(cfg, _opts):
-        from stateloop.models.looped import StateLoopLM
-
-        return StateLoopLM(cfg, **variant)
-    return build
-
-
-def _state_only(cfg, _opts):
-    from stateloop.models.looped import StateOnlyLM
-
-    return StateOnlyLM(cfg)
-
-
-def _hyperloop(cfg, opts):
-    from stateloop.models.baselines.hyperloop import HyperloopLM
-
-    return HyperloopLM(cfg, opts)
-
-
-def _mesh(cfg, opts):
-    from stateloop.models.baselines.mesh import MeshLM
-
-    return MeshLM(cfg, opts)
-
-
-def _ponderlm(cfg, opts):
-    from stateloop.models.baselines.ponderlm import PonderLM
-
-    return PonderLM(cfg, opts)
-
-
-def _parcae(cfg, opts):
-    from stateloop.models.baselines.parcae import ParcaeLM
-
-    return ParcaeLM(cfg, opts)
-
-
-def _pause_token(cfg, opts):
-    from stateloop.models.baselines.pause_token import PauseTokenLM
-
-    return PauseTokenLM(cfg, opts)
-
-
 _SPECS = [
-    ModelSpec("vanilla_looped", _vanilla, "Vanilla Looped", False,
+    ModelSpec("vanilla_looped", "looped:LoopedLM", "Vanilla Looped", False,
               description="one shared backbone applied K times"),
-    ModelSpec("vanilla_looped_ffn", _vanilla_ffn, "Vanilla Looped + FFN", False, FFNOptions,
+    ModelSpec("vanilla_looped_ffn", "looped:LoopedLM", "Vanilla Looped + FFN", False, FFNOptions,
               description="Vanilla Looped with a wider SwiGLU, parameter-matched to StateLoop + Mamba-2"),
-    ModelSpec("stateloop", _stateloop(), "StateLoop", True,
+    ModelSpec("stateloop", "looped:StateLoopLM", "StateLoop", True,
               description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)"),
-    ModelSpec("stateloop_attn", _stateloop(mixer="attn"), "StateLoop + Attention", True,
-              description="StateLoop with causal attention over the state (eq. 8)"),
-    ModelSpec("stateloop_mamba2", _stateloop(mixer="mamba2"), "StateLoop + Mamba-2", True,
-              description="StateLoop with a Mamba-2 block over the state (eq. 9)"),
-    ModelSpec("state_only", _state_only, "State only", True,
+    ModelSpec("stateloop_attn", "looped:StateLoopLM", "StateLoop + Attention", True,
+              description="StateLoop with causal attention over the state (eq. 8)", variant={"mixer": "attn"}),
+    ModelSpec("stateloop_mamba2", "looped:StateLoopLM", "StateLoop + Mamba-2", True,
+              description="StateLoop with a Mamba-2 block over the state (eq. 9)", variant={"mixer": "mamba2"}),
+    ModelSpec("state_only", "looped:StateOnlyLM", "State only", True,
               description="the gated state alone is the next backbone input; no state reads (eq. 13)",
               state_at_d_model=True),
-    ModelSpec("reset_state", _stateloop(reset=True), "Reset state", True,
-              description="the state is reset before every update (eq. 14)"),
-    ModelSpec("stateloop_gru", _stateloop(update="gru"), "GRU update", True,
-              description="a GRU cell replaces the selective-SSM update (eq. 6)"),
+    ModelSpec("reset_state", "looped:StateLoopLM", "Reset state", True,
+              description="the state is reset before every update (eq. 14)", variant={"reset": True}),
+    ModelSpec("stateloop_gru", "looped:StateLoopLM", "GRU update", True,
+              description="a GRU cell replaces the selective-SSM update (eq. 6)", variant={"update": "gru"}),
     # The paper's baselines (models/baselines/, docs/baselines.md).
-    ModelSpec("hyperloop", _hyperloop, "Hyperloop", False, HyperloopOptions, validate=check_hyperloop,
+    ModelSpec("hyperloop", "baselines.hyperloop:HyperloopLM", "Hyperloop", False, HyperloopOptions, validate=check_hyperloop,
               description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections",
               depth=check_hyperloop_depth),
-    ModelSpec("mesh", _mesh, "MeSH", False, MeshOptions, validate=check_mesh,
+    ModelSpec("mesh", "baselines.mesh:MeshLM", "MeSH", False, MeshOptions, validate=check_mesh,
               description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers",
               depth=check_mesh_depth),
-    ModelSpec("ponderlm", _ponderlm, "PonderLM", False, PonderLMOptions,
+    ModelSpec("ponderlm", "baselines.ponderlm:PonderLM", "PonderLM", False, PonderLMOptions,
               description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
-    ModelSpec("parcae", _parcae, "Parcae", False, ParcaeOptions, validate=check_parcae,
+    ModelSpec("parcae", "baselines.parcae:ParcaeLM", "Parcae", False, ParcaeOptions, validate=check_parcae,
               description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
-    ModelSpec("pause_token", _pause_token, "Pause Token", False, PauseTokenOptions, validate=check_pause_token,
+    ModelSpec("pause_token", "baselines.pause_token:PauseTokenLM", "Pause Token", False, PauseTokenOptions, validate=check_pause_token,
               description="K-1 pause tokens after every token; the prediction is read at the last pause",
               depth=check_pause_token_depth),
 ]
@@ -351,7 +300,7 @@ def build_model(cfg: ModelConfig, device: str | torch.device | None = None, init
     """Build (and, off the meta device, initialise) the model ``cfg.name``."""
     import torch
 
-    from stateloop.models.init import init_weights
+    from stateloop.models.init import init_weights  # torch: the registry is read without it
 
     spec = get_spec(cfg.name)
     spec.check(cfg)

@@ -31,15 +31,11 @@ one of those extensions is local; anything else is a hub name.
 
 Held-out splits. ``val_split`` / ``test_split`` take a split of the source whole:
 
-- hub source: a split name, read as ``datasets.load_dataset(source, hub_config, split=...)``.
-  ``datasets`` makes splits from file names, but a repository laid out as the Pile is
-  (``train/00.jsonl.zst`` ... ``train/29.jsonl.zst``, ``val.jsonl.zst``, ``test.jsonl.zst``) gets a
-  ``train`` split only: the ``train/`` folder matches its folder-name rule first, and files are
-  then not looked at. ``data_files`` (``datasets``' own argument: split name -> path pattern(s)
-  relative to the repository) names each split's files, and the split names then come from it;
+- hub source: a split name, read as ``datasets.load_dataset(source, hub_config, split=...)``;
+  ``data_files`` (split name -> path patterns) names each split's files where ``datasets`` would
+  not find them (the Pile's layout gives a ``train`` split only);
 - ``data_files`` with one local folder as ``source``: the folder is read as a hub repository is,
-  by the same call (``load_dataset(folder, hub_config, data_files=..., split=...)``), so a local
-  mirror of a hub dataset takes the same ``data:`` section with only ``source`` changed;
+  so a local mirror takes the same ``data:`` section with only ``source`` changed;
 - other local sources: ``val_split`` / ``test_split`` name files (paths or globs).
 
 Without ``val_split``, ``val_fraction`` of the training documents are held out by a hash of their
@@ -138,11 +134,6 @@ class DataConfig:
         """Where the "val" split comes from, in words for table notes: e.g. "the source's own
         'validation' split" or "0.05% of the training documents, held out by content hash"."""
         return self._heldout_description("val")
-
-    @property
-    def test_description(self) -> str:
-        """As :attr:`val_description`, for the "test" split."""
-        return self._heldout_description("test")
 
     def _heldout_description(self, which: str) -> str:
         if self.is_synthetic:

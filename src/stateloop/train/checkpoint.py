@@ -16,22 +16,14 @@ state dicts are tensors and plain values already; the RNG states are stored as
            "numpy": {"kind": "MT19937", "key": int64 tensor [624], "pos": int, "has_gauss": int,
                      "cached_gaussian": float}}
 
-(:func:`rng_to_plain` / :func:`rng_from_plain`). Checkpoints written before this format hold
-numpy's key as a numpy array; the safe loader accepts plain numpy arrays for those
-(:data:`stateloop.files.LEGACY_NUMPY_GLOBALS`), so old run folders resume unchanged. A checkpoint
-the safe unpickler refuses (it would run code to load) is reported like a corrupt one and skipped.
+(:func:`rng_to_plain`; older checkpoints' numpy arrays: files.LEGACY_NUMPY_GLOBALS). A checkpoint
+the safe unpickler refuses is reported like a corrupt one and skipped.
 
-Writing: every rank calls ``fabric.save`` on a temporary name (rank 0 writes the file; FSDP
-gathers the full state dict to rank 0, one file: train/parallel.py); rank 0 then hashes it, renames it into place and writes the
-sidecar atomically. A process killed at any point leaves either a complete, verifiable pair or a
-leftover that :meth:`CheckpointStore.latest` passes over: a temporary file, a checkpoint without
-its sidecar, or one whose bytes no longer match their hash. Those are reported with a one-line
-message and the previous complete checkpoint is used; the next training removes the temporary
-files and sidecar-less checkpoints (:meth:`CheckpointStore.clean_leftovers`), so a kill while
-pruning leaves no orphan behind for good. The file goes straight to the run folder
-(:func:`direct_checkpoint_io`), not through memory and ``$TMPDIR`` as Fabric's default does. A
-failed write (a full disk) removes what it wrote and raises one ``OSError`` naming the file and
-the previous checkpoint, which stays intact.
+Writing: rank 0 writes the file under a temporary name (FSDP gathers the full state dict to it),
+hashes it, renames it into place and writes the sidecar. A process killed at any point leaves a
+complete pair or a leftover that :meth:`CheckpointStore.latest` passes over, saying so in one line,
+and the next training removes (:meth:`CheckpointStore.clean_leftovers`). A failed write removes
+what it wrote and raises one ``OSError`` naming the file; the previous checkpoint stays intact.
 """
 
 from __future__ import annotations
@@ -211,18 +203,12 @@ def clean_run_folder(run_dir: Path) -> None:
 def direct_checkpoint_io():
     """Fabric's checkpoint writer for one process and DDP, writing straight to the given path.
 
-    Fabric's default (``TorchCheckpointIO`` -> ``_atomic_save``) serialises the whole checkpoint
-    into memory, then into a temporary file in ``$TMPDIR``, then moves it: a second copy in RAM
-    and a full copy on a node-local ``/tmp`` that may be far smaller than the run folder.
-    :meth:`CheckpointStore.save` already writes under a temporary name beside the checkpoint and
-    renames it, so this writer streams to that name, fsyncs, and hashes the bytes as they go
-    (``written[path] = (sha256, bytes)``): the sidecar needs no second read of the file. (FSDP's
-    full state dict is written by Fabric with ``torch.save`` straight to the path; the store then
-    hashes the file.) Cost: sha256 runs at 1-2 GB/s on one core here (``benchmarks/checkpoint_hash.py``),
-    so the paper's largest run (1.44B parameters, a ~17 GB checkpoint of fp32 weights and AdamW
-    moments) spends 9-17 s of rank 0's time hashing per save (the other ranks wait at the
-    barrier), and as much again when a resume verifies the newest checkpoint: the price of never
-    resuming from a torn or altered file, against hours between checkpoints."""
+    Fabric's default serialises the checkpoint into memory and a ``$TMPDIR`` file first (a second
+    copy in RAM, and on a node-local /tmp that may be too small). This writer streams to
+    :meth:`CheckpointStore.save`'s temporary name, fsyncs, and hashes the bytes as they go
+    (``written[path] = (sha256, bytes)``), so the sidecar needs no second read. Hashing costs 9-17 s
+    of rank 0's time per save at 1.44B (benchmarks/checkpoint_hash.py): the price of never resuming
+    from a torn or altered file."""
     import hashlib
     import os
 

@@ -1,17 +1,13 @@
 """The training loss, eq. (12): the mean next-token cross-entropy of a micro-batch, in one place.
 
 ``train.loss_chunk_tokens`` = 0 (the reference): the model's logits (B, T, V) at once, in float32,
-then the cross-entropy, exactly as the training loop has always computed it (the golden losses,
-tests/train/test_golden.py, hold it bit for bit).
+then the cross-entropy (tests/train/test_golden.py holds it bit for bit).
 
 ``train.loss_chunk_tokens`` = N > 0: the model returns Y, the head's input (B, T, d), and the head
 W_o RMSNorm_f (eq. 11) and the cross-entropy run over N tokens at a time, each chunk one checkpoint
-unit: backward keeps only the chunk's slice of Y and its targets and recomputes the chunk's logits.
-So neither the (B, T, V) logits nor their float32 copy or log-softmax ever exist whole: at most one
-chunk's (N, V) at a time. The mean is the sum of the chunks' summed losses over the count of
-targets, the reference's mean in another order of additions (equal within float rounding:
-tests/train/test_loss.py). It runs inside the model's forward (``LoopedLM.forward``'s ``loss_fn``),
-where FSDP has gathered the head's parameters, and calls the model's own head (``lm_head``).
+unit, so at most one chunk's (N, V) logits exist at a time. The mean is the reference's in another
+order of additions (equal within float rounding: tests/train/test_loss.py). It runs inside the
+model's forward (``LoopedLM.forward``'s ``loss_fn``), where FSDP has gathered the head.
 
 [choice] Under bf16 autocast the chunks' gradients of W_o add up on autocast's bf16 copy of it (one
 copy per forward, shared by the chunks), as the K iterations' gradients of every shared backbone

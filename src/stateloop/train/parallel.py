@@ -1,12 +1,8 @@
 """Sharded data parallelism (``train.strategy: fsdp``): PyTorch's FSDP2, applied to the model from outside.
 
-The model files know nothing of sharding. :func:`fsdp_strategy` hands Fabric a
-``ModelParallelStrategy`` whose ``parallelize_fn`` is :func:`shard`: ``fully_shard`` on every
-decoder :class:`~stateloop.models.backbone.Layer` (the looped stack's and a baseline's unique
-stacks'), then on the whole model, which holds the rest (embedding, head, final norm, the state
-cell, reads and mixers) as one more unit. Each parameter is a DTensor split along its first
-dimension over the ranks of the shard group; a unit's parameters are all-gathered before its
-forward and its gradients reduce-scattered after its backward. [choice] FSDP2 (torchtitan's
+The model files know nothing of sharding: :func:`shard` applies ``fully_shard`` to every decoder
+:class:`~stateloop.models.backbone.Layer`, then to the whole model (the rest as one more unit).
+[choice] FSDP2 (torchtitan's
 choice) rather than Fabric's ``FSDPStrategy`` (FSDP1): it runs on CPU processes over gloo, so the
 test suite trains through the same code a GPU run takes (tests/train/test_fsdp.py), and its
 per-unit precision is explicit.
@@ -24,16 +20,13 @@ Fabric's, and here mean "replicate" and "shard":
 
 Precision (docs/choices.md, "Precision"): the same policy under every strategy. Parameters,
 gradients and optimizer state are float32; FSDP casts nothing (``MixedPrecisionPolicy`` with
-``param_dtype`` and ``reduce_dtype`` None: parameters all-gathered and gradients reduced in
-float32, float64 in a float64 run); the matmuls run in
-bf16 under Fabric's ``bf16-mixed`` autocast, exactly as on one GPU and under DDP. (Fabric's
+``param_dtype`` and ``reduce_dtype`` None); the matmuls run in bf16 under Fabric's ``bf16-mixed``
+autocast, exactly as on one GPU and under DDP. (Fabric's
 FSDP1 ``bf16-mixed`` casts every parameter to bf16 and reduces in bf16: the state cell's
 ``A_log``, the norms and the residual stream then compute in bf16, which no other strategy does.)
 The price: all-gathers move 4 bytes a parameter rather than 2 (the plan's time counts it).
 
-Checkpoints are one file, the full state dict gathered to rank 0 (``save_distributed_checkpoint``
-False), as for one process and DDP: train/checkpoint.py hashes and verifies it the same way, and
-export and eval read it without a process group.
+Checkpoints are one file, the full state dict gathered to rank 0, as for DDP (train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -41,6 +34,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from stateloop.models.backbone import Layer
 
 # The unit of sharding: one decoder layer (every Layer of the model, looped or unique).
 RESHARD_AFTER_FORWARD = {"full": True, "hybrid": True, "grad_op": False, "hybrid_grad_op": False}
@@ -57,7 +52,6 @@ def shard(model: torch.nn.Module, mesh, sharding: str) -> torch.nn.Module:
     (2-D: replicate x shard; a 1 x N mesh shards over all N ranks). In place; returns ``model``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from stateloop.models.backbone import Layer
 
     mesh = mesh if mesh.size(0) > 1 else mesh[mesh.mesh_dim_names[1]]  # one replica: a 1-D mesh
     # No cast: parameters gathered, and gradients reduced, in the parameters' own dtype (float32;

@@ -8,12 +8,9 @@ seq_len + 1 tokens, window ``w`` covering tokens ``[w * seq_len, w * seq_len + s
     window 1: tokens T .. 2T      inputs T .. 2T-1,   targets T+1 .. 2T
     window w: tokens wT .. (w+1)T
 
-Consecutive windows share one boundary token (the last target of one is the first input of the
-next), so over ``n_windows`` windows every token 1 .. n_windows * seq_len is a target exactly once
-and every token 0 .. n_windows * seq_len - 1 an input exactly once. [choice] A stride of
-seq_len + 1 would make windows disjoint, but then the first token of every window is never a
-target: 1 token in seq_len + 1 of the data would never be predicted. The tail that does not fill
-a window (fewer than seq_len tokens) is not read.
+[choice] Consecutive windows share one boundary token, so every token but the first is a target
+exactly once (a stride of seq_len + 1 would never predict 1 token in seq_len + 1). The tail that
+does not fill a window is not read.
 
 The stream is a sequence of epochs; epoch ``e`` visits every window once, in the order of a
 permutation drawn from ``numpy.random.Generator(PCG64([seed, e]))`` (``shuffle`` of
@@ -22,17 +19,11 @@ permutation drawn from ``numpy.random.Generator(PCG64([seed, e]))`` (``shuffle``
 
     epoch = g // n_windows,   position = g % n_windows,   window = perm_epoch[position]
 
-So "we train for 30B tokens", read as one pass over 30B distinct tokens, is exactly that while
-``total_steps * global_batch <= n_windows``: no window is drawn twice, and no token of the split
-goes unseen except the windows the budget does not reach. (configs/paper.yaml tokenizes
-data.max_tokens = train.max_tokens training tokens, so a paper run is one epoch: at 1.4B,
-57,220 steps x 256 rows = 14,648,320 of the split's >= 14,648,437 windows; its 410M runs train on
-the same split, data/stage.py's ``data_homes``, and draw their 25B tokens from its 30B, none twice.) (Drawing window starts uniformly with
-replacement, as this sampler did before, makes the number of times a token is a target Poisson(1)
-distributed for a budget the size of the split: ~37% (1/e) of the tokens are never targets and
-~26% (1 - 2/e) are targets twice or more.) A budget larger than the split wraps into further
-epochs, each with a fresh order. A step whose rows straddle the end of an epoch takes its first
-rows from one permutation and the rest from the next.
+So "we train for 30B tokens" is one pass over 30B distinct tokens while ``total_steps *
+global_batch <= n_windows``: no window is drawn twice (a paper run is one epoch: at 1.4B, 57,220
+steps x 256 rows = 14,648,320 of the split's >= 14,648,437 windows; its 410M runs draw their 25B
+tokens from the same 30B split, data/stage.py's ``data_homes``). A larger budget wraps into
+further epochs, each with a fresh order.
 
 Rank r takes, for micro-step m, the rows
 
@@ -40,15 +31,9 @@ Rank r takes, for micro-step m, the rows
 
 of the step's global batch. Hence
 
-- the data position is the step: a resumed run needs nothing else to continue the same stream
-  (the permutation is recomputed from (seed, epoch), not saved);
-- the global batch of a step is the same whatever the number of devices or accumulation steps;
-- nothing is loaded up front: each window is read from the memory map when it is needed.
-
-Memory and time: each process holds the permutation of the current epoch (and, at an epoch
-boundary, the next one): int32 while ``n_windows < 2**31``, else int64. At the paper's scale
-(30e9 tokens / 2048 = 14.6M windows) that is 56 MiB per process (112 MiB as int64), computed in
-about 0.6 s once per epoch and once at a resume.
+- the data position is the step: a resume needs nothing else (the permutation is recomputed from
+  (seed, epoch), not saved), and a step's global batch is the same on any number of devices;
+- each process holds one or two epochs' permutations: 56 MiB at the paper's 14.6M windows.
 """
 
 from __future__ import annotations
@@ -59,15 +44,12 @@ import torch
 from stateloop.data.shards import ShardSet
 
 # Names the stream's construction; checkpoints record it, so a resume on another stream warns.
-STREAM = "permuted-windows-v1"  # before: "uniform-starts" (window starts drawn with replacement)
+STREAM = "permuted-windows-v1"
 
 
 def epoch_permutation(n_windows: int, seed: int, epoch: int) -> np.ndarray:
-    """The order in which epoch ``epoch`` visits windows 0 .. n_windows - 1 (int32 when it fits).
-
-    Equal to ``Generator(PCG64([seed, epoch])).permutation(n_windows)``, which shuffles an int64
-    ``arange``; shuffling an int32 ``arange`` with the same generator gives the same order in
-    half the memory."""
+    """The order in which epoch ``epoch`` visits windows 0 .. n_windows - 1: that of
+    ``Generator(PCG64([seed, epoch])).permutation(n_windows)``, in int32 where it fits."""
     dtype = np.int32 if n_windows < 2**31 else np.int64
     perm = np.arange(n_windows, dtype=dtype)
     np.random.Generator(np.random.PCG64([seed, epoch])).shuffle(perm)

@@ -57,7 +57,7 @@ def train_stage(args: Request) -> int:
     # training loop instead of ending the process, and the signals that stop training are known.
     with reverify() if args.verify_shards else contextlib.nullcontext(), signals.SignalLog() as received:
         # here, not above: torch and Lightning take seconds to import, and a SIGUSR1 meanwhile is kept
-        from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train
+        from stateloop.train.loop import NONFINITE_EXIT, REQUEUE_EXIT, NonFiniteLoss, train  # lazy: torch
 
         run = resolve_run_arg(args.run)
         if run.id is None:
