@@ -1,24 +1,10 @@
-"""Pipeline configs: scales, experiments, and their expansion into runs.
+"""Pipeline configs (``configs/*.yaml``): ``scales`` (name -> the sections its runs share) and
+``experiments`` (name -> a grid of runs a table or figure reads), expanded into runs.
 
-A config file (``configs/*.yaml``) has two sections::
-
-    scales:        # name -> the sections every run at that scale shares (model shape, ...)
-      410m: {model: {n_layers: 24, d_model: 1024, ...}}
-    experiments:   # name -> a grid of runs; a table or figure reads one or more experiments
-      table4: {scale: 410m, K: [7], d_s: [1024]}      # models: the paper's (PAPER_MODELS)
-      mine: {scale: 1.4b, models: [vanilla_looped, mesh], K: [4], K_by_model: {mesh: [10]}}
-
-A run is (scale, model, K, d_s, seed), with d_s = 0 for models without a persistent state. An
-experiment's ``seeds:`` list makes one run per seed (its own initialisation and data order: the
-seed replaces the scale's ``train.seed``); without it the experiment's one seed is the scale's
-``train.seed``. Runs are deduplicated across experiments: one run used by several tables is
-trained once. Its id and folder spell the seed last, always::
-
-    {scale}/{model}/K{K}_ds{ds}_seed{seed}        results/runs/{scale}/{model}/K{K}_ds{ds}_seed{seed}/
-
-The runs of one (scale, model, K, d_s) over its seeds form a *cell*; tables and figures report a
-cell's mean and 95% confidence interval over its seeds (``stateloop.report.stats``).
-"""
+A run is (scale, model, K, d_s, seed), d_s = 0 without a persistent state; an experiment's
+``seeds:`` replace the scale's ``train.seed``. Runs are deduplicated across experiments, and the
+runs of one (scale, model, K, d_s) over its seeds form a *cell*, reported as its mean and 95%
+confidence interval (``stateloop.report.stats``)."""
 
 from __future__ import annotations
 
@@ -68,10 +54,8 @@ class StageResources:
 
 @dataclass
 class AnalyzeResources(StageResources):
-    """The analyze stage's jobs. Each of Figure 4's analyses may run as several jobs, each on a
-    contiguous part of the held-out windows, and a merge of their exact sums: the same numbers as
-    one job, bit for bit (analysis/shards.py); each job continues from its partial sums when it is
-    run again. Each job's hours against `runtime`: ops/analysis_cost.py (`analysis_plan_rows`)."""
+    """The analyze stage's jobs: each of Figure 4's analyses may be split into shards over the
+    held-out windows, merged bit for bit (analysis/shards.py; hours: ops/analysis_cost.py)."""
 
     # Jobs the Shapley analysis of a run is split into (1: one job); above 1, each shard is a job
     # of this stage's resources and their merge a job without a GPU.
@@ -187,9 +171,8 @@ _SLURM_WORD = re.compile(r"[A-Za-z0-9_.-]+")  # a partition, QOS or GRES type: o
 
 @dataclass
 class SlurmConfig:
-    """The cluster a DAG is sent to (`--profile slurm`): where its GPU jobs run, the partitions'
-    time limit, and the measured write speed its checkpoints are sized by. The account and the
-    other jobs' partition stay the profile's (`default-resources`; docs/cluster.md)."""
+    """The cluster a DAG is sent to (`--profile slurm`); the account and the other jobs'
+    partition stay the profile's (docs/cluster.md)."""
 
     # The partition of every job that asks for a GPU, whatever its rule: a training on GPUs and
     # every job of a stage whose `resources.STAGE.gpus` is above 0 (its other jobs keep the
@@ -250,8 +233,7 @@ class Run:
 
     @property
     def cell(self) -> str:
-        """The run without its seed: ``{scale}/{model}/K{K}_ds{ds}`` (the runs of a cell differ
-        only in their seed)."""
+        """The run without its seed (RUN_CELL_FORM)."""
         return RUN_CELL_FORM.format(scale=self.scale, model=self.model, K=self.K, ds=self.d_s)
 
     @property
@@ -263,33 +245,24 @@ class Run:
         return f"{RUNS_ROOT}/{self.id}"
 
     def scores_tasks(self, depths: bool = False) -> bool:
-        """[choice] Whether its evaluation scores the scale's lm-eval tasks: at the trained depth
-        for the runs of Tables 1-2 (experiment table1), at the test-time depths for those of an
-        experiment with ``test_time_tasks``; the other runs need only held-out perplexity."""
+        """[choice] Whether its evaluation scores the lm-eval tasks: at the trained depth for
+        Tables 1-2 (table1), at the test-time depths with ``test_time_tasks``."""
         return self.test_time_tasks if depths else "table1" in self.experiments
 
 
 def load_pipeline(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
-    """The pipeline config of file ``path`` (with ``overrides`` merged in), checked. A file is read
-    and checked once per process while it is unchanged; each caller gets its own copy."""
+    """The pipeline config of file ``path`` (with ``overrides`` merged in), checked."""
     return load_checked(path, overrides)[0]
 
 
 def load_checked(path: str | Path, overrides: dict | None = None,
                  expand: bool = True) -> tuple[PipelineConfig, dict[str, Run]]:
-    """(the pipeline config of file ``path``, its runs by id), as :func:`load_pipeline` reads it: the
-    experiment grid is expanded once, by the check (:func:`checked_pipeline`), and kept with the
-    file's config while it is unchanged; each caller gets its own copy of both. ``expand=False``:
-    every check but the grid's (no runs), for a job that finds its one run (:func:`load_run`)."""
+    """(the pipeline config of file ``path``, its runs by id), read and checked once per process
+    while the file is unchanged, a copy to each caller. ``expand=False``: no runs (:func:`load_run`)."""
     if overrides or not Path(path).is_file():
         return _read_pipeline(str(path), overrides, expand)
     stat = Path(path).stat()
     return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size, expand))
-
-
-@functools.lru_cache(maxsize=8)
-def _read_file_once(path: str, mtime_ns: int, size: int, expand: bool) -> tuple[PipelineConfig, dict[str, Run]]:
-    return _read_pipeline(path, None, expand)
 
 
 def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[PipelineConfig, dict[str, Run]]:
@@ -303,23 +276,25 @@ def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[Pip
     return cfg, {}
 
 
+# Keyed by (path, mtime, size, expand): a file is read again once it changes.
+_read_file_once = functools.lru_cache(maxsize=8)(lambda path, _mtime, _size, expand: _read_pipeline(path, None, expand))
+
+
 def load_scale(path: str | Path, name: str) -> ScaleConfig:
     """Scale ``name`` of the pipeline config file ``path``; one line naming it when it is not defined."""
     return scale_of(load_checked(path, expand=False)[0], name, f"{path}: scales.{name}: not defined")
 
 
 def find_run(cfg: PipelineConfig, run_id: str) -> Run | None:
-    """The run ``run_id`` of the config's (trained) experiments, or None: only the experiments of its
-    scale that list its model are expanded, and of them only its model."""
+    """The run ``run_id`` of the config's trained experiments, or None (only its model expanded)."""
     scale, model, *_ = Run.parse(run_id)
     names = [n for n, e in cfg.experiments.items() if e.trained and e.scale == scale and model in e.models]
     return next((r for r in expand_runs(cfg, names, model) if r.id == run_id), None)
 
 
 def load_run(path: str | Path, run_id: str) -> tuple[PipelineConfig, Run]:
-    """(the pipeline config of file ``path``, its run ``run_id``), the grid expanded only as far as
-    :func:`find_run` needs; a run id its experiments do not define is one line naming its
-    neighbours: a typo must not start a training nobody planned."""
+    """(the pipeline config of file ``path``, its run ``run_id``); an undefined run id is one line
+    naming its neighbours: a typo must not start a training nobody planned."""
     cfg = load_checked(path, expand=False)[0]
     scale_name, model, K, d_s, _ = Run.parse(run_id)
     scale = scale_of(cfg, scale_name, f"RUN: unknown scale {scale_name!r} in {path}")
@@ -347,10 +322,8 @@ def _typed(data: dict, where: str) -> PipelineConfig:
 
 
 def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig, dict[str, Run]]:
-    """(the pipeline config of a config mapping, checked strictly; every run its experiments
-    define, by id): the runs are the ones the check expands, so a caller that needs both expands
-    the experiment grid once. The memory gate on ``train.gpu_memory_gib`` is not here: who submits
-    or runs training asks for it (ops/memory.py: ``gate``)."""
+    """(the pipeline config of a mapping, checked strictly; its runs by id, expanded once). The
+    memory gate on ``train.gpu_memory_gib`` is not here (ops/memory.py: ``gate``)."""
     cfg = _typed(data, where)
     check_pipeline(cfg, where)
     return cfg, {r.id: r for r in expand_runs(cfg)}  # building every run's config checks options and shapes
@@ -360,8 +333,8 @@ NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become
 
 
 def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
-    """Check a pipeline config beyond its types, but for its runs (:func:`expand_runs`); fills in
-    the paper's experiments' default models."""
+    """Check a pipeline config beyond its types, but for its runs; fills in the paper's experiments'
+    default models."""
     for kind, names in (("scales", cfg.scales), ("experiments", cfg.experiments)):
         for name in names:
             if not NAME.fullmatch(str(name)) or str(name) in (".", ".."):
@@ -389,22 +362,12 @@ def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
             if split not in splits:
                 raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
                                   f"(data: {', '.join(splits)})")
-    check_cluster(cfg, where)
-
-
-STAGES = ("tokenize", "train", "eval", "analyze", "bench")
-
-
-def check_cluster(cfg: PipelineConfig, where: str = "config") -> None:
-    """Each scale against the cluster's ``slurm:`` section: every stage's runtime within
-    ``max_runtime``; the training's warning before its time limit and ``train.dist_timeout_s``
-    against a checkpoint's write and hash at the measured ``write_mb_per_s`` (slurm.py), one
-    measurement for both. One line naming the key otherwise."""
-
+    # Each scale against the cluster: every stage's runtime within max_runtime; the training's
+    # warning and train.dist_timeout_s against a checkpoint's write and hash (slurm.py).
     slurm = cfg.slurm
     speed = slurm.write_mb_per_s * 1e6
     for name, scale in cfg.scales.items():
-        for stage in STAGES:
+        for stage in ("tokenize", "train", "eval", "analyze", "bench"):
             runtime = getattr(scale.resources, stage).runtime
             if slurm.max_runtime and runtime > slurm.max_runtime:
                 raise ConfigError(
@@ -429,19 +392,15 @@ def check_cluster(cfg: PipelineConfig, where: str = "config") -> None:
 
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:
-    """The resolved model config of one run: the scale's shape with name, K, d_s and options set,
-    checked (``d_s``: the run's own width, 0 for a model without a state, ModelSpec.width)."""
-    spec = get_spec(model)
-    base = to_dict(scale.model)
-    merged_options = merge(base.get("options", {}), options or {})
-    cfg = dataclasses.replace(scale.model, name=model, K=K, d_s=d_s, options=merged_options)
-    spec.check(cfg)
+    """The scale's model shape with name, K, d_s (0 without a state) and options set, checked."""
+    cfg = dataclasses.replace(scale.model, name=model, K=K, d_s=d_s,
+                              options=merge(to_dict(scale.model).get("options", {}), options or {}))
+    get_spec(model).check(cfg)
     return cfg
 
 
 def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None, only: str | None = None) -> list[Run]:
-    """Every run the chosen experiments define (``only``: of that model only), deduplicated, in
-    config order."""
+    """Every run the chosen experiments define (``only``: of that model), deduplicated, in order."""
     runs: dict[str, Run] = {}
     names = experiments if experiments is not None else [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
@@ -477,15 +436,13 @@ def expand_runs(cfg: PipelineConfig, experiments: list[str] | None = None, only:
 
 
 def decoding_specs(cfg: PipelineConfig) -> list[str]:
-    """Table 3's rows of a config: its decoding experiment's (untrained) shapes as name:K[:d_s],
-    d_s only for a model with a state."""
+    """Table 3's rows: the decoding experiment's shapes as name:K[:d_s] (d_s only with a state)."""
     return [f"{r.model}:{r.K}:{r.d_s}" if r.d_s else f"{r.model}:{r.K}" for r in expand_runs(cfg, ["decoding"])]
 
 
 def check_depths(mcfg: ModelConfig, depths: list[int], where: str) -> None:
-    """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked by
-    the model's registry spec when the config is loaded (no model is built): a depth MeSH or
-    Hyperloop cannot run is one line naming the key, not a failed job."""
+    """Every test-time depth must have a meaning for the model (LoopedLM.at_depth), checked when
+    the config is loaded: a depth MeSH or Hyperloop cannot run is one line, not a failed job."""
     spec = get_spec(mcfg.name)
     for K in depths:
         try:
@@ -512,9 +469,8 @@ FIXED_BY_RUN_ID = ("name", "K", "d_s")  # model keys the run id sets
 
 @dataclass(frozen=True)
 class RunSection:
-    """Which run a resolved config is: its id, its scale, the pipeline config file it was resolved
-    from, and the experiments that define it. What else the id spells is saved once, elsewhere:
-    the model, K and d_s in the model section, the seed as ``train.seed``."""
+    """Which run a resolved config is; the model, K, d_s and seed its id spells are saved in the
+    model section and as ``train.seed``."""
 
     id: str = ""
     scale: str = ""
@@ -537,14 +493,8 @@ class DataSection:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The resolved config of one run, as training reads it and its folder's config.yaml saves it::
-
-        run:   {id, scale, config, experiments}
-        model: ModelConfig fields
-        train: TrainConfig fields
-        data:  {dir: absolute path of the token shards}
-
-    and, once the run is evaluated, ``eval`` (EvalConfig), resolved then (resolve.py)."""
+    """The resolved config of one run (run, model, train, data), as training reads it and its
+    folder's config.yaml saves it; ``eval`` is resolved when it is evaluated (resolve.py)."""
 
     run: RunSection
     model: ModelConfig
@@ -559,22 +509,15 @@ class RunConfig:
         return self.model.d_s
 
     def as_dict(self) -> dict:
-        """The plain mapping written to config.yaml and into the final weights, sections in this
-        order; never ``eval`` (see the field)."""
+        """The mapping written to config.yaml and the final weights; never ``eval`` (see the field)."""
         return {"run": to_dict(self.run), "model": to_dict(self.model), "train": to_dict(self.train),
                 "data": to_dict(self.data)}
 
     @classmethod
     def read(cls, config: dict, where: str = "resolved config", saved: bool = False) -> RunConfig:
-        """A resolved config (config.yaml, the final weights' metadata) read back, strictly: every
-        key of a section typed and checked as when it was resolved; other sections are ignored
-        (an ``eval`` section: resolve.resolve_eval reads its value settings).
-
-        ``saved``: a finished run's config, as the stages after training read it from a run folder
-        that may come from elsewhere (tests/evaluate/test_received_run_folder.py). [choice] A
-        section it lacks reads as its defaults (run and data: every key empty, which the stages
-        take as not given), train as None (the trained context is then unknown); a bad key is one
-        line naming ``where`` (the weights file) and the key."""
+        """A resolved config read back strictly; other sections (``eval``) are ignored. ``saved``: a
+        finished run's, from a folder that may come from elsewhere: [choice] a section it lacks reads
+        as its defaults (train as None), a bad key is one line naming ``where`` and the key."""
         if not isinstance(config, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(config).__name__}")
         sections = {}
