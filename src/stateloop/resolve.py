@@ -1,20 +1,11 @@
-"""A run's config, resolved: for training, from the pipeline config and the run id
-(:func:`resolve_run`, docs/architecture.md#how-a-runs-config-resolves); for evaluation, from the
-run folder's saved config with its ``eval`` section (:func:`resolve_eval`). Both return a
-:class:`~stateloop.pipeline.RunConfig`; every failure is a one-line :class:`ConfigError` naming the
-key or file.
-
-The eval settings a run is evaluated with: ``stateloop eval`` and the analyses (whose held-out
-set is the held-out perplexity's) read the run's RunConfig with its ``eval`` section resolved here
-(pipeline.RunConfig.eval), as training reads its run's config through :func:`resolve_run`.
+"""A run's config, resolved: for training from the pipeline config and the run id
+(:func:`resolve_run`, docs/architecture.md#how-a-runs-config-resolves), for evaluation from the
+run folder's saved config with its ``eval`` section (:func:`resolve_eval`).
 
 A run folder is data, never code: it may come from someone else. [choice] The settings that name
-code to import or files to read (:data:`LOCAL_ONLY`: the local task folder, whose YAMLs name
-Python hooks, and the tasks' data folders) come only from a config file named on the command
-line (``--config``) or from ``--set``; never from the run folder, neither from the `eval` section
-saved in its config nor from the pipeline config file it names (``run.config``), whose value
-settings (tasks, shots, ...) still apply. Without them: the checkout's ``workflow/tasks/`` and no
-task data. The MLflow store follows the same rule (tracking.stages.stage_uri)."""
+code to import or files to read (:data:`LOCAL_ONLY`) come only from ``--config`` or ``--set``,
+never from the run folder nor the config file it names, whose value settings still apply. The
+MLflow store follows the same rule (tracking.stages.stage_uri)."""
 
 from __future__ import annotations
 
@@ -44,17 +35,22 @@ LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folde
 
 def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | None = None,
                 data_dir: str | Path | None = None) -> RunConfig:
-    """The resolved config of run ``run_id`` of the pipeline config ``config_path``.
-
-    Resolution order: the scale's sections -> the experiment's model options (an experiment of the
-    config must define the run: an unknown id is refused) -> the run id's model, K, d_s and seed
-    (the seed replaces ``train.seed``) -> ``key=value`` overrides (``train.lr=1e-3``,
-    ``model.norm_eps=1e-6``, ``data.dir=...``; overriding one of ``train.max_steps`` /
-    ``train.max_tokens`` replaces the scale's budget given by the other). Every failure is a
-    one-line :class:`ConfigError` naming the key or file."""
+    """The resolved config of run ``run_id``: the scale's sections -> the experiment's model options
+    -> the run id's model, K, d_s and seed -> ``key=value`` overrides (``train.lr=1e-3``,
+    ``data.dir=...``), only of the run's sections and never a key its run id sets."""
     pipeline, run = load_run(config_path, run_id)
     scale = pipeline.scales[run.scale]
-    extra = _run_overrides(overrides, run_id)
+    extra = parse_dotlist(overrides or [])
+    for section in extra:
+        if section not in RUN_SECTIONS:
+            raise ConfigError(f"{section}: unknown section in override (allowed: {', '.join(RUN_SECTIONS)})")
+        if not isinstance(extra[section], dict):
+            raise ConfigError(f"{section}: override must name a key inside the section, e.g. {section}.key=value")
+    for key in FIXED_BY_RUN_ID:
+        if key in extra.get("model", {}):
+            raise ConfigError(f"model.{key}: set by the run id {run_id}, not by an override")
+    if "seed" in extra.get("train", {}):
+        raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
     mcfg = from_dict(ModelConfig, merge(to_dict(run.model_config), extra.get("model", {})), "model")
     get_spec(mcfg.name).check(mcfg)
     train_extra = dict(extra.get("train", {}))
@@ -67,8 +63,7 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     if tcfg.seq_len > mcfg.max_seq_len:
         raise ConfigError(f"train.seq_len: {tcfg.seq_len} exceeds model.max_seq_len = {mcfg.max_seq_len}")
     data_extra = dict(extra.get("data", {}))
-    unknown = set(data_extra) - {"dir"}
-    if unknown:
+    if unknown := set(data_extra) - {"dir"}:
         raise ConfigError(f"data.{sorted(unknown)[0]}: unknown key (allowed: dir)")
     folder = data_dir or data_extra.get("dir")
     if not folder:
@@ -77,40 +72,19 @@ def resolve_run(config_path: str | Path, run_id: str, overrides: list[str] | Non
     return RunConfig(section, mcfg, tcfg, DataSection(str(Path(folder).resolve())))
 
 
-def _run_overrides(overrides: list[str] | None, run_id: str) -> dict:
-    """``key=value`` overrides of a run as nested sections, checked: only the run's sections, and
-    never a key its run id sets."""
-    extra = parse_dotlist(overrides or [])
-    for section in extra:
-        if section not in RUN_SECTIONS:
-            raise ConfigError(f"{section}: unknown section in override (allowed: {', '.join(RUN_SECTIONS)})")
-        if not isinstance(extra[section], dict):
-            raise ConfigError(f"{section}: override must name a key inside the section, e.g. {section}.key=value")
-    for key in FIXED_BY_RUN_ID:
-        if key in extra.get("model", {}):
-            raise ConfigError(f"model.{key}: set by the run id {run_id}, not by an override")
-    if "seed" in extra.get("train", {}):
-        raise ConfigError(f"train.seed: set by the run id {run_id} (its _seed suffix), not by an override")
-    return extra
-
-
 def resolve_eval(run_dir, pipeline: PipelineConfig | None = None, overrides: dict | None = None,
                  saved: dict | None = None) -> RunConfig:
-    """The run's saved RunConfig with its ``eval`` section: the `eval` section of the run's scale in
-    ``pipeline``, the config named on the command line and loaded by the command (default: the
-    pipeline config the run was trained from, ``run.config`` of its resolved config, when that file
-    exists; else an `eval` section saved in the resolved config; else the defaults), then
-    ``overrides``. Only ``pipeline`` and ``overrides`` set the keys of :data:`LOCAL_ONLY`.
-    ``saved``: the saved mapping already read (runs.load_model's second value), else it is read here."""
+    """The run's saved RunConfig with its ``eval`` section: its scale's in ``pipeline`` (the
+    ``--config``; default: the file ``run.config`` names, if it exists; else an `eval` section saved
+    in the config; else the defaults), then ``overrides``. Only ``pipeline`` and ``overrides`` set
+    :data:`LOCAL_ONLY`. ``saved``: the saved mapping if already read."""
     saved = saved_config(run_dir) if saved is None else saved
     run = saved_run_config(run_dir, saved)
-    # An `eval` section a saved config may carry beside RunConfig's saved sections (RunConfig.read
-    # ignores it): its value settings, as an EvalConfig mapping; the local-only keys are dropped below.
+    # An `eval` section a saved config may carry (RunConfig.read ignores it); local-only keys dropped below.
     data = dict(saved["eval"]) if isinstance(saved.get("eval"), dict) else {}
     given, where = pipeline is not None, "--config"
     if not given and run.run.config and Path(run.run.config).is_file():
-        # The one pipeline config a stage loads itself: the file the run folder names, which the
-        # command could not know before reading the folder (value settings only, as above).
+        # The one config a stage loads itself: the command could not know it before reading the folder.
         pipeline, where = load_checked(run.run.config, expand=False)[0], run.run.config
     if pipeline is not None:
         scale = run.run.scale or run_id_of(run_dir, run).split("/")[0]
