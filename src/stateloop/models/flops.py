@@ -1,21 +1,10 @@
 """Compute of a model counted from its config: FLOPs and layer applications per token.
 
-The count comes from running the real forward and backward pass on the meta device under
-``torch.utils.flop_counter.FlopCounterMode``: every matmul and attention product the model
-really performs is counted, loop iterations included (a K-times looped model counts K backbone
-applications, Pause Token its 4 positions per real token), and nothing is allocated.
-Elementwise work (norms, activations, the state update) is not counted, as is usual for MFU
-([choice], docs/choices.md). Nor are two pieces of Mamba-2's pure-PyTorch twin that are
-elementwise multiply-adds: its depthwise causal convolution (W shifted multiply-adds,
-``kernels.causal_conv1d_ref``; 2 W C FLOPs per token and pass, W = 4 taps of C = d_in + 2GN
-channels, about 0.25% of the mixer's matmuls at d_s = 512) and the carry of states across the
-SSD's chunks (``ssd.ssd_chunked``). Neither is a matmul on the GPU either (causal-conv1d's and
-mamba_ssm's kernels).
-
-:func:`decode_flops_per_token` counts one decoded token from the config, equal to what the
-counter sees in a cached single-token step (:func:`counted_decode_flops`): the FLOP share that
-Table 3's latency changes are set beside. The decoding step's convolution window is an
-elementwise multiply-add (``kernels.conv1d_step``) and is not counted either.
+The real forward and backward run on the meta device under ``FlopCounterMode``: every matmul and
+attention product is counted, loop iterations included, and nothing is allocated. Elementwise
+work (norms, activations, the state update, Mamba-2's causal convolution and its SSD chunk carry)
+is not counted, as is usual for MFU ([choice], docs/choices.md). :func:`decode_flops_per_token`
+writes out one decoded token's count, which :func:`counted_decode_flops` checks.
 """
 
 from __future__ import annotations
@@ -52,16 +41,12 @@ def cpu_sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **
 
 
 def cpu_sdpa_backward_flop(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    """Its backward: the four gradient products (of the scores, V, Q and K), twice the forward's.
-    Not the flash kernels' recomputation of the scores, which torch's CUDA formula adds: the count
-    is the one the meta device's math path gives, which every other count here (compute_profile) is."""
+    """Its backward: the four gradient products, twice the forward's (the meta device's math path,
+    without the flash kernels' recomputation that torch's CUDA formula adds)."""
     return 2 * sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# torch counts the fused attention kernels of CUDA (flash, efficient, cuDNN) but not the CPU's flash
-# kernel, which F.scaled_dot_product_attention takes on CPU tensors: counted on the CPU, attention's
-# QK^T and AV were missing (on the meta device they run as the math path's bmm and were counted). The
-# CPU kernel's forward and backward take their shapes in the same order as the CUDA flash kernel's.
+# torch counts CUDA's fused attention kernels but not the CPU's flash kernel (QK^T and AV were missing).
 FLOP_FORMULAS = {
     aten.baddbmm_: baddbmm_flop,
     aten._scaled_dot_product_flash_attention_for_cpu: cpu_sdpa_flop,
@@ -79,12 +64,8 @@ def _meta_model(cfg):
     return build_model(cfg, device="meta")
 
 
-# compute_profile's counts by (config, seq_len): a count takes seconds at a deep shape (the meta
-# forward and backward under the counter: about 1.9 CPU-s for a 12-layer, K = 7 model), and the
-# runs of a config repeat shapes (every seed of a cell has the same model config), so each shape is
-# counted once per process, and kept on disk (stateloop/measured.py, kind "flops": named by the
-# config, seq_len and the digest of the models' code, this module's among them, and torch's
-# version), so that `stateloop plan` called again counts nothing.
+# compute_profile's counts (seconds each at a deep shape), once per process and kept on disk by
+# config, seq_len and code digest (stateloop/measured.py, kind "flops").
 _PROFILES: dict[str, ComputeProfile] = {}
 
 
@@ -102,14 +83,10 @@ def compute_profile(cfg, seq_len: int) -> ComputeProfile:
 
 
 def _count_profile(cfg, seq_len: int, stand_ins: bool = True) -> ComputeProfile:
-    """The count of :func:`compute_profile`. With ``stand_ins``, a decoder layer's application is
-    counted once per (its weights' shapes, its inputs' shapes), on its own: its forward and its
-    backward (the gradients of the input and the weights, as inside the model, where every layer's
-    input requires a gradient); every application then adds that count and passes its input on as
-    a copy, so the counter walks the rest of the model (embedding, head, state branch, mixers) and
-    only one application per shape (the looped stack's K x L are alike). The same count as the
-    whole model under the counter (``stand_ins=False``; tests/models/test_flops.py), in a fraction
-    of the time: the counter's cost is per operator, not per FLOP, at any width."""
+    """The count of :func:`compute_profile`. With ``stand_ins``, a decoder layer's forward and
+    backward are counted once per (weights' shapes, inputs' shapes) and each application adds that
+    count, passing its input on: the whole model's count (``stand_ins=False``;
+    tests/models/test_flops.py) in a fraction of the time."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     model = _meta_model(cfg)
@@ -161,14 +138,9 @@ DECODE_MIXERS = {"vanilla_looped": None, "vanilla_looped_ffn": None, "stateloop"
 
 
 def decode_flops_per_token(cfg, context: float) -> float | None:
-    """FLOPs of decoding one token at batch 1 with ``context`` tokens already cached, written out
-    from the config (a count on the meta device takes seconds per model at Table 3's depth; the
-    two agree exactly, tests/models/test_flops.py). Per backbone application, L layers of
-    q, k, v, o, SwiGLU and QK^T, AV over context + 1 keys; the head once; per iteration of the
-    state branch W_u, W_Delta and a read, plus the mixer: attention's q, k, v, o and its own
-    QK^T, AV; Mamba-2's in_proj, state update (dt x) B^T, read H C and out_proj (its conv window
-    is elementwise). The count is linear in ``context``, so a fractional context gives the mean
-    over steps. None for models other than DECODE_MIXERS."""
+    """FLOPs of decoding one token at batch 1 after ``context`` cached tokens, written out from the
+    config (equal to the meta count, tests/models/test_flops.py); linear in ``context``, so a
+    fractional one gives the mean over steps. None for models other than DECODE_MIXERS."""
     if cfg.name not in DECODE_MIXERS:
         return None
     d, inner, keys = cfg.d_model, cfg.n_heads * cfg.head_dim, context + 1
@@ -190,8 +162,7 @@ def decode_flops_per_token(cfg, context: float) -> float | None:
 
 
 def counted_decode_flops(cfg, context: int) -> int:
-    """The FLOPs of one decoded token as the counter sees them: a cached single-token step on the
-    meta device after a prefill of ``context`` tokens (the check of :func:`decode_flops_per_token`)."""
+    """The FLOPs of one cached single-token step after ``context`` tokens, as the counter sees them."""
     model = _meta_model(cfg).eval()
     cache = ModelCache()
     with torch.inference_mode():

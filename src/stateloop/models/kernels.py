@@ -1,11 +1,6 @@
-"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d).
-
-Every kernel has a pure-PyTorch twin with the same signature, used on CPU and whenever the
-package is missing. ``impl`` selects: ``"auto"`` takes the kernel on CUDA
-tensors when the package imports, ``"torch"`` never does, ``"kernel"`` requires it and fails loudly otherwise.
-Tests force the torch path with ``impl="torch"``; ``tests/models/test_kernels_gpu.py`` compares
-both on a GPU.
-"""
+"""The only module that imports fused CUDA kernels (flash-attn, mamba_ssm, causal-conv1d); each has
+a pure-PyTorch twin. ``impl``: ``"auto"`` (the kernel on CUDA when it imports), ``"torch"`` or
+``"kernel"`` (required); tests/models/test_kernels_gpu.py compares both on a GPU."""
 
 from __future__ import annotations
 
@@ -79,9 +74,7 @@ def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
-    """x in :func:`wide_dtype`: a bf16 tensor becomes float32, a float64 one stays float64 (where
-    ``x.float()`` would silently downcast a float64 verification run). x itself when it is already
-    float32 or float64."""
+    """x in :func:`wide_dtype` (``x.float()`` would downcast a float64 verification run)."""
     return x if x.dtype in (torch.float32, torch.float64) else x.to(wide_dtype(x.dtype))
 
 
@@ -90,9 +83,7 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (``F.rms_norm``: the mean square
-    is accumulated in at least float32). Mixed precision (bf16 activations, float32 gains) is
-    computed in the wider dtype, which is also the result's dtype."""
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension, in the wider dtype of x and weight."""
     if weight is not None and weight.dtype != x.dtype:
         dtype = torch.promote_types(x.dtype, weight.dtype)
         x, weight = cast(x, dtype), cast(weight, dtype)
@@ -104,11 +95,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str = "auto") -> torch.Tensor:
-    """Causal multi-head attention. q: (B, Tq, H, D); k, v: (B, Tk, H, D) with Tk >= Tq.
-
-    The queries are the *last* Tq positions of the Tk keys (prefill with Tq = Tk, decoding with
-    a KV cache otherwise): query i may attend to keys j <= Tk - Tq + i.
-    """
+    """Causal multi-head attention. q: (B, Tq, H, D); k, v: (B, Tk, H, D), Tk >= Tq; the queries
+    are the *last* Tq positions: query i attends to keys j <= Tk - Tq + i."""
     flash_ok = q.dtype in (torch.float16, torch.bfloat16)
     if _use_kernel(impl, HAS_FLASH_ATTN and flash_ok, q, "flash-attn"):
         # flash-attn >= 2.1 aligns the causal mask to the bottom-right corner, as we need.
@@ -146,9 +134,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                       history: torch.Tensor | None = None) -> torch.Tensor:
-    """Pure-PyTorch twin of :func:`causal_conv1d`, as W shifted multiply-adds in the (B, T, C)
-    layout; ``history`` (B, W-1, C) holds the inputs before x (a cached sequence continued), zeros
-    when None."""
+    """Pure-PyTorch twin of :func:`causal_conv1d` (W shifted multiply-adds); ``history`` (B, W-1, C):
+    the inputs before x, zeros when None."""
     W = weight.shape[-1]
     full = F.pad(x, (0, 0, W - 1, 0)) if history is None else torch.cat([history.to(x.dtype), x], dim=1)
     T, w = x.shape[1], weight.view(-1, W)
@@ -160,12 +147,9 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor, chunk_size: int,
         impl: str = "auto", initial_state: torch.Tensor | None = None, return_final_state: bool = False):
-    """Mamba-2 state-space duality scan (no D skip, no gate; those live in the module).
-
-    x: (b, l, h, p), dt: (b, l, h) after softplus, A: (h,) negative, B, C: (b, l, g, n).
-    Per head:  state_t = exp(dt_t A) state_{t-1} + dt_t x_t B_t^T,  y_t = state_t C_t.
-    Returns y (b, l, h, p) [and the final state (b, h, p, n)].
-    """
+    """Mamba-2 state-space duality scan (no D skip, no gate). x: (b, l, h, p), dt: (b, l, h) after
+    softplus, A: (h,) negative, B, C: (b, l, g, n). Per head: state_t = exp(dt_t A) state_{t-1} +
+    dt_t x_t B_t^T, y_t = state_t C_t. Returns y (b, l, h, p) [and the final state (b, h, p, n)]."""
     if _use_kernel(impl, HAS_MAMBA_SSM, x, "mamba_ssm"):
         return _mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, initial_states=initial_state,
                                           return_final_states=return_final_state)
@@ -178,12 +162,8 @@ def ssd(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: 
 
 def conv1d_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 impl: str = "auto"):
-    """One new input through a depthwise causal convolution + SiLU.
-
-    x: (B, C) the new input; conv_state: (B, W-1, C) the previous W-1 inputs; weight: (C, W).
-    Returns (SiLU(conv) (B, C), the state holding the last W-1 inputs). The kernel
-    (``causal_conv1d_update``) updates a contiguous state in place; the twin returns a new view.
-    """
+    """One new input x (B, C) through a depthwise causal convolution + SiLU; conv_state (B, W-1, C):
+    the previous inputs; weight: (C, W). Returns (y (B, C), the new state: the kernel's in place)."""
     if _use_kernel(impl, HAS_CAUSAL_CONV1D, x, "causal-conv1d"):
         conv_state = conv_state.contiguous()  # the kernel writes into it: (B, C, W-1) with channels contiguous
         return _causal_conv1d_update(x, conv_state.transpose(1, 2), weight, bias, "silu"), conv_state
@@ -198,14 +178,9 @@ def conv1d_step_ref(x, conv_state, weight, bias):
 
 def ssd_decode_step(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                     C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, impl: str = "auto"):
-    """One token of the SSD recurrence, the state updated in place:
-
-        dt <- softplus(dt + dt_bias);  H <- exp(dt A) H + (dt x) B^T;  y = H C + D x
-
-    state: (b, h, p, n), float32 at least; x: (b, h, p); dt: (b, h) before bias and softplus;
-    A, D, dt_bias: (h,); B, C: (b, g, n) with the h heads split into g groups.
-    Returns (y (b, h, p) in x's dtype, state). Kernel: mamba_ssm's ``selective_state_update``.
-    """
+    """One token of the SSD recurrence, the state updated in place: dt <- softplus(dt + dt_bias);
+    H <- exp(dt A) H + (dt x) B^T; y = H C + D x. state: (b, h, p, n); x: (b, h, p); dt: (b, h);
+    A, D, dt_bias: (h,); B, C: (b, g, n). Returns (y in x's dtype, state)."""
     b, h, p = x.shape
     n = state.shape[-1]
     if _use_kernel(impl, HAS_MAMBA_DECODE, x, "mamba_ssm selective_state_update"):
@@ -242,9 +217,8 @@ def gated_rms_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, group
 
 
 def gated_rms_norm_ref(y, z, weight, group_size, eps):
-    """The twin of the kernel: y and z are upcast (to at least float32, and to the gain's dtype)
-    *before* the gate y * SiLU(z), as mamba_ssm's ``rms_norm_ref`` and transformers'
-    ``MambaRMSNormGated`` do; the result is returned in y's dtype, as the kernel returns it."""
+    """The twin of the kernel: y and z upcast *before* the gate y * SiLU(z), as mamba_ssm's
+    ``rms_norm_ref`` does; the result in y's dtype."""
     out_dtype = y.dtype
     dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
     y = cast(y, dtype) * F.silu(cast(z, dtype))

@@ -1,28 +1,11 @@
 """Activation checkpointing (``train.activation_checkpointing``), applied to a built model from outside.
 
-A checkpoint *unit* keeps only its inputs for backward and runs again in backward to remake what it
-saved (torch.utils.checkpoint, non-reentrant; it restores the forward's RNG state and autocast).
-The units of each level:
-
-- ``"layer"``: every decoder-layer application (``backbone.Layer``), and as units of their own
-  [choice] StateLoop's state branch (cell and mixer, ``StateLoopLM.update``: it keeps (S^k, H^k)
-  instead of the cell's proposal, gates and norm input; benchmarks/records/2026-12-05-activation-memory.md)
-  and PonderLM's pondering step (``ponder``: it keeps (B, T, V) logits otherwise). The other
-  baselines' per-iteration glue stays outside every unit.
-- ``"iteration"``: every application of a stack (``backbone.Backbone``: the looped T, each unique
-  stack) and each model's iteration method (:data:`ITERATION_METHODS`), the stack inside one running
-  as part of it.
-
-Units run only in a forward with gradients and without a decoding cache (the model's forward
-pre-hook decides per forward), and never nest: a unit reached inside another runs plainly, in the
-forward and in backward's recomputation, so the recomputation saves exactly what the forward did
-and the loss and gradients are those without checkpointing, bit for bit
-(tests/models/test_activation_checkpointing.py).
-
-The forwards (and methods) are wrapped as instance attributes rather than the modules replaced by
-torch's ``checkpoint_wrapper``: the modules stay where they are, so state-dict keys, FSDP's units
-(train/parallel.py, applied after this) and ``isinstance`` checks are unchanged, and methods that are
-no modules (``step``, ``update``) become units the same way.
+Units (torch.utils.checkpoint, non-reentrant): ``"layer"``, every ``backbone.Layer`` application and
+[choice] StateLoop's state branch (``update``; benchmarks/records/2026-12-05-activation-memory.md)
+and PonderLM's ``ponder``; ``"iteration"``, every ``backbone.Backbone`` application and
+:data:`ITERATION_METHODS`. Units run only in training forwards and never nest, so loss and gradients
+match, bit for bit (tests/models/test_activation_checkpointing.py). Forwards are wrapped as instance
+attributes, not ``checkpoint_wrapper``, so state-dict keys and FSDP's units stay unchanged.
 """
 
 from __future__ import annotations
@@ -96,9 +79,8 @@ class _Units:
 
 
 def apply_checkpointing(model: torch.nn.Module, level: str) -> torch.nn.Module:
-    """Make ``model``'s units of ``level`` ("none", "layer" or "iteration") checkpoint in training
-    forwards, in place of those of any level applied before; returns the model. Apply it before FSDP
-    shards the model."""
+    """Make ``model``'s units of ``level`` checkpoint in training forwards, replacing any level
+    applied before; returns the model. Apply it before FSDP."""
     if level not in CHECKPOINTING:
         raise ConfigError(f"train.activation_checkpointing: must be one of {', '.join(CHECKPOINTING)}; got {level!r}")
     old = _APPLIED.pop(model, None)

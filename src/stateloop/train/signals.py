@@ -1,22 +1,10 @@
-"""Every signal a training receives: what each one asks for, and how it reaches the step loop.
+"""Every signal a training receives, and how it reaches the step loop.
 
-- SIGTERM (SLURM preemption or time limit, ``scancel``), SIGUSR1 (SLURM's warning N s before the
-  time limit, ``--signal=USR1@N``) and SIGINT (Ctrl-C) ask for a checkpoint at the next step
-  boundary: :class:`StopRequest`'s handler only sets a flag; the loop (train/loop.py, ``fit``)
-  passes it to every rank in its per-step all-reduce, every rank saves the checkpoint and the
-  command exits with :data:`REQUEUE_EXIT` = 75 (EX_TEMPFAIL, "try again"): run the same command
-  again (or let the scheduler requeue it) and it resumes. A second Ctrl-C stops at once
-  (KeyboardInterrupt), keeping the previous checkpoint.
-- :class:`SignalLog`, entered by ``stateloop train`` before its heavy imports, records which
-  signals the process received while training (the loop keeps only a stop flag), and keeps a
-  SIGUSR1 that arrives before the loop listens, which would otherwise end the process (the
-  default action of SIGUSR1), to hand it to the loop's handler once it is installed.
-- :func:`requeue_after_warning`: after training stopped on SLURM's warning, the first task
-  requeues its SLURM job (slurm.py), which later resumes with a fresh time limit. SIGTERM
-  is not requeued here: ``scancel`` means stop, the time limit itself has passed, and SLURM
-  requeues a preempted job (``--requeue``) by itself.
-
-This module imports nothing heavy: ``stateloop train`` enters :class:`SignalLog` first thing.
+SIGTERM, SIGUSR1 (SLURM's warning) and SIGINT set a flag (:class:`StopRequest`) that the loop
+all-reduces each step; every rank checkpoints and the command exits :data:`REQUEUE_EXIT`.
+:class:`SignalLog` records the signals and keeps a SIGUSR1 that comes before the loop listens.
+Only SLURM's warning is requeued (:func:`requeue_after_warning`): ``scancel`` means stop, and SLURM
+requeues a preempted job itself. Nothing heavy is imported: ``stateloop train`` enters SignalLog first.
 """
 
 from __future__ import annotations
@@ -67,11 +55,9 @@ class StopRequest:
 
 
 class SignalLog:
-    """Within ``with``: every signal number the process receives (:attr:`received`), through
-    :func:`signal.set_wakeup_fd`, whichever Python handler acts on it; and a SIGUSR1 handler
-    for as long as nobody else installs one. A SIGUSR1 caught by it is sent again once another
-    handler (:class:`StopRequest`'s) takes over. Everything is restored on exit. Outside the main
-    thread it does nothing (signals reach the main thread only)."""
+    """Within ``with``: every signal number received (:attr:`received`, through
+    :func:`signal.set_wakeup_fd`), and a SIGUSR1 handler that sends a caught SIGUSR1 again once
+    another handler takes over. Restored on exit; nothing outside the main thread."""
 
     def __init__(self):
         self.received: list[int] = []
@@ -138,6 +124,5 @@ class SignalLog:
 
 
 def requeue_after_warning(signals: SignalLog, step: int | None = None) -> bool:
-    """After training stopped on a signal, in the first task: requeue this SLURM job when the
-    signal was SLURM's warning (SIGUSR1). True when SLURM accepted the requeue."""
+    """In the first task: requeue this SLURM job if SLURM's warning stopped training (True: accepted)."""
     return signals.got(WARNING) and requeue_job(WARNING.name, step)
