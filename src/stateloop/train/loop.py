@@ -4,25 +4,18 @@
 ``run_dir`` (runs.py describes the folder; run_folder.py its lock and resume policy). In litgpt's
 order, :func:`setup` -> :func:`fit` -> :func:`finish`:
 
-- setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}``. Outside
-  SLURM on one node: LightningEnvironment (Fabric spawns ``devices`` processes). In a SLURM job
-  every geometry runs under srun, one task per device (workflow/rules/common.smk, ``launcher``):
-  one task uses LightningEnvironment, several SLURMEnvironment, ranks from SLURM. The model, the
-  optimizer and the schedule come from the seed; the newest complete checkpoint overwrites them.
-- fit: optimiser step s reads ``accumulation`` micro-batches per device from ``TokenSampler``
-  (batch = f(seed, s, rank, micro)), syncs gradients on the last one only, clips the global norm,
-  checks loss and norm are finite on every rank (one all-reduce that also carries a signal's stop
-  request), steps AdamW and the schedule. A micro-batch's loss is divided by the accumulation
-  count, so the summed gradient is that of the mean over the global batch.
-- finish: validate, the final checkpoint, model.safetensors (runs.save_final) and train.json.
-  Each validation (every ``val_every`` steps and the last) is a point of ``val_curve`` in
-  train.json; ``val_windows`` there names the windows (the first of the split, the same for every
-  run of a scale, with their sha256: the report checks that compared runs share them).
+- setup: Fabric from ``train.{accelerator, devices, num_nodes, strategy, precision}`` (under srun
+  in a SLURM job, one task per device: workflow/rules/common.smk); the model, optimizer and
+  schedule from the seed, overwritten by the newest complete checkpoint.
+- fit: step s reads ``accumulation`` micro-batches per device (batch = f(seed, s, rank, micro)),
+  each loss divided by their count, syncs gradients on the last, clips, checks loss and norm are
+  finite on every rank (one all-reduce that carries a signal's stop request), steps.
+- finish: validate, the final checkpoint, model.safetensors and train.json (``val_curve``, and
+  ``val_windows`` with their sha256: the report checks that compared runs share them).
 
-Exit paths besides finishing: a signal (train/signals.py owns them) only sets a flag; at the next
-step boundary every rank saves a checkpoint and the command exits with :data:`REQUEUE_EXIT` = 75
-(EX_TEMPFAIL: rerun, or let the scheduler requeue, and it resumes). A non-finite loss or gradient
-norm raises :class:`NonFiniteLoss` before the optimiser moves; the last good checkpoint stays.
+A signal (train/signals.py) stops at the next step boundary with a checkpoint and exit
+:data:`REQUEUE_EXIT` = 75; a non-finite loss or norm raises :class:`NonFiniteLoss` before the
+optimiser moves, the last good checkpoint kept.
 """
 
 from __future__ import annotations
