@@ -29,7 +29,7 @@ import torch
 
 from stateloop.cli import main
 from stateloop.train.checkpoint import CheckpointStore
-from support.training import ROOT, SUBPROCESS_WAIT_S, assert_bitwise_equal, weights, write_config
+from support.training import ROOT, SUBPROCESS_WAIT_S, TINY_TRAIN, assert_bitwise_equal, weights, write_config
 
 RUN = "t/stateloop/K2_ds32_seed1234"
 PAPER_PATH = ["train.strategy=fsdp", "train.fsdp_sharding=hybrid", "train.precision=bf16-mixed"]  # the sharded path
@@ -116,8 +116,11 @@ def test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and
         # ones; with more than two ranks a ring all-reduce adds each bucket segment's ranks in an
         # order that depends on where an element lies: the same batches, one float32 rounding apart
         # (docs/cluster.md, "Interruptions and resumes"). FSDP's units never regroup: bitwise.
+        # Adam turns a rounding-level gradient difference of an entry near zero into a step of up to
+        # lr, so the weights stay far below one step apart, not at float32 rounding: 5.2e-6 here on
+        # 2026-12-06. A lost, repeated or reordered batch would move them by about lr (3e-3).
         mine, theirs = weights(run_dir), weights(tmp_path / "ref")
-        assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) <= 1e-6
+        assert max(float((mine[k] - theirs[k]).abs().max()) for k in mine) <= 1e-2 * TINY_TRAIN["lr"]
         for a, b in zip(summary["val_curve"], ref["val_curve"]):
             assert a["step"] == b["step"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
     assert all(v.dtype == torch.float32 for v in weights(run_dir).values())  # float32 master weights
@@ -129,6 +132,12 @@ def test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     assert (out / "config.json").is_file()
 
+
+# The bitwise comparisons of a sharded run with one process leave the gradient unclipped: the global
+# norm is summed per shard and then across the ranks under FSDP, in another order than over whole
+# gradients, so an active clip scales by a factor one rounding apart (1.0063439415587296 against
+# ...299 at the first step here, 2026-12-06; the clipped paths resume bitwise above, FSDP against FSDP).
+NO_CLIP = ["train.grad_clip=0"]
 
 PROBED = {"one process": ["train.devices=1"], "ddp": ["train.devices=2", "train.strategy=ddp"],
           "fsdp": ["train.devices=2", "train.strategy=fsdp"], "misread": ["train.devices=2", "train.strategy=fsdp"]}
@@ -154,19 +163,19 @@ def bf16_runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("bf16")
     data, cfg = write_shards(folder / "data"), write_config(folder / "cfg.yaml")
     overrides = ["train.precision=bf16-mixed", "train.max_steps=12", "train.micro_batch=4", "train.global_batch=8",
-                 "train.mlflow_tracking=false"]
+                 "train.mlflow_tracking=false", *NO_CLIP]
     return {name: (folder / name.replace(" ", "_"), _probed_run(cfg, data, folder, name, overrides)) for name in PROBED}
 
 
 @pytest.mark.slow
 def test_sharded_training_equals_one_process_in_float64(tiny_setup, tmp_path):
     """Two ranks each holding half of every parameter, against one process accumulating the same two
-    micro-batches, 12 steps with validation and clipping, in float64. With two ranks the gradient is
+    micro-batches, 12 steps with validation, in float64 (unclipped: NO_CLIP). With two ranks the gradient is
     one sum of two addends either way (the sharded run averages 2a and 2b where one process adds a
     and b: halving is exact), so the runs agree to the bit."""
     cfg, data = tiny_setup
     overrides = ["train.precision=64-true", "train.max_steps=12", "train.micro_batch=4", "train.global_batch=8",
-                 "train.mlflow_tracking=false"]
+                 "train.mlflow_tracking=false", *NO_CLIP]
     for name, extra in (("one", ["train.devices=1"]), ("fsdp", ["train.devices=2", "train.strategy=fsdp"])):
         _finish([sys.executable, "-m", "stateloop.cli", *_train_args(cfg, data, tmp_path / name, overrides + extra)],
                 tmp_path)
