@@ -85,20 +85,23 @@ def _as_list(value) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
+def card_front(card_text: str | None) -> dict:
+    """A dataset card's YAML front matter ({} where it has none)."""
+    lines = (card_text or "").splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+    if not lines or lines[0].strip() != "---" or end is None:
+        return {}
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}
+    return front if isinstance(front, dict) else {}
+
+
 def card_patterns(card_text: str | None, config: str | None, splits: list[str]) -> list[str] | None:
     """The data files the dataset card's ``configs:`` give config ``config`` (None: its default) for
     ``splits``; None where the card names none (then every file of the repository)."""
-    if not card_text:
-        return None
-    lines = card_text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return None
-    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
-    try:
-        front = yaml.safe_load("\n".join(lines[1:end])) if end else None
-    except yaml.YAMLError:
-        return None
-    configs = front.get("configs") if isinstance(front, dict) else None
+    configs = card_front(card_text).get("configs")
     if not isinstance(configs, list):
         return None
     chosen = None
