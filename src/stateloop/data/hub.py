@@ -1,33 +1,13 @@
 """What a config's jobs read from the Hugging Face Hub: checked at each job's start where there is no
-network, and fetched ahead by ``stateloop prefetch`` (ops/prefetch.py) where there is.
+network (one line naming every missing piece and the prefetch command, before any work: not at the
+end of a 30-hour training), and fetched ahead by ``stateloop prefetch`` (ops/prefetch.py) where
+there is, into the shared ``HF_HOME`` the offline SLURM jobs read (workflow/rules/common.smk).
 
-On a cluster whose compute nodes have no network, ``stateloop prefetch --config C`` runs first on
-a machine that has it (a login node), into the caches the jobs read (``HF_HOME``: the hub cache
-and the datasets cache, on a file system the nodes share); the jobs then run offline: the SLURM
-jobs of the DAG set ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1`` (workflow/rules/common.smk).
-Offline, ``stateloop tokenize``, ``train`` and ``eval`` first check that what they (and, for a
-training, its evaluation) will read is in the caches, and otherwise stop in one line that names
-every missing piece and the prefetch command, before any work: not at the end of a 30-hour training.
-
-A config's needs (:func:`data_needs`; evaluate/tasks/needs.py: ``task_needs``), per scale:
-
-- **tokenizer**: a hub name in ``data.tokenizer``: its ``tokenizer.json``, as the tokenize stage
-  loads it (``hf_hub_download``; data/tokenizer.py);
-- **corpus**: a hub dataset in ``data.source``: the files of the splits the tokenize stage reads
-  (``snapshot_download`` with ``allow_patterns``: ``data.data_files``' patterns of ``split``,
-  ``val_split`` and ``test_split``; without data_files, the files the dataset card's ``configs:``
-  give ``hub_config``, else every file; README.md always). huggingface_hub records the
-  snapshot's file listing, so an incomplete snapshot (an interrupted prefetch) is told from a
-  complete one offline. Offline, the tokenize stage reads the snapshot folder with the same
-  ``datasets.load_dataset`` call and arguments (data/sources.py);
-- **tasks**: the scale's lm-eval tasks (``eval.tasks``), where a run of it scores them: the
-  datasets lm-eval loads for them, fetched by lm-eval's own download (``get_task_dict``, as
-  ``stateloop eval`` builds the tasks) into the datasets cache; offline, each task's
-  ``datasets.load_dataset_builder(dataset_path, dataset_name, **dataset_kwargs)`` must resolve
-  from the cache (what lm-eval's ``load_dataset`` then reads).
-
-Fetching is resumable (huggingface_hub downloads into ``.incomplete`` files and links complete
-ones only) and repeatable: a second run fetches only what is missing.
+A scale's needs (:func:`data_needs`; evaluate/tasks/needs.py: ``task_needs``): the hub tokenizer's
+``tokenizer.json``; the hub corpus's files of the splits the tokenize stage reads (``data_files``'
+patterns, else the card's ``configs:`` for ``hub_config``, else every file; README.md always;
+huggingface_hub's recorded listing tells an interrupted snapshot from a complete one offline); the
+datasets of the scale's lm-eval tasks. Fetching is resumable and fetches only what is missing.
 """
 
 from __future__ import annotations
@@ -88,30 +68,6 @@ class Need:
 
 
 # ----------------------------------------------------------------------------------------------
-# Tokenizer
-
-
-def hub_tokenizer(data: DataConfig) -> str | None:
-    """The hub name in ``data.tokenizer`` (None: a trained BPE or a local file)."""
-    return None if data.tokenizer == "bpe" or is_local_tokenizer(data.tokenizer) else data.tokenizer
-
-
-def tokenizer_need(name: str) -> Need:
-    def fetch() -> str:
-        from huggingface_hub import hf_hub_download
-
-        return f"tokenizer {name}: {hf_hub_download(name, TOKENIZER_FILE)}"
-
-    def check() -> str | None:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(name, TOKENIZER_FILE)
-        return None if isinstance(found, str) else f"tokenizer {name} ({TOKENIZER_FILE})"
-
-    return Need(f"tokenizer {name}", fetch, check)
-
-
-# ----------------------------------------------------------------------------------------------
 # Corpus
 
 
@@ -129,20 +85,23 @@ def _as_list(value) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
+def card_front(card_text: str | None) -> dict:
+    """A dataset card's YAML front matter ({} where it has none)."""
+    lines = (card_text or "").splitlines()
+    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
+    if not lines or lines[0].strip() != "---" or end is None:
+        return {}
+    try:
+        front = yaml.safe_load("\n".join(lines[1:end]))
+    except yaml.YAMLError:
+        return {}
+    return front if isinstance(front, dict) else {}
+
+
 def card_patterns(card_text: str | None, config: str | None, splits: list[str]) -> list[str] | None:
     """The data files the dataset card's ``configs:`` give config ``config`` (None: its default) for
     ``splits``; None where the card names none (then every file of the repository)."""
-    if not card_text:
-        return None
-    lines = card_text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return None
-    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
-    try:
-        front = yaml.safe_load("\n".join(lines[1:end])) if end else None
-    except yaml.YAMLError:
-        return None
-    configs = front.get("configs") if isinstance(front, dict) else None
+    configs = card_front(card_text).get("configs")
     if not isinstance(configs, list):
         return None
     chosen = None
@@ -212,8 +171,24 @@ def corpus_snapshot(data: DataConfig) -> Path:
     return folder
 
 
-def corpus_need(data: DataConfig) -> Need:
-    repo = hub_corpus(data)
+def data_needs(data: DataConfig) -> list[Need]:
+    """What the tokenize stage of a ``data:`` section reads from the Hub."""
+    out, name = [], data.tokenizer
+    if name != "bpe" and not is_local_tokenizer(name):
+        def fetch_tokenizer() -> str:
+            from huggingface_hub import hf_hub_download
+
+            return f"tokenizer {name}: {hf_hub_download(name, TOKENIZER_FILE)}"
+
+        def check_tokenizer() -> str | None:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(name, TOKENIZER_FILE)
+            return None if isinstance(found, str) else f"tokenizer {name} ({TOKENIZER_FILE})"
+
+        out.append(Need(f"tokenizer {name}", fetch_tokenizer, check_tokenizer))
+    if (repo := hub_corpus(data)) is None:
+        return out
 
     def fetch() -> str:
         from huggingface_hub import hf_hub_download, snapshot_download
@@ -240,17 +215,7 @@ def corpus_need(data: DataConfig) -> Need:
         return None
 
     key = repr((repo, data.hub_config, data.data_files, data.split, data.val_split, data.test_split))
-    return Need(f"dataset {repo}", fetch, check, key)
-
-
-def data_needs(data: DataConfig) -> list[Need]:
-    """What the tokenize stage of a ``data:`` section reads from the Hub."""
-    out = []
-    if (name := hub_tokenizer(data)) is not None:
-        out.append(tokenizer_need(name))
-    if hub_corpus(data) is not None:
-        out.append(corpus_need(data))
-    return out
+    return [*out, Need(f"dataset {repo}", fetch, check, key)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,19 +1,13 @@
-"""The source readers of the data stage (data/tokenize.py encodes what they read): which passes over
-a source make the train / val / test splits (:func:`plan_streams`), the documents of each pass in
-batches (:func:`text_batches`), and what was read, for meta.json (:func:`describe_source`,
-:func:`split_sources`).
+"""The source readers of the data stage (data/tokenize.py encodes what they read): the passes that
+make the splits (:func:`plan_streams`), their documents in batches (:func:`text_batches`), and what
+was read, for meta.json (:func:`describe_source`, :func:`split_sources`).
 
-A source is ``synthetic`` (the project's generator, splits train/val/test), local files
-(``.json``/``.parquet`` through ``datasets`` streaming; ``.jsonl`` and ``.txt`` read directly,
-a ``.txt`` file as one document, or one per paragraph or line), or a hub dataset through
-``datasets.load_dataset(name, hub_config, split=..., streaming=True)`` (with
-``data_files=...`` when the config names each split's files; one local folder is read by the
-same call, as a local copy of a hub repository, when the config sets ``data_files`` or
-``hub_config`` or the folder's README.md declares ``configs:``). Offline (``HF_HUB_OFFLINE=1``),
-a hub dataset is read by that call from its snapshot in the hub cache, which ``stateloop
-prefetch`` fills (data/hub.py). Nothing is held in memory beyond a few batches of
-documents; a document longer than :data:`MAX_DOC_CHARS` is refused, naming its file and line, and
-a local file is read no further than that bound.
+A source is ``synthetic``, local files (``.json``/``.parquet`` through ``datasets`` streaming;
+``.jsonl`` and ``.txt`` read directly, a ``.txt`` file as one document, or one per paragraph or
+line), or a hub dataset (or a local copy of one) through ``datasets.load_dataset(name, hub_config,
+split=..., streaming=True)``, offline from the hub cache that ``stateloop prefetch`` fills
+(data/hub.py). A few batches are held in memory at most; a document longer than
+:data:`MAX_DOC_CHARS` is refused, naming its file and line.
 """
 
 from __future__ import annotations
@@ -94,37 +88,11 @@ def local_files(items: str | list[str], key: str = "data.source") -> tuple[list[
 
 
 def _declares_configs(folder: str) -> bool:
-    """The folder's README.md has YAML front matter with a ``configs:`` list, as a hub
-    repository's dataset card does (``datasets`` reads a local folder's card the same way)."""
-    readme = Path(folder) / "README.md"
     try:
-        text = readme.read_text(encoding="utf-8")
+        text = (Path(folder) / "README.md").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return False
-    lines = text.splitlines()
-    if not lines or lines[0].strip() != "---":
-        return False
-    end = next((i for i, line in enumerate(lines[1:], 1) if line.strip() == "---"), None)
-    if end is None:
-        return False
-    import yaml
-
-    try:
-        card = yaml.safe_load("\n".join(lines[1:end]))
-    except yaml.YAMLError:
-        return False
-    return isinstance(card, dict) and isinstance(card.get("configs"), list)
-
-
-def _reads_as_repository(cfg: DataConfig, sources: list[str]) -> bool:
-    """Local sources read as one hub repository (``load_dataset(folder, hub_config, ...)``, the
-    hub path's call): with ``data_files`` (which then needs one folder: plan_streams says so),
-    or one folder with ``hub_config`` set or a README.md that declares ``configs:``."""
-    if cfg.data_files is not None:
-        return True
-    if len(sources) != 1 or not os.path.isdir(os.path.expanduser(sources[0])):
-        return False
-    return cfg.hub_config is not None or _declares_configs(os.path.expanduser(sources[0]))
+    return isinstance(hub.card_front(text).get("configs"), list)
 
 
 def plan_streams(cfg: DataConfig) -> list[Stream]:
@@ -137,12 +105,15 @@ def plan_streams(cfg: DataConfig) -> list[Stream]:
             if n > 0
         ]
     sources = cfg.source if isinstance(cfg.source, list) else [cfg.source]
-    if all(is_local_source(item) for item in sources) and _reads_as_repository(cfg, sources):
-        folder = os.path.expanduser(sources[0])
-        if len(sources) > 1 or not os.path.isdir(folder):
+    local = all(is_local_source(item) for item in sources)
+    # read as one hub repository (load_dataset(folder, hub_config, ...)): with data_files, or one folder
+    # with hub_config set or a README.md that declares ``configs:`` (as datasets reads a local card)
+    one_folder = len(sources) == 1 and os.path.isdir(folder := os.path.expanduser(sources[0]))
+    if local and (cfg.data_files is not None or one_folder and (cfg.hub_config is not None or _declares_configs(folder))):
+        if not one_folder:
             raise DataError(f"data.data_files: needs a hub name or one local folder as data.source, got {cfg.source!r}")
         return _named_splits("folder", cfg)
-    if all(is_local_source(item) for item in sources):
+    if local:
         files, fmt = local_files(cfg.source)
         streams = [Stream("local", None, files=files, fmt=fmt, n_docs=cfg.max_docs)]
         for split, extra in (("val", cfg.val_split), ("test", cfg.test_split)):

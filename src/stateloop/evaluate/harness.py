@@ -1,24 +1,13 @@
-"""``stateloop eval``'s work: one run folder -> ``eval.json`` (+ samples) and its MLflow run.
+"""``stateloop eval``'s work: one run folder -> ``eval.json`` (+ samples) and its MLflow run: held-out
+token perplexity on the run's own shards (the paper's "Pile" column; evaluate/perplexity.py), every
+task of ``eval.tasks`` through lm-eval at each shot count of ``eval.shots`` (rolling-loglikelihood
+tasks at zero shots only; evaluate/lm.py), and for the StateLoop family the state's per-iteration
+diagnostics from the same forwards (``state``; evaluate/diagnostics.py).
 
-1. Held-out token perplexity on the run's own data (the paper's "Pile" column): consecutive
-   windows of L + 1 tokens from the start of ``eval.heldout_split`` of the run's token shards,
-   PPL = exp(sum NLL / number of predicted tokens) (evaluate/perplexity.py).
-2. Every task of ``eval.tasks`` through lm-eval at every shot count of ``eval.shots``
-   (rolling-loglikelihood tasks, i.e. document perplexities, at zero shots only), through the
-   ``stateloop`` lm-eval model (evaluate/lm.py).
-3. For the StateLoop family, the state's per-iteration diagnostics on the held-out windows of 1.,
-   collected in the same forward passes (``state`` in eval.json, evaluate/diagnostics.py; MLflow
-   curves ``eval/state/<quantity>`` stepped by the state index i).
-
-At ``eval.K`` = K' other than the trained K the same is measured with the weights run at K'
-iterations (``LoopedLM.at_depth``) and written to ``eval_K{K'}.json`` (samples in
-``eval_K{K'}_samples/``); :func:`evaluate_depths` measures several depths from one load into
-``eval_depth.json``.
-
-``eval.json`` (written atomically) records the versions, sample counts, the metric each table
-reports (evaluate/metrics.py) and a flat ``summary`` of every number, which also goes to MLflow;
-``eval_samples/`` holds prompts and answers with ``eval.log_samples``, and ``lm_eval/``
-(``lm_eval_K{K'}/``) lm-eval's own files as ``--output_path`` writes them, replaced whole each time.
+At ``eval.K`` = K' other than the trained K it writes ``eval_K{K'}.json`` (``LoopedLM.at_depth``);
+:func:`evaluate_depths` measures several depths from one load into ``eval_depth.json``.
+``eval.json`` (atomic) holds the versions, sample counts, each table's metric (evaluate/metrics.py)
+and a flat ``summary``, also logged to MLflow; ``lm_eval/`` holds lm-eval's own files, replaced whole.
 """
 
 from __future__ import annotations
@@ -83,24 +72,6 @@ def heldout_perplexity(lm, data_dir: Path, cfg: EvalConfig, progress: bool = Tru
             "tokens": int(totals[1]), "split_tokens": len(shards), "nll": nll, "ppl": math.exp(nll)}
 
 
-def _metric_name(key: str) -> str:
-    """lm-eval's "acc,none" -> "acc"; another filter keeps its name: "exact_match,strict" -> "exact_match_strict"."""
-    metric, _, filt = key.partition(",")
-    return metric if filt in ("", "none") else f"{metric}_{filt}"
-
-
-def _task_entry(task: str, shots: int, res: dict) -> dict:
-    raw = res["results"][task]
-    values = {}
-    for key, value in raw.items():
-        if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
-            continue  # not metrics; stderr is "N/A" when bootstrapping is off
-        values[_metric_name(key)] = float(value)
-    table = {kind: values[m] for kind, m in M.reported(task).items() if m in values}
-    return {"n_shot": res.get("n-shot", {}).get(task, shots), "n_samples": res.get("n-samples", {}).get(task),
-            "metrics": values, "table": table}
-
-
 def chance_level(samples: list[dict]) -> float:
     """The expected accuracy of a uniform guess over each evaluated example's choices: the mean
     of 1 / (number of choices); lm-eval scores one request per choice (``arguments``)."""
@@ -152,12 +123,19 @@ def run_tasks(lm, cfg: EvalConfig, work_dir: Path, samples_dir: Path | None, pro
                     "version": res.get("versions", {}).get(task), "output_type": prepared.output_types[task],
                     "source": "local" if task in prepared.local else "lm-eval", "shots": {},
                 })
-                entry["shots"][str(shots)] = _task_entry(task, shots, res)
+                values = {}
+                for key, value in res["results"][task].items():
+                    if key in ("alias", "sample_len") or not isinstance(value, (int, float)):
+                        continue  # not metrics; stderr is "N/A" when bootstrapping is off
+                    metric, _, filt = key.partition(",")  # "acc,none" -> acc; "exact_match,strict" -> exact_match_strict
+                    values[metric if filt in ("", "none") else f"{metric}_{filt}"] = float(value)
+                shot = entry["shots"][str(shots)] = {
+                    "n_shot": res.get("n-shot", {}).get(task, shots), "n_samples": res.get("n-samples", {}).get(task),
+                    "metrics": values, "table": {kind: values[m] for kind, m in M.reported(task).items() if m in values}}
                 if prepared.output_types[task] == "multiple_choice" and res.get("samples") and res["samples"].get(task):
-                    entry["shots"][str(shots)]["chance"] = chance_level(res["samples"][task])
+                    shot["chance"] = chance_level(res["samples"][task])
                 if samples_dir is not None and res.get("samples") and task in res["samples"]:
-                    path = _write_samples(samples_dir, task, shots, res["samples"][task])
-                    entry["shots"][str(shots)]["samples_file"] = str(path.name)
+                    shot["samples_file"] = _write_samples(samples_dir, task, shots, res["samples"][task]).name
             if tracker is not None:  # last: lm-eval's writers rewrite the samples they are given in place
                 name = _save_lm_eval_files(tracker, res, staging, cfg.log_samples)
                 for task in names:

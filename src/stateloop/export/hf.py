@@ -1,35 +1,15 @@
-"""``stateloop export RUN --out DIR``: a run folder as a Hugging Face model directory.
-
-    DIR/
-        config.json              model_type "stateloop", auto_map -> modeling_stateloop, the run's
-                                 model section (stateloop_model), its trained context
-                                 (max_position_embeddings), eos_token_id, run id and code version
-        model.safetensors        the final weights, keys "model.<name>" (StateLoopForCausalLM.model), with
-                                 the run's resolved config in its metadata as in the run folder's
-        tokenizer.json           the tokenizer that made the run's shards (checked against meta.json)
-        tokenizer_config.json    a fast tokenizer whose eos is the data's end-of-document token
-        special_tokens_map.json
-        modeling_stateloop.py    stateloop/export/hf_modeling.py: the PretrainedConfig and PreTrainedModel
-        stateloop_*.py           the project modules it imports, and theirs (registry, models, config)
-
-so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and
+"""``stateloop export RUN --out DIR``: a run folder as a Hugging Face model directory (config.json,
+model.safetensors, tokenizer files, modeling_stateloop.py and the ``stateloop_*.py`` modules it
+imports), so ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` and
 ``AutoTokenizer.from_pretrained(DIR)`` load it with no stateloop installed.
 
-The model code is the project's own, copied at export time, never a second version of it: the
-modules reached from :mod:`stateloop.export.hf_modeling` through ``from stateloop... import``
-lines (also those inside functions) are copied flat, ``stateloop.models.backbone`` as
-``stateloop_models_backbone.py``, and each such line is rewritten to ``from .stateloop_models_backbone
+The model code is the project's own, copied at export time: the modules reached from
+:mod:`stateloop.export.hf_modeling` are copied flat (``stateloop.models.backbone`` as
+``stateloop_models_backbone.py``) and their imports rewritten to ``from .stateloop_models_backbone
 import ...``. [choice] Flat files and rewritten imports, because transformers' remote-code loader
-(``dynamic_module_utils``) copies and downloads only the files named by single-level relative
-``from .name import`` lines of one folder: no sub-packages, no ``from . import module``. So a bundled
-module imports names, never a module; :func:`bundle` refuses any other form, naming the line.
-
-Tokenization as ``stateloop eval`` does it: documents are ``encode(text)`` without added special
-tokens, and a special-token string inside a text is plain text (``split_special_tokens``, the data
-stage's ``encode_special_tokens``); there is no BOS token, so lm-eval's HF backend predicts a
-document's first token from the end-of-document token, as the stateloop adapter does.
-
-Nothing here needs transformers: the export writes JSON, safetensors and source files.
+copies only the files named by single-level ``from .name import`` lines; :func:`bundle` refuses
+any other form, naming the line. Tokenization is as ``stateloop eval`` does it (no added special
+tokens, no BOS; the end-of-document token starts a document). Nothing here needs transformers.
 """
 
 from __future__ import annotations

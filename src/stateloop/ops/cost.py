@@ -90,8 +90,7 @@ def checkpoint_seconds(params: int) -> float:
 
 
 def _reduce_queue(ready: list[tuple[float, float]], backward_s: float) -> float:
-    """Exposed seconds of a queue of reductions: (time in backward the bytes are final, seconds
-    their reduction takes), reduced in turn by one link; what is left when backward ends."""
+    """Exposed seconds of reductions (when final in backward, seconds) reduced in turn by one link."""
     done = 0.0
     for at, seconds in sorted(ready):
         done = max(done, at) + seconds
@@ -100,9 +99,8 @@ def _reduce_queue(ready: list[tuple[float, float]], backward_s: float) -> float:
 
 def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params, runtime_min: int,
               mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network()) -> TimePlan:
-    """The time plan of one run of ``model_cfg`` trained as ``setting`` (ops/memory.py's Setting)
-    with the budget and cadence of ``tcfg`` (module docstring). ``profile``: the run's
-    memory.SavedProfile (for the parameters' first uses); ``params``: its memory.ParamCounts."""
+    """The time plan of one run trained as ``setting`` with ``tcfg``'s budget (module docstring);
+    ``profile``, ``params``: the run's memory.SavedProfile and memory.ParamCounts."""
     rate = mfu * peak_tflops * 1e12
     d, V = model_cfg.d_model, model_cfg.vocab_size
     head_share = min(1.0, 6 * d * V / flops_per_token)
@@ -180,8 +178,7 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
 
 
 def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo: dict | None = None) -> dict:
-    """Memory and time of one run trained as ``setting``: the columns of a row. ``memo``: the run's
-    measurements already looked up (by micro-batch), shared by the calls for its alternatives."""
+    """Memory and time of one run trained as ``setting`` (a row's columns); ``memo``: shared lookups."""
     from stateloop.models.flops import compute_profile  # torch: the plan command builds its parser without it
 
     memo = {} if memo is None else memo
@@ -208,11 +205,8 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo
 def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS,
               network: Network = Network(), margin: float = DEFAULT_MARGIN, limit_gib: float | None = None,
               choose_strategy: bool = True) -> list[dict]:
-    """One row per run of the chosen experiments (default: every trained one), ``job`` = "train".
-    Where the run's device memory is known (``limit_gib``, else the scale's ``train.gpu_memory_gib``)
-    and ``choose_strategy``, also the plan's own setting for it (:func:`choose`, with ``margin``):
-    ``choice`` (its label), ``choice_mem_gib``, ``choice_step_s``, and ``agrees`` (the config's
-    strategy, sharding and micro-batch are the choice's)."""
+    """One row per run of the experiments (default: every trained one); where its memory limit is
+    known and ``choose_strategy``, also :func:`choose`'s setting and whether the config ``agrees``."""
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
@@ -240,12 +234,8 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, p
 def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float = DEFAULT_MFU,
                  peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(),
                  margin: float = DEFAULT_MARGIN) -> list[dict]:
-    """The run's alternatives: DDP and FSDP's shardings (the hybrid ones where there are several
-    nodes; one setting where the run has one device, which shards nothing), micro-batches 1, 2,
-    4, 8 (those the global batch divides into), activation checkpointing none / layer /
-    iteration, the loss whole or a sequence at a time; each with its memory and time (rows as
-    :func:`plan_rows`'s columns), fastest first. ``fits``: within ``limit_gib`` less ``margin``
-    of it (None: not judged)."""
+    """The run's strategies x micro-batches x checkpointing x loss chunking as :func:`plan_rows`'s
+    columns, fastest first; ``fits``: within ``limit_gib`` less ``margin`` (None: not judged)."""
     tcfg = cfg.scales[run.scale].train
     current = Setting.of(tcfg)
     world = current.world
@@ -270,11 +260,8 @@ def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float =
 
 
 def choose_for_scale(rows: list[dict]) -> dict | None:
-    """The one setting of a scale's ``train`` for all its runs (``rows``: :func:`plan_rows`'s, with
-    their alternatives): among the settings every run fits with the margin, a DDP one where there
-    is one, the least GPU-hours over the runs; None where no setting fits them all. A dict:
-    ``setting``, ``strategy``, ``micro_batch``, ``gpu_hours`` (the runs' sum), ``mem_gib`` (the
-    largest), ``agrees`` (the config's setting is it)."""
+    """The one setting for all of a scale's runs (:func:`plan_rows`'s rows): of those every run fits,
+    DDP where there is one, then the least GPU-hours; None where none fits them all."""
     by_label: dict[str, list[dict]] = {}
     for row in rows:
         for alt in row["_alternatives"]:
@@ -290,10 +277,8 @@ def choose_for_scale(rows: list[dict]) -> dict | None:
 
 
 def choose(alts: list[dict]) -> dict | None:
-    """The plan's setting for a run among its :func:`alternatives` (judged with a margin): the
-    fastest DDP setting that fits, or where none does, the fastest sharded one [choice]: sharding
-    only where memory needs it (it moves each parameter over the network 2K times a micro-batch
-    and its state is spread over ranks; DDP is the path every verified run took). None: nothing fits."""
+    """The fastest DDP setting of :func:`alternatives` that fits, else the fastest sharded one; None:
+    nothing fits. [choice] Sharding only where memory needs it (DDP is the path every verified run took)."""
     fits = [a for a in alts if a["fits"] is not False]
     return next((a for a in fits if a["strategy"] != "fsdp"), fits[0] if fits else None)
 
@@ -423,11 +408,8 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
 
 
 def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan]:
-    """The plan of each model of the training step of a GPU check's record
-    (benchmarks/gpu_check.py's JSON, ``steps.train_410m_bf16``), as that step trained: one device, no
-    DDP, bf16 autocast, its micro-batch and sequence length, one micro-batch per step, gradients set
-    to None between steps, the logits kept alive through backward (its loop holds them), and the
-    kernels the record says it had (mamba_ssm's for Mamba-2's scan and gated norm)."""
+    """The plan of each model of a GPU check record's ``steps.train_410m_bf16`` (benchmarks/gpu_check.py)
+    as that step trained: one device, bf16, logits alive through backward, the kernels it had."""
     step = record["steps"]["train_410m_bf16"]
     scale = pipeline.scales[step["scale"]]
     setting = Setting(micro_batch=step["micro_batch"], devices=1, num_nodes=1, precision="bf16-mixed", accumulation=1)

@@ -132,8 +132,7 @@ def delegate() -> int | None:
 
 
 def interpreter() -> list[str]:
-    """This interpreter: its executable and its environment's prefix, each with links resolved (a
-    venv reached through a symlinked folder is the same venv; a venv and its base Python are not)."""
+    """This interpreter's executable and prefix, links resolved (a venv and its base Python differ)."""
     return [os.path.realpath(sys.executable), os.path.realpath(sys.prefix)]
 
 
@@ -178,8 +177,7 @@ def _stdio() -> None:
 
 
 def _watch_command(conn: socket.socket) -> None:
-    """In the child: when the command's process goes away without a word (SIGKILL), stop as the
-    job would have been stopped."""
+    """In the child: when the command's process dies silently (SIGKILL), stop as the job would have."""
     import threading
 
     def watch():
@@ -259,9 +257,8 @@ def _exit(code: int) -> None:
 
 
 def serve(path: str, parent: int, base_env: dict, log) -> int:
-    """Import :data:`PRELOAD`, listen on ``path`` and fork a child per accepted request whose
-    environment is ``base_env`` but for :data:`PER_JOB`, until the process ``parent`` is gone or
-    SIGTERM arrives."""
+    """Import :data:`PRELOAD`, listen on ``path`` and fork a child per request until ``parent`` is
+    gone or SIGTERM arrives."""
 
     t0 = time.process_time()
     for name in PRELOAD:
@@ -378,12 +375,9 @@ def _reap(jobs: dict[int, socket.socket], log) -> None:
 # ---- starting and stopping (the Snakefile's onstart / onsuccess / onerror) ------------------------
 
 def start(log_path: str | os.PathLike, ready_s: float = 120.0) -> subprocess.Popen | None:
-    """Start a server for the jobs this process (Snakemake) will start, and point ``$STATELOOP_WARM``
-    at it; None where ``$STATELOOP_WARM`` says off. The server stops by itself when this process ends.
-
-    [choice] Returns once the server listens (or has failed, or after ``ready_s``): a job started
-    before would import everything again beside the server's imports, and the decoding benchmark,
-    which is timed with no other job beside it, would be timed beside them."""
+    """Start a server for this process's (Snakemake's) jobs and point ``$STATELOOP_WARM`` at it; None
+    where that says off. [choice] Returns once the server listens (or fails, or after ``ready_s``):
+    a job started before would import beside the server, and the timed decoding benchmark with it."""
     if os.environ.get(ENV, "on").lower() in OFF or not sys.platform.startswith("linux"):
         return None  # [choice] Linux only: forking a process that has loaded torch is unsafe on macOS
     sock = os.path.join(tempfile.mkdtemp(prefix=SOCKET_DIR), "socket")  # short: a socket path has ~100 bytes
@@ -403,8 +397,7 @@ def start(log_path: str | os.PathLike, ready_s: float = 120.0) -> subprocess.Pop
 
 
 def stop(proc: subprocess.Popen | None, wait_s: float = 30.0) -> None:
-    """Stop a server :func:`start` started: it takes no new job and ends once the jobs it runs
-    have ended (within ``wait_s``; then it is killed, and a job still running goes on alone)."""
+    """Stop :func:`start`'s server: no new job; killed after ``wait_s`` (running jobs go on alone)."""
     if proc is None:
         return
     proc.terminate()

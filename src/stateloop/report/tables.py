@@ -1,19 +1,11 @@
 """Tables 1-4: our numbers from the run folders over their seeds, the paper's beside them.
 
-Every table is a pandas DataFrame with one row per cell (a model's runs over its seeds) and, for
-each reported quantity ``q``, the columns ``q`` (our mean over seeds), ``q_lo`` / ``q_hi`` (its 95%
-t interval: ``stateloop.report.stats``; NaN with one seed or for exact quantities), ``q_paper``
-and ``q_diff`` (ours - paper). The difference is only formed where it means something: for
-scale-free quantities (each model's change relative to Vanilla Looped, or to StateLoop in Table
-4: PPL %, accuracy points, latency %, parameter overhead %), and for absolute ones (parameters,
-PPL, accuracy, latency) only at a scale marked ``paper: true`` (the paper's own setup). Relative
-changes are paired by seed (the same seed means the same data order). The Markdown twin prints
-``mean [lo, hi] (paper P, +diff)`` per cell and the notes underneath. A run that a table needs but
-that has no result yet is an error naming the missing file, never a blank cell.
-
-Which experiment of the config feeds which table (docs/architecture.md#which-experiment-feeds-which-output):
-table1/table2 <- ``table1``; table3 <- ``decoding`` (the decode benchmark's JSON);
-table4 <- ``table4``.
+One row per cell; for each quantity ``q`` the columns ``q`` (mean over seeds), ``q_lo`` / ``q_hi``
+(95% t interval, ``stateloop.report.stats``), ``q_paper`` and ``q_diff`` (ours - paper), the
+difference formed for scale-free quantities (relative to Vanilla Looped, or StateLoop in Table 4;
+paired by seed) and for absolute ones only at a ``paper: true`` scale. A missing result is an
+error naming the file, never a blank cell. Experiments -> tables:
+docs/architecture.md#which-experiment-feeds-which-output.
 """
 
 from __future__ import annotations

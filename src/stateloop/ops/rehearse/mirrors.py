@@ -267,8 +267,7 @@ def _parquet(docs: list[_Doc], dump: str) -> bytes:
 
 
 def _held_out_search(sources: list[_Source], start: list[int], want: dict[str, int], assign) -> dict[str, list[_Doc]]:
-    """Documents whose content hash puts them in each split of ``want``: every window (each start
-    from ``start``, each length) of every source, taken in turn, disjoint from each other."""
+    """Disjoint windows of the sources, in turn, whose content hash puts them in each split of ``want``."""
     found: dict[str, list[_Doc]] = {s: [] for s in want}
     used: list[set[int]] = [set() for _ in sources]
     offset = 0
@@ -302,10 +301,8 @@ def _held_out_search(sources: list[_Source], start: list[int], want: dict[str, i
 
 def fineweb_edu_files(data_cfg: DataConfig, shared_data: Path | None, n_train: int, n_val: int,
                       n_test: int) -> dict[str, bytes]:
-    """The files of FineWeb-Edu's mirror: relative path -> bytes. One training stream; the
-    documents are chosen so that, under the config's content hash (data.seed, val_fraction,
-    test_fraction), n_train fall in train, n_val in val and n_test in test (none where the
-    fraction is 0)."""
+    """The files of FineWeb-Edu's mirror: relative path -> bytes; n_train, n_val and n_test documents
+    fall in each split under the config's content hash (none where the fraction is 0)."""
     config, pattern, folder, dump = _fineweb_config(data_cfg.hub_config)
     fractions, key = data_cfg.holdout_fractions, holdout_key(data_cfg.seed)
     want = {"train": n_train, "val": n_val if fractions[0] else 0, "test": n_test if fractions[1] else 0}
@@ -387,9 +384,7 @@ MIRRORS: dict[str, Callable[..., dict[str, bytes]]] = {
 
 
 def mirror_folder(out_dir: Path, name: str, files: dict[str, bytes]) -> Path:
-    """Where :func:`write_mirror` puts the mirror of hub dataset ``name`` with ``files``:
-    ``<org>--<name>-<digest of the files>``. One folder per content, so two scales whose mirrors
-    differ (another hub_config, seed, held-out fraction or size) never overwrite each other's."""
+    """``<org>--<name>-<digest of the files>``: one folder per content, so differing mirrors never clash."""
     digest = hashlib.sha256()
     for rel in sorted(files):
         digest.update(f"{rel}\0{hashlib.sha256(files[rel]).hexdigest()}\n".encode())
@@ -397,8 +392,7 @@ def mirror_folder(out_dir: Path, name: str, files: dict[str, bytes]) -> Path:
 
 
 def _sync(folder: Path, files: dict[str, bytes]) -> None:
-    """Make ``folder`` hold exactly ``files`` (hidden files aside): each file written atomically,
-    and only when its bytes differ; files not listed are removed."""
+    """Make ``folder`` hold exactly ``files`` (hidden files aside), writing only what differs."""
     folder.mkdir(parents=True, exist_ok=True)
     for rel, data in files.items():
         path = folder / rel
@@ -422,11 +416,8 @@ def write_mirror(data_cfg: DataConfig, out_dir: Path, shared_data: Path | None, 
                  n_val_docs: int = 24, n_test_docs: int | None = None) -> dict:
     """Write the local mirror of ``data_cfg.source`` (a hub name in :data:`MIRRORS`) under
     ``out_dir`` and return the overrides of the config's ``data:`` section that read it:
-    ``{"source": <folder>}``; data_files, split names and hub_config stay as the config has them.
-
-    ``n_test_docs`` defaults to ``n_val_docs``. Raises :class:`DataError` (one line) for a hub
-    name without a mirror, or for more documents than the shared text gives.
-    """
+    ``{"source": <folder>}``. ``n_test_docs`` defaults to ``n_val_docs``; :class:`DataError` for a
+    hub name without a mirror, or more documents than the shared text gives."""
     name = data_cfg.source
     if not isinstance(name, str) or name not in MIRRORS:
         raise DataError(f"data.source: {name!r} has no local mirror for a rehearsal (known: {', '.join(MIRRORS)})")
