@@ -7,7 +7,7 @@ are checked against the variant's options dataclass, so a bad key fails before a
 The registry holds everything a config check reads about a model: its name, label, whether it
 has a state, its options dataclass and their checks, and the test-time depths it refuses. It
 imports no torch, so the Snakefile, ``stateloop plan`` and every config check read it without
-loading torch and the model modules: a spec names its model's class, imported when a model
+loading torch and the model modules: a spec names its model class, imported when a model
 is built (:func:`build_model`; it, :func:`count_params` and :func:`matched_ffn_width` need torch).
 
 Every model maps token ids (B, T) to next-token logits (B, T, V) through
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
-    model: str  # "module:Class" under stateloop.models, imported (with torch) by build only
+    model: str  # its model class's name (:func:`model_classes`), imported (with torch) by build only
     label: str  # the row label the paper prints
     has_state: bool  # a persistent state of width d_s (run folders carry ds{d_s})
     options: type | None = None  # dataclass of model.options, or None (no options allowed)
@@ -47,8 +46,7 @@ class ModelSpec:
     variant: dict = dataclasses.field(default_factory=dict)  # the model class's keyword arguments
 
     def build(self, cfg: ModelConfig, opts):
-        module, name = self.model.split(":")
-        cls = getattr(importlib.import_module(f"stateloop.models.{module}"), name)
+        cls = model_classes()[self.model]
         if self.options is FFNOptions:
             return cls(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
         return cls(cfg, **self.variant) if self.options is None else cls(cfg, opts, **self.variant)
@@ -249,36 +247,51 @@ def check_pause_token_depth(trained, K: int) -> None:
                           f"fixes its pauses")
 
 
+def model_classes() -> dict[str, type]:
+    """The model classes by name, imported on a build: they need torch, which a config check does not
+    load, and their modules import this registry's options (import statements, not names in strings:
+    the Hugging Face export bundles the modules these lines import, export/hf.py)."""
+    from stateloop.models.baselines.hyperloop import HyperloopLM  # torch; cycle: it imports the options here
+    from stateloop.models.baselines.mesh import MeshLM  # torch; cycle
+    from stateloop.models.baselines.parcae import ParcaeLM  # torch; cycle
+    from stateloop.models.baselines.pause_token import PauseTokenLM  # torch; cycle
+    from stateloop.models.baselines.ponderlm import PonderLM  # torch; cycle
+    from stateloop.models.looped import LoopedLM, StateLoopLM, StateOnlyLM  # torch; cycle
+
+    return {c.__name__: c for c in (LoopedLM, StateLoopLM, StateOnlyLM, HyperloopLM, MeshLM, ParcaeLM, PauseTokenLM,
+                                    PonderLM)}
+
+
 _SPECS = [
-    ModelSpec("vanilla_looped", "looped:LoopedLM", "Vanilla Looped", False,
+    ModelSpec("vanilla_looped", "LoopedLM", "Vanilla Looped", False,
               description="one shared backbone applied K times"),
-    ModelSpec("vanilla_looped_ffn", "looped:LoopedLM", "Vanilla Looped + FFN", False, FFNOptions,
+    ModelSpec("vanilla_looped_ffn", "LoopedLM", "Vanilla Looped + FFN", False, FFNOptions,
               description="Vanilla Looped with a wider SwiGLU, parameter-matched to StateLoop + Mamba-2"),
-    ModelSpec("stateloop", "looped:StateLoopLM", "StateLoop", True,
+    ModelSpec("stateloop", "StateLoopLM", "StateLoop", True,
               description="persistent state, selective-SSM update, identity mixer (eqs. 1-7, 10-12)"),
-    ModelSpec("stateloop_attn", "looped:StateLoopLM", "StateLoop + Attention", True,
+    ModelSpec("stateloop_attn", "StateLoopLM", "StateLoop + Attention", True,
               description="StateLoop with causal attention over the state (eq. 8)", variant={"mixer": "attn"}),
-    ModelSpec("stateloop_mamba2", "looped:StateLoopLM", "StateLoop + Mamba-2", True,
+    ModelSpec("stateloop_mamba2", "StateLoopLM", "StateLoop + Mamba-2", True,
               description="StateLoop with a Mamba-2 block over the state (eq. 9)", variant={"mixer": "mamba2"}),
-    ModelSpec("state_only", "looped:StateOnlyLM", "State only", True,
+    ModelSpec("state_only", "StateOnlyLM", "State only", True,
               description="the gated state alone is the next backbone input; no state reads (eq. 13)",
               state_at_d_model=True),
-    ModelSpec("reset_state", "looped:StateLoopLM", "Reset state", True,
+    ModelSpec("reset_state", "StateLoopLM", "Reset state", True,
               description="the state is reset before every update (eq. 14)", variant={"reset": True}),
-    ModelSpec("stateloop_gru", "looped:StateLoopLM", "GRU update", True,
+    ModelSpec("stateloop_gru", "StateLoopLM", "GRU update", True,
               description="a GRU cell replaces the selective-SSM update (eq. 6)", variant={"update": "gru"}),
     # The paper's baselines (models/baselines/, docs/baselines.md).
-    ModelSpec("hyperloop", "baselines.hyperloop:HyperloopLM", "Hyperloop", False, HyperloopOptions, validate=check_hyperloop,
+    ModelSpec("hyperloop", "HyperloopLM", "Hyperloop", False, HyperloopOptions, validate=check_hyperloop,
               description="begin / middle x K / end blocks, n residual streams with loop-level hyper-connections",
               depth=check_hyperloop_depth),
-    ModelSpec("mesh", "baselines.mesh:MeshLM", "MeSH", False, MeshOptions, validate=check_mesh,
+    ModelSpec("mesh", "MeshLM", "MeSH", False, MeshOptions, validate=check_mesh,
               description="prelude / core x K / coda with a K+3-slot buffer and step-wise read/write routers",
               depth=check_mesh_depth),
-    ModelSpec("ponderlm", "baselines.ponderlm:PonderLM", "PonderLM", False, PonderLMOptions,
+    ModelSpec("ponderlm", "PonderLM", "PonderLM", False, PonderLMOptions,
               description="K passes of the backbone; the predicted distribution's expected embedding is fed back"),
-    ModelSpec("parcae", "baselines.parcae:ParcaeLM", "Parcae", False, ParcaeOptions, validate=check_parcae,
+    ModelSpec("parcae", "ParcaeLM", "Parcae", False, ParcaeOptions, validate=check_parcae,
               description="prelude / core x K / coda with the stable diagonal injection a h + Delta B e"),
-    ModelSpec("pause_token", "baselines.pause_token:PauseTokenLM", "Pause Token", False, PauseTokenOptions, validate=check_pause_token,
+    ModelSpec("pause_token", "PauseTokenLM", "Pause Token", False, PauseTokenOptions, validate=check_pause_token,
               description="K-1 pause tokens after every token; the prediction is read at the last pause",
               depth=check_pause_token_depth),
 ]
