@@ -3,9 +3,11 @@
 only without gradients (decoding, evaluation, analyses), where a looped model applies them K times
 per token and at batch 1 the cost is per operator (benchmarks/records/2026-12-04-decode-python-cuts.md):
 
-- :func:`qkv_fused`: q, k, v from one product with [W_q; W_k; W_v], RoPE once on q and k together;
+- :func:`qkv_fused`: q, k, v from one product with [W_q; W_k; W_v], RoPE once on q and k together
+  (:func:`rotate`, RoPE's floats in fewer operators);
 - :func:`selective_state_step`: eqs. (2), (5), (6) with one product with [W_u; W_Delta] (bias
-  [0; b_Delta]), -lambda made once, eq. (6) as ``lerp`` (``addcmul`` at S = 0).
+  [0; b_Delta]), -lambda made once, eq. (6) as ``lerp`` (``addcmul`` at S = 0);
+- Mamba-2's A = -exp(A_log), made once.
 
 Their floats agree with the printed forms to the dtype's rounding, not bit for bit (tolerances in
 tests/models/test_decode_parts.py, tests/models/test_state_equations.py). The concatenated weights
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from stateloop.models.backbone import Attention
 from stateloop.models.kernels import attention, cast, rms_norm, upcast
+from stateloop.models.mixers import Mamba2
 from stateloop.models.state import SelectiveStateCell
 
 
@@ -44,13 +47,24 @@ def differentiable(module: torch.nn.Module) -> bool:
     return torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
 
 
+def rotate(rope, x: torch.Tensor) -> torch.Tensor:
+    """``rope.apply(x)`` as x cos + roll(x, D/2) [-sin_1, sin_2]: the same floats (the sign of
+    rotate_half moved onto the table) in four operators instead of nine; the tables are made once per
+    forward pass, on the pass's ``Rotary``."""
+    tables = vars(rope).get("_fast_tables")
+    if tables is None:
+        half = rope.head_dim // 2
+        tables = rope._fast_tables = (rope.cos[:, None], torch.cat([-rope.sin[:, :half], rope.sin[:, half:]], -1)[:, None])
+    return x * tables[0] + x.roll(rope.head_dim // 2, dims=-1) * tables[1]
+
+
 def qkv_fused(x: torch.Tensor, W_qkv: torch.Tensor, rope, n_heads: int, head_dim: int):
     """q, k, v (B, T, n_heads, head_dim) of ``backbone.Attention`` for x (B, T, d_in), from one product
     with W_qkv = [W_q; W_k; W_v] and one RoPE on q and k side by side."""
     B, T, _ = x.shape
     H = n_heads
     qkv = F.linear(x, W_qkv).view(B, T, 3 * H, head_dim)
-    qk = rope.apply(qkv[:, :, : 2 * H])
+    qk = rotate(rope, qkv[:, :, : 2 * H])
     return qk[:, :, :H], qk[:, :, H:], qkv[:, :, 2 * H :]
 
 
@@ -88,7 +102,7 @@ def cell_weights(cell: SelectiveStateCell):
 
 
 def accelerate(model: torch.nn.Module) -> torch.nn.Module:
-    """``model`` with its attentions and eq. (6) cells taking the fused forms without gradients (in
+    """``model`` with its attentions, eq. (6) cells and Mamba-2 mixers taking the fused forms without gradients (in
     place, idempotent; the parameters and state dict are unchanged). Returns the model."""
     for m in model.modules():
         if isinstance(m, Attention) and "_fast_qkv" not in vars(m):
@@ -99,4 +113,7 @@ def accelerate(model: torch.nn.Module) -> torch.nn.Module:
             m._fast_weights = Derived(lambda m=m: (m.W_u.weight, m.W_delta.weight, m.b_delta, m.A_log),
                                       lambda m=m: cell_weights(m))
             m.forward = types.MethodType(cell_forward, m)
+        elif isinstance(m, Mamba2) and "_fast_A" not in vars(m):
+            m._fast_A = Derived(lambda m=m: (m.A_log,), lambda m=m: Mamba2._A(m))
+            m._A = types.MethodType(lambda self: Mamba2._A(self) if differentiable(self) else self._fast_A.get(), m)
     return model

@@ -4,6 +4,7 @@ definition."""
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from stateloop import fast
 from stateloop.fast import Derived, accelerate
 from stateloop.models.backbone import Attention, Rotary
 from stateloop.models.cache import KVCache, ModelCache
@@ -71,6 +72,7 @@ def test_rope_is_rotate_half_to_the_last_bit():
             x = torch.randn(2, 5, 3, D)
             # bitwise on any machine: both are elementwise products and a sum, each correctly rounded
             assert torch.equal(r.apply(x), _rotate_half_by_hand(x, r.cos, r.sin))
+            assert torch.equal(fast.rotate(r, x), r.apply(x))  # the inference form: the sign on the table
 
 
 def test_fused_attention_equals_the_printed_forward_after_every_weight_change():

@@ -62,10 +62,10 @@ def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> 
 # Precision
 
 
-def wide_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float32 for bf16 / fp16 / float32, float64 for float64: where precision-critical values
+def wide_dtype(*dtypes: torch.dtype) -> torch.dtype:
+    """float64 in a float64 run (any of ``dtypes``), else float32: where precision-critical values
     (normalisation statistics, gates, recurrent states) are computed and kept."""
-    return torch.promote_types(dtype, torch.float32)
+    return torch.float64 if torch.float64 in dtypes else torch.float32
 
 
 def cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -220,7 +220,7 @@ def gated_rms_norm_ref(y, z, weight, group_size, eps):
     """The twin of the kernel: y and z upcast *before* the gate y * SiLU(z), as mamba_ssm's
     ``rms_norm_ref`` does; the result in y's dtype."""
     out_dtype = y.dtype
-    dtype = torch.promote_types(wide_dtype(y.dtype), weight.dtype)
+    dtype = wide_dtype(y.dtype, weight.dtype)
     y = cast(y, dtype) * F.silu(cast(z, dtype))
     if group_size == y.shape[-1]:  # one group
         return cast(rms_norm(y, weight, eps), out_dtype)
