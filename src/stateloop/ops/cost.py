@@ -296,6 +296,19 @@ def _fmt(value, spec: str) -> str:
     return format(value, spec)
 
 
+def _time_columns(unfit: str) -> list:
+    """The columns a run's row and an alternative's share: time, jobs, GPU-hours, whether it fits."""
+    return [
+        ("step s", 8, lambda r: _fmt(r["step_s"], ".2f"), ">"),
+        ("comm s", 8, lambda r: _fmt(r["comm_s"], ".3f"), ">"),
+        ("wall h", 8, lambda r: _fmt(r["wall_h"], ".1f"), ">"),
+        ("jobs", 5, lambda r: _fmt(r["jobs"], "d") if r["jobs"] != math.inf else "inf", ">"),
+        ("GPU-h", 9, lambda r: _fmt(r["gpu_hours"], ".0f"), ">"),
+        ("", 0, lambda r: "  " + ", ".join(x for x in (
+            "" if r.get("fits") is None else ("fits" if r["fits"] else unfit), r["flag"]) if x), "<"),
+    ]
+
+
 TRAIN_COLUMNS = [
     ("run", 42, lambda r: r["run"], "<"),
     ("params (M)", 11, lambda r: _fmt(r["params"] / 1e6, ".1f"), ">"),
@@ -304,27 +317,13 @@ TRAIN_COLUMNS = [
     ("FLOPs", 10, lambda r: _fmt(r["train_flops"], ".2e"), ">"),
     ("GiB/GPU", 9, lambda r: _fmt(r["mem_gib"], ".1f"), ">"),
     ("limit", 7, lambda r: _fmt(r["gpu_memory_gib"], "g"), ">"),
-    ("step s", 8, lambda r: _fmt(r["step_s"], ".2f"), ">"),
-    ("comm s", 8, lambda r: _fmt(r["comm_s"], ".3f"), ">"),
-    ("wall h", 8, lambda r: _fmt(r["wall_h"], ".1f"), ">"),
-    ("jobs", 5, lambda r: _fmt(r["jobs"], "d") if r["jobs"] != math.inf else "inf", ">"),
-    ("GPU-h", 9, lambda r: _fmt(r["gpu_hours"], ".0f"), ">"),
-    ("", 0, lambda r: "  " + ", ".join(x for x in (
-        "" if r.get("fits") is None else ("fits" if r["fits"] else "DOES NOT FIT"), r["flag"]) if x), "<"),
-]
+] + _time_columns("DOES NOT FIT")
 
 ALTERNATIVE_COLUMNS = [
     ("", 4, lambda r: ("*" if r.get("recommended") else "") + ("=" if r.get("current") else ""), "<"),
     ("setting", 44, lambda r: r["setting"], "<"),
     ("GiB/GPU", 9, lambda r: _fmt(r["mem_gib"], ".1f"), ">"),
-    ("step s", 8, lambda r: _fmt(r["step_s"], ".2f"), ">"),
-    ("comm s", 8, lambda r: _fmt(r["comm_s"], ".3f"), ">"),
-    ("wall h", 8, lambda r: _fmt(r["wall_h"], ".1f"), ">"),
-    ("jobs", 5, lambda r: _fmt(r["jobs"], "d") if r["jobs"] != math.inf else "inf", ">"),
-    ("GPU-h", 9, lambda r: _fmt(r["gpu_hours"], ".0f"), ">"),
-    ("", 0, lambda r: "  " + ", ".join(x for x in (
-        "" if r.get("fits") is None else ("fits" if r["fits"] else "does not fit"), r["flag"]) if x), "<"),
-]
+] + _time_columns("does not fit")
 
 
 CHOICE_COLUMNS = [
