@@ -101,6 +101,12 @@ def cell_weights(cell: SelectiveStateCell):
     return torch.cat([cell.W_u.weight, cell.W_delta.weight]), b, -torch.exp(upcast(cell.A_log))
 
 
+def mamba2_A(self: Mamba2) -> torch.Tensor:
+    if torch.is_grad_enabled() and self.A_log.requires_grad:
+        return Mamba2._A(self)
+    return self._fast_A.get()
+
+
 def accelerate(model: torch.nn.Module) -> torch.nn.Module:
     """``model`` with its attentions, eq. (6) cells and Mamba-2 mixers taking the fused forms without gradients (in
     place, idempotent; the parameters and state dict are unchanged). Returns the model."""
@@ -115,5 +121,5 @@ def accelerate(model: torch.nn.Module) -> torch.nn.Module:
             m.forward = types.MethodType(cell_forward, m)
         elif isinstance(m, Mamba2) and "_fast_A" not in vars(m):
             m._fast_A = Derived(lambda m=m: (m.A_log,), lambda m=m: Mamba2._A(m))
-            m._A = types.MethodType(lambda self: Mamba2._A(self) if differentiable(self) else self._fast_A.get(), m)
+            m._A = types.MethodType(mamba2_A, m)
     return model

@@ -1,6 +1,7 @@
 """The decoding pieces, and the fused inference forms (stateloop/fast.py), each against its plain
 definition."""
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -117,13 +118,14 @@ def test_derived_weights_follow_in_place_changes_and_casts():
     assert derived.get().dtype == torch.float64
 
 
-def test_accelerated_decoding_gives_the_printed_forwards_tokens():
+@pytest.mark.parametrize("name", ["stateloop_attn", "stateloop_mamba2"])
+def test_accelerated_decoding_gives_the_printed_forwards_tokens(name):
     """The same greedy tokens, and logits to float32's rounding, from an accelerated model as from
-    the printed forwards, with the decoding cache."""
+    the printed forwards, with the decoding cache (the attention and cell forms; Mamba-2's A made once)."""
     from stateloop.models.generate import greedy_generate
 
     torch.manual_seed(0)
-    model = build_model(tiny_config("stateloop_attn")).eval()
+    model = build_model(tiny_config(name)).eval()
     prompt = torch.arange(5)[None]
     plain, plain_logits = greedy_generate(model, prompt, 6, return_logits=True)
     fused, fused_logits = greedy_generate(accelerate(model), prompt, 6, return_logits=True)

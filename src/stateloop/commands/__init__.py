@@ -98,8 +98,8 @@ def build_parser(built=COMMANDS) -> argparse.ArgumentParser:
         elif hasattr(command, "SUBCOMMANDS"):  # name -> help; the request's field marked subcommand holds the name
             dest = next(f.name for f in dataclasses.fields(command.Request) if f.metadata.get("subcommand"))
             subs = p.add_subparsers(dest=dest, required=True, metavar=dest.upper())
-            for name, text in command.SUBCOMMANDS.items():
-                add_flags(subs.add_parser(name, help=text, description=text), command.Request, only=name)
+            for sub_name, text in command.SUBCOMMANDS.items():
+                add_flags(subs.add_parser(sub_name, help=text, description=text), command.Request, only=sub_name)
         else:
             add_flags(p, command.Request)
     return parser

@@ -32,10 +32,10 @@ _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> it
 class _Units:
     """The units of one model at one level, and whether the running forward checkpoints them."""
 
-    def __init__(self, model: torch.nn.Module, level: str, methods) -> None:
-        self.level, self.methods, self.live, self.inside = level, methods, False, False
+    def __init__(self, model: torch.nn.Module, level: str) -> None:
+        self.level, self.live, self.inside = level, False, False
         self.wrapped: list[tuple[object, str, object]] = []  # (owner, name, the instance attribute before)
-        kind, _ = UNITS[level]
+        kind, methods = UNITS[level]
         for module in model.modules():
             if isinstance(module, kind):
                 self._wrap(module, "forward")
@@ -87,7 +87,7 @@ def apply_checkpointing(model: torch.nn.Module, level: str) -> torch.nn.Module:
     if old is not None:
         old.remove()
     if level != "none":
-        _APPLIED[model] = _Units(model, level, UNITS[level][1])
+        _APPLIED[model] = _Units(model, level)
     return model
 
 
@@ -99,11 +99,9 @@ def checkpointing_level(model: torch.nn.Module) -> str:
 @contextlib.contextmanager
 def checkpointed(model: torch.nn.Module, level: str):
     """``model`` with the units of ``level`` for the duration, then its units before again."""
-    before = _APPLIED.get(model)
+    before = checkpointing_level(model)
     apply_checkpointing(model, level)
     try:
         yield model
     finally:
-        apply_checkpointing(model, "none")
-        if before is not None:
-            _APPLIED[model] = _Units(model, before.level, before.methods)
+        apply_checkpointing(model, before)
