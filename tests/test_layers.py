@@ -202,14 +202,13 @@ LOCAL_IMPORT_BUDGET = 60
 def local_imports() -> list[tuple[Path, int, str]]:
     """(file, line, its text) of every import of a stateloop module inside a function."""
     found = set()
-    for module, (path, is_package) in MODULES.items():
-        lines = path.read_text().splitlines()
+    for module, (path, _) in MODULES.items():
+        lines, own = path.read_text().splitlines(), {line for line, _ in imports(module)}
         for fn in ast.walk(ast.parse("\n".join(lines), str(path))):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             for node in ast.walk(fn):
-                if isinstance(node, (ast.Import, ast.ImportFrom)) and \
-                        any(t != module for line, t in imports(module) if line == node.lineno):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno in own:
                     found.add((path, node.lineno, lines[node.end_lineno - 1]))
     return sorted(found)
 
