@@ -1,43 +1,62 @@
-"""`train.compile: true` wraps the model in torch.compile (train/loop.py). A graph break in a
-model's forward splits what the compiler sees; one inside a context manager that cannot hold it
-makes Dynamo skip the whole frame and compile the loop's iterations one by one, each K anew, until
-its recompile limit sends them back to eager (seen once: a training run of 4 steps took 35 s
-compiled against 4 s eager). So every model's forward, training and evaluation, must trace into
-one graph: compiled with ``fullgraph=True``, which raises at a graph break, and the "eager"
-backend, which runs the traced graph as it is (no kernels are generated), so this costs seconds.
+"""`train.compile: true` compiles each model's units (train/compiling.py: every decoder layer and the
+per-iteration branch, the units of checkpointing's ``layer`` level). Each unit must trace into one
+graph: compiled here with ``fullgraph=True``, which raises at a graph break, and the "eager" backend,
+which runs the traced graph as it is (no kernels are generated), so this costs seconds. Inductor
+itself trains StateLoop under every strategy in tests/train/test_compile_train.py.
 
-Parcae is left out: its sampled initial state calls ``nn.init.trunc_normal_``, which reads a
-scalar (``Tensor.item``), and its evaluation state is seeded by token position, which needs the
-positions as Python integers. Both break the graph by design."""
+Every registered model, Parcae included: its sampled initial state (``Tensor.item``) and its
+position-seeded evaluation state lie outside the units and run eager.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
 from stateloop.models.registry import MODELS, build_model
+from stateloop.train.compiling import compile_units
 from support.models import tiny_config
 
-TRACED = [name for name in MODELS if name != "parcae"]
 
+def _graphs_of_a_step(name: str, K: int) -> tuple[int, torch.nn.Module, torch.Tensor]:
+    """Graphs compiled by one training forward + backward and one evaluation forward at depth K."""
+    from torch._dynamo.utils import counters
 
-@pytest.mark.parametrize("name", TRACED)
-@pytest.mark.slow
-def test_a_models_forward_is_one_graph_for_torch_compile(name):
     torch.manual_seed(0)
-    model = build_model(tiny_config(name))
+    model = build_model(dataclasses.replace(tiny_config(name), K=K))
     idx = torch.randint(0, model.cfg.vocab_size, (2, 16))
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    counters.clear()
+    compile_units(model, backend="eager", fullgraph=True)
     model.train()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled(idx).logits.sum().backward()  # a training step's forward (and its backward)
+        model(idx).logits.sum().backward()
     # Dynamo traces through a functools cache and warns that it may be silently wrong; none is traced
     assert not [w for w in caught if "lru_cache" in str(w.message)], [str(w.message) for w in caught]
     model.eval()
-    with torch.no_grad():  # validation and evaluation (train/loop.py, evaluate/perplexity.py)
-        # bitwise: the eager backend calls the forward's own operators, in its order, in this process
-        torch.testing.assert_close(compiled(idx).logits, model(idx).logits, rtol=0, atol=0)
+    with torch.no_grad():
+        logits = model(idx).logits
+    return int(counters["stats"]["unique_graphs"]), model, logits
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.slow
+def test_a_models_units_compile_into_graphs_that_do_not_grow_with_K(name):
+    """From K = 3 on every branch of a loop has been taken (S^0 = 0 and S^k; a first, middle and
+    last iteration): K = 4 compiles no more graphs than K = 3."""
+    graphs, model, logits = _graphs_of_a_step(name, K=3)
+    assert graphs > 0
+    graphs_4 = _graphs_of_a_step(name, K=4)[0]
+    assert graphs_4 == graphs
+    # bitwise: the eager backend calls the units' own operators, in their order, in this process
+    fresh = build_model(model.cfg)
+    fresh.load_state_dict(model.state_dict())
+    fresh.eval()
+    idx = torch.randint(0, model.cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx).logits, fresh(idx).logits, rtol=0, atol=0)
+    assert logits.shape[:2] == (2, 16)

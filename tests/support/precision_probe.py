@@ -1,7 +1,7 @@
 """``stateloop train`` with probes that record the dtypes the precision policy governs
 (docs/choices.md, "Precision"), for tests/train/test_fsdp.py.
 
-    python precision_probe.py OUT.json [--misread] -- TRAIN-ARGS...
+    python precision_probe.py OUT.json [--misread | --no-autocast] -- TRAIN-ARGS...
 
 runs ``stateloop.cli.main(["train", *TRAIN-ARGS])`` in every rank (Fabric starts the other ranks by
 running this same command line again) after wrapping ``stateloop.train.loop.setup``: once the model
@@ -12,12 +12,15 @@ reduction records the dtype it communicates. Each rank writes OUT.json.rank<R>:
     state        dtypes of S^k entering the state cell
     cell_params  dtypes of the state cell's parameters (A_log, W_u, W_Delta, b_Delta, norm_h) in its forward
     norm_params  dtypes of every RMSNorm's weight in its forward
+    matmul       dtypes of every nn.Linear's output in a training forward (autocast's bf16 products)
     reduced      dtypes of the gradients the strategy reduces across ranks (FSDP2's reduce-scatter,
                  which HSDP's all-reduce across replicas follows in the same dtype; DDP's bucket
                  all-reduce; none with one process)
 
 ``--misread`` runs FSDP as Fabric's FSDP1 ``bf16-mixed`` does (parameters cast to bf16 for the
 forward, gradients reduced in bf16): the probe must see it, or the test could not fail.
+``--no-autocast`` drops the precision plugin's autocast (its forward context does nothing), the
+misreading under which every run would silently train in float32.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ import json
 import sys
 
 
-def install(out: str, misread: bool) -> None:
+def install(out: str, misread: bool, no_autocast: bool) -> None:
+    import contextlib
+
     import torch
     import torch.distributed as dist
     import torch.distributed.fsdp as fsdp
@@ -35,7 +40,7 @@ def install(out: str, misread: bool) -> None:
     from stateloop.models.state import CELLS
     from stateloop.train import loop
 
-    seen = {key: set() for key in ("residual", "state", "cell_params", "norm_params", "reduced")}
+    seen = {key: set() for key in ("residual", "state", "cell_params", "norm_params", "reduced", "matmul")}
 
     def note(key, *dtypes):
         seen[key].update(str(d).removeprefix("torch.") for d in dtypes)
@@ -47,6 +52,11 @@ def install(out: str, misread: bool) -> None:
             return real(**{**kwargs, "param_dtype": torch.bfloat16, "reduce_dtype": torch.bfloat16})
 
         fsdp.MixedPrecisionPolicy = bf16_policy
+
+    if no_autocast:
+        from lightning_fabric.plugins.precision.amp import MixedPrecision
+
+        MixedPrecision.forward_context = lambda self: contextlib.nullcontext()
 
     def recording(collective):  # FSDP2's reduce-scatter of the gradients (the name depends on torch's version)
         def call(output, input, *args, **kwargs):
@@ -76,6 +86,8 @@ def install(out: str, misread: bool) -> None:
                 module.register_forward_pre_hook(cell_hook)
             if isinstance(module, RMSNorm):
                 module.register_forward_pre_hook(lambda m, a: note("norm_params", m.weight.dtype))
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(lambda m, a, y: note("matmul", y.dtype) if m.training else None)
         ddp = getattr(run.model, "_forward_module", None)
         if isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -101,7 +113,7 @@ def install(out: str, misread: bool) -> None:
 def main(argv: list[str]) -> int:
     split = argv.index("--")
     own, train_args = argv[:split], argv[split + 1:]
-    install(own[0], "--misread" in own)
+    install(own[0], "--misread" in own, "--no-autocast" in own)
     from stateloop.cli import main as cli
 
     return cli(["train", *train_args])

@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -42,63 +41,7 @@ def _args(cfg, data, run_dir, *overrides):
             "--no-progress", "--set", *overrides]
 
 
-# A training command that SIGKILLs itself at one point of a checkpoint's life (test-only patches).
-KILLER = textwrap.dedent('''
-    import io, os, pathlib, re, signal, sys
-    import torch
-    from stateloop.cli import main
-    from stateloop.train import checkpoint as C
-
-    point, at = sys.argv[1], int(sys.argv[2])
-    def die():
-        os.kill(os.getpid(), signal.SIGKILL)
-    def is_at(path):
-        return f"step_{at:08d}.ckpt" in str(path)
-
-    if point == "mid-write":  # half of the checkpoint's bytes on disk
-        save = torch.save
-        def half_save(obj, f, *a, **k):
-            if isinstance(obj, dict) and obj.get("step") == at and hasattr(f, "write"):
-                buf = io.BytesIO(); save(obj, buf, *a, **k)
-                f.write(buf.getvalue()[: len(buf.getvalue()) // 2]); f.flush(); die()
-            return save(obj, f, *a, **k)
-        torch.save = half_save
-    elif point == "before-rename":  # complete temporary file, not yet renamed
-        replace = pathlib.Path.replace
-        def replace_or_die(self, target):
-            if is_at(target) and self.name.endswith(".tmp"):
-                die()
-            return replace(self, target)
-        pathlib.Path.replace = replace_or_die
-    elif point == "before-sidecar":  # renamed into place, its sidecar not yet written
-        write = C.atomic_write_json
-        C.atomic_write_json = lambda p, obj: die() if is_at(p) else write(p, obj)
-    elif point == "mid-prune":  # the pruned checkpoint's sidecar deleted, the checkpoint not yet
-        unlink = pathlib.Path.unlink
-        def unlink_or_die(self, *a, **k):
-            if re.fullmatch(rf"step_{at:08d}\\.ckpt", self.name):
-                die()
-            return unlink(self, *a, **k)
-        pathlib.Path.unlink = unlink_or_die
-    elif point == "after-save":  # between two steps, right after a checkpoint
-        save = C.CheckpointStore.save
-        def save_then_die(self, fabric, state, step):
-            out = save(self, fabric, state, step)
-            if step == at:
-                die()
-            return out
-        C.CheckpointStore.save = save_then_die
-    elif point == "mid-final-weights":  # half of model.safetensors' temporary file on disk
-        import safetensors.torch as st
-        save_file = st.save_file
-        def half_file(tensors, filename, *a, **k):
-            save_file(tensors, filename, *a, **k)
-            if pathlib.Path(filename).name.startswith(".model.safetensors."):
-                data = pathlib.Path(filename).read_bytes()
-                pathlib.Path(filename).write_bytes(data[: len(data) // 2]); die()
-        st.save_file = half_file
-    sys.exit(main(sys.argv[3:]))
-''')
+KILLER = ROOT / "tests" / "support" / "killer.py"  # SIGKILLs itself at a point of a checkpoint's life
 
 
 def _child_env():
@@ -114,9 +57,7 @@ def test_sigkill_at_each_point_of_a_checkpoint_resumes_bitwise(setup, tmp_path, 
     leaves an orphan full checkpoint forever"."""
     cfg, data, reference = setup
     run_dir = tmp_path / "run"
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    proc = subprocess.run([sys.executable, str(script), point, str(at), *_args(cfg, data, run_dir)],
+    proc = subprocess.run([sys.executable, str(KILLER), point, str(at), *_args(cfg, data, run_dir)],
                           env=_child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     store = CheckpointStore(run_dir / "checkpoints")
@@ -145,9 +86,7 @@ def test_a_sigkill_inside_the_final_weights_write_is_cleaned_up_by_the_resume(se
     training writes there, saying so (a temporary name of anything else is left alone)."""
     cfg, data, reference = setup
     run_dir = tmp_path / "run"
-    script = tmp_path / "killer.py"
-    script.write_text(KILLER)
-    proc = subprocess.run([sys.executable, str(script), "mid-final-weights", "12", *_args(cfg, data, run_dir)],
+    proc = subprocess.run([sys.executable, str(KILLER), "mid-final-weights", "12", *_args(cfg, data, run_dir)],
                           env=_child_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     (killed,) = run_dir.glob(".model.safetensors.*.tmp")

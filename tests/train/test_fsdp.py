@@ -140,7 +140,9 @@ def test_the_papers_strategy_trains_is_killed_resumes_bitwise_then_evaluates_and
 NO_CLIP = ["train.grad_clip=0"]
 
 PROBED = {"one process": ["train.devices=1"], "ddp": ["train.devices=2", "train.strategy=ddp"],
-          "fsdp": ["train.devices=2", "train.strategy=fsdp"], "misread": ["train.devices=2", "train.strategy=fsdp"]}
+          "fsdp": ["train.devices=2", "train.strategy=fsdp"], "misread": ["train.devices=2", "train.strategy=fsdp"],
+          "no autocast": ["train.devices=1"]}
+PROBE_FLAGS = {"misread": ["--misread"], "no autocast": ["--no-autocast"]}
 
 
 def _probed_run(cfg: Path, data: Path, folder: Path, name: str, overrides: list[str]) -> dict:
@@ -148,7 +150,7 @@ def _probed_run(cfg: Path, data: Path, folder: Path, name: str, overrides: list[
     out = folder / f"{name.replace(' ', '_')}.json"
     args = _train_args(cfg, data, folder / out.stem, [*overrides, *PROBED[name]])
     probe = ROOT / "tests" / "support" / "precision_probe.py"
-    _finish([sys.executable, str(probe), str(out), *(["--misread"] if name == "misread" else []), "--", *args[1:]], folder)
+    _finish([sys.executable, str(probe), str(out), *PROBE_FLAGS.get(name, []), "--", *args[1:]], folder)
     ranks = [json.loads(p.read_text()) for p in sorted(folder.glob(f"{out.name}.rank*"))]
     assert len(ranks) == (1 if name == "one process" else 2), name
     return {key: sorted({d for r in ranks for d in r[key]}) for key in ranks[0]}
@@ -156,8 +158,9 @@ def _probed_run(cfg: Path, data: Path, folder: Path, name: str, overrides: list[
 
 @pytest.fixture(scope="module")
 def bf16_runs(tmp_path_factory):
-    """The same 12 bf16-mixed steps in one process, under DDP, under FSDP and under FSDP misread as
-    Fabric's FSDP1 bf16-mixed (2 ranks each), probed: {name: (run folder, dtypes seen)}."""
+    """The same 12 bf16-mixed steps in one process, under DDP, under FSDP, under FSDP misread as
+    Fabric's FSDP1 bf16-mixed (2 ranks each) and in one process with autocast dropped, probed:
+    {name: (run folder, dtypes seen)}."""
     from support.training import write_shards
 
     folder = tmp_path_factory.mktemp("bf16")
@@ -211,15 +214,18 @@ def test_sharded_training_in_the_papers_precision_equals_one_process(bf16_runs):
 def test_the_precision_policy_holds_under_every_strategy(bf16_runs):
     """docs/choices.md, "training precision": under bf16-mixed, whatever the strategy, the residual
     stream entering every decoder layer, the state S^k, the state cell's parameters and every norm's
-    weight are float32 in the forward, and gradients are reduced across ranks in float32. The probe
-    sees the plausible misreading, Fabric's FSDP1 bf16-mixed (parameters gathered and gradients
-    reduced in bf16), so this test can fail."""
+    weight are float32 in the forward, gradients are reduced across ranks in float32, and every
+    linear layer's product comes out of autocast in bf16. The probe sees the plausible misreadings,
+    so this test can fail: Fabric's FSDP1 bf16-mixed (parameters gathered and gradients reduced in
+    bf16), and autocast dropped (every product in float32: the float32 checks alone would pass)."""
     seen = {name: dtypes for name, (_, dtypes) in bf16_runs.items()}
-    float32 = {"residual": ["float32"], "state": ["float32"], "cell_params": ["float32"], "norm_params": ["float32"]}
+    float32 = {"residual": ["float32"], "state": ["float32"], "cell_params": ["float32"], "norm_params": ["float32"],
+               "matmul": ["bfloat16"]}
     assert seen["one process"] == {**float32, "reduced": []}
     assert seen["ddp"] == seen["fsdp"] == {**float32, "reduced": ["float32"]}
     misread = seen["misread"]
     assert misread["cell_params"] == misread["norm_params"] == misread["residual"] == misread["reduced"] == ["bfloat16"]
+    assert seen["no autocast"] == {**float32, "matmul": ["float32"], "reduced": []}
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ class TrainConfig:
     num_nodes: int = 1  # nodes; > 1 expects SLURM with --ntasks-per-node = devices
     strategy: str = "ddp"  # ddp | fsdp (FSDP2, train/parallel.py); a single device uses no wrapper at all
     precision: str = "auto"  # auto: bf16-mixed on GPU, 32-true on CPU
-    compile: bool = False  # torch.compile the model (off: eager is the reference)
+    compile: bool = False  # torch.compile each decoder layer and state branch (train/compiling.py; off: eager is the reference)
     # Seconds a collective (all-reduce, barrier, the start's rendezvous) may wait for the other
     # ranks before the process group fails it (Fabric's default: 1800). It must exceed the longest
     # stretch one rank works alone while the others wait: rank 0's checkpoint write and hash (a

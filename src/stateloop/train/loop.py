@@ -42,6 +42,7 @@ from stateloop.runs import TRAIN_SUMMARY, resolve_device, save_final
 from stateloop.tracking.tracker import Tracker, log_final_model, open_training_run
 from stateloop.train.checkpoint import CheckpointStore, direct_checkpoint_io, warn
 from stateloop.train.checkpointing import apply_checkpointing
+from stateloop.train.compiling import compile_counts, compile_units
 from stateloop.train.flops import flops_per_sequence, peak_flops
 from stateloop.train.loss import lm_loss
 from stateloop.train.parallel import fsdp_strategy, full_state_dict, local
@@ -76,7 +77,7 @@ class Trainee:
     fabric: object
     precision: str
     raw_model: torch.nn.Module  # as built: its parameters (under FSDP, their shards in place), flags, state dict
-    model: torch.nn.Module  # as Fabric set it up (compiled, wrapped): what trains
+    model: torch.nn.Module  # as Fabric set it up (wrapped; with train.compile its units compiled): what trains
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
 
@@ -181,10 +182,11 @@ def setup(rc: RunConfig, run_dir: Path, shards) -> tuple[Trainee, RunFolder, Tok
     fabric.seed_everything(tcfg.seed, verbose=False)
     with fabric.init_module():  # in the precision's dtype; under FSDP on the CPU, sharded (and moved) by setup_module
         raw_model = build_model(rc.model)
+    if tcfg.compile:
+        compile_units(raw_model)  # per unit (train/compiling.py), wrapped by the checkpoint units
     apply_checkpointing(raw_model, tcfg.activation_checkpointing)  # its units: training forwards only; before FSDP
     decay = decaying(raw_model)
-    model = torch.compile(raw_model) if tcfg.compile else raw_model
-    model = fabric.setup_module(model)  # under FSDP, raw_model's parameters are now its shards (in place)
+    model = fabric.setup_module(raw_model)  # under FSDP, raw_model's parameters are now its shards (in place)
     optimizer = configure_optimizer(raw_model, tcfg, fused=fabric.device.type == "cuda", decay=decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tcfg, tcfg.total_steps))
     optimizer = fabric.setup_optimizers(optimizer)
@@ -418,6 +420,7 @@ def finish(rc: RunConfig, t: Trainee, folder: RunFolder, val: Validation, tracke
         "mlflow_run_id": tracker.run_id if tracker is not None else None,
         "mlflow_tracking_uri": tracker.uri if tracker is not None else None,
         "code_version": code_version(),
+        "compile": compile_counts() if tcfg.compile else None,  # this process's graphs (train/compiling.py)
     }
     # The last collective: the other ranks end here rather than wait at a barrier while rank 0
     # writes the weights and uploads the model to MLflow, which may take longer than the process
