@@ -383,6 +383,30 @@ def test_plan_prints_memory_time_and_the_alternatives(tmp_path, capsys):
     assert [r["job"] for r in rows] == ["train", "train"] and float(rows[0]["mem_gib"]) > 0
 
 
+def test_plan_prints_the_whole_table_then_exits_1_when_a_run_does_not_fit(tmp_path, capsys):
+    """Issue 60: a plan with runs marked DOES NOT FIT exited 0 (paper.yaml's 1.4B on one GPU at
+    micro-batch 128: ten such rows). Every row and the totals are printed, one line on stderr
+    counts the runs, and the status is 1 (the help lists the statuses)."""
+    raw = {"scales": {"t": {"model": {"vocab_size": 97, "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4,
+                                      "head_dim": 8, "max_seq_len": 64, "attn_impl": "torch"},
+                            "train": {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "max_steps": 10,
+                                      "gpu_memory_gib": 1}}},  # the plan's allowance alone is 1.5 GiB
+           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [2], "d_s": [16]}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert main(["plan", "--config", str(path)]) == 1
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith("t/")]
+    assert len(rows) == 2 and all(line.endswith("DOES NOT FIT") for line in rows), captured.out
+    assert "Totals at MFU" in captured.out and "Strategy per run" in captured.out
+    assert captured.err.splitlines() == [
+        "stateloop plan: 2 run(s) do not fit their train.gpu_memory_gib (marked DOES NOT FIT) (exit 1)"]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "Exit status: 0 every run fits" in " ".join(capsys.readouterr().out.split())
+
+
 def test_plan_help_says_the_measured_mfu(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
