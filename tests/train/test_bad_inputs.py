@@ -81,10 +81,16 @@ def _case(name, tmp_path):
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
-    if name in ("shard-twice", "val-shard-in-train"):  # a case the outside probe found: trained without a word
+    if name in ("shard-twice", "val-shard-in-train", "val-shard-copies-train"):  # the outside probe: trained without a word
         meta = json.loads((data / "meta.json").read_text())
         splits = meta["splits"]
-        if name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
+        if name == "val-shard-copies-train":  # issue 60: a byte-identical copy of a training shard under the val split's name
+            (data / "val_00000.bin").write_bytes((data / "train_00000.bin").read_bytes())
+            splits["val"] = {"tokens": splits["train"]["tokens"],
+                             "shards": [{**splits["train"]["shards"][0], "file": "val_00000.bin"}]}
+            needle = ("meta.json: shard file 'val_00000.bin' of split 'val' has the same contents (sha256) as 'train_00000.bin' "
+                      "of split 'train': validation would measure training tokens")
+        elif name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
             splits["train"]["shards"].append(dict(splits["train"]["shards"][0]))
             splits["train"]["tokens"] *= 2
             needle = "meta.json: shard file 'train_00000.bin' is listed twice in split 'train'"
@@ -138,7 +144,9 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
          "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside",
          # a case the outside probe of issue 53 found
-         "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words"]
+         "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words",
+         # issue 60's edges
+         "val-shard-copies-train"]
 
 
 @pytest.mark.parametrize("name", CASES)
