@@ -59,6 +59,15 @@ def _case(name, tmp_path):
         return (["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out), "--no-progress"],
                 f"data.source: {text}: {7 if name == 'whitespace-corpus' else 16} training tokens, fewer than one training window "
                 f"of train.seq_len + 1 = 2049 (scales.s.train): nothing to train on; give a larger corpus")
+    if name == "val-split-shorter-than-window":  # issue 60: tokenized with exit 0, refused only by training
+        text, val = tmp_path / "text.txt", tmp_path / "val.txt"
+        text.write_text("".join(f"line {i} of the training text, long enough to train on\n" for i in range(40)))
+        val.write_text("a few words\n")
+        cfg = _tokenize_config(tmp_path, text, "seq_len: 32, val_tokens: 64")
+        cfg.write_text(cfg.read_text().replace(f"val_split: {text}", f"val_split: {val}"))
+        return (["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(out), "--no-progress"],
+                "data: split 'val' (files:val.txt) has 13 tokens, fewer than one training window of train.seq_len + 1 = 33 "
+                "(scales.s.train): validation (train.val_split) would have nothing to read; give the split more text")
     if name in ("long-line", "long-document"):  # a 60 MB line took 4.9 GB and 14+ minutes to tokenize
         from stateloop.data.sources import MAX_DOC_CHARS
 
@@ -146,7 +155,7 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          # a case the outside probe of issue 53 found
          "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words",
          # issue 60's edges
-         "val-shard-copies-train"]
+         "val-shard-copies-train", "val-split-shorter-than-window"]
 
 
 @pytest.mark.parametrize("name", CASES)
