@@ -85,6 +85,15 @@ def _case(name, tmp_path):
         raw = yaml.safe_load(cfg.read_text())
         cfg.write_text(yaml.safe_dump({**raw, "bench": {"tokens": -1}}))
         return ["plan", "--config", str(cfg)], "bench.tokens: must be positive, got -1"
+    if name == "scale-without-model":  # issue 60: the default model (d = 2048) ran 82 s into an allocation failure
+        import yaml
+
+        raw = yaml.safe_load(cfg.read_text())
+        del raw["scales"]["t"]["model"]
+        cfg.write_text(yaml.safe_dump(raw))
+        return _train(cfg, data, out), ("cfg.yaml: scales.t.model: missing section (experiments.e runs on it); without it "
+                                        "every model takes the default shape, d_model 2048 and 24 layers (the 1.4B's): state "
+                                        "vocab_size, n_layers, d_model, d_ff, n_heads, head_dim and max_seq_len")
     if name == "bench-prefill-beyond-context":
         return (["bench", "decode", "--config", str(cfg), "--scale", "t", "--models", "vanilla_looped:2", "--prefill", "65",
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
@@ -155,7 +164,7 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          # a case the outside probe of issue 53 found
          "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words",
          # issue 60's edges
-         "val-shard-copies-train", "val-split-shorter-than-window"]
+         "val-shard-copies-train", "val-split-shorter-than-window", "scale-without-model"]
 
 
 @pytest.mark.parametrize("name", CASES)
