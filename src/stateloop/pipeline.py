@@ -273,6 +273,7 @@ def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[Pip
         return checked_pipeline(data, path)
     cfg = _typed(data, path)
     check_pipeline(cfg, path)
+    require_models(data, cfg, path)
     return cfg, {}
 
 
@@ -326,7 +327,22 @@ def checked_pipeline(data: dict, where: str = "config") -> tuple[PipelineConfig,
     memory gate on ``train.gpu_memory_gib`` is not here (ops/memory.py: ``gate``)."""
     cfg = _typed(data, where)
     check_pipeline(cfg, where)
+    require_models(data, cfg, where)
     return cfg, {r.id: r for r in expand_runs(cfg)}  # building every run's config checks options and shapes
+
+
+def require_models(data: dict, cfg: PipelineConfig, where: str = "config") -> None:
+    """Refuse, in one line, a scale that an experiment runs on but whose ``model:`` section is
+    missing or empty in the mapping ``data`` (as read, before defaults): it would silently take
+    ModelConfig's defaults, the 1.4B shape. A scale no experiment names (a tokenize- or eval-only
+    config's) may leave it out."""
+    for name, exp in cfg.experiments.items():
+        raw = (data.get("scales") or {}).get(exp.scale)
+        if isinstance(raw, dict) and not raw.get("model"):
+            d = ModelConfig()
+            raise ConfigError(f"{where}: scales.{exp.scale}.model: missing section (experiments.{name} runs on it); without "
+                              f"it every model takes the default shape, d_model {d.d_model} and {d.n_layers} layers (the "
+                              f"1.4B's): state vocab_size, n_layers, d_model, d_ff, n_heads, head_dim and max_seq_len")
 
 
 NAME = re.compile(r"[A-Za-z0-9._-]+")  # scale and experiment names: they become paths and command words

@@ -59,6 +59,15 @@ def _case(name, tmp_path):
         return (["tokenize", "--config", str(_tokenize_config(tmp_path, text)), "--scale", "s", "--out", str(out), "--no-progress"],
                 f"data.source: {text}: {7 if name == 'whitespace-corpus' else 16} training tokens, fewer than one training window "
                 f"of train.seq_len + 1 = 2049 (scales.s.train): nothing to train on; give a larger corpus")
+    if name == "val-split-shorter-than-window":  # issue 60: tokenized with exit 0, refused only by training
+        text, val = tmp_path / "text.txt", tmp_path / "val.txt"
+        text.write_text("".join(f"line {i} of the training text, long enough to train on\n" for i in range(40)))
+        val.write_text("a few words\n")
+        cfg = _tokenize_config(tmp_path, text, "seq_len: 32, val_tokens: 64")
+        cfg.write_text(cfg.read_text().replace(f"val_split: {text}", f"val_split: {val}"))
+        return (["tokenize", "--config", str(cfg), "--scale", "s", "--out", str(out), "--no-progress"],
+                "data: split 'val' (files:val.txt) has 13 tokens, fewer than one training window of train.seq_len + 1 = 33 "
+                "(scales.s.train): validation (train.val_split) would have nothing to read; give the split more text")
     if name in ("long-line", "long-document"):  # a 60 MB line took 4.9 GB and 14+ minutes to tokenize
         from stateloop.data.sources import MAX_DOC_CHARS
 
@@ -76,15 +85,30 @@ def _case(name, tmp_path):
         raw = yaml.safe_load(cfg.read_text())
         cfg.write_text(yaml.safe_dump({**raw, "bench": {"tokens": -1}}))
         return ["plan", "--config", str(cfg)], "bench.tokens: must be positive, got -1"
+    if name == "scale-without-model":  # issue 60: the default model (d = 2048) ran 82 s into an allocation failure
+        import yaml
+
+        raw = yaml.safe_load(cfg.read_text())
+        del raw["scales"]["t"]["model"]
+        cfg.write_text(yaml.safe_dump(raw))
+        return _train(cfg, data, out), ("cfg.yaml: scales.t.model: missing section (experiments.e runs on it); without it "
+                                        "every model takes the default shape, d_model 2048 and 24 layers (the 1.4B's): state "
+                                        "vocab_size, n_layers, d_model, d_ff, n_heads, head_dim and max_seq_len")
     if name == "bench-prefill-beyond-context":
         return (["bench", "decode", "--config", str(cfg), "--scale", "t", "--models", "vanilla_looped:2", "--prefill", "65",
                  "--tokens", "2", "--device", "cpu", "--out", str(out / "decode.json"), "--no-progress"],
                 "--prefill 65: longer than the context of vanilla_looped:K2 (model.max_seq_len = 64)")
     write_shards(data, n_train=20 if name == "seq-longer-than-data" else 4000, n_val=400)
-    if name in ("shard-twice", "val-shard-in-train"):  # a case the outside probe found: trained without a word
+    if name in ("shard-twice", "val-shard-in-train", "val-shard-copies-train"):  # the outside probe: trained without a word
         meta = json.loads((data / "meta.json").read_text())
         splits = meta["splits"]
-        if name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
+        if name == "val-shard-copies-train":  # issue 60: a byte-identical copy of a training shard under the val split's name
+            (data / "val_00000.bin").write_bytes((data / "train_00000.bin").read_bytes())
+            splits["val"] = {"tokens": splits["train"]["tokens"],
+                             "shards": [{**splits["train"]["shards"][0], "file": "val_00000.bin"}]}
+            needle = ("meta.json: shard file 'val_00000.bin' of split 'val' has the same contents (sha256) as 'train_00000.bin' "
+                      "of split 'train': validation would measure training tokens")
+        elif name == "shard-twice":  # the train split's one shard listed twice: every window of it seen twice an epoch
             splits["train"]["shards"].append(dict(splits["train"]["shards"][0]))
             splits["train"]["tokens"] *= 2
             needle = "meta.json: shard file 'train_00000.bin' is listed twice in split 'train'"
@@ -138,7 +162,9 @@ CASES = ["yaml", "missing-shared-data", "meta-not-json", "meta-not-object", "not
          "oov-ids", "meta-no-splits", "meta-no-eos", "init-std-negative", "norm-eps-zero", "mixer-heads-zero", "run-id-newline",
          "long-line", "long-document", "bench-tokens-negative", "bench-prefill-beyond-context", "tokenizer-outside",
          # a case the outside probe of issue 53 found
-         "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words"]
+         "shard-twice", "val-shard-in-train", "whitespace-corpus", "three-words",
+         # issue 60's edges
+         "val-shard-copies-train", "val-split-shorter-than-window", "scale-without-model"]
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -243,6 +243,41 @@ def test_a_run_that_fits_passes(tmp_path):
     assert load_pipeline(path).scales["1.4b"].train.gpu_memory_gib == 80
 
 
+def test_a_cpu_training_over_the_machines_memory_is_refused_before_it_starts(tmp_path, monkeypatch, capsys):
+    """Issue 60: a CPU training whose plan exceeds the machine's memory started and ran into an
+    allocation failure. The training command's gate plans it (plan_memory, as for a GPU) against
+    MemAvailable (monkeypatched here): a 1.4B-wide model is refused in one line naming both sizes
+    and the cause; a smaller micro-batch is named where one fits; nothing is written."""
+    from support.training import write_config, write_shards
+
+    data = write_shards(tmp_path / "data", n_train=4000, n_val=400)
+    wide = dict(vocab_size=512, n_layers=24, d_model=2048, d_ff=5504, n_heads=32, head_dim=64, max_seq_len=64)
+    cfg = write_config(tmp_path / "cfg.yaml", model=wide)
+    run = "t/vanilla_looped/K2_ds0_seed1234"
+    argv = ["train", "--config", str(cfg), run, "--data-dir", str(data), "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: 8 * GIB)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"stateloop train: error: {cfg}: scales.t.train: {run} on the CPU plans ~"), err
+    planned = float(err[0].split("plans ~")[1].split(" GiB")[0])
+    assert planned > 16 * 1.2e9 / GIB  # float32 weights, gradients and two AdamW moments of 24 layers' 1.2B parameters
+    assert (" GiB of memory (micro_batch 4, 32-true: ops/memory.py) > the 8.0 GiB this machine has available (MemAvailable): "
+            "the weights, gradients and optimizer state alone plan ~") in err[0]
+    assert not (tmp_path / "out").exists()
+
+    cfg = write_config(tmp_path / "cfg.yaml")  # the tiny model: micro-batch 4 over the limit, 2 within it
+    tcfg, model = load_pipeline(cfg).scales["t"].train, load_checked(cfg)[1]["t/stateloop/K2_ds32_seed1234"].model_config
+    at = [memory.plan_memory(model, tcfg.seq_len, Setting.of(tcfg, micro_batch=mb)).total for mb in (2, 3)]
+    monkeypatch.setattr(memory, "available_host_bytes", lambda: (at[0] + at[1]) // 2)
+    assert main(["train", "--config", str(cfg), "t/stateloop/K2_ds32_seed1234", "--data-dir", str(data),
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("this machine has available (MemAvailable): lower train.micro_batch to 2 "
+                                             "(accumulation keeps train.global_batch)"), err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs").glob("*.yaml")))
 def test_configs_without_the_key_are_not_measured(name, monkeypatch):
     raw = load_yaml(ROOT / "configs" / name)
@@ -381,6 +416,30 @@ def test_plan_prints_memory_time_and_the_alternatives(tmp_path, capsys):
     assert any(line.startswith("  ") and "=" in line[:6] and "ddp mb2 ckpt:none" in line for line in out.splitlines())
     rows = list(__import__("csv").DictReader(out_csv.open()))
     assert [r["job"] for r in rows] == ["train", "train"] and float(rows[0]["mem_gib"]) > 0
+
+
+def test_plan_prints_the_whole_table_then_exits_1_when_a_run_does_not_fit(tmp_path, capsys):
+    """Issue 60: a plan with runs marked DOES NOT FIT exited 0 (paper.yaml's 1.4B on one GPU at
+    micro-batch 128: ten such rows). Every row and the totals are printed, one line on stderr
+    counts the runs, and the status is 1 (the help lists the statuses)."""
+    raw = {"scales": {"t": {"model": {"vocab_size": 97, "n_layers": 1, "d_model": 32, "d_ff": 64, "n_heads": 4,
+                                      "head_dim": 8, "max_seq_len": 64, "attn_impl": "torch"},
+                            "train": {"seq_len": 32, "micro_batch": 2, "global_batch": 4, "max_steps": 10,
+                                      "gpu_memory_gib": 1}}},  # the plan's allowance alone is 1.5 GiB
+           "experiments": {"table1": {"scale": "t", "models": ["vanilla_looped", "stateloop"], "K": [2], "d_s": [16]}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert main(["plan", "--config", str(path)]) == 1
+    captured = capsys.readouterr()
+    rows = [line for line in captured.out.splitlines() if line.startswith("t/")]
+    assert len(rows) == 2 and all(line.endswith("DOES NOT FIT") for line in rows), captured.out
+    assert "Totals at MFU" in captured.out and "Strategy per run" in captured.out
+    assert captured.err.splitlines() == [
+        "stateloop plan: 2 run(s) do not fit their train.gpu_memory_gib (marked DOES NOT FIT) (exit 1)"]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert "Exit status: 0 every run fits" in " ".join(capsys.readouterr().out.split())
 
 
 def test_plan_help_says_the_measured_mfu(capsys):

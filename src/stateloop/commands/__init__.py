@@ -4,8 +4,9 @@ One module per command, named in :data:`COMMANDS`, provides its typed ``Request`
 a stage's own, or the command's) and ``run(request) -> int``. Each flag is declared once, as a field
 of the request (config.arg): :func:`add_flags` builds the parser from the fields (one per subcommand
 of ``SUBCOMMANDS``; lm-eval's arguments: ``add_arguments(parser)``), and the parsed flags are the
-request (``Request.of(args)``). A command's module and request are imported to build its parser, so
-heavy dependencies (torch, lightning, lm-eval, mlflow) are imported inside ``run`` only.
+request (``Request.of(args)``); a module's ``EPILOG`` ends its ``--help`` (plan: its exit statuses).
+A command's module and request are imported to build its parser, so heavy dependencies (torch,
+lightning, lm-eval, mlflow) are imported inside ``run`` only.
 
 :func:`run_command` parses a command line and runs its command in this process. The console script
 (stateloop/cli.py) first offers the command to a local DAG's warm server (stateloop/ops/warm.py), whose
@@ -93,6 +94,7 @@ def build_parser(built=COMMANDS) -> argparse.ArgumentParser:
             continue
         p.set_defaults(_module=module)
         command = importlib.import_module(module)
+        p.epilog = getattr(command, "EPILOG", None)  # a command's exit statuses, where it lists them
         if hasattr(command, "add_arguments"):  # lm-eval's own arguments
             command.add_arguments(p)
         elif hasattr(command, "SUBCOMMANDS"):  # name -> help; the request's field marked subcommand holds the name

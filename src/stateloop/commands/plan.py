@@ -4,13 +4,20 @@ For each run: parameters, tokens, training FLOPs (models/flops.py), the planned 
 GPU (ops/memory.py), and the time at an MFU: step, wall time, SLURM jobs, GPU-hours (ops/cost.py);
 then totals per experiment and overall. ``--compare-strategies``: each run's alternatives. Where a
 GPU's memory is known, the plan also chooses each run's fastest setting that fits (``--margin``).
+The whole plan is printed first; the exit status then says whether it holds (:data:`EPILOG`).
 """
 
 from __future__ import annotations
 
+import sys
+
 from stateloop.config import POSITIVE, StageRequest, arg
 from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network, print_plan
 from stateloop.pipeline import load_pipeline
+
+EPILOG = ("Exit status: 0 every run fits its train.gpu_memory_gib (or the scale sets none); 1 the whole plan is "
+          "printed, but a run does not fit its train.gpu_memory_gib (DOES NOT FIT) or, with --analyses, a job is "
+          "past its runtime limit (a line on stderr says how many); 2 a bad flag or config (one line, no plan).")
 
 
 class Request(StageRequest):
@@ -43,14 +50,19 @@ class Request(StageRequest):
 def run(args: Request) -> int:
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
-    rc = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
-                    args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
+    unfit = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
+                       args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
+    late = 0
     if args.analyses:
         from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan  # lazy: torch
 
         rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
-        print(f"\nEvaluation and analysis jobs ({sum(r['fits'] is False for r in rows)} of {len(rows)} past their limit):")
+        late = sum(r["fits"] is False for r in rows)
+        print(f"\nEvaluation and analysis jobs ({late} of {len(rows)} past their limit):")
         print_analysis_plan(rows, args.mfu, args.peak_tflops)
-        if any(r["fits"] is False for r in rows):
-            rc = rc or 1
-    return rc
+    said = [f"{unfit} run(s) do not fit their train.gpu_memory_gib (marked DOES NOT FIT)" if unfit else "",
+            f"{late} evaluation or analysis job(s) past their runtime limit" if late else ""]
+    if unfit or late:
+        print(f"stateloop plan: {'; '.join(s for s in said if s)} (exit 1)", file=sys.stderr)
+        return 1
+    return 0

@@ -25,7 +25,8 @@ def open_data(rc: RunConfig):
     Fails, naming the folder or file, when the folder or its meta.json is missing, a split is
     missing or shorter than one window, a shard's size disagrees with meta.json, a shard is listed
     twice (in one split, or in both train and the validation split), the tokenizer's vocabulary
-    does not fit ``model.vocab_size``, or its file is named outside the folder.
+    does not fit ``model.vocab_size``, or its file is named outside the folder. The validation
+    split's shards are compared with the train split's by name and by content (their sha256).
     """
     folder, mcfg, tcfg = Path(rc.data.dir), rc.model, rc.train
     if not folder.is_dir():
@@ -59,5 +60,18 @@ def open_data(rc: RunConfig):
         if shared is not None:  # the validation loss would measure tokens the run trains on
             raise ConfigError(f"{where}: shard file {shared!r} is in both split 'train' and split {val.split!r} (an edited "
                               f"or foreign meta.json; rerun `stateloop tokenize`)")
+        # The same bytes under another name, by the sha256 meta.json records: ShardSet has checked
+        # every shard's contents against it (verify_once), so nothing is read again here.
+        trained = {digest: name for name, digest in shard_digests(train)}
+        copy = next(((name, trained[digest]) for name, digest in shard_digests(val) if digest in trained), None)
+        if copy is not None:
+            raise ConfigError(f"{where}: shard file {copy[0]!r} of split {val.split!r} has the same contents (sha256) as "
+                              f"{copy[1]!r} of split 'train': validation would measure training tokens; make the "
+                              f"validation split from other text and rerun `stateloop tokenize`")
     return train, val
+
+
+def shard_digests(shards: ShardSet) -> list[tuple[str, str]]:
+    """(file, sha256) of each non-empty shard of a split, as meta.json records them (verified on opening)."""
+    return [(s["file"], s["sha256"]) for s in shards.meta["splits"][shards.split]["shards"] if s["tokens"]]
 

@@ -1,6 +1,7 @@
 """``stateloop tokenize``'s stage: the data settings of a command line (a scale's ``data:`` section
 of ``--config``/``--scale``, then single keys from flags) and the token shards they make; a train
-split shorter than one training window of the scale is refused in one line, no shards left. What
+split, or the split its training validates on, shorter than one training window of the scale is
+refused in one line, no shards left. What
 it is asked for is a :class:`Request`, its command's flags."""
 
 from __future__ import annotations
@@ -132,16 +133,19 @@ def data_homes(scales: dict[str, ScaleConfig], names: list[str]) -> dict[str, st
 
 def tokenize_stage(args: Request, scale: ScaleConfig | None = None) -> int:
     """Tokenize as ``args`` and ``scale`` (the scale ``args.config``/``args.scale`` name, loaded
-    here unless a caller that holds it already passes it) say; a train split shorter than one
-    training window of the scale is refused (a one-line DataError)."""
+    here unless a caller that holds it already passes it) say; a train split, or the scale's
+    ``train.val_split`` where it validates, shorter than one training window of the scale is
+    refused (a one-line DataError)."""
     if args.config and args.scale and scale is None:
         scale = load_scale(args.config, args.scale)
 
     data, model_vocab = resolve_data(args, scale)
     require(data_needs(data), args.config)  # offline: the hub tokenizer and dataset files are cached
-    least = None
-    if scale is not None:  # a corpus too small to train on is refused now, not at training time
+    least = validation = None
+    if scale is not None:  # a corpus too small to train (or validate) on is refused now, not at training time
         window = scale.train.seq_len + 1
         least = (window, f"one training window of train.seq_len + 1 = {window} (scales.{args.scale}.train)")
-    tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress, least=least)
+        validation = scale.train.val_split if scale.train.val_tokens > 0 else None
+    tokenize(data, args.out, model_vocab_size=model_vocab, force=args.force, progress=not args.no_progress, least=least,
+             validation=validation)
     return 0

@@ -432,20 +432,32 @@ def _publish(stage: Path, out: Path, splits: dict, tops: dict, vocab_size: int) 
     shutil.rmtree(stage, ignore_errors=True)
 
 
-def _check_enough(cfg: DataConfig, tokens: int, least: tuple[int, str] | None) -> None:
-    """A train split of ``tokens`` tokens, refused (one line naming the source) where it is shorter
-    than ``least`` = (tokens, what needs that many)."""
-    if least is not None and tokens < least[0]:
+def _check_enough(cfg: DataConfig, splits: dict, least: tuple[int, str] | None, validation: str | None = None) -> None:
+    """The train split of ``splits`` (meta.json's), and the split ``validation`` that a training
+    validates on where given, refused (one line naming the source, or the split) where shorter than
+    ``least`` = (tokens, what needs that many); an empty held-out split is absent, so 0 tokens."""
+    if least is None:
+        return
+    tokens = splits["train"]["tokens"]
+    if tokens < least[0]:
         raise DataError(f"data.source: {cfg.source}: {tokens} training tokens, fewer than {least[1]}: "
                         f"nothing to train on; give a larger corpus")
+    if validation is None or validation == "train":
+        return
+    entry = splits.get(validation, {})
+    if entry.get("tokens", 0) < least[0]:
+        raise DataError(f"data: split {validation!r} ({entry.get('source', cfg.source)}) has {entry.get('tokens', 0)} tokens, "
+                        f"fewer than {least[1]}: validation (train.val_split) would have nothing to read; give the "
+                        f"split more text")
 
 
 def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None = None, force: bool = False,
-             progress: bool = True, log=print, least: tuple[int, str] | None = None) -> dict:
+             progress: bool = True, log=print, least: tuple[int, str] | None = None, validation: str | None = None) -> dict:
     """Tokenize ``cfg``'s source into the folder ``out``; returns its meta.json content. A missing
     or empty source, an unreadable tokenizer, one with more ids than ``model_vocab_size``, or a
-    train split shorter than ``least`` = (tokens, what needs them) is a one-line :class:`DataError`
-    (no shards left behind). ``workers > 0`` spawns a pool: a script needs the ``__main__`` guard."""
+    train split (or the split ``validation`` that training validates on) shorter than ``least`` =
+    (tokens, what needs them) is a one-line :class:`DataError` (no shards left behind). ``workers >
+    0`` spawns a pool: a script needs the ``__main__`` guard."""
     out = Path(out)
     streams = plan_streams(cfg)
     source = describe_source(cfg, streams)
@@ -455,7 +467,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     if not force and is_complete(out, fp):
         meta = read_meta(out)
         _check_fit(meta["vocab_size"], model_vocab_size, str(out / "tokenizer.json"))
-        _check_enough(cfg, meta["splits"]["train"]["tokens"], least)
+        _check_enough(cfg, meta["splits"], least, validation)
         log(f"{out}: up to date ({meta['tokens']:,} tokens); nothing to do")
         return meta
 
@@ -488,7 +500,7 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
 
     splits, tops = _write_shards(cfg, streams, stage, tok_json, eos_id, dtype, progress, fp, tok_desc, resume)
     try:
-        _check_enough(cfg, splits["train"]["tokens"], least)
+        _check_enough(cfg, splits, least, validation)
     except DataError:
         shutil.rmtree(stage, ignore_errors=True)  # no shards of it stay; what the folder held before was cleared already
         with contextlib.suppress(OSError):

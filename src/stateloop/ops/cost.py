@@ -400,7 +400,7 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
         writer.writeheader()
         writer.writerows(rows)
         atomic_write_bytes(out, buf.getvalue().encode())
-    return 0
+    return sum(r["fits"] is False for r in rows)  # the runs over their train.gpu_memory_gib (commands/plan.py: exit 1)
 
 
 # -- calibration: the memory plan against a GPU check's record (ops/memory.py's docstring) -----

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -878,12 +879,75 @@ def gate_file(path) -> None:
 
 
 def gate_run(path, run: str) -> None:
-    """:func:`gate` of one run of the config file ``path``, ``run`` as ``stateloop train`` takes it (a
-    run id or its folder): the training command asks for it before it trains."""
+    """:func:`gate` and :func:`check_host` of one run of the config file ``path``, ``run`` as
+    ``stateloop train`` takes it (a run id or its folder): the training command asks for them
+    before it trains."""
     run_id = resolve_run_arg(run).id
     if run_id is not None:  # a folder that names no run: the stage refuses it in its own words
         cfg, planned = load_run(path, run_id)
         gate(cfg, [planned], str(path))
+        check_host(cfg, planned, str(path))
+
+
+def available_host_bytes() -> int | None:
+    """The memory this machine has available now (``MemAvailable`` of /proc/meminfo), in bytes;
+    None where that is not known (no /proc: not judged)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _on_cpu(accelerator: str) -> bool:
+    if accelerator == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return accelerator == "cpu"
+
+
+def check_host(cfg, run, where: str = "config") -> None:
+    """Refuse, in one line, a training on the CPU (``train.accelerator`` cpu, or auto without a GPU)
+    whose planned memory exceeds what this machine has available: :func:`plan_memory` per process
+    (allowance included) times the processes of one node (``train.devices``), against
+    :func:`available_host_bytes`. Not judged where that is unknown, nor in a node's later
+    processes (their first has judged for them, and their own start has taken memory since)."""
+    tcfg = cfg.scales[run.scale].train
+    local = os.environ.get("LOCAL_RANK") or os.environ.get("SLURM_LOCALID") or "0"
+    if local != "0" or not _on_cpu(tcfg.accelerator):
+        return
+    available = available_host_bytes()
+    if available is None:
+        return
+    precision = "32-true" if tcfg.precision == "auto" else tcfg.precision  # as train/loop.py resolves it on the CPU
+    n = tcfg.devices  # processes on this node
+
+    def plan(**changes) -> MemoryPlan:
+        return plan_memory(run.model_config, tcfg.seq_len, Setting.of(tcfg, precision=precision, **changes))
+
+    planned = plan().total * n
+    if planned <= available:
+        return
+    procs = f"{n} processes x {planned / n / GIB:.1f} GiB, " if n > 1 else ""
+    fitting = next((mb for mb in range(tcfg.micro_batch - 1, 0, -1) if plan(micro_batch=mb).total * n <= available), None)
+    static = (plan(micro_batch=1).static * (1 + ALLOWANCE_FRACTION) + ALLOWANCE_GIB * GIB) * n
+    if fitting is not None:
+        fix = f"lower train.micro_batch to {fitting} (accumulation keeps train.global_batch)"
+    elif static > available:
+        fix = (f"the weights, gradients and optimizer state alone plan ~{static / GIB:.1f} GiB; train a smaller model "
+               f"(model.d_model, model.n_layers) or on a GPU")
+    else:
+        fix = "one sequence does not fit even at micro_batch 1; lower train.seq_len or set train.activation_checkpointing"
+    if n > 1:
+        fix += ", or use fewer train.devices"
+    raise ConfigError(
+        f"{where}: scales.{run.scale}.train: {run.id} on the CPU plans ~{planned / GIB:.1f} GiB of memory ({procs}"
+        f"micro_batch {tcfg.micro_batch}, {precision}: ops/memory.py) > the {available / GIB:.1f} GiB this machine has "
+        f"available (MemAvailable): {fix}")
 
 
 def check_fit(cfg, runs, where: str = "config") -> None:
