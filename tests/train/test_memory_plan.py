@@ -387,7 +387,7 @@ def test_plan_help_says_the_measured_mfu(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "default 0.30: measured for these models" in text and "--compare-strategies" in text
+    assert "default: measured, the newest GPU record's" in text and "--compare-strategies" in text
     assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--inter-node-gbps", "0"]) == 2
 
 
