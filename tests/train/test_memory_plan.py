@@ -373,7 +373,8 @@ def test_plan_prints_memory_time_and_the_alternatives(tmp_path, capsys):
     out_csv = tmp_path / "plan.csv"
     assert main(["plan", "--config", str(path), "--compare-strategies", "--out", str(out_csv)]) == 0
     out = capsys.readouterr().out
-    header = out.splitlines()[0]
+    first, header = out.splitlines()[:2]  # the first line names the MFU's GPU record (tests/train/test_plan_mfu.py)
+    assert first.startswith("MFU from the newest GPU record of eager bf16-mixed")
     for column in ("GiB/GPU", "limit", "step s", "comm s", "wall h", "jobs", "GPU-h"):
         assert column in header
     assert "t/vanilla_looped/K3_ds0_seed1234" in out and "fits" in out

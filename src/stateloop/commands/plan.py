@@ -45,8 +45,9 @@ class Request(StageRequest):
     analyses: bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
                          "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)", False)
     out: str | None = arg("also write the per-run rows as CSV here", None)
-    doc_tables: str | None = arg("also write the plan's figures as the documentation's data files, plan_<config>*.csv, into "
-                                 "this folder (docs/tables; then python scripts/results_doc.py renders the pages)", None)
+    doc_tables: str | None = arg("also write the plan's figures as the documentation's data files plan_<config>*.csv in this "
+                                 "folder (docs/tables): those it has, else all; then python scripts/results_doc.py renders "
+                                 "the pages", None)
 
 
 def plan_mfu(cfg, experiments=None, mfu: float | None = None, records: str | None = None) -> measured_mfu.PlanMfu:

@@ -449,6 +449,11 @@ def _span(values, spec: str) -> str:
     return lo if lo == hi else f"{lo}-{hi}"
 
 
+def _hours(value: float) -> str:
+    """GPU-hours as the documentation prints them: whole hours, tenths below 100."""
+    return _fmt(value, ",.0f" if value >= 100 else ".1f")
+
+
 def _changed(alt: dict, current: dict) -> str | None:
     """Which one key ``alt`` changes from ``current``'s setting; "" for the setting itself, None for several."""
     keys = {"strategy": ("strategy", "fsdp_sharding"), "micro-batch": ("micro_batch",),
@@ -477,14 +482,14 @@ def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Ne
         runs.append([r["run"], _fmt(r["params"] / 1e6, ",.1f"), r["setting"], _fmt(r["mem_gib"], ".1f"),
                      _fmt(r["gpu_memory_gib"], "g"), _fmt(r["step_s"], ".2f"), _fmt(r["comm_s"], ".3f"),
                      _fmt(r["wall_h"], ".1f"), "inf" if r["jobs"] == math.inf else str(r["jobs"]),
-                     _fmt(r["gpu_hours"], ",.0f")])
-    runs.append([f"all {len(rows)} runs", "", "", "", "", "", "", "", "", _fmt(sum(r["gpu_hours"] for r in rows), ",.0f")])
+                     _hours(r["gpu_hours"])])
+    runs.append([f"all {len(rows)} runs", "", "", "", "", "", "", "", "", _hours(sum(r["gpu_hours"] for r in rows))])
     tables[f"plan_{stem}.csv"] = runs
     experiments = [["experiment", "runs:", "FLOPs:", "GPU-h:"]]
     names = list(dict.fromkeys(n for r in rows for n in r["experiments"].split()))
     for name, sel in [(n, [r for r in rows if n in r["experiments"].split()]) for n in names] + [("all (each once)", rows)]:
         experiments.append([name, str(len(sel)), _fmt(sum(r["train_flops"] for r in sel), ".2e"),
-                            _fmt(sum(r["gpu_hours"] for r in sel), ",.0f")])
+                            _hours(sum(r["gpu_hours"] for r in sel))])
     tables[f"plan_{stem}_experiments.csv"] = experiments
     chosen = [r for r in rows if "_alternatives" in r]
     if chosen:
@@ -510,7 +515,7 @@ def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Ne
                 fit = sum(a["fits"] is not False for a in alts)
                 settings.append([scale, label, what or "as configured", f"{fit} of {len(alts)}",
                                  _span([a["mem_gib"] for a in alts], ".1f"), _span([a["step_s"] for a in alts], ".2f"),
-                                 _fmt(sum(a["gpu_hours"] for a in alts), ",.0f")])
+                                 _hours(sum(a["gpu_hours"] for a in alts))])
         tables[f"plan_{stem}_settings.csv"] = settings
     if analyses:
         jobs = [["job", "jobs:", "hours each:", "limit h:", "within the limit:"]]
@@ -525,9 +530,12 @@ def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Ne
 
 
 def write_doc_tables(tables: dict[str, list[list[str]]], folder) -> list[Path]:
-    """Write :func:`doc_tables`'s tables as CSV files into ``folder``; their paths."""
+    """Rewrite those of :func:`doc_tables`'s tables that ``folder`` has (the ones a page shows), or
+    where it has none of them write them all; the paths written."""
     paths = []
-    for name, table in tables.items():
+    kept = [name for name in tables if (Path(folder) / name).is_file()]
+    for name in kept or list(tables):
+        table = tables[name]
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerows(table)
         path = Path(folder) / name
