@@ -117,6 +117,8 @@ def test_plan_names_the_record_on_its_first_line_and_mfu_wins(tmp_path, capsys, 
     monkeypatch.setenv(plan_mfu.RECORDS_ENV, str(tmp_path / "none"))
     assert main(["plan", "--config", str(config), "--experiments", "table1"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("warning: MFU compiled bf16-mixed")
+    assert main(["plan", "--config", str(config), "--experiments", "table1", "--records", str(records)]) == 0
+    assert "gpu_check_h100_2026-12-21.json" in capsys.readouterr().out.splitlines()[0]  # --records over the variable
 
 
 def _column(path: Path, name: str) -> list[str]:

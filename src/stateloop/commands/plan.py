@@ -50,11 +50,12 @@ class Request(StageRequest):
                                  "the pages", None)
 
 
-def plan_mfu(cfg, experiments=None, mfu: float | None = None, records: str | None = None) -> measured_mfu.PlanMfu:
-    """The MFU of each trained scale: ``mfu`` where given, else the GPU records' (ops/mfu.py)."""
+def plan_mfu(cfg, mfu: float | None = None, records: str | None = None) -> measured_mfu.PlanMfu:
+    """The MFU of each scale the config trains (the analyses' jobs, too, are of every trained run):
+    ``mfu`` where given, else the GPU records' (ops/mfu.py)."""
     from stateloop.pipeline import expand_runs
 
-    scales = sorted({run.scale for run in expand_runs(cfg, experiments)})
+    scales = sorted({run.scale for run in expand_runs(cfg)})
     if mfu is not None:
         return measured_mfu.explicit(mfu, scales)
     return measured_mfu.resolve({s: bool(cfg.scales[s].train.compile) for s in scales},
@@ -64,7 +65,7 @@ def plan_mfu(cfg, experiments=None, mfu: float | None = None, records: str | Non
 def run(args: Request) -> int:
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
-    mfu = plan_mfu(cfg, args.experiments, args.mfu, args.records)
+    mfu = plan_mfu(cfg, args.mfu, args.records)
     print(mfu.source, flush=True)  # the first line: what the hours below rest on
     rows = plan_rows(cfg, args.experiments, mfu, args.peak_tflops, network, args.margin, args.gpu_memory_gib)
     rc = print_plan(cfg, args.experiments, mfu, args.peak_tflops, args.out, network,

@@ -126,6 +126,8 @@ def _name(path: Path) -> str:
 def resolve(compile_by_scale: dict[str, bool], folder: Path | None = None) -> PlanMfu:
     """Each scale's MFU (module docstring's [choice]) for scales training as ``compile_by_scale``."""
     folder = records_dir() if folder is None else folder
+    if not compile_by_scale:
+        return PlanMfu({}, "MFU: no trained runs to plan")
     records = read_records(folder)
     by_scale: dict[str, float] = {}
     parts: list[str] = []
