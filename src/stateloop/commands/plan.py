@@ -12,9 +12,9 @@ from pathlib import Path
 
 from stateloop.config import POSITIVE, StageRequest, arg
 from stateloop.ops import mfu as measured_mfu
-from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_PEAK_TFLOPS, Network, plan_rows, print_plan
+from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_PEAK_TFLOPS, Network, doc_tables, plan_rows, print_plan, write_doc_tables
 from stateloop.ops.mfu import FALLBACK_MFU, RECORDS_ENV
-from stateloop.pipeline import load_pipeline
+from stateloop.pipeline import expand_runs, load_pipeline
 
 
 class Request(StageRequest):
@@ -53,8 +53,6 @@ class Request(StageRequest):
 def plan_mfu(cfg, mfu: float | None = None, records: str | None = None) -> measured_mfu.PlanMfu:
     """The MFU of each scale the config trains (the analyses' jobs, too, are of every trained run):
     ``mfu`` where given, else the GPU records' (ops/mfu.py)."""
-    from stateloop.pipeline import expand_runs
-
     scales = sorted({run.scale for run in expand_runs(cfg)})
     if mfu is not None:
         return measured_mfu.explicit(mfu, scales)
@@ -80,8 +78,6 @@ def run(args: Request) -> int:
         if any(r["fits"] is False for r in analyses):
             rc = rc or 1
     if args.doc_tables:
-        from stateloop.ops.cost import doc_tables, write_doc_tables
-
         tables = doc_tables(Path(args.config).stem, rows, mfu, args.peak_tflops, network, args.margin, analyses)
         for path in write_doc_tables(tables, Path(args.doc_tables)):
             print(f"wrote {path}")
