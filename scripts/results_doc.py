@@ -1,12 +1,15 @@
-"""docs/results.md's tables, rendered from the data files in docs/tables/, so that a number is
-written once and the page cannot drift from it (tests/test_docs.py checks). Standard library only.
+"""The tables of docs/results.md and the other pages in docs/ (docs/cluster.md's plan), rendered
+from the data files in docs/tables/, so that a number is written once and the page cannot drift
+from it (tests/test_docs.py checks). Standard library only.
 
-    python scripts/results_doc.py                 # rewrite the tables of docs/results.md
+    python scripts/results_doc.py                 # rewrite the tables of every page in docs/
     python scripts/results_doc.py --check         # exit 1, naming the first table that differs
     python scripts/results_doc.py import results/claims.csv docs/tables/NAME.claims.csv
 
-In docs/results.md a table follows a marker line ``<!-- table: tables/NAME.csv -->`` (the path is
-relative to docs/); every line from the marker to the next blank line is rewritten from the file.
+In a page a table follows a marker line ``<!-- table: tables/NAME.csv -->`` (the path is relative
+to docs/); every line from the marker to the next blank line is rewritten from the file. The
+``plan_<config>*.csv`` files are the plan's own figures (``stateloop plan --config configs/<config>.yaml
+--analyses --doc-tables docs/tables``; tests/test_docs.py compares them with a fresh plan).
 Two kinds of data file:
 
 - ``*.claims.csv``: verdict rows, the columns CLAIM_COLUMNS of a run's ``results/claims.csv``
@@ -28,7 +31,7 @@ from itertools import zip_longest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = ROOT / "docs" / "results.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))  # every page in docs/: those with markers have tables
 MARKER = re.compile(r"^<!-- table: (\S+) -->$")
 CLAIM_COLUMNS = ["claim", "source", "unit", "paper_effect", "paper_unit", "ours", "ci_lo", "ci_hi",
                  "ci_half_width", "n", "verdict"]
@@ -83,7 +86,7 @@ def render_page(text: str, base: Path) -> str:
         if found:
             path = base / found.group(1)
             if not path.is_file():
-                raise SystemExit(f"{PAGE.name}: table file {found.group(1)} does not exist")
+                raise SystemExit(f"table file {found.group(1)} (relative to {base}) does not exist")
             out += render_table(path)
             while i < len(lines) and lines[i].strip():
                 i += 1
@@ -104,7 +107,7 @@ def import_claims(claims_csv: Path, out: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/results.md's tables differ from the files")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a page's tables differ from the files")
     sub = parser.add_subparsers(dest="command")
     imp = sub.add_parser("import", help="a run's results/claims.csv -> docs/tables/NAME.claims.csv")
     imp.add_argument("claims_csv", type=Path)
@@ -115,16 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.out}: the data file's name must end in .claims.csv")
         print(f"{import_claims(args.claims_csv, args.out)} rows -> {args.out}")
         return 0
-    text = PAGE.read_text()
-    rendered = render_page(text, PAGE.parent)
-    if rendered == text:
-        return 0
-    if args.check:
-        first = next(a for a, b in zip_longest(text.split("\n"), rendered.split("\n"), fillvalue="") if a != b)
-        print(f"{PAGE.relative_to(ROOT)} differs from its data files at: {first!r}; run python scripts/results_doc.py",
-              file=sys.stderr)
-        return 1
-    PAGE.write_text(rendered)
+    for page in PAGES:
+        text = page.read_text()
+        rendered = render_page(text, page.parent)
+        if rendered == text:
+            continue
+        if args.check:
+            first = next(a for a, b in zip_longest(text.split("\n"), rendered.split("\n"), fillvalue="") if a != b)
+            print(f"{page.relative_to(ROOT)} differs from its data files at: {first!r}; run python scripts/results_doc.py",
+                  file=sys.stderr)
+            return 1
+        page.write_text(rendered)
     return 0
 
 

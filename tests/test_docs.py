@@ -156,14 +156,81 @@ def test_no_paragraph_is_written_in_two_pages():
     assert len(seen) > 100
 
 
-def test_results_page_tables_are_rendered_from_the_data_files():
+def test_the_pages_tables_are_rendered_from_the_data_files():
     doc = _results_doc()
-    text = (DOCS / "results.md").read_text()
-    assert doc.render_page(text, DOCS) == text, "run: python scripts/results_doc.py"
+    assert DOCS / "results.md" in doc.PAGES and DOCS / "cluster.md" in doc.PAGES
+    markers = []
+    for page in doc.PAGES:
+        text = page.read_text()
+        assert doc.render_page(text, DOCS) == text, f"{page.name}: run python scripts/results_doc.py"
+        markers += [m.group(1) for line in text.splitlines() if (m := doc.MARKER.match(line))]
     assert doc.main(["--check"]) == 0
-    markers = [m.group(1) for line in text.splitlines() if (m := doc.MARKER.match(line))]
     files = sorted(f"tables/{p.name}" for p in (DOCS / "tables").glob("*.csv"))
-    assert sorted(markers) == files, "every data file in docs/tables/ has one table in docs/results.md"
+    assert sorted(markers) == files, "every data file in docs/tables/ has one table in one page of docs/"
+
+
+# The plan's figures: docs/tables/plan_<config>[_<table>].csv, written by `stateloop plan --config
+# configs/<config>.yaml --doc-tables docs/tables` (ops/cost.py doc_tables).
+PLAN_TABLE = re.compile(r"^plan_(.+?)(_inputs|_experiments|_settings|_analyses)?\.csv$")
+
+
+@pytest.mark.slow  # plans paper.yaml (with its analyses) and ladder_gpu.yaml afresh: about a minute on 2 loaded cores
+def test_the_plan_figures_in_the_docs_are_the_plans_own(monkeypatch):
+    """Every plan figure the pages print (GPU-hours, per-run rows, memory, the alternatives, the
+    analyses' hours, the MFU's record) is what `stateloop plan` prints now: a change to the code, a
+    config or the GPU records that moves one fails here until the tables are written again."""
+    from stateloop.commands.plan import plan_mfu
+    from stateloop.ops import cost
+    from stateloop.ops.analysis_cost import analysis_plan_rows
+    from stateloop.ops.mfu import RECORDS_ENV
+    from stateloop.pipeline import load_pipeline
+
+    monkeypatch.delenv(RECORDS_ENV, raising=False)  # the repository's records, as the pages say
+    files = {p.name: p for p in (DOCS / "tables").glob("plan_*.csv")}
+    stems = {PLAN_TABLE.match(name).group(1) for name in files}
+    assert stems == {"paper", "ladder_gpu"} and "plan_paper.csv" in files
+    for stem in sorted(stems):
+        cfg = load_pipeline(ROOT / "configs" / f"{stem}.yaml")
+        mfu = plan_mfu(cfg)
+        analyses = analysis_plan_rows(cfg, mfu, data_root=ROOT / "data") if f"plan_{stem}_analyses.csv" in files else None
+        tables = cost.doc_tables(stem, cost.plan_rows(cfg, None, mfu), mfu, cost.DEFAULT_PEAK_TFLOPS, analyses=analyses)
+        mine = sorted(name for name in files if PLAN_TABLE.match(name).group(1) == stem)
+        assert set(mine) <= set(tables), set(mine) - set(tables)
+        for name in mine:
+            with files[name].open(newline="") as f:
+                written = list(csv.reader(f))
+            assert written == tables[name], (
+                f"docs/tables/{name} is not what the plan prints now: stateloop plan --config configs/{stem}.yaml"
+                f"{' --analyses' if analyses else ''} --doc-tables docs/tables; python scripts/results_doc.py")
+
+
+def test_the_doc_tables_are_the_plans_rows(tmp_path, capsys):
+    """`stateloop plan --doc-tables` writes the rows the plan prints, as the pages print them, and then
+    rewrites only the tables the folder has."""
+    from stateloop.cli import main
+
+    config = ROOT / "configs" / "tiny.yaml"
+    out = tmp_path / "rows.csv"
+    assert main(["plan", "--config", str(config), "--experiments", "table1", "--mfu", "0.25", "--out", str(out),
+                 "--doc-tables", str(tmp_path)]) == 0
+    capsys.readouterr()
+    rows = list(csv.DictReader(out.open()))
+    with (tmp_path / "plan_tiny.csv").open(newline="") as f:
+        header, *runs = list(csv.reader(f))
+    assert header[0] == "run" and header[-1] == "GPU-h:"
+    assert [r[0] for r in runs[:-1]] == [r["run"] for r in rows] and runs[-1][0] == f"all {len(rows)} runs"
+    assert [r[3] for r in runs[:-1]] == [f"{float(r['mem_gib']):.1f}" for r in rows]
+    total = sum(float(r["gpu_hours"]) for r in rows)
+    assert runs[-1][-1] == (f"{total:,.0f}" if total >= 100 else f"{total:.1f}")
+    with (tmp_path / "plan_tiny_inputs.csv").open(newline="") as f:
+        assert ["MFU", "MFU 0.25 for every run (--mfu)"] in list(csv.reader(f))
+    (tmp_path / "plan_tiny_inputs.csv").unlink()
+    before = (tmp_path / "plan_tiny.csv").read_text()
+    (tmp_path / "plan_tiny.csv").write_text("a stale table\n")
+    assert main(["plan", "--config", str(config), "--experiments", "table1", "--mfu", "0.25", "--doc-tables", str(tmp_path)]) == 0
+    assert f"wrote {tmp_path / 'plan_tiny.csv'}" in capsys.readouterr().out
+    assert (tmp_path / "plan_tiny.csv").read_text() == before  # rewritten, as it was
+    assert not (tmp_path / "plan_tiny_inputs.csv").exists()  # only the tables the folder has
 
 
 def test_a_changed_number_in_a_data_file_changes_the_page(tmp_path):

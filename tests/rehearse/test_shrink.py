@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,3 +24,30 @@ def test_the_paper_rehearsal_runs_the_analyses_sharded():
     assert "shapley_shards" not in out["1.4b"]["resources"]["analyze"]
     tiny = shrink(yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text()))["scales"]
     assert all("shapley_shards" not in s["resources"].get("analyze", {}) for s in tiny.values() if "resources" in s)
+
+
+def test_every_rehearsal_trains_on_the_cpu_past_the_gpu_check(monkeypatch):
+    """The GPU configs say `train.accelerator: cuda`, which training refuses where torch sees no GPU
+    (train/loop.py require_accelerator); their rehearsals set `cpu`, so they pass it on this machine."""
+    import torch
+
+    from stateloop.config import ConfigError
+    from stateloop.ops.rehearse.config import shrink
+    from stateloop.sections.train import TrainConfig
+    from stateloop.train.loop import require_accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    gpu = []
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if "scales" not in raw:
+            continue
+        for name, scale in shrink(raw)["scales"].items():
+            accelerator = str(((raw["scales"][name] or {}).get("train") or {}).get("accelerator", "auto"))
+            if accelerator in ("cuda", "gpu"):
+                gpu.append(f"{path.stem}/{name}")
+                with pytest.raises(ConfigError, match=f"train.accelerator: {accelerator}, but torch sees no GPU"):
+                    require_accelerator(TrainConfig(accelerator=accelerator))
+            assert scale["train"]["accelerator"] == "cpu", f"{path.name} {name}"
+            require_accelerator(TrainConfig(accelerator=scale["train"]["accelerator"]))
+    assert {"paper/1.4b", "paper/410m", "gpu/gpu"} <= set(gpu)

@@ -238,3 +238,25 @@ def test_shards_without_checksums_are_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"stateloop train: error: {needle}"], err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("accelerator", ["cuda", "gpu"])
+def test_a_gpu_accelerator_without_a_gpu_is_one_line_naming_the_cpu_rehearsal(accelerator, tmp_path, capsys, monkeypatch):
+    """`train.accelerator: cuda` where torch sees no GPU (paper.yaml's setting on a laptop) is refused in
+    one line naming the key, the value and what to set, before anything is written (no Lightning
+    traceback); the same run with the line's settings trains."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on this CPU machine, also where a GPU is
+    cfg, data, out = write_config(tmp_path / "cfg.yaml"), tmp_path / "data", tmp_path / "out"
+    write_shards(data, n_train=4000, n_val=400)
+    capsys.readouterr()
+    assert main(_train(cfg, data, out, RUN, f"train.accelerator={accelerator}", "train.max_steps=2")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("stateloop train: error: train.accelerator: " + accelerator + ", but torch sees no GPU")
+    assert "--set train.accelerator=cpu train.precision=32-true" in err[0]
+    assert not out.exists()
+    fix = err[0].split("--set ")[1].split(" (")[0].split()
+    assert main(_train(cfg, data, out, RUN, "train.max_steps=2", *fix, "--no-progress")) == 0
+    assert (out / "train.json").is_file()

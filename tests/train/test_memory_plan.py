@@ -408,7 +408,8 @@ def test_plan_prints_memory_time_and_the_alternatives(tmp_path, capsys):
     out_csv = tmp_path / "plan.csv"
     assert main(["plan", "--config", str(path), "--compare-strategies", "--out", str(out_csv)]) == 0
     out = capsys.readouterr().out
-    header = out.splitlines()[0]
+    first, header = out.splitlines()[:2]  # the first line names the MFU's GPU record (tests/train/test_plan_mfu.py)
+    assert first.startswith("MFU from the newest GPU record of eager bf16-mixed")
     for column in ("GiB/GPU", "limit", "step s", "comm s", "wall h", "jobs", "GPU-h"):
         assert column in header
     assert "t/vanilla_looped/K3_ds0_seed1234" in out and "fits" in out
@@ -446,7 +447,7 @@ def test_plan_help_says_the_measured_mfu(capsys):
     with pytest.raises(SystemExit):
         main(["plan", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "default 0.30: measured for these models" in text and "--compare-strategies" in text
+    assert "default: measured, the newest GPU record's" in text and "--compare-strategies" in text
     assert main(["plan", "--config", str(ROOT / "configs/tiny.yaml"), "--inter-node-gbps", "0"]) == 2
 
 

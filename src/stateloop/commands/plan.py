@@ -10,10 +10,13 @@ The whole plan is printed first; the exit status then says whether it holds (:da
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from stateloop.config import POSITIVE, StageRequest, arg
-from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, Network, print_plan
-from stateloop.pipeline import load_pipeline
+from stateloop.ops import mfu as measured_mfu
+from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_PEAK_TFLOPS, Network, doc_tables, plan_rows, print_plan, write_doc_tables
+from stateloop.ops.mfu import FALLBACK_MFU, RECORDS_ENV
+from stateloop.pipeline import expand_runs, load_pipeline
 
 EPILOG = ("Exit status: 0 every run fits its train.gpu_memory_gib (or the scale sets none); 1 the whole plan is "
           "printed, but a run does not fit its train.gpu_memory_gib (DOES NOT FIT) or, with --analyses, a job is "
@@ -23,9 +26,12 @@ EPILOG = ("Exit status: 0 every run fits its train.gpu_memory_gib (or the scale 
 class Request(StageRequest):
     config: str = arg("pipeline config (configs/*.yaml)")
     experiments: list[str] | None = arg("only these experiments (default: all)", None)
-    mfu: float = arg(f"model FLOPs utilisation assumed (default {DEFAULT_MFU:.2f}: measured for these models in eager PyTorch "
-                     f"on an H200, benchmarks/records/gpu_check_h200_2026-12-04.json; it was 0.40 before)", DEFAULT_MFU,
-                     check=(lambda v: 0 < v <= 1, "in (0, 1]"))
+    mfu: float | None = arg("model FLOPs utilisation assumed for every run (default: measured, the newest GPU record's "
+                            "for each scale's train.compile, named on the first line; a constant "
+                            f"{FALLBACK_MFU:.2f}, with a warning, where there is none: ops/mfu.py)", None,
+                            check=(lambda v: 0 < v <= 1, "in (0, 1]"))
+    records: str | None = arg(f"the GPU records' folder (default: ${RECORDS_ENV}, else the repository's benchmarks/records/)",
+                              None)
     peak_tflops: float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)", DEFAULT_PEAK_TFLOPS,
                              check=POSITIVE)
     inter_node_gbps: float = arg(f"network bandwidth per node between nodes, Gb/s (default {Network.inter_node_gbps:g}: one "
@@ -45,21 +51,41 @@ class Request(StageRequest):
     analyses: bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
                          "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)", False)
     out: str | None = arg("also write the per-run rows as CSV here", None)
+    doc_tables: str | None = arg("also write the plan's figures as the documentation's data files plan_<config>*.csv in this "
+                                 "folder (docs/tables): those it has, else all; then python scripts/results_doc.py renders "
+                                 "the pages", None)
+
+
+def plan_mfu(cfg, mfu: float | None = None, records: str | None = None) -> measured_mfu.PlanMfu:
+    """The MFU of each scale the config trains (the analyses' jobs, too, are of every trained run):
+    ``mfu`` where given, else the GPU records' (ops/mfu.py)."""
+    scales = sorted({run.scale for run in expand_runs(cfg)})
+    if mfu is not None:
+        return measured_mfu.explicit(mfu, scales)
+    return measured_mfu.resolve({s: bool(cfg.scales[s].train.compile) for s in scales},
+                                None if records is None else Path(records))
 
 
 def run(args: Request) -> int:
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
-    unfit = print_plan(cfg, args.experiments, args.mfu, args.peak_tflops, args.out, network,
-                       args.compare_strategies, args.gpu_memory_gib, args.top, args.margin)
-    late = 0
+    mfu = plan_mfu(cfg, args.mfu, args.records)
+    print(mfu.source, flush=True)  # the first line: what the hours below rest on
+    rows = plan_rows(cfg, args.experiments, mfu, args.peak_tflops, network, args.margin, args.gpu_memory_gib)
+    unfit = print_plan(cfg, args.experiments, mfu, args.peak_tflops, args.out, network,
+                       args.compare_strategies, args.gpu_memory_gib, args.top, args.margin, rows=rows)
+    analyses, late = None, 0
     if args.analyses:
         from stateloop.ops.analysis_cost import analysis_plan_rows, print_analysis_plan  # lazy: torch
 
-        rows = analysis_plan_rows(cfg, args.mfu, args.peak_tflops)
-        late = sum(r["fits"] is False for r in rows)
-        print(f"\nEvaluation and analysis jobs ({late} of {len(rows)} past their limit):")
-        print_analysis_plan(rows, args.mfu, args.peak_tflops)
+        analyses = analysis_plan_rows(cfg, mfu, args.peak_tflops)
+        late = sum(r["fits"] is False for r in analyses)
+        print(f"\nEvaluation and analysis jobs ({late} of {len(analyses)} past their limit):")
+        print_analysis_plan(analyses, mfu, args.peak_tflops)
+    if args.doc_tables:
+        tables = doc_tables(Path(args.config).stem, rows, mfu, args.peak_tflops, network, args.margin, analyses)
+        for path in write_doc_tables(tables, Path(args.doc_tables)):
+            print(f"wrote {path}")
     said = [f"{unfit} run(s) do not fit their train.gpu_memory_gib (marked DOES NOT FIT)" if unfit else "",
             f"{late} evaluation or analysis job(s) past their runtime limit" if late else ""]
     if unfit or late:

@@ -28,6 +28,7 @@ from stateloop.analysis.shards import Shard, n_batches
 from stateloop.data.stage import data_homes
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
+from stateloop.ops.cost import run_mfu
 from stateloop.pipeline import expand_runs
 
 # [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
@@ -204,20 +205,19 @@ def forward_flops(cfg, seq_len: int) -> float:
 
 # -- the jobs --------------------------------------------------------------------------------------
 
-def analysis_plan_rows(cfg, mfu: float = 0.30, peak_tflops: float = 989.0, data_root="data",
+def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="data",
                        split_tokens: dict | None = None) -> list[dict]:
     """One row per evaluation or analysis job the DAG runs for the pipeline config ``cfg`` (module
     docstring): ``job`` (the rule), ``run``, ``shard`` ("I/N" or ""), ``windows``, ``tokens``,
-    ``flops``, ``hours`` (at ``mfu`` of ``peak_tflops`` per GPU), ``limit_min`` (the job's runtime
+    ``flops``, ``hours`` (at ``mfu``, or ``mfu(scale)``, of ``peak_tflops`` per GPU), ``limit_min`` (the job's runtime
     from the scale's resources), ``fits`` (hours within the limit), ``gpus``, ``heldout_from`` (where
     the window count comes from) and ``note``. ``flops``, ``hours`` and ``fits`` are None where the
     held-out split's size is unknown."""
-    rate = mfu * peak_tflops * 1e12
     made = {name for name, e in cfg.experiments.items() if e.trained}
     rows = []
 
     def row(job, run, windows, tokens, flops, res, source, shard="", note=""):
-        hours = None if flops is None else flops / rate / 3600
+        hours = None if flops is None else flops / (run_mfu(mfu, run.scale) * peak_tflops * 1e12) / 3600
         limit = int(res["runtime"])
         rows.append({"job": job, "run": run.id, "shard": shard, "windows": windows, "tokens": tokens, "flops": flops,
                      "hours": hours, "limit_min": limit, "fits": None if hours is None else hours * 60 <= limit,
@@ -284,5 +284,6 @@ def print_analysis_plan(rows: list[dict], mfu: float, peak_tflops: float) -> Non
         note = f"  ({r['note']})" if "lm-eval" in r["note"] else ""
         print(f"{r['job']:<26}{r['run']:<36}{r['shard']:>6}{tokens:>12}{flops:>11}{hours:>8}"
               f"{r['limit_min'] / 60:>8.1f}  {fits}{note}")
-    print(f"(one GPU per job at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s; held-out windows: "
+    at = "the MFU above" if callable(mfu) else f"MFU {mfu:.0%}"
+    print(f"(one GPU per job at {at} of {peak_tflops:g} TFLOP/s; held-out windows: "
           f"{'; '.join(sorted({r['heldout_from'] for r in rows}))})")

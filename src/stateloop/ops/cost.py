@@ -7,9 +7,9 @@ margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
 
 **Time of one optimiser step** (per device):
 
-- Compute: the training FLOPs at ``mfu`` of ``peak_tflops``. [assume] The MFU is the one measured
-  in eager PyTorch (30% of an H200's bf16 peak at Table 4's 410M shapes: benchmarks/records/
-  gpu_check_h200_2026-12-04.json), and [assume] the same at every micro-batch. Checkpointing adds
+- Compute: the training FLOPs at ``mfu`` of ``peak_tflops``. The MFU is the newest GPU record's for
+  the scale's setting, eager or compiled (ops/mfu.py; ``stateloop plan`` names the record on its first
+  line), a figure or a function of the scale here; [assume] the same at every micro-batch. Checkpointing adds
   the recomputed forward, a chunked loss the head's forward again.
 - Exposed communication: a parameter's gradient can be reduced once backward reaches its first
   use in the forward (the measured order, ops/memory.py); in a looped model that is the last 1/K
@@ -29,14 +29,18 @@ and save it within its limit (``no progress`` otherwise); ``requeue xN`` flags r
 from __future__ import annotations
 
 import csv
+import io
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import count_params, get_spec
 from stateloop.ops import memory
 from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB, Setting, parameter_bytes, plan_memory
+from stateloop.ops.mfu import FALLBACK_MFU
 from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
 from stateloop.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
@@ -49,7 +53,7 @@ from stateloop.slurm import (
 if TYPE_CHECKING:
     from stateloop.ops.memory import MemoryPlan
 
-DEFAULT_MFU = 0.30  # measured: benchmarks/records/gpu_check_h200_2026-12-04.json (eager PyTorch, 410M shapes)
+DEFAULT_MFU = FALLBACK_MFU  # a library call's default; `stateloop plan` reads the records (ops/mfu.py)
 DEFAULT_PEAK_TFLOPS = 989.0  # H100 / H200 SXM dense bf16
 # [choice] The share of train.gpu_memory_gib a chosen setting leaves free: the plan's estimate is
 # checked to within a few percent (ops/memory.py) on the parts it has measured, and what the GPU
@@ -177,6 +181,11 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
 # Rows
 
 
+def run_mfu(mfu: float | Callable[[str], float], scale: str) -> float:
+    """The MFU of a run of ``scale``: ``mfu`` itself, or its figure for the scale (ops/mfu.py's PlanMfu)."""
+    return mfu(scale) if callable(mfu) else mfu
+
+
 def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo: dict | None = None) -> dict:
     """Memory and time of one run trained as ``setting`` (a row's columns); ``memo``: shared lookups."""
     from stateloop.models.flops import compute_profile  # torch: the plan command builds its parser without it
@@ -193,18 +202,20 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo
     prof, params, saved = memo["flops"], memo["params"], memo[mb]
     mem = memory.plan_memory(run.model_config, tcfg.seq_len, setting, profile=saved, params=params)
     t = plan_time(run.model_config, tcfg, setting, prof.flops_per_token, saved, params, scale.resources.train.runtime,
-                  mfu, peak_tflops, network)
+                  run_mfu(mfu, run.scale), peak_tflops, network)
     return {"setting": setting.label, "strategy": setting.kind, "micro_batch": setting.micro_batch,
             "mem_gib": mem.total / memory.GIB, "mem_allocated_gib": mem.allocated / memory.GIB,
             "mem_static_gib": mem.static / memory.GIB, "mem_activations_gib": mem.activations / memory.GIB,
             "mem_loss_gib": mem.loss / memory.GIB, "mem_instant": mem.instant,
             "step_s": t.step_s, "comm_s": t.comm_s, "wall_h": t.wall_s / 3600, "jobs": t.jobs,
-            "job_limit_h": scale.resources.train.runtime / 60, "gpu_hours": t.gpu_hours, "flag": t.flag}
+            "job_limit_h": scale.resources.train.runtime / 60, "gpu_hours": t.gpu_hours, "flag": t.flag,
+            "fsdp_sharding": setting.fsdp_sharding, "activation_checkpointing": setting.activation_checkpointing,
+            "loss_chunk_tokens": setting.loss_chunk_tokens}
 
 
-def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS,
-              network: Network = Network(), margin: float = DEFAULT_MARGIN, limit_gib: float | None = None,
-              choose_strategy: bool = True) -> list[dict]:
+def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float | Callable[[str], float] = DEFAULT_MFU,
+              peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(), margin: float = DEFAULT_MARGIN,
+              limit_gib: float | None = None, choose_strategy: bool = True) -> list[dict]:
     """One row per run of the experiments (default: every trained one); where its memory limit is
     known and ``choose_strategy``, also :func:`choose`'s setting and whether the config ``agrees``."""
     rows = []
@@ -216,7 +227,8 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, p
         tokens = train.total_steps * train.tokens_per_step
         row = {"job": "train", "run": run.id, "experiments": " ".join(run.experiments), "params": params,
                "layer_apps_per_token": round(prof.layer_applications_per_token, 2), "train_tokens": tokens,
-               "train_flops": prof.flops_per_token * tokens, "gpu_memory_gib": train.gpu_memory_gib or None}
+               "train_flops": prof.flops_per_token * tokens, "gpu_memory_gib": train.gpu_memory_gib or None,
+               "mfu": run_mfu(mfu, run.scale)}
         row.update(current)
         row["fits"] = None if not train.gpu_memory_gib else row["mem_gib"] <= train.gpu_memory_gib
         limit = limit_gib or train.gpu_memory_gib or None
@@ -231,8 +243,8 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float = DEFAULT_MFU, p
     return rows
 
 
-def alternatives(cfg: PipelineConfig, run, limit_gib: float | None, mfu: float = DEFAULT_MFU,
-                 peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(),
+def alternatives(cfg: PipelineConfig, run, limit_gib: float | None,
+                 mfu: float | Callable[[str], float] = DEFAULT_MFU, peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(),
                  margin: float = DEFAULT_MARGIN) -> list[dict]:
     """The run's strategies x micro-batches x checkpointing x loss chunking as :func:`plan_rows`'s
     columns, fastest first; ``fits``: within ``limit_gib`` less ``margin`` (None: not judged)."""
@@ -344,14 +356,18 @@ def print_table(rows: list[dict], columns, indent: str = "") -> None:
         print(indent + "".join(format(str(v(r)), f"{a}{w}") for _, w, v, a in columns).rstrip())
 
 
-def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, peak_tflops: float,
-               out: str | None = None, network: Network = Network(), compare: bool = False,
-               limit_gib: float | None = None, top: int = 6, margin: float = DEFAULT_MARGIN) -> int:
-    """Print the rows of :func:`plan_rows`, the totals, the plan's strategy per run against the
-    config's and (``compare``) every run's alternatives; write the rows as CSV to ``out`` when given."""
-    rows = plan_rows(cfg, experiments, mfu, peak_tflops, network, margin, limit_gib)
+def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float | Callable[[str], float],
+               peak_tflops: float, out: str | None = None, network: Network = Network(), compare: bool = False,
+               limit_gib: float | None = None, top: int = 6, margin: float = DEFAULT_MARGIN,
+               rows: list[dict] | None = None) -> int:
+    """Print the rows of :func:`plan_rows` (``rows`` where already made), the totals, the plan's
+    strategy per run against the config's and (``compare``) every run's alternatives; write the rows
+    as CSV to ``out`` when given."""
+    if rows is None:
+        rows = plan_rows(cfg, experiments, mfu, peak_tflops, network, margin, limit_gib)
     print_table(rows, TRAIN_COLUMNS)
-    print(f"\nTotals at MFU {mfu:.0%} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
+    at = f"MFU {mfu:.0%}" if not callable(mfu) else "the MFU above"
+    print(f"\nTotals at {at} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
     names = experiments or [n for n, e in cfg.experiments.items() if e.trained]
     for name in names:
         sel = [r for r in rows if name in r["experiments"].split()]
@@ -392,8 +408,6 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float, p
                   f"(the fastest {top} shown; * the plan's choice: DDP where it fits, = the config's)")
             print_table(shown, ALTERNATIVE_COLUMNS, indent="  ")
     if out:
-        import io
-
         buf = io.StringIO()
         fields = [k for k in rows[0] if not k.startswith("_")]
         writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
@@ -421,4 +435,110 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
 
 
 __all__ = ["DEFAULT_MARGIN", "DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "choose",
-           "choose_for_scale", "plan_rows", "plan_time", "print_plan", "print_table", "record_plans"]
+           "choose_for_scale", "doc_tables", "plan_rows", "plan_time", "print_plan", "print_table", "record_plans",
+           "run_mfu", "write_doc_tables"]
+
+
+# -- the documentation's figures: docs/tables/plan_<config>*.csv, rendered into the pages by
+# scripts/results_doc.py and compared with a fresh plan by tests/test_docs.py ---------------------
+
+
+def _span(values, spec: str) -> str:
+    """``lo-hi`` of ``values`` (one figure where they agree as printed)."""
+    lo, hi = _fmt(min(values), spec), _fmt(max(values), spec)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _hours(value: float) -> str:
+    """GPU-hours as the documentation prints them: whole hours, tenths below 100."""
+    return _fmt(value, ",.0f" if value >= 100 else ".1f")
+
+
+def _changed(alt: dict, current: dict) -> str | None:
+    """Which one key ``alt`` changes from ``current``'s setting; "" for the setting itself, None for several."""
+    keys = {"strategy": ("strategy", "fsdp_sharding"), "micro-batch": ("micro_batch",),
+            "checkpointing": ("activation_checkpointing",), "loss": ("loss_chunk_tokens",)}
+    changed = [name for name, ks in keys.items() if any(alt[k] != current[k] for k in ks)]
+    return "" if not changed else (changed[0] if len(changed) == 1 else None)
+
+
+def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Network = Network(),
+               margin: float = DEFAULT_MARGIN, analyses: list[dict] | None = None) -> dict[str, list[list[str]]]:
+    """The plan of config ``stem`` as the documentation prints it: data files (header, rows) by name,
+    a header ending in ":" right-aligned (scripts/results_doc.py). ``rows``: :func:`plan_rows`;
+    ``mfu``: ops/mfu.py's PlanMfu (or a figure); ``analyses``: analysis_cost.analysis_plan_rows."""
+    source = mfu.source if hasattr(mfu, "source") else f"MFU {mfu:g}"
+    tables = {f"plan_{stem}_inputs.csv": [
+        ["input", "value"],
+        ["MFU", source],
+        ["peak", f"{peak_tflops:g} TFLOP/s per GPU (dense bf16)"],
+        ["links", f"{network.inter_node_gbps:g} Gb/s per node between nodes, {network.intra_node_gbs:g} GB/s per GPU "
+                  f"within a node"],
+        ["memory", f"the plan's peak + {ALLOWANCE_GIB:g} GiB + {ALLOWANCE_FRACTION:.0%}; a setting is chosen within "
+                   f"train.gpu_memory_gib less {margin:.0%}"],
+    ]}
+    runs = [["run", "params (M):", "setting", "GiB/GPU:", "limit:", "step s:", "comm s:", "wall h:", "jobs:", "GPU-h:"]]
+    for r in rows:
+        runs.append([r["run"], _fmt(r["params"] / 1e6, ",.1f"), r["setting"], _fmt(r["mem_gib"], ".1f"),
+                     _fmt(r["gpu_memory_gib"], "g"), _fmt(r["step_s"], ".2f"), _fmt(r["comm_s"], ".3f"),
+                     _fmt(r["wall_h"], ".1f"), "inf" if r["jobs"] == math.inf else str(r["jobs"]),
+                     _hours(r["gpu_hours"])])
+    runs.append([f"all {len(rows)} runs", "", "", "", "", "", "", "", "", _hours(sum(r["gpu_hours"] for r in rows))])
+    tables[f"plan_{stem}.csv"] = runs
+    experiments = [["experiment", "runs:", "FLOPs:", "GPU-h:"]]
+    names = list(dict.fromkeys(n for r in rows for n in r["experiments"].split()))
+    for name, sel in [(n, [r for r in rows if n in r["experiments"].split()]) for n in names] + [("all (each once)", rows)]:
+        experiments.append([name, str(len(sel)), _fmt(sum(r["train_flops"] for r in sel), ".2e"),
+                            _hours(sum(r["gpu_hours"] for r in sel))])
+    tables[f"plan_{stem}_experiments.csv"] = experiments
+    chosen = [r for r in rows if "_alternatives" in r]
+    if chosen:
+        settings = [["scale", "setting", "changed", "runs within the limit less the margin:", "GiB/GPU:", "step s:",
+                     "GPU-h:"]]
+        for scale in sorted({r["run"].split("/")[0] for r in chosen}):
+            mine = [r for r in chosen if r["run"].startswith(scale + "/")]
+            by_label: dict[str, list[dict]] = {}
+            for r in mine:
+                for alt in r["_alternatives"]:
+                    by_label.setdefault(alt["setting"], []).append(alt)
+            current = mine[0]
+            picked = []
+            for label, alts in by_label.items():
+                what = _changed(alts[0], current)
+                if what is None or len(alts) != len(mine):
+                    continue
+                mb = alts[0]["micro_batch"]
+                if what == "micro-batch" and mb not in (current["micro_batch"] * 2, current["micro_batch"] // 2):
+                    continue
+                picked.append((what, label, alts))
+            for what, label, alts in sorted(picked, key=lambda p: (p[0] != "", p[0], p[1])):
+                fit = sum(a["fits"] is not False for a in alts)
+                settings.append([scale, label, what or "as configured", f"{fit} of {len(alts)}",
+                                 _span([a["mem_gib"] for a in alts], ".1f"), _span([a["step_s"] for a in alts], ".2f"),
+                                 _hours(sum(a["gpu_hours"] for a in alts))])
+        tables[f"plan_{stem}_settings.csv"] = settings
+    if analyses:
+        jobs = [["job", "jobs:", "hours each:", "limit h:", "within the limit:"]]
+        for job in dict.fromkeys(a["job"] for a in analyses):
+            sel = [a for a in analyses if a["job"] == job]
+            hours = [a["hours"] for a in sel if a["hours"] is not None]
+            fit = sum(a["fits"] is True for a in sel)
+            jobs.append([job, str(len(sel)), _span(hours, ".1f") if hours else "?",
+                         _span([a["limit_min"] / 60 for a in sel], ".1f"), f"{fit} of {len(sel)}"])
+        tables[f"plan_{stem}_analyses.csv"] = jobs
+    return tables
+
+
+def write_doc_tables(tables: dict[str, list[list[str]]], folder) -> list[Path]:
+    """Rewrite those of :func:`doc_tables`'s tables that ``folder`` has (the ones a page shows), or
+    where it has none of them write them all; the paths written."""
+    paths = []
+    kept = [name for name in tables if (Path(folder) / name).is_file()]
+    for name in kept or list(tables):
+        table = tables[name]
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(table)
+        path = Path(folder) / name
+        atomic_write_bytes(path, buf.getvalue().encode())
+        paths.append(path)
+    return paths

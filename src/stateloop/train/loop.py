@@ -97,6 +97,7 @@ def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, 
     ``run_dir``. Call on every rank. Every check runs before anything is written; the launching
     process holds the folder (run_folder.claim; ``restart``: ``--restart-on-change``) throughout."""
     rc = config if isinstance(config, RunConfig) else RunConfig.read(config)
+    require_accelerator(rc.train)  # first: every training (the command, the warm server, the tests) passes here
     shards = open_data(rc)  # (train, val): verified once, read by setup
     with claim(Path(run_dir), rc.as_dict(), restart):
         t, folder, sampler, val, tracker = setup(rc, Path(run_dir), shards)
@@ -116,6 +117,16 @@ def train(config: RunConfig | dict, run_dir: str | Path, progress: bool = True, 
 
 # ----------------------------------------------------------------------------------------------
 # Setup: Fabric, model, optimizer and schedule, resume, data, tracking
+
+
+def require_accelerator(tcfg) -> None:
+    """``train.accelerator: cuda`` (or ``gpu``) where torch sees no GPU: one line naming the key and
+    what to set for a CPU rehearsal, before anything is written or any process starts (Lightning
+    would refuse it later, in a long traceback)."""
+    if tcfg.accelerator in ("cuda", "gpu") and not torch.cuda.is_available():
+        raise ConfigError(f"train.accelerator: {tcfg.accelerator}, but torch sees no GPU here (torch.cuda.is_available() "
+                          f"is False); for a CPU rehearsal --set train.accelerator=cpu train.precision=32-true "
+                          f"(or train.accelerator=auto, which takes a GPU where there is one)")
 
 
 def build_fabric(tcfg):
