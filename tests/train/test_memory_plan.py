@@ -435,7 +435,7 @@ def test_plan_prints_the_whole_table_then_exits_1_when_a_run_does_not_fit(tmp_pa
     captured = capsys.readouterr()
     rows = [line for line in captured.out.splitlines() if line.startswith("t/")]
     assert len(rows) == 2 and all(line.endswith("DOES NOT FIT") for line in rows), captured.out
-    assert "Totals at MFU" in captured.out and "Strategy per run" in captured.out
+    assert "Totals at the MFU above" in captured.out and "Strategy per run" in captured.out
     assert captured.err.splitlines() == [
         "stateloop plan: 2 run(s) do not fit their train.gpu_memory_gib (marked DOES NOT FIT) (exit 1)"]
     with pytest.raises(SystemExit):
