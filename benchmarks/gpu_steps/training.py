@@ -88,7 +88,7 @@ def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tupl
         if form == "compiled":
             row["compile_s"] = row["first_step_s"]  # the first compiled step: tracing, compiling, running
         throughput(ctx, row, flops, micro * seq)
-        row.update(measured_peak(ctx))
+        row.update({k: v for k, v in measured_peak(ctx, plan).items() if k != "plan"})  # the plan: out["plan"]
         mfu_entry(ctx, ctx.step, scale, "stateloop", form == "compiled", row, **setting,
                   **({"compile_form": ctx.args.compile_form} if form == "compiled" else {}))
     if out["eager"].get("tokens_per_s") and out["compiled"].get("tokens_per_s"):
@@ -243,8 +243,8 @@ def fsdp2_1x1(ctx: Context, out: dict) -> dict:
     try:
         reset_peak(ctx)
         torch.manual_seed(0)
-        with fabric.init_module():
-            raw = build_model(cfg)
+        with fabric.init_module():  # on the device at once (train/loop.py builds on the CPU, and
+            raw = build_model(cfg, device=ctx.device)  # fully_shard moves it: 1.4B on a CPU is seconds of the cap)
         model = fabric.setup_module(raw)
         opt = fabric.setup_optimizers(configure_optimizer(raw, tcfg, fused=ctx.cuda))
         out["sharded"] = is_sharded(fabric)
