@@ -24,11 +24,12 @@ def decode_rows(ctx: Context) -> list:
 
 def host_syncs(model, token: torch.Tensor, cache) -> dict:
     """One decode step under a dispatch mode that counts every operator and those that read a
-    device value on the host (``.item()``, ``bool(tensor)``, ``nonzero``): what would break a CUDA
-    graph capture, visible on any device."""
+    device value on the host (``.item()``, ``bool(tensor)``, ``nonzero``) or make a tensor of host
+    data (``torch.tensor(...)``: ``lift_fresh``, a host-to-device copy on CUDA): what would break a
+    CUDA graph capture, visible on any device."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    syncing = {"_local_scalar_dense", "item", "nonzero", "equal", "is_nonzero"}
+    syncing = {"_local_scalar_dense", "item", "nonzero", "equal", "is_nonzero", "lift_fresh"}
 
     class Count(TorchDispatchMode):
         def __init__(self):
