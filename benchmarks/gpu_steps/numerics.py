@@ -386,8 +386,8 @@ STEPS = [
          arithmetic="as kernel_backward_flash_attn (causal-conv1d is a prebuilt CUDA extension: no compile)",
          cap_s=10, headline=_headline_kernel),
     Step("fused_adamw", fused_adamw, estimate_s=4,
-         arithmetic="build the 410M StateLoop ~2 s + 2 x 2 AdamW steps over 4 x 0.41e9 float32 tensors "
-                    "(~26 GB moved a step at 3.35 TB/s: 8 ms) + clones",
+         arithmetic="build the 410M StateLoop ~2 s + 2 x 2 AdamW steps, each 7 reads and writes of 0.41e9 "
+                    "float32 values (11.5 GB at 3.35 TB/s: 3.4 ms fused, a few times that foreach) + clones",
          cap_s=10, headline=_headline_adamw),
     Step("precision_policy", precision_policy, estimate_s=4,
          arithmetic="build a 2-layer 1.4B-width StateLoop ~2 s + one step at 1 x 512 (< 0.1 s)",
