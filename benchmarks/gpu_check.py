@@ -1,7 +1,7 @@
 """The GPU check: every measurement only a CUDA GPU can give, in one run of at most 7 minutes.
 
     python3 benchmarks/gpu_check.py                       # -> benchmarks/records/gpu_check_<device>_<date>.json + .md
-    python3 benchmarks/gpu_check.py --smoke --out /tmp/x  # every step on any device at rehearsal sizes
+    python3 benchmarks/gpu_check.py --smoke               # every step on any device at rehearsal sizes -> benchmarks/results/
 
 Needs torch, lightning, pyyaml, tqdm, pytest (a GPU image's usual set; no mlflow, lm-eval or
 Snakemake) and, for the fused kernels, the `gpu` extra (flash-attn, mamba-ssm, causal-conv1d);
@@ -191,7 +191,8 @@ def write_record(report: dict, json_path: Path, md_path: Path) -> None:
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "records"), help="the folder the record goes to")
+    p.add_argument("--out", help="the folder the record goes to (default: benchmarks/records; under --smoke the "
+                                 "git-ignored benchmarks/results)")
     p.add_argument("--smoke", action="store_true", help="every step at rehearsal sizes on any device (CPU: the tests)")
     p.add_argument("--mamba-ssm-src", type=Path, help="an unpacked mamba-ssm sdist: its Triton kernels without its CUDA build")
     p.add_argument("--train-models", default="vanilla_looped,stateloop,stateloop_attn",
@@ -214,6 +215,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--skip", default="", help="comma-separated steps to leave out")
     p.add_argument("--only", default="", help="comma-separated steps to run alone (a rerun)")
     args = p.parse_args(argv)
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / ("results" if args.smoke else "records"))
     if args.smoke:
         args.seq, args.train_steps, args.micro_1_4b, args.chunks = 32, 2, 1, "8,32"
         args.decode_prefill, args.decode_tokens, args.decode_runs, args.ssd_seq = 16, 4, 1, 64
