@@ -96,6 +96,7 @@ def record_paths(out_dir: Path, device: str, date: str) -> tuple[Path, Path]:
 def run_step(step, ctx: Context, entry: dict) -> None:
     """``step`` under its cap: the context's deadline for its own checks, SIGALRM (main thread only)
     for a step stuck in one long call. Fills ``entry``'s status, reason / error and wall."""
+    entry.clear()
     entry.update(cap_s=step.cap_s, estimate_s=round(step.estimate_s, 1), estimate=step.arithmetic)
     ctx.step = step.name
     t0 = time.perf_counter()
@@ -262,8 +263,8 @@ def main(argv=None) -> int:
                   for s in STEPS},
         "mfu": [],
     }
-    for s in run:
-        report["steps"][s.name] = {}
+    for s in run:  # until it runs: what a record cut short by a kill says of it
+        report["steps"][s.name].update(reason="not reached: the check stopped before this step")
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, md_path = record_paths(out_dir, name, date)
@@ -274,6 +275,7 @@ def main(argv=None) -> int:
         say(f"  {s.name:<30} estimate {s.estimate_s:6.1f} s  cap {s.cap_s:4.0f} s  = {s.arithmetic}")
     say(f"  {'total':<30} estimate {sum(s.estimate_s for s in run):6.1f} s  cap {sum(s.cap_s for s in run):4.0f} s")
     ctx = Context(device=device, cfg=cfg, args=args, report=report)
+    write_record(report, json_path, md_path)
     t_all = time.perf_counter()
     for s in run:
         entry = report["steps"][s.name]
