@@ -1,36 +1,37 @@
-"""The GPU check, in one run of at most ~8 minutes on one CUDA GPU: what only a GPU can show.
+"""The GPU check: every measurement only a CUDA GPU can give, in one run of at most 7 minutes.
 
-    python3 benchmarks/gpu_check.py --out benchmarks/results/gpu_check.json
-    python3 benchmarks/gpu_check.py --smoke          # the same steps at rehearsal sizes, on any device
+    python3 benchmarks/gpu_check.py                       # -> benchmarks/records/gpu_check_<device>_<date>.json + .md
+    python3 benchmarks/gpu_check.py --smoke               # every step on any device at rehearsal sizes -> benchmarks/results/
 
 Needs torch, lightning, pyyaml, tqdm, pytest (a GPU image's usual set; no mlflow, lm-eval or
 Snakemake) and, for the fused kernels, the `gpu` extra (flash-attn, mamba-ssm, causal-conv1d);
-where those are absent the pure-PyTorch paths run and the JSON says so. ``--mamba-ssm-src DIR``
+where those are absent the pure-PyTorch paths run and the record says so. ``--mamba-ssm-src DIR``
 (an unpacked mamba-ssm sdist) imports mamba_ssm's Triton kernels where its CUDA extensions were
 never built: every mamba_ssm function this project calls (the chunked SSD scan, the decode
 recurrence, the gated RMSNorm) is Triton, but the package's ``__init__`` imports Mamba-1's CUDA
 extension and transformers, so the check registers the package without running that file.
-Steps, in this order, the JSON rewritten after each (a kill keeps what finished):
 
-1. ``matmul_peak``: an 8192^3 bf16 product, the measured ceiling MFU is also given against;
-2. ``train_410m_bf16``: bf16 training steps of the 410M Vanilla Looped, StateLoop and its
-   attention and Mamba-2 variants at Table 4's K and d_s (seq 2048): AdamW, bf16 autocast;
-   tokens/s, MFU, and each state branch's step time over Vanilla's beside its FLOP-share floor
-   (the ratio of counted FLOPs). The models run in blocks A B C D D C B A so drift hits all alike;
-3. ``decode_1.4b_bf16``: Table 3 at the 1.4B shapes: per-token decoding latency at batch 1 in bf16
-   weights after a 1024-token prefill, relative to Vanilla Looped K = 4, with the FLOP floors,
-   the models interleaved as the DAG's Table 3 job does (the config's ``bench.interleave``);
-4. ``ssd_1.4b``: the SSD scan's forward + backward at the 1.4B mixer's shape, mamba_ssm's kernel
-   against the pure-PyTorch twin (time and difference), where mamba_ssm imports;
-5. ``gpu_tests``: ``pytest -m gpu`` in this process (the fused kernels against their twins).
+The steps (benchmarks/gpu_steps/; ``--skip`` / ``--only`` choose) run in the order of what the plan
+needs first, each with its own cap (the caps add up to 420 s on an H100; each cap and the
+arithmetic of its estimate are printed before the first step starts). A step past its cap is
+stopped (its loops check the clock between iterations; an alarm is the backstop) and recorded as
+``timed_out`` with what it had measured. Each step's entry: ``status`` (``ran``, ``skipped`` with
+``reason``, ``timed_out``, ``failed`` with the error's last lines), ``cap_s``, ``estimate_s``,
+``wall_s``. The record (JSON and a markdown page) is rewritten after every step: a kill keeps what
+finished. Its top level: device, date, commit, torch, smoke, steps, and ``mfu``: one flat entry per
+measured training throughput, which ``stateloop plan`` reads (smoke records are CPU numbers).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import gc
 import re
+import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -38,9 +39,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+from gpu_steps import CAP_TOTAL_S, STEPS  # noqa: E402
+from gpu_steps.common import Context, Skip, StepTimeout, dynamo_reset, kernels_found, last_lines  # noqa: E402
+from gpu_steps.decoding import decode_bench  # noqa: E402,F401  (tests/test_benchmarks.py calls it here)
+
+STATUSES = ("ran", "skipped", "timed_out", "failed")
 
 
 def use_mamba_ssm_sources(src: Path) -> dict:
@@ -72,352 +78,214 @@ def load_paper(smoke: bool):
     return pipeline_from_dict(raw, "configs/paper.yaml" + (" (rehearsal sizes)" if smoke else ""))
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def device_slug(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100-80gb-hbm3"; "NVIDIA H200" -> "h200"; "cpu" -> "cpu"."""
+    words = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-").split("-")
+    return "-".join(w for w in words if w not in ("nvidia", "tesla")) or "device"
 
 
-def kernels_found() -> dict:
-    from stateloop.models import kernels
-
-    return {
-        "flash_attn": kernels.HAS_FLASH_ATTN,
-        "mamba_ssm": kernels.HAS_MAMBA_SSM,
-        "mamba_decode": kernels.HAS_MAMBA_DECODE,
-        "causal_conv1d": kernels.HAS_CAUSAL_CONV1D,
-    }
+def record_paths(out_dir: Path, device: str, date: str) -> tuple[Path, Path]:
+    slug = device_slug(device)
+    return out_dir / f"gpu_check_{slug}_{date}.json", out_dir / f"{date}-gpu-check-{slug}.md"
 
 
-def matmul_peak(device: torch.device, n: int, reps: int = 10) -> dict:
-    """Dense bf16 (fp32 on CPU) matrix products of n x n x n: the ceiling actually reached here."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    sync(device)
+# ----------------------------------------------------------------------------------------------
+# Running one step under its cap
+
+
+def run_step(step, ctx: Context, entry: dict) -> None:
+    """``step`` under its cap: the context's deadline for its own checks, SIGALRM (main thread only)
+    for a step stuck in one long call. Fills ``entry``'s status, reason / error and wall."""
+    entry.clear()
+    entry.update(cap_s=step.cap_s, estimate_s=round(step.estimate_s, 1), estimate=step.arithmetic)
+    ctx.step = step.name
     t0 = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync(device)
-    seconds = (time.perf_counter() - t0) / reps
-    return {"n": n, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "flops_per_s": 2 * n**3 / seconds}
+    limit = step.cap_s * ctx.args.cap_scale
+    ctx.deadline = t0 + limit
+    alarm = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    running = [True]
 
+    def on_alarm(signum, frame):
+        if running[0]:
+            raise StepTimeout()
 
-def train_bench(
-    cfg, models: list[str], micro: int, seq: int, steps: int, warmup: int, device: torch.device, measured_peak: float | None
-) -> dict:
-    """Step times of Table 4's shape (scale, K, d_s) for each model, in blocks A B .. B A."""
-    from stateloop.models.flops import compute_profile
-    from stateloop.models.registry import get_spec
-    from stateloop.pipeline import run_model_config
-    from stateloop.train.flops import peak_flops
-
-    exp = cfg.experiments["table4"]
-    scale, K, d_s = cfg.scales[exp.scale], exp.K[0], exp.d_s[0]
-    configs = {m: run_model_config(scale, m, K, get_spec(m).width(d_s)) for m in models}
-    seq = min(seq, scale.model.max_seq_len)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    times: dict[str, list[float]] = {m: [] for m in models}
-    losses: dict[str, list[float]] = {m: [] for m in models}
-    errors: dict[str, str] = {}
-    for name in models + models[::-1]:
-        if name in errors:
-            continue
-        try:
-            t, loss = _train_block(configs[name], micro, seq, steps, warmup, device, autocast)
-        except Exception as err:  # one model's failure (a kernel, memory) leaves the others' figures
-            errors[name] = f"{type(err).__name__}: {err}"
-            traceback.print_exc()
-            continue
-        finally:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        times[name].append(t)
-        losses[name].append(loss)
-    models = [m for m in models if m not in errors]
-    peak = peak_flops(device, "bf16-mixed")
-    out = {
-        "scale": exp.scale,
-        "K": K,
-        "d_s": d_s,
-        "micro_batch": micro,
-        "seq_len": seq,
-        "steps": steps,
-        "warmup": warmup,
-        "peak_flops_datasheet": peak,
-        "peak_flops_measured": measured_peak,
-        "models": {},
-        "errors": errors,
-    }
-    for name in models:
-        step = min(times[name])  # the least disturbed of the two blocks
-        flops = compute_profile(configs[name], seq).flops_per_token
-        tok_s = micro * seq / step
-        out["models"][name] = {
-            "step_s": times[name],
-            "tokens_per_s": tok_s,
-            "train_flops_per_token": flops,
-            "last_loss": losses[name],
-            "mfu": flops * tok_s / peak if peak else None,
-            "mfu_of_measured_peak": flops * tok_s / measured_peak if measured_peak else None,
-        }
-    if not models or models[0] != "vanilla_looped":
-        return out
-    base = out["models"][models[0]]
-    for name in models[1:]:
-        row = out["models"][name]
-        ratio = min(times[name]) / min(times[models[0]])
-        floor = row["train_flops_per_token"] / base["train_flops_per_token"]
-        row.update(
-            {"step_time_over_" + models[0]: ratio, "flop_floor": floor, "x_floor": (ratio - 1) / (floor - 1) if floor != 1 else None}
-        )
-    if device.type == "cuda":
-        out["max_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    return out
-
-
-def _train_block(model_cfg, micro: int, seq: int, steps: int, warmup: int, device: torch.device, autocast):
-    """Seconds per optimiser step of one freshly built model (after ``warmup`` steps), last loss."""
-    from stateloop.models.registry import build_model
-
-    torch.manual_seed(0)
-    model = build_model(model_cfg, device=device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=device.type == "cuda")
-    x = torch.randint(0, model.cfg.vocab_size, (micro, seq + 1), device=device)
-    for i in range(warmup + steps):
-        if i == warmup:
-            sync(device)
-            t0 = time.perf_counter()
-        with autocast:
-            logits = model(x[:, :-1]).logits
-        loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    sync(device)
-    return (time.perf_counter() - t0) / steps, float(loss.detach())
-
-
-def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device, interleave: str) -> dict:
-    from stateloop.analysis.bench_decode import bench_decode, untrained_row
-    from stateloop.models import kernels
-    from stateloop.pipeline import expand_runs
-
-    exp = cfg.experiments["decoding"]
-    scale_model = cfg.scales[exp.scale].model
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows = [
-        untrained_row(scale_model, f"{r.model}:{r.K}" + (f":{r.d_s}" if r.d_s else ""), device, dtype)
-        for r in expand_runs(cfg, ["decoding"])
-    ]
-    ref = next(r.label for r in rows if r.label == "vanilla_looped:K4")
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, on_alarm)
+        signal.setitimer(signal.ITIMER_REAL, limit)
     try:
-        result = bench_decode(
-            rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave
-        )
-        result["kernels"] = kernels_found()
-        return result
-    except Exception as err:  # a fused kernel failing: time the pure-PyTorch paths instead, and say so
-        if not (kernels.HAS_MAMBA_SSM or kernels.HAS_MAMBA_DECODE or kernels.HAS_FLASH_ATTN):
-            raise
-        failed = f"{type(err).__name__}: {err}"
-        traceback.print_exc()
-    found = (kernels.HAS_MAMBA_SSM, kernels.HAS_MAMBA_DECODE, kernels.HAS_FLASH_ATTN)
-    kernels.HAS_MAMBA_SSM = kernels.HAS_MAMBA_DECODE = kernels.HAS_FLASH_ATTN = False
-    try:  # the later steps still see the kernels
-        result = bench_decode(
-            rows, prefill, tokens, runs=runs, warmup=1, device=device, reference=ref, progress=False, interleave=interleave
-        )
-        result["kernels"] = kernels_found()
+        step.run(ctx, entry)
+        entry["status"] = "ran"
+    except StepTimeout:
+        entry["status"] = "timed_out"
+    except Skip as why:
+        entry.update(status="skipped", reason=str(why))
+    except Exception as err:  # recorded; the other steps still run
+        entry.update(status="failed", error=f"{type(err).__name__}: {err}"[:2000],
+                     traceback=last_lines(traceback.format_exc(), 25))
     finally:
-        kernels.HAS_MAMBA_SSM, kernels.HAS_MAMBA_DECODE, kernels.HAS_FLASH_ATTN = found
-    result["kernel_error"] = failed
-    return result
+        running[0] = False
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        entry["wall_s"] = time.perf_counter() - t0
+        try:
+            entry["headline"] = step.headline(entry)
+        except Exception as err:  # a partial entry: the headline is not worth a failure
+            entry["headline"] = f"(no headline: {type(err).__name__})"
+    if entry["status"] != "ran":  # a stopped step's tensors: give them back before the next
+        dynamo_reset()
+        gc.collect()
+        if ctx.cuda:
+            torch.cuda.empty_cache()
 
 
-def ssd_bench(cfg, seq: int, batch: int, reps: int, device: torch.device) -> dict:
-    """The SSD scan's forward + backward at the decoding scale's Mamba-2 mixer shape: mamba_ssm's
-    kernel against the pure-PyTorch twin, both in bf16, and each against the twin in float32."""
-    from stateloop.models import kernels
-
-    m = cfg.scales[cfg.experiments["decoding"].scale].model
-    heads = m.mamba_expand * m.d_model // m.mamba_head_dim
-    shape = {
-        "batch": batch,
-        "seq": seq,
-        "heads": heads,
-        "head_dim": m.mamba_head_dim,
-        "groups": m.mamba_n_groups,
-        "d_state": m.mamba_d_state,
-        "chunk": m.mamba_chunk_size,
-    }
-    g = torch.Generator(device=device).manual_seed(0)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-
-    def rnd(*size):
-        return torch.randn(*size, device=device, generator=g)
-
-    x = rnd(batch, seq, heads, m.mamba_head_dim)
-    dt = F.softplus(rnd(batch, seq, heads) - 2)
-    A = -torch.exp(rnd(heads) * 0.5)
-    B, C = rnd(batch, seq, m.mamba_n_groups, m.mamba_d_state), rnd(batch, seq, m.mamba_n_groups, m.mamba_d_state)
-    grad = rnd(batch, seq, heads, m.mamba_head_dim)
-    ref = kernels.ssd(x, dt, A, B, C, m.mamba_chunk_size, impl="torch")
-    impls = ["torch"] + (["kernel"] if kernels.HAS_MAMBA_SSM and device.type == "cuda" else [])
-    out = {"shape": shape, "dtype": str(dtype).replace("torch.", ""), "impls": {}}
-    for impl in impls:
-        ins = [t.to(dtype).requires_grad_() for t in (x, dt, B, C)]
-
-        def step(ins=ins, impl=impl):
-            y = kernels.ssd(ins[0], ins[1], A, ins[2], ins[3], m.mamba_chunk_size, impl=impl)
-            y.backward(grad.to(dtype))
-            return y
-
-        for _ in range(2):
-            y = step()
-        sync(device)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            step()
-        sync(device)
-        out["impls"][impl] = {
-            "fwd_bwd_ms": (time.perf_counter() - t0) / reps * 1e3,
-            "max_rel_diff_vs_fp32_twin": float((y.detach().float() - ref).abs().max() / ref.abs().max()),
-        }
-    if len(impls) == 2:
-        out["kernel_over_torch"] = out["impls"]["kernel"]["fwd_bwd_ms"] / out["impls"]["torch"]["fwd_bwd_ms"]
-    return out
+# ----------------------------------------------------------------------------------------------
+# The record: JSON and a markdown page
 
 
-def gpu_tests() -> dict:
-    """``pytest -m gpu`` in this process, so that --mamba-ssm-src's import holds there too."""
-    import contextlib
-    import io
+def markdown(report: dict) -> str:
+    lines = [
+        f"# The GPU check on {report['device']}" + (" (smoke: CPU rehearsal sizes)" if report["smoke"] else ""),
+        "",
+        f"- **Date:** {report['date']}",
+        f"- **Machine:** {report['device']}, torch {report['torch']}, kernels {report['kernels']}",
+        f"- **Commit:** {report['commit']}",
+        f"- **Command:** `{report['command']}`",
+        f"- **Time:** {report.get('wall_s', 0):.0f} s of steps; caps {report['caps_total_s']:.0f} s, "
+        f"estimated {report['estimate_total_s']:.0f} s",
+        "",
+        "Written by `benchmarks/gpu_check.py` with "
+        f"[{record_paths(Path('.'), report['device'], report['date'])[0].name}]"
+        f"({record_paths(Path('.'), report['device'], report['date'])[0].name}) beside it (every figure).",
+        "",
+        "| step | status | cap s | estimate s | wall s | headline |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for name, e in report["steps"].items():
+        status = e.get("status", "running")
+        note = e.get("reason") or (e.get("error", "").splitlines()[0] if e.get("error") else "") or e.get("headline", "")
+        note = note.replace("|", "/")
+        lines.append(f"| `{name}` | {status} | {e.get('cap_s', 0):.0f} | {e.get('estimate_s', 0):.0f} | "
+                     f"{e.get('wall_s', 0):.1f} | {note} |")
+    if report.get("mfu"):
+        lines += ["", "MFU (training FLOPs a token, models/flops.py, x tokens/s / peak):", "",
+                  "| step | scale | model | compile | checkpointing | micro-batch | tokens/s | MFU |",
+                  "|---|---|---|---|---|---:|---:|---:|"]
+        for m in report["mfu"]:
+            mfu = f"{m['mfu']:.3f}" if m.get("mfu") is not None else "-"
+            lines.append(f"| `{m['step']}` | {m['scale']} | {m['model']} | {m['compile']} | "
+                         f"{m.get('activation_checkpointing', '')} | {m.get('micro_batch', '')} | "
+                         f"{m['tokens_per_s']:,.0f} | {mfu} |")
+    return "\n".join(lines) + "\n"
 
-    import pytest
 
-    t0 = time.perf_counter()
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        code = pytest.main(["-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", str(ROOT / "tests/models/test_kernels_gpu.py")])
-    lines = [line for line in buf.getvalue().splitlines() if line.strip()]
-    return {
-        "returncode": int(code),
-        "summary": lines[-1] if lines else "",
-        "seconds": time.perf_counter() - t0,
-        "output_tail": "\n".join(lines[-40:]),
-    }
+def write_record(report: dict, json_path: Path, md_path: Path) -> None:
+    from stateloop.files import atomic_write_bytes, atomic_write_json
+
+    atomic_write_json(json_path, report)
+    atomic_write_bytes(md_path, markdown(report).encode())
 
 
-def summary(name: str, result: dict) -> str:
-    """One line per step for the log (the JSON holds everything)."""
-    if "error" in result:
-        return f"{name}: ERROR {result['error']}"
-    if name == "matmul_peak":
-        return f"{name}: {result['flops_per_s'] / 1e12:.1f} TFLOP/s ({result['dtype']}, n = {result['n']})"
-    if name == "train_410m_bf16":
-        parts = []
-        for m, r in result["models"].items():
-            extra = f", x{r['x_floor']:.2f} of floor {r['flop_floor']:.3f}" if r.get("x_floor") is not None else ""
-            mfu = f", MFU {r['mfu']:.3f}" if r["mfu"] else ""
-            parts.append(f"{m} {min(r['step_s']):.3f} s/step{mfu}{extra}")
-        return f"{name}: " + "; ".join(parts)
-    if name == "decode_1.4b_bf16":
-        return f"{name}: " + "; ".join(
-            f"{r['label']} {r['latency_ms_per_token']['mean']:.2f} ms ({r['latency_change_pct']:+.1f}%)" for r in result["rows"]
-        )
-    if name == "ssd_1.4b":
-        return f"{name}: " + "; ".join(
-            f"{k} {v['fwd_bwd_ms']:.2f} ms (rel diff {v['max_rel_diff_vs_fp32_twin']:.1e})" for k, v in result["impls"].items()
-        )
-    return f"{name}: {result.get('summary', '')}"
+# ----------------------------------------------------------------------------------------------
+# The command line
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", help="the folder the record goes to (default: benchmarks/records; under --smoke the "
+                                 "git-ignored benchmarks/results)")
+    p.add_argument("--smoke", action="store_true", help="every step at rehearsal sizes on any device (CPU: the tests)")
+    p.add_argument("--mamba-ssm-src", type=Path, help="an unpacked mamba-ssm sdist: its Triton kernels without its CUDA build")
+    p.add_argument("--train-models", default="vanilla_looped,stateloop,stateloop_attn",
+                   help="memory_vs_plan_410m's models (stateloop_mamba2's peak: mamba_chunk_256_vs_64)")
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--train-steps", type=int, default=6, help="timed steps of each form in compile_* (after 2 warm-up)")
+    p.add_argument("--micro-1-4b", type=int, default=2, help="micro-batch of memory_vs_plan_1.4b and fsdp2_1x1")
+    p.add_argument("--compile-form", choices=("layers", "model"), default="layers",
+                   help="layers: every decoder layer compiled in place; model: torch.compile(model) (train.compile)")
+    p.add_argument("--chunks", default="64,256", help="mamba_chunk_256_vs_64's two chunk lengths")
+    p.add_argument("--ssd-seq", type=int, default=2048)
+    p.add_argument("--decode-prefill", type=int, default=1024)
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--decode-runs", type=int, default=2)
+    p.add_argument("--decode-interleave", choices=("run", "token"),
+                   help="decode_1.4b_bf16: run: whole runs in turn; token: lockstep (default: the config's bench.interleave)")
+    p.add_argument("--mamba-chunk", type=int, help="the SSD chunk length of every model outside mamba_chunk_256_vs_64")
+    p.add_argument("--cap-scale", type=float, default=1.0,
+                   help="every step's time limit is its cap times this (a slow CPU under --smoke; the record keeps the caps)")
+    p.add_argument("--skip", default="", help="comma-separated steps to leave out")
+    p.add_argument("--only", default="", help="comma-separated steps to run alone (a rerun)")
+    args = p.parse_args(argv)
+    if args.out is None:
+        args.out = str(ROOT / "benchmarks" / ("results" if args.smoke else "records"))
+    if args.smoke:
+        args.seq, args.train_steps, args.micro_1_4b, args.chunks = 32, 2, 1, "8,32"
+        args.decode_prefill, args.decode_tokens, args.decode_runs, args.ssd_seq = 16, 4, 1, 64
+    return args
+
+
+def chosen(args) -> list:
+    names = [s.name for s in STEPS]
+    skip, only = ({s for s in text.split(",") if s} for text in (args.skip, args.only))
+    unknown = (skip | only) - set(names)
+    if unknown:
+        raise SystemExit(f"unknown steps {sorted(unknown)} (steps: {', '.join(names)})")
+    return [s for s in STEPS if s.name not in skip and (not only or s.name in only)]
+
+
+def say(*parts) -> None:
+    print(*parts, file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_check.json"))
-    p.add_argument("--smoke", action="store_true", help="rehearsal sizes (any device): check that the script runs")
-    p.add_argument("--mamba-ssm-src", type=Path, help="an unpacked mamba-ssm sdist: its Triton kernels without its CUDA build")
-    p.add_argument("--train-models", default="vanilla_looped,stateloop,stateloop_attn,stateloop_mamba2")
-    p.add_argument("--micro", type=int, default=4, help="training micro-batch (sequences)")
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--train-steps", type=int, default=6)
-    p.add_argument("--decode-prefill", type=int, default=1024)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--decode-runs", type=int, default=3)
-    p.add_argument(
-        "--decode-interleave",
-        choices=("run", "token"),
-        help="run: whole runs in turn; token: the models in lockstep (default: the config's bench.interleave)",
-    )
-    p.add_argument("--ssd-seq", type=int, default=2048)
-    p.add_argument("--mamba-chunk", type=int, help="the SSD chunk length for every model and the scan (default: the config's)")
-    p.add_argument("--skip", default="", help="comma-separated steps to leave out")
-    args = p.parse_args(argv)
+    args = parse(argv)
+    run = chosen(args)
     mamba_src = use_mamba_ssm_sources(args.mamba_ssm_src) if args.mamba_ssm_src else None
-    if args.smoke:
-        args.micro, args.seq, args.train_steps = 1, 32, 2
-        args.decode_prefill, args.decode_tokens, args.decode_runs, args.ssd_seq = 16, 4, 2, 64
+    from stateloop.files import code_version
+
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.smoke and device.type == "cpu":
+        torch.set_num_threads(1)  # tiny shapes: a second thread only contends
     cfg = load_paper(args.smoke)
     if args.mamba_chunk:  # a [choice] (models/config.py): mamba_ssm's kernels are tuned for 256
         for scale in cfg.scales.values():
             scale.model = dataclasses.replace(scale.model, mamba_chunk_size=args.mamba_chunk)
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"
+    date = datetime.datetime.now(datetime.timezone.utc).date().isoformat()
     report = {
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "smoke": args.smoke,
-        "settings": vars(args),
-        "mamba_ssm_sources": mamba_src,
-        "kernels": kernels_found(),
-        "steps": {},
+        "device": name, "date": date, "commit": code_version(), "torch": torch.__version__, "smoke": args.smoke,
+        "command": "python3 benchmarks/gpu_check.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "mamba_ssm_sources": mamba_src, "kernels": kernels_found(),
+        "caps_total_s": sum(s.cap_s for s in STEPS), "estimate_total_s": sum(s.estimate_s for s in STEPS),
+        "steps": {s.name: {"status": "skipped", "reason": "--skip / --only", "cap_s": s.cap_s,
+                           "estimate_s": round(s.estimate_s, 1), "estimate": s.arithmetic, "wall_s": 0.0}
+                  for s in STEPS},
+        "mfu": [],
     }
-    from stateloop.files import atomic_write_json
-
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"device {report['device']}, torch {torch.__version__}, kernels {report['kernels']}", file=sys.stderr, flush=True)
+    for s in run:  # until it runs: what a record cut short by a kill says of it
+        report["steps"][s.name].update(reason="not reached: the check stopped before this step")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = record_paths(out_dir, name, date)
+    say(f"device {name}, torch {torch.__version__}, kernels {report['kernels']}; the record: {json_path}")
+    say(f"estimates (rates of the 2026-12-04 H200 record, on an H100); caps sum to {report['caps_total_s']} s "
+        f"(at most {CAP_TOTAL_S}):")
+    for s in run:
+        say(f"  {s.name:<30} estimate {s.estimate_s:6.1f} s  cap {s.cap_s:4.0f} s  = {s.arithmetic}")
+    say(f"  {'total':<30} estimate {sum(s.estimate_s for s in run):6.1f} s  cap {sum(s.cap_s for s in run):4.0f} s")
+    ctx = Context(device=device, cfg=cfg, args=args, report=report)
+    write_record(report, json_path, md_path)
     t_all = time.perf_counter()
-    skip = {s for s in args.skip.split(",") if s}
-    steps = {
-        "matmul_peak": lambda: matmul_peak(device, 512 if args.smoke else 8192),
-        "train_410m_bf16": lambda: train_bench(
-            cfg,
-            args.train_models.split(","),
-            args.micro,
-            args.seq,
-            args.train_steps,
-            2,
-            device,
-            report["steps"].get("matmul_peak", {}).get("flops_per_s"),
-        ),
-        "decode_1.4b_bf16": lambda: decode_bench(
-            cfg,
-            args.decode_prefill,
-            args.decode_tokens,
-            args.decode_runs,
-            device,
-            args.decode_interleave or cfg.bench.interleave,
-        ),
-        "ssd_1.4b": lambda: ssd_bench(cfg, args.ssd_seq, 1, 2 if args.smoke else 10, device),
-        "gpu_tests": gpu_tests,
-    }
-    if skip - set(steps):
-        raise SystemExit(f"--skip: unknown steps {sorted(skip - set(steps))} (steps: {', '.join(steps)})")
-    for name, step in steps.items():
-        if name in skip:
-            continue
-        t0 = time.perf_counter()
-        try:
-            report["steps"][name] = step()
-        except Exception as err:  # recorded; the other steps still run
-            report["steps"][name] = {"error": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc()[-3000:]}
-        report["steps"][name]["wall_s"] = time.perf_counter() - t0
+    for s in run:
+        entry = report["steps"][s.name]
+        run_step(s, ctx, entry)
         report["wall_s"] = time.perf_counter() - t_all
-        atomic_write_json(out, report)  # after every step: a kill keeps what finished
-        print(f"[{report['wall_s']:.0f} s] {summary(name, report['steps'][name])}", file=sys.stderr, flush=True)
-    print(f"wrote {out}", file=sys.stderr)
-    return 0 if all("error" not in s for s in report["steps"].values()) else 1
+        write_record(report, json_path, md_path)  # after every step: a kill keeps what finished
+        say(f"[{report['wall_s']:5.0f} s] {s.name}: {entry['status']} in {entry['wall_s']:.1f} s (cap {s.cap_s:.0f}) "
+            f"{entry.get('reason') or entry.get('error') or entry.get('headline', '')}")
+    say(f"wrote {json_path} and {md_path}")
+    return 0 if all(report["steps"][s.name]["status"] != "failed" for s in run) else 1
 
 
 if __name__ == "__main__":

@@ -137,43 +137,6 @@ def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
             assert pieces + 2 * cfg.d_model * cfg.vocab_size == decode_flops_per_token(cfg, context)
 
 
-def test_the_gpu_check_runs_at_rehearsal_sizes(tmp_path):
-    """benchmarks/gpu_check.py is run by hand on a lent GPU, once, with no time for a second try:
-    its steps run here on the CPU at the paper config's rehearsal sizes, and its JSON holds the
-    figures its summary is made of (a state branch's FLOP floor above 1, Table 3's rows)."""
-    import json
-
-    gpu_check = import_benchmark("gpu_check")
-    out = tmp_path / "gpu_check.json"
-    threads = torch.get_num_threads()
-    try:
-        code = gpu_check.main(
-            [
-                "--smoke",
-                "--out",
-                str(out),
-                "--train-models",
-                "vanilla_looped,stateloop",
-                "--mamba-chunk",
-                "16",
-            ]
-        )
-    finally:
-        torch.set_num_threads(threads)
-    report = json.loads(out.read_text())
-    assert code == 0, report
-    train = report["steps"]["train_410m_bf16"]
-    assert train["errors"] == {} and train["models"]["stateloop"]["flop_floor"] > 1
-    decode = report["steps"]["decode_1.4b_bf16"]
-    assert decode["settings"]["interleave"] == "token"  # the config's bench.interleave, as the DAG's Table 3 job
-    labels = [r["label"] for r in decode["rows"]]
-    assert "vanilla_looped:K4" in labels and any(label.startswith("stateloop_mamba2:K4") for label in labels)
-    ssd = report["steps"]["ssd_1.4b"]
-    assert ssd["impls"]["torch"]["max_rel_diff_vs_fp32_twin"] == 0.0  # the twin against itself
-    assert ssd["shape"]["chunk"] == 16  # --mamba-chunk reached the scan (the rehearsal sizes say 8)
-    assert set(report["kernels"]) == {"flash_attn", "mamba_ssm", "mamba_decode", "causal_conv1d"}
-
-
 def test_the_gpu_check_imports_mamba_ssm_triton_kernels_without_the_package_init(tmp_path):
     """--mamba-ssm-src: the Triton modules this project imports load from the sources, and the
     package's __init__ (which needs Mamba-1's CUDA extension) never runs. A fake package whose
