@@ -60,8 +60,9 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
   without the hook nothing is computed.
 
-Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers,
-stacks and iteration methods below), and so are the fused inference forms (stateloop/fast.py).
+Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers, stacks
+and the methods a class names in ``checkpoint_units``), and so are the fused inference forms
+(stateloop/fast.py switches on the forms the modules declare).
 """
 
 from __future__ import annotations
@@ -99,7 +100,16 @@ class LoopedLM(nn.Module):
     sequence). A loop returns Y, the input of the final norm and head, at the real tokens only (Pause
     Token reads each group's last pause). Its looped stack runs through :meth:`apply_backbone` and
     its unique stacks through :meth:`apply_stack`.
+
+    What the machinery outside models/ reads, declared by each class (docs/adding-a-model.md):
+    ``checkpoint_units``, per activation-checkpointing level, the class's methods that are one unit
+    beside every ``Layer`` ("layer") and ``Backbone`` ("iteration") application (train/checkpointing.py);
+    ``per_iteration``, the attributes whose parameters belong to particular iterations, iteration
+    axis first (test-time depth, tests/models/test_test_time_depth.py).
     """
+
+    checkpoint_units: dict = {}
+    per_iteration: tuple[str, ...] = ()
 
     def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
         super().__init__()
@@ -269,6 +279,9 @@ class StateLoopLM(LoopedLM):
         if read is not None and self.has_reads:
             R = self.read(read[0], S, read[1])
             add("read_ratio", (upcast(R).norm(dim=-1) / upcast(H).norm(dim=-1).clamp_min(1e-30)).sum())
+
+    # [choice] The state branch is a unit of its own under "layer" (benchmarks/records/2026-12-05-activation-memory.md).
+    checkpoint_units = {"iteration": (step,), "layer": (update,)}
 
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K

@@ -123,3 +123,6 @@ class HyperloopLM(StackedLM):
         h_pre, h_post, h_res = hc.weights(Y)
         o = self.apply_backbone(hc.read(Y, h_pre), rope, cache, l) + hc.loop_embed
         return hc.write(Y, o, h_post, h_res)
+
+    checkpoint_units = {"iteration": (hyper_loop,)}
+    per_iteration = ("hyper",)  # loop l's hyper-connection and e_l

@@ -112,3 +112,6 @@ class MeshLM(PreludeCoreCodaLM):
         w_write, w_read = self.routers[t + 1](h)  # routers read the core input h^t
         h_m = self.apply_backbone(h, rope, cache, t)
         return write_then_read(m, h_m, w_write, w_read)
+
+    checkpoint_units = {"iteration": (core_step,)}
+    per_iteration = ("routers",)  # router pair t + 1 of core step t, after the transitional cycle's pair 0

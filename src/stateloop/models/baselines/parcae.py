@@ -172,3 +172,5 @@ class ParcaeLM(PreludeCoreCodaLM):
     def repetition(self, r: int, h: torch.Tensor, drive: torch.Tensor, a: torch.Tensor, rope, cache) -> torch.Tensor:
         """h_r = R(a h_{r-1} + Delta B e)."""
         return self.apply_backbone(self.injection(h, drive, a), rope, cache, r)
+
+    checkpoint_units = {"iteration": (repetition,)}

@@ -83,3 +83,5 @@ class PonderLM(LoopedLM):
 
     def ponder(self, z: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
         return z + self.pondering_embedding(self.lm_head(H))  # z^{j+1}
+
+    checkpoint_units = {"iteration": (pondering_pass,), "layer": (ponder,)}
