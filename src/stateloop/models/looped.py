@@ -139,6 +139,11 @@ class LoopedLM(nn.Module):
         self.cfg = dataclasses.replace(self.cfg, K=K)
         return self
 
+    def config_at(self, K: int):
+        """The config that builds this model's equations at K loop iterations, for the shapes it was
+        trained with: the trained config at K (MeSH keeps its trained buffer)."""
+        return dataclasses.replace(self.trained_cfg, K=K)
+
     # -- pieces shared by every model ------------------------------------------------------------
     @property
     def n_layer_applications(self) -> int:

@@ -39,6 +39,8 @@ What the paper leaves open, and the choices made here:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
@@ -85,6 +87,10 @@ class MeshLM(PreludeCoreCodaLM):
         self.routers = nn.ModuleList(
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
+
+    def config_at(self, K: int):
+        """At another K the model keeps its trained buffer of S slots (its default S = K + 3 would follow K)."""
+        return dataclasses.replace(super().config_at(K), options={**self.trained_cfg.options, "n_slots": self.n_slots})
 
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""
