@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from stateloop.models.flops import DECODE_MIXERS, compute_profile, counted_decode_flops, decode_flops_per_token
-from stateloop.models.registry import MODELS, matched_ffn_width
+from stateloop.models.looped import matched_ffn_width
+from stateloop.models.registry import MODELS
 from support.models import tiny_config
 
 SPLIT = {"n_begin": 1, "n_middle": 1, "n_end": 1}

@@ -45,9 +45,9 @@ import torch
 import torch.nn as nn
 
 from stateloop.models.baselines.common import PreludeCoreCodaLM
+from stateloop.models.baselines.options import MeshOptions, check_mesh_depth, resolve_slots
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-from stateloop.models.registry import MeshOptions, resolve_slots
 
 
 class SlotRouter(nn.Module):
@@ -120,4 +120,5 @@ class MeshLM(PreludeCoreCodaLM):
         return write_then_read(m, h_m, w_write, w_read)
 
     checkpoint_units = {"iteration": (core_step,)}
+    depth_check = staticmethod(check_mesh_depth)
     per_iteration = ("routers",)  # router pair t + 1 of core step t, after the transitional cycle's pair 0

@@ -37,9 +37,9 @@ import math
 
 import torch
 
+from stateloop.models.baselines.options import PonderLMOptions
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import LoopedLM, ModelOutput
-from stateloop.models.registry import PonderLMOptions
 
 
 class PonderLM(LoopedLM):
