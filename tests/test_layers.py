@@ -4,7 +4,7 @@ modules of its own layer and of the layers listed before it, never of one listed
 core: the package itself and config.py (typed configs from YAML, ConfigError)
 files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
 models: models/ (the architectures and their registry)
-fast: fast.py (the fused inference forms, applied to a built model from outside models/)
+fast: fast.py (switches the fused inference forms the modules declare on and off, from outside models/)
 sections: sections/ (the data, evaluate and train sections of the pipeline config)
 pipeline: pipeline.py (scales, experiments, runs and their ids), schema.py and slurm.py (a SLURM job's time, sizes and signals)
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)

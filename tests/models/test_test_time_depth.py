@@ -157,7 +157,13 @@ def test_the_models_with_per_iteration_parameters_are_declared():
     assert {"hyperloop", "mesh"} <= set(per_iteration_models())
     for name in per_iteration_models():
         check = functools.partial(MODELS[name].check_depth, tiny_config(name, K=TRAINED_K))
-        assert refusal(check, TRAINED_K + 1) is not None, name
+        assert refusal(check, TRAINED_K + 1) is not None, (f"{name} declares per-iteration parameters but its registry "
+                                                            f"entry runs it past its trained K: give it a depth check")
+        model = build_model(tiny_config(name, K=TRAINED_K), device="meta")
+        for attr in type(model).per_iteration:  # each names parameters, iteration axis first
+            params = list(getattr(model, attr).parameters()) if isinstance(getattr(model, attr), torch.nn.Module) \
+                else [getattr(model, attr)]
+            assert params and len(getattr(model, attr)) >= TRAINED_K, (name, attr)
 
 
 @pytest.mark.parametrize("name", per_iteration_models())
