@@ -57,13 +57,13 @@ def register() -> str:
 
     code = blocks()
     imports, spec_text = registry_entry(code["registry"])
-    module_name = next(line.split()[1] for line in imports if line.startswith("from stateloop.models.")
-                       and "config" not in line.split()[1])
     folder = Path(tempfile.mkdtemp(prefix="adding-a-model-"))
     (folder / "model.py").write_text(code["model"])
-    _load(module_name, folder / "model.py")
     namespace = dict(vars(registry))
     for line in imports:
+        module = line.split()[1]
+        if importlib.util.find_spec(module) is None:  # the page's new module: its model block
+            _load(module, folder / "model.py")
         exec(line, namespace)
     spec = eval(spec_text, namespace)
     cls = namespace[spec.model]
