@@ -12,7 +12,7 @@ K = 4, SwiGLU 2.6875 d as at 1.4B, heads of 64, the GPT-NeoX vocabulary of 50,43
 
 for train.activation_checkpointing none / layer / iteration and train.loss_chunk_tokens 0 / --chunk,
 and for StateLoop also "layer" with its state branch left un-checkpointed (the [choice] of
-train/checkpointing.py's STATE_BRANCH). Then the per-token figures a memory plan scales: bytes per token of
+StateLoopLM.checkpoint_units). Then the per-token figures a memory plan scales: bytes per token of
 the micro-batch, and per token and decoder-layer application (memory_probe.layer_application_bytes:
 one more layer in the stack), at this width; with --paper also measured at the paper's 1.4B width
 (d = d_s = 2048, 1 and 2 layers, 64 tokens) and extrapolated to its 24 layers, K = 4 and
@@ -31,6 +31,7 @@ import time
 import torch
 
 from stateloop.models.config import ModelConfig
+from stateloop.models.looped import StateLoopLM
 from stateloop.models.registry import build_model
 from stateloop.ops.memory_probe import activation_bytes, saved_bytes
 from stateloop.train import checkpointing
@@ -49,14 +50,14 @@ def config(name: str, vocab: int, layers: int, d: int, K: int = 4) -> ModelConfi
 @contextlib.contextmanager
 def branch_unit(unit: str | None):
     """StateLoop's state branch a unit of its own under "layer" ("layer") or not (None), for the
-    duration (train/checkpointing.py's UNITS)."""
-    before = checkpointing.UNITS["layer"]
+    duration (StateLoopLM.checkpoint_units, the class's declaration)."""
+    before = StateLoopLM.checkpoint_units
     if unit is None:
-        checkpointing.UNITS["layer"] = (before[0], tuple(m for m in before[1] if m != checkpointing.STATE_BRANCH))
+        StateLoopLM.checkpoint_units = {level: m for level, m in before.items() if level != "layer"}
     try:
         yield
     finally:
-        checkpointing.UNITS["layer"] = before
+        StateLoopLM.checkpoint_units = before
 
 
 def variants(name: str, chunk: int) -> list[tuple[str, str, int, str | None]]:

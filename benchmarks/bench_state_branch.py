@@ -45,10 +45,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from stateloop.fast import accelerate, cell_weights
+from stateloop.fast import accelerate
 from stateloop.models.cache import ModelCache
 from stateloop.models.config import ModelConfig
 from stateloop.models.flops import compute_profile, counter, decode_flops_per_token
+from stateloop.models.fused import cell_weights
 from stateloop.models.kernels import cast, rms_norm, upcast
 from stateloop.models.registry import build_model, count_params
 
@@ -423,8 +424,8 @@ COLD_PIECES = ("cell RMSNorm", "cell product", "cell chunk", "softplus", "mul, e
 
 
 def cell_steps(cell, weights, S, H, spent: dict | None):
-    """The cell's fused inference form (stateloop/fast.py, S^k given) one operator at a time on
-    ``weights`` = fast.cell_weights(cell); each step's seconds appended to ``spent[piece]`` when
+    """The cell's fused inference form (models/fused.py, S^k given) one operator at a time on
+    ``weights`` = fused.cell_weights(cell); each step's seconds appended to ``spent[piece]`` when
     given. Returns S~^{k+1} and the steps' inputs (for the hot loop)."""
     W, b, neg_lambda = weights
     t = [time.perf_counter()]

@@ -57,6 +57,7 @@ def main() -> None:
     from transformers import PreTrainedTokenizerFast
 
     from stateloop.evaluate.lm import StateLoopEvalLM
+    from stateloop.fast import accelerate
     from stateloop.models.registry import build_model
     from support.models import tiny_config, to_transformers_llama
 
@@ -69,7 +70,7 @@ def main() -> None:
     reqs = [Instance("loglikelihood", {}, p, i) for i, p in enumerate(pairs)]
 
     model = build_model(tiny_config("vanilla_looped", K=1, **shape)).eval()
-    ours = StateLoopEvalLM(model=model, tokenizer=tok, eos_id=eos, batch_size=16, device=args.device)
+    ours = StateLoopEvalLM(model=accelerate(model), tokenizer=tok, eos_id=eos, batch_size=16, device=args.device)
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
     theirs = HFLM(pretrained=to_transformers_llama(model).to(args.device), tokenizer=hf_tok, batch_size=16,
                   max_length=512, device=args.device, logits_cache=False)
@@ -80,7 +81,7 @@ def main() -> None:
           f"ratio ours/HF = {t_hf / t_ours:.2f}")
 
     looped = build_model(tiny_config("stateloop", K=4, d_s=256, **shape)).eval()
-    cached = StateLoopEvalLM(model=looped, tokenizer=tok, eos_id=eos, batch_size=8, device=args.device)
+    cached = StateLoopEvalLM(model=accelerate(looped), tokenizer=tok, eos_id=eos, batch_size=8, device=args.device)
     plain = StateLoopEvalLM(model=looped, tokenizer=tok, eos_id=eos, batch_size=8, device=args.device, use_cache=False)
     prompt = " ".join(words * 8)  # same length for all: one decoding batch
     gen = [Instance("generate_until", {}, (prompt, {"until": ["<<never>>"], "max_gen_toks": args.gen_tokens}), i) for i in range(8)]

@@ -2,6 +2,9 @@ import pytest
 import torch
 
 from stateloop.evaluate.tasks.files import default_shared_data
+from support import example
+
+example.register()  # docs/adding-a-model.md's example model, registered before any test module is collected
 
 
 @pytest.fixture(autouse=True)

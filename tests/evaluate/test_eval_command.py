@@ -158,13 +158,22 @@ def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc, synth_cloze], shots: [0], limit: 4, heldout_windows: 3}\n")
     run_dir, _ = make_run()
     given = []
-    monkeypatch.setattr(harness, "evaluate_run", lambda run_dir, rc, **k: given.append(rc) or {})
+    done = {"run_id": "r", "heldout": {"split": "val", "ppl": 2.0, "tokens": 8}, "tasks": {}, "K": 3, "trained_K": 3}
+    monkeypatch.setattr(harness, "evaluate_run", lambda run_dir, rc, **k: given.append(rc) or done)
     assert main(["eval", str(run_dir), "--config", str(cfg_file), "--no-progress", "--no-mlflow", "--tasks", "synth_mc",
                  "--set", "eval.limit=2", "eval.precision=bf16-mixed"]) == 0
     (rc,) = given
     assert rc.eval == EvalConfig(tasks=["synth_mc"], shots=[0], limit=2, heldout_windows=3, precision="bf16-mixed")
     saved = saved_run_config(run_dir)
     assert (rc.run, rc.model, rc.train, rc.data, saved.eval) == (saved.run, saved.model, saved.train, saved.data, None)
+
+
+def test_a_successful_eval_prints_one_line(make_run, capsys):
+    """`stateloop eval` says what it measured and where it wrote it, in one line, also with --no-progress."""
+    run_dir, _ = make_run()
+    assert eval_cli(run_dir, "--no-mlflow", "--set", "eval.tasks=[]", "eval.heldout_windows=2") == 0
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert "held-out val perplexity" in line and line.endswith(f"0 task(s); wrote {run_dir / 'eval.json'}"), line
 
 
 def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
@@ -360,8 +369,10 @@ def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depth
         return RunConfig(RunSection(), ModelConfig(), None, DataSection(), resolve.EvalConfig(tasks=[]))
 
     monkeypatch.setattr(resolve, "resolve_eval", fake_resolve)
-    monkeypatch.setattr(harness, "evaluate_run", lambda *a, **k: {})
-    monkeypatch.setattr(harness, "evaluate_depths", lambda *a, **k: {})
+    held = {"split": "val", "ppl": 2.0, "tokens": 8}
+    monkeypatch.setattr(harness, "evaluate_run", lambda *a, **k: {"run_id": run_id, "heldout": held, "tasks": {}, "K": 4,
+                                                                   "trained_K": 4})
+    monkeypatch.setattr(harness, "evaluate_depths", lambda *a, **k: {"run_id": run_id, "depths": [{"K": 1, "heldout": held}]})
     root = Path(__file__).resolve().parents[2]
     args = ["eval", run_id, "--config", str(root / "configs/tiny.yaml"), "--no-progress", "--no-mlflow"]
     assert main(args + (["--depths", "1", "14"] if depths else [])) == 0

@@ -15,4 +15,4 @@ def test_the_stage_from_python_scores_what_the_command_scores(make_run, capsys):
     by_command = json.loads((run_dir / "eval.json").read_text())["heldout"]
     assert by_request == by_command and by_request["windows"] == 3
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == out[1] and out[0].startswith(f"held-out {by_request['split']} perplexity: ")
+    assert out[0] == out[1] and f": held-out {by_request['split']} perplexity " in out[0]

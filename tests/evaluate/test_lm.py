@@ -243,7 +243,7 @@ def test_bf16_mixed_evaluates_under_autocast_on_the_cpu(make_run, tokenizer, nam
     got32 = [ll for ll, _ in fp32.loglikelihood(ll_requests(pairs), disable_tqdm=True)]
     got16 = [ll for ll, _ in bf16.loglikelihood(ll_requests(pairs), disable_tqdm=True)]
     eos = tokenizer.token_to_id(EOS)
-    accelerate(model)  # the adapter's forms (stateloop/fast.py): the same bf16 products
+    accelerate(model)  # as load_run accelerates the run's model (stateloop/fast.py): the same bf16 products
     with torch.autocast("cpu", dtype=torch.bfloat16):
         want16 = [direct_loglikelihood(model, tokenizer, eos, c, x, 64)[0] for c, x in pairs]
     for a, b, w in zip(got32, got16, want16):

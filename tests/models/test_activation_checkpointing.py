@@ -17,6 +17,7 @@ import torch.nn.functional as F
 import stateloop.train.checkpointing as checkpointing
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
+from stateloop.models.looped import StateLoopLM
 from stateloop.models.registry import MODELS, build_model
 from stateloop.ops.memory_probe import saved_bytes
 from support.models import tiny_config
@@ -125,11 +126,11 @@ def test_units_without_checkpointing_keep_as_much_as_the_reference(monkeypatch):
 
 
 def test_the_state_branch_is_its_own_unit_under_layer_checkpointing(monkeypatch):
-    """[choice] of train/checkpointing.py (STATE_BRANCH): with the cell a unit of its own, "layer"
+    """[choice] of StateLoopLM.checkpoint_units: with the state branch a unit of its own, "layer"
     keeps less than with only the decoder layers checkpointed, and the gradients stay exact either way."""
     cfg = tiny_config("stateloop_mamba2")
     with_branch = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing="layer")
-    monkeypatch.setitem(checkpointing.UNITS, "layer", (Layer, ("ponder",)))  # the state branch left out
+    monkeypatch.setattr(StateLoopLM, "checkpoint_units", {"iteration": (StateLoopLM.step,)})  # the state branch left out
     without = saved_bytes(cfg, batch=2, seq_len=16, precision="32-true", activation_checkpointing="layer")
     assert_same("stateloop_mamba2", "layer")
     assert with_branch < without

@@ -1,14 +1,15 @@
-"""The decoding pieces, and the fused inference forms (stateloop/fast.py), each against its plain
+"""The decoding pieces, and the fused inference forms (models/fused.py), each against its plain
 definition."""
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stateloop import fast
-from stateloop.fast import Derived, accelerate
+from stateloop.fast import accelerate
+from stateloop.models import fused
 from stateloop.models.backbone import Attention, Rotary
 from stateloop.models.cache import KVCache, ModelCache
+from stateloop.models.fused import Derived
 from stateloop.models.mixers import Mamba2, Mamba2Cache
 from stateloop.models.registry import build_model
 from stateloop.models.state import SelectiveStateCell
@@ -73,7 +74,7 @@ def test_rope_is_rotate_half_to_the_last_bit():
             x = torch.randn(2, 5, 3, D)
             # bitwise on any machine: both are elementwise products and a sum, each correctly rounded
             assert torch.equal(r.apply(x), _rotate_half_by_hand(x, r.cos, r.sin))
-            assert torch.equal(fast.rotate(r, x), r.apply(x))  # the inference form: the sign on the table
+            assert torch.equal(fused.rotate(r, x), r.apply(x))  # the inference form: the sign on the table
 
 
 def test_fused_attention_equals_the_printed_forward_after_every_weight_change():
@@ -105,17 +106,18 @@ def test_fused_attention_equals_the_printed_forward_after_every_weight_change():
 
 
 def test_derived_weights_follow_in_place_changes_and_casts():
-    """fast.Derived keeps its tensor while the parameters stay, and remakes it after an in-place
+    """fused.Derived keeps its tensor while the parameters stay, and remakes it after an in-place
     change (an optimizer step, a checkpoint load) or a cast."""
     lin = torch.nn.Linear(4, 4)
-    derived = Derived(lambda: (lin.weight,), lambda: lin.weight * 2)
+    derived = Derived()
+    get = lambda: derived.get((lin.weight,), lambda: lin.weight * 2)  # noqa: E731
     with torch.no_grad():
-        first = derived.get()
-        assert derived.get() is first
+        first = get()
+        assert get() is first
         lin.weight.add_(1.0)
-        torch.testing.assert_close(derived.get(), lin.weight * 2, rtol=0, atol=0)
+        torch.testing.assert_close(get(), lin.weight * 2, rtol=0, atol=0)
     lin.double()
-    assert derived.get().dtype == torch.float64
+    assert get().dtype == torch.float64
 
 
 @pytest.mark.parametrize("name", ["stateloop_attn", "stateloop_mamba2"])

@@ -14,7 +14,8 @@ import torch
 import yaml
 
 from stateloop.config import ConfigError
-from stateloop.models.registry import build_model
+from stateloop.models.init import init_weights
+from stateloop.models.registry import MODELS, build_model
 from support.models import tiny_config
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -83,3 +84,29 @@ def test_paper_yaml_follows_the_authors_where_the_paper_is_silent():
         assert train["warmup_steps"] == math.ceil(0.02 * steps), (name, steps)
         assert (train["lr"], train["weight_decay"], train["betas"]) == (lr, wd, [0.9, 0.95])
         assert math.isclose(train["min_lr"], 0.1 * lr), name
+
+
+def untouched_by_init(model) -> list[str]:
+    """The parameters models/init.py leaves unwritten: every parameter set to NaN, then
+    ``init_weights``; a parameter (or part of one) still NaN was written by no rule and no
+    ``reset_parameters``."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(float("nan"))
+    init_weights(model)
+    return [n for n, p in model.named_parameters() if not torch.isfinite(p).all()]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_init_writes_every_parameter(name):
+    untouched = untouched_by_init(build_model(tiny_config(name), init=False))
+    assert not untouched, (f"{name}: no init writes {untouched}; give it a reset_parameters(std) on its module "
+                           f"(models/init.py, docs/adding-a-model.md)")
+
+
+def test_a_parameter_no_init_writes_is_named():
+    """As a raw ``nn.Parameter(torch.empty(K, d))`` on a model without a reset_parameters for it (issue 59)."""
+    model = build_model(tiny_config("vanilla_looped"), init=False)
+    model.iter_emb = torch.nn.Parameter(torch.empty(3, 32))
+    assert untouched_by_init(model) == ["iter_emb"]
+

@@ -1,5 +1,5 @@
 """StateLoop's cell as the paper's equations (models/state.py, what forward runs) and its fused
-inference form (stateloop/fast.py, ``selective_state_step``): the cell is eqs. (2), (5), (6) as
+inference form (models/fused.py, ``selective_state_step``): the cell is eqs. (2), (5), (6) as
 printed, and the fused form agrees with it to the dtype's rounding (one product with
 [W_u; W_Delta] and eq. (6) as one lerp round differently from two products and g S + (1 - g) P)."""
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import stateloop.fast as fast
+import stateloop.models.fused as fused
 from stateloop.models.registry import build_model
 from stateloop.models.state import SelectiveStateCell
 from support.models import tiny_config
@@ -36,7 +37,7 @@ def _inputs(d=16, d_s=24, dtype=torch.float32, seed=1):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("first", [False, True], ids=["S^k", "S^k=0"])
 def test_the_fused_form_is_the_printed_forward_to_the_dtypes_rounding(dtype, first):
-    """Without gradients an accelerated cell (fast.accelerate) takes fast.selective_state_step on
+    """Without gradients an accelerated cell (fast.accelerate) takes fused.selective_state_step on
     its kept fused weights; with them, the printed forward. Both keep the state in the wide dtype
     (a bf16 model keeps it in float32) and agree to within a few ulps of the state's dtype (the
     bf16 products: to bf16's rounding), also on the second call (the kept weights)."""
@@ -46,8 +47,8 @@ def test_the_fused_form_is_the_printed_forward_to_the_dtypes_rounding(dtype, fir
     reference = cell(S, H).detach()
     fast.accelerate(cell)
     calls = []
-    step = fast.selective_state_step
-    fast.selective_state_step = lambda *a: calls.append(1) or step(*a)
+    step = fused.selective_state_step
+    fused.selective_state_step = lambda *a: calls.append(1) or step(*a)
     try:
         assert torch.equal(cell(S, H), reference)  # with gradients: the printed forward itself
         assert calls == []
@@ -58,7 +59,7 @@ def test_the_fused_form_is_the_printed_forward_to_the_dtypes_rounding(dtype, fir
                 assert twin.dtype == reference.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
                 torch.testing.assert_close(twin, reference, rtol=tol, atol=tol)
     finally:
-        fast.selective_state_step = step
+        fused.selective_state_step = step
     assert calls == [1, 1]
 
 

@@ -5,40 +5,56 @@ this project also evaluates trained models at other depths. For every registered
 model at K' must be exactly the model its own equations define at K' with the same weights: a
 model built fresh at K' and given those weights computes the same logits, and cached decoding at
 K' equals the full forward at K'. Models whose parameters belong to particular iterations
-(MeSH's per-step routers, Hyperloop's per-loop hyper-connections) run at K' <= K only, and every
-refusal is one line.
+(MeSH's per-step routers, Hyperloop's per-loop hyper-connections; each class declares them in
+``per_iteration``) run at K' <= K only, and every refusal is one line. Nothing here names a model
+but the tests of particular ones: a new model runs through the rest from its declarations.
 """
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from stateloop.config import ConfigError
 from stateloop.models.generate import greedy_generate
-from stateloop.models.registry import MODELS, build_model
+from stateloop.models.registry import MODELS, build_model, model_classes
 from support.models import tiny_config
 
 TRAINED_K = 3
-# Depths with a meaning for each model: every K' for the shared-weight loops, K' <= K for the
-# models with per-iteration parameters.
-PER_ITERATION = {"mesh", "hyperloop"}
+
+
+def refusal(check, K):
+    """The one-line refusal of depth K by ``check``, or None."""
+    try:
+        check(K)
+    except ConfigError as err:
+        return str(err)
+    return None
 
 
 def depths(name):
-    return [1, 2, 4, 6] if name not in PER_ITERATION else [1, 2]
+    """The depths with a meaning for the model (those its registry entry does not refuse): every K'
+    for the shared-weight loops, K' <= K for the models with per-iteration parameters."""
+    cfg = tiny_config(name, K=TRAINED_K)
+    return [K for K in (1, 2, 4, 6) if refusal(lambda k: MODELS[name].check_depth(cfg, k), K) is None]
 
 
-def fresh_at(name, K, trained_state):
-    """The model built from its config at K (no at_depth), given the trained weights: the
-    parameters of iterations past K (MeSH's routers, Hyperloop's hyper-connections) are left out,
-    and MeSH keeps the trained buffer size (its default S = K + 3 would change with K)."""
-    cfg = tiny_config(name, K=K)
-    if name == "mesh":
-        cfg = dataclasses.replace(cfg, options={**cfg.options, "n_slots": TRAINED_K + 3})
-    model = build_model(cfg).eval()
-    own = model.state_dict()
-    model.load_state_dict({k: v for k, v in trained_state.items() if k in own}, strict=True)
+def fresh_at(trained, K, trained_state):
+    """The model built from its config at K (``config_at``: no at_depth), given the trained weights:
+    a parameter under an attribute the class declares per iteration (``LoopedLM.per_iteration``,
+    iteration axis first) keeps its first iterations, whatever its shape (the entries of a module
+    list, the rows of a tensor); every other parameter is the trained one."""
+    model = build_model(trained.config_at(K)).eval()
+    state = {}
+    for key, value in model.state_dict().items():
+        source = trained_state[key]
+        if key.split(".")[0] in type(trained).per_iteration:
+            source = source[tuple(slice(0, n) for n in value.shape)]
+        assert source.shape == value.shape, (f"{key}: {tuple(value.shape)} at K={K}, {tuple(source.shape)} trained; a "
+                                             f"parameter of particular iterations is declared in its class's per_iteration")
+        state[key] = source
+    model.load_state_dict(state, strict=True)
     return model
 
 
@@ -52,7 +68,7 @@ def test_at_depth_equals_the_model_built_at_that_depth(name):
         at_trained = trained(idx).logits
         for K in depths(name):
             ours = trained.at_depth(K)(idx).logits
-            reference = fresh_at(name, K, state)(idx).logits
+            reference = fresh_at(trained, K, state)(idx).logits
             assert torch.allclose(ours, reference, rtol=0, atol=1e-6), (name, K)
             if K != TRAINED_K:  # the depth matters: another K gives other logits
                 assert not torch.allclose(ours, at_trained, atol=1e-4), (name, K)
@@ -130,7 +146,27 @@ def test_pause_token_with_a_fixed_pause_count_has_no_depth():
         model.at_depth(5)
 
 
-@pytest.mark.parametrize("name", ["mesh", "hyperloop"])
+def per_iteration_models():
+    return [name for name in sorted(MODELS) if model_classes()[MODELS[name].model].per_iteration]
+
+
+def test_the_models_with_per_iteration_parameters_are_declared():
+    """MeSH's per-step routers and Hyperloop's per-loop hyper-connections are declared (the list the
+    tests above read), and each such model refuses a depth past its trained K: it has no parameters
+    for the extra iterations."""
+    assert {"hyperloop", "mesh"} <= set(per_iteration_models())
+    for name in per_iteration_models():
+        check = functools.partial(MODELS[name].check_depth, tiny_config(name, K=TRAINED_K))
+        assert refusal(check, TRAINED_K + 1) is not None, (f"{name} declares per-iteration parameters but its registry "
+                                                            f"entry runs it past its trained K: give it a depth check")
+        model = build_model(tiny_config(name, K=TRAINED_K), device="meta")
+        for attr in type(model).per_iteration:  # each names parameters, iteration axis first
+            params = list(getattr(model, attr).parameters()) if isinstance(getattr(model, attr), torch.nn.Module) \
+                else [getattr(model, attr)]
+            assert params and len(getattr(model, attr)) >= TRAINED_K, (name, attr)
+
+
+@pytest.mark.parametrize("name", per_iteration_models())
 def test_the_limit_is_the_trained_depth_after_a_smaller_one(name):
     """A sweep runs one model at K' = 1, 2, ...: after a smaller K' the limit is still the trained K."""
     model = build_model(tiny_config(name, K=TRAINED_K))
@@ -138,15 +174,6 @@ def test_the_limit_is_the_trained_depth_after_a_smaller_one(name):
     with pytest.raises(ConfigError, match=rf"\(K <= {TRAINED_K} only\)$"):
         model.at_depth(TRAINED_K + 1)
     assert model.at_depth(TRAINED_K).cfg.K == TRAINED_K
-
-
-def refusal(check, K):
-    """The one-line refusal of depth K by ``check``, or None."""
-    try:
-        check(K)
-    except ConfigError as err:
-        return str(err)
-    return None
 
 
 @pytest.mark.parametrize("name", sorted(MODELS) + ["pause_token n_pause=2"])

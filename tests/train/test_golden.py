@@ -320,8 +320,16 @@ if __name__ == "__main__" and "--record" in sys.argv:
     with tempfile.TemporaryDirectory() as tmp:
         result = _child(Path(tmp), "--curves")
     machine, curves = result["machine"], result["curves"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True).stdout.strip()
-    others = [r for r in _recordings() if r["recorded_on"] != machine]
-    entry = {"recorded_on": machine, "commit": commit, "steps": STEPS, "curves": curves}
-    GOLDEN.write_text(json.dumps({"recordings": others + [entry]}, indent=1) + "\n")
-    print(f"{GOLDEN}: {len(curves)} curves of {STEPS} steps on {machine} (commit {commit}); {len(others)} other recording(s) kept")
+    git = lambda *args: subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True).stdout.strip()  # noqa: E731
+    # The code recorded: HEAD, and "+uncommitted" when src/ or tests/ differ from it, new files included
+    # (a model being added is recorded before its commit).
+    commit = git("rev-parse", "--short", "HEAD") + ("+uncommitted" if git("status", "--porcelain", "--", "../../src", "..") else "")
+    replaced = [r for r in _recordings() if _same_kind(r["recorded_on"], machine)]
+    others = [r for r in _recordings() if not _same_kind(r["recorded_on"], machine)]
+    entry = {"recorded_on": machine, "commit": commit, "steps": STEPS}
+    if replaced and "note" in replaced[0]:
+        entry["note"] = replaced[0]["note"]  # the recording's note is kept (edit it by hand for an intended change)
+    added = sorted(curves.keys() - (replaced[0]["curves"].keys() if replaced else set()))
+    GOLDEN.write_text(json.dumps({"recordings": [*others, {**entry, "curves": curves}]}, indent=1) + "\n")
+    print(f"{GOLDEN}: {len(curves)} curves of {STEPS} steps on {machine} (commit {commit}); new: {', '.join(added) or 'none'}; "
+          f"{len(others)} other recording(s) kept")

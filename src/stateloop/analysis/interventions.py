@@ -26,7 +26,6 @@ import torch
 
 from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Sums
-from stateloop.fast import accelerate
 
 EPSILON = 1e-6  # eq. (15)'s epsilon: "ensures numerical stability"
 
@@ -97,7 +96,6 @@ def intervention_nll(model, windows: torch.Tensor, interventions: dict, batch_si
     state_overrides``; each is evaluated on the same windows."""
     from tqdm import tqdm
 
-    accelerate(model)  # as the tree: the fused forms without gradients (stateloop/fast.py)
     sums = {name: 0.0 for name in ["none", *interventions]}
     tokens = 0
     for start in tqdm(range(0, len(windows), batch_size), desc=f"interventions: {len(interventions)} + clean",
@@ -124,7 +122,6 @@ def intervention_tree(model, idx: torch.Tensor, targets: torch.Tensor, stats: St
     :func:`replacement_overrides` and :func:`freezing_overrides`, applied as looped.py's
     ``state_overrides`` hook applies them."""
     K = model.cfg.K
-    accelerate(model)  # the fused forms without gradients (stateloop/fast.py)
     Z = model.embed_tokens(idx)
     rope = model.rotary(idx.shape[1], None, idx.device, Z.dtype)
     Hs, Ss, S = [], [], None  # the clean pass: Hs[k] = H^k, Ss[k] = S^{k+1}

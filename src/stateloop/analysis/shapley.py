@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 
 from stateloop.analysis.shards import Sums
-from stateloop.fast import accelerate
 
 
 def mask_bits(m: int, K: int) -> list[int]:
@@ -45,7 +44,6 @@ def sum_names(K: int) -> list[str]:
 def mask_tree(model, idx: torch.Tensor, targets: torch.Tensor):
     """Yield (mask index, the NLL summed over the batch's targets) for all 2^K read masks of one
     batch: the prefix-shared tree, depth first (module docstring)."""
-    accelerate(model)  # the fused forms without gradients (stateloop/fast.py)
     h = model.embed_tokens(idx)
     rope = model.rotary(idx.shape[1], None, idx.device, h.dtype)
     yield from _descend(model, 0, h, None, 0, rope, targets)  # Z^0 = E, S^0 = 0, nothing masked

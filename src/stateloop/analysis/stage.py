@@ -17,6 +17,7 @@ from stateloop.analysis.interventions import StateStats, state_statistics
 from stateloop.analysis.jobs import CALIBRATION_FILE
 from stateloop.analysis.request import Request
 from stateloop.config import ConfigError, from_dict
+from stateloop.fast import accelerate
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
@@ -35,6 +36,7 @@ def analyze(args: Request, pipeline: PipelineConfig | None = None) -> int:
     merging = args.merge is not None
     device = torch.device("cpu") if merging else resolve_device(args.device)
     model, saved = _shape_only(run_dir) if merging else load_model(run_dir, device=device)
+    accelerate(model)  # the fused inference forms, once (stateloop/fast.py); the analyses leave the model as handed
     config = resolve_eval(run_dir, pipeline, saved=saved)  # the saved config with the eval section of the run's `stateloop eval`
     common.require_reads(model, f"analyze {args.analysis}")
     model, setup = _eval_setup(args, run_dir, config, model, device)

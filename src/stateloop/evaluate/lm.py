@@ -185,7 +185,7 @@ class StateLoopEvalLM(TemplateLM):
         if model is None or tokenizer is None or eos_id is None:
             raise ValueError("StateLoopEvalLM needs run_dir, or model, tokenizer and eos_id")
         self._device = eval_device(device) if run_dir is None else next(model.parameters()).device
-        self.model = accelerate(model.to(self._device).eval())  # the fused inference forms (stateloop/fast.py)
+        self.model = model.to(self._device).eval()  # its fused forms as its caller set them (load_run: on)
         self.tokenizer = tokenizer
         self._eos_id = int(eos_id)
         self.batch_size, self.batch_schedule = parse_batch_size(batch_size)

@@ -5,8 +5,6 @@ what it prints. What it is asked for is a :class:`Request` (evaluate/request.py)
 
 from __future__ import annotations
 
-import sys
-
 from stateloop import resolve
 from stateloop.config import ConfigError, parse_dotlist
 from stateloop.data.hub import require
@@ -41,19 +39,18 @@ def eval_stage(args: Request) -> int:
             raise ConfigError("--depths: evaluates the depths it names; drop eval.K")
         results = harness.evaluate_depths(run_dir, rc, args.depths, mlflow=not args.no_mlflow,
                                           progress=not args.no_progress, pipeline=pipeline)
-        if not args.no_progress:
-            for point in results["depths"]:
-                print(f"K={point['K']}: held-out {point['heldout']['split']} perplexity {point['heldout']['ppl']:.4f}")
-            print(f"wrote {run_dir / DEPTH_FILE}", file=sys.stderr)
+        ppl = ", ".join(f"K={p['K']} {p['heldout']['ppl']:.4f}" for p in results["depths"])
+        print(f"{results['run_id']}: held-out perplexity {ppl}; wrote {run_dir / DEPTH_FILE}")  # one line, always
         return 0
     results = harness.evaluate_run(run_dir, rc, mlflow=not args.no_mlflow, progress=not args.no_progress, pipeline=pipeline)
+    held = results["heldout"]
     if not args.no_progress:
-        held = results["heldout"]
-        print(f"held-out {held['split']} perplexity: {held['ppl']:.4f} ({held['tokens']} tokens)")
         for task, entry in results["tasks"].items():
             for shots, block in entry["shots"].items():
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in block["metrics"].items() if not k.endswith("_stderr"))
                 n = (block.get("n_samples") or {}).get("effective")
                 print(f"{task} {shots}-shot (n={n}): {shown}")
-        print(f"wrote {run_dir / (harness.depth_stem(results['K'], results['trained_K']) + '.json')}", file=sys.stderr)
+    path = run_dir / (harness.depth_stem(results["K"], results["trained_K"]) + ".json")
+    print(f"{results['run_id']}: held-out {held['split']} perplexity {held['ppl']:.4f} ({held['tokens']} tokens), "
+          f"{len(results['tasks'])} task(s); wrote {path}")  # one line on success, with or without --no-progress
     return 0

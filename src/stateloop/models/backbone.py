@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from stateloop.models.fused import attention_twin, takes_twin
 from stateloop.models.kernels import attention, rms_norm
 
 
@@ -80,7 +81,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(inner, d_in, bias=False)
         self.wo.residual_out = True  # init: scaled by the unrolled depth (models/init.py)
 
+    fused = False  # its fused inference form, models/fused.attention_twin, switched on by stateloop/fast.py
+
     def forward(self, x: torch.Tensor, rope: Rotary, kv_cache=None) -> torch.Tensor:
+        if takes_twin(self):
+            return attention_twin(self, x, rope, kv_cache)
         B, T, _ = x.shape
         H, D = self.n_heads, self.head_dim
         q = rope.apply(self.wq(x).view(B, T, H, D))

@@ -80,3 +80,12 @@ class ModelConfig:
                 raise ConfigError(f"model.{key}: must be one of auto, torch, kernel; got {getattr(self, key)!r}")
         if self.head_dim % 2:
             raise ConfigError(f"model.head_dim: RoPE needs an even head size, got {self.head_dim}")
+
+
+def refuse_past_trained(trained: ModelConfig, K: int) -> None:
+    """A test-time depth check (a registry entry's ``depth``, its class's ``depth_check``) for a model
+    whose parameters belong to particular iterations and that has nothing more to say: K up to the
+    trained K, the iterations it has parameters for."""
+    if K > trained.K:
+        raise ConfigError(f"eval.K: {trained.name} has no meaning at K={K}: it has parameters for each of its "
+                          f"{trained.K} trained iterations and none past them (K <= {trained.K} only)")

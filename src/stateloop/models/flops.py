@@ -18,7 +18,8 @@ from torch.utils.flop_counter import FlopCounterMode, bmm_flop, sdpa_flop_count
 from stateloop import measured
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
-from stateloop.models.registry import build_model, matched_ffn_width
+from stateloop.models.looped import matched_ffn_width
+from stateloop.models.registry import build_model
 
 aten = torch.ops.aten
 

@@ -23,7 +23,8 @@ following the LLaMA / GPT-2 convention that the baselines' recipes also use):
 - Mamba-2 mixer: mamba_ssm's init (dt log-uniform in [1e-3, 1e-1], A uniform in [1, 16], D = 1,
   convolution with PyTorch's default).
 - Modules with their own ``reset_parameters(std)`` (cells, Mamba-2, baseline-specific
-  parameters) are initialised by it after the generic rules; their docstrings list the values.
+  parameters, or the model itself for its own parameters) are initialised by it after the generic
+  rules; their docstrings list the values.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def init_weights(model: nn.Module) -> nn.Module:
             nn.init.ones_(module.weight)
     # Specific inits last, so they win over the generic rules above.
     for module in model.modules():
-        if module is not model and hasattr(module, "reset_parameters") and not isinstance(
+        if hasattr(module, "reset_parameters") and not isinstance(
             module, (nn.Linear, nn.Embedding, nn.Conv1d, nn.GRUCell)
         ):
             module.reset_parameters(std)

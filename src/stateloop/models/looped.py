@@ -60,8 +60,9 @@ Hooks for the analyses (paper, Sec. 5), all keyword arguments of ``forward``:
   recomputed beside the forward from the same tensors, so the forward's numbers are unchanged;
   without the hook nothing is computed.
 
-Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers,
-stacks and iteration methods below), and so are the fused inference forms (stateloop/fast.py).
+Activation checkpointing is applied from outside (train/checkpointing.py wraps the layers, stacks
+and the methods a class names in ``checkpoint_units``), and so are the fused inference forms
+(stateloop/fast.py switches on the forms the modules declare).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ from stateloop.models.backbone import Backbone, RMSNorm, Rotary
 from stateloop.models.cache import ModelCache
 from stateloop.models.kernels import cast, upcast
 from stateloop.models.mixers import build_mixer
-from stateloop.models.registry import get_spec
+from stateloop.models.options import FFNOptions
 from stateloop.models.state import build_cell
 
 
@@ -99,7 +100,19 @@ class LoopedLM(nn.Module):
     sequence). A loop returns Y, the input of the final norm and head, at the real tokens only (Pause
     Token reads each group's last pause). Its looped stack runs through :meth:`apply_backbone` and
     its unique stacks through :meth:`apply_stack`.
+
+    What the machinery outside models/ reads, declared by each class (docs/adding-a-model.md):
+    ``checkpoint_units``, per activation-checkpointing level, the class's methods that are one unit
+    beside every ``Layer`` ("layer") and ``Backbone`` ("iteration") application (train/checkpointing.py);
+    ``per_iteration``, the attributes whose parameters belong to particular iterations, iteration
+    axis first (test-time depth, tests/models/test_test_time_depth.py); ``depth_check``, the
+    torch-free (trained config, K) -> None that refuses a test-time K in one line, the same function
+    as its registry entry's ``depth`` (None: every K).
     """
+
+    checkpoint_units: dict = {}
+    per_iteration: tuple[str, ...] = ()
+    depth_check = None
 
     def __init__(self, cfg, d_ff: int | None = None, n_layers: int | None = None):
         super().__init__()
@@ -120,14 +133,20 @@ class LoopedLM(nn.Module):
         Every loop reads ``cfg.K``, so the state, the reads and the decoding caches follow the new
         K exactly as the equations do (S^1..S^K, feedback reads R_1..R_{K-1}, terminal read R_K,
         caches ("T", 0..K-1)). A model whose parameters are tied to particular iterations
-        refuses another K in one line: its registry spec's ``depth`` check (models/registry.py),
-        the one a config's ``test_time_K`` is checked with before any model is built.
+        refuses another K in one line: its class's ``depth_check``, the function its registry
+        entry's ``depth`` names, with which a config's ``test_time_K`` is checked before any model is built.
         """
         if isinstance(K, bool) or not isinstance(K, int) or K < 1:
             raise ConfigError(f"eval.K: the loop depth must be a positive integer, got {K!r}")
-        get_spec(self.trained_cfg.name).check_depth(self.trained_cfg, K)
+        if self.depth_check is not None:
+            self.depth_check(self.trained_cfg, K)
         self.cfg = dataclasses.replace(self.cfg, K=K)
         return self
+
+    def config_at(self, K: int):
+        """The config that builds this model's equations at K loop iterations, for the shapes it was
+        trained with: the trained config at K (MeSH keeps its trained buffer)."""
+        return dataclasses.replace(self.trained_cfg, K=K)
 
     # -- pieces shared by every model ------------------------------------------------------------
     @property
@@ -186,6 +205,14 @@ class LoopedLM(nn.Module):
         for k in range(self.cfg.K):
             h = self.apply_backbone(h, rope, cache, k)  # H^k = T(H^{k-1}), H^{-1} = E
         return ModelOutput(hidden=h)  # Y = H^{K-1}; logits W_o RMSNorm_f(Y) in forward
+
+
+class WideFFNLoopedLM(LoopedLM):
+    """Vanilla Looped + FFN: Vanilla Looped with a wider SwiGLU, f = ``opts.d_ff`` or, by default, the
+    width that matches StateLoop + Mamba-2's parameters at d_s = d (:func:`matched_ffn_width`)."""
+
+    def __init__(self, cfg, opts: FFNOptions):
+        super().__init__(cfg, d_ff=opts.d_ff if opts.d_ff is not None else matched_ffn_width(cfg))
 
 
 class StateLoopLM(LoopedLM):
@@ -270,6 +297,9 @@ class StateLoopLM(LoopedLM):
             R = self.read(read[0], S, read[1])
             add("read_ratio", (upcast(R).norm(dim=-1) / upcast(H).norm(dim=-1).clamp_min(1e-30)).sum())
 
+    # [choice] The state branch is a unit of its own under "layer" (benchmarks/records/2026-12-05-activation-memory.md).
+    checkpoint_units = {"iteration": (step,), "layer": (update,)}
+
     def _read_keeps(self, read_mask, h):
         K = self.cfg.K
         if read_mask is None:
@@ -309,3 +339,13 @@ class StateOnlyLM(StateLoopLM):
             Z = X.to(h.dtype)  # Z^{k+1} = X^{k+1}; the backbone runs in the activations' dtype, the state stays float32
         H = self.apply_backbone(Z, rope, cache, K - 1)  # H^{K-1} = T(Z^{K-1})
         return ModelOutput(hidden=H, states=states if return_states else None)  # the head reads H^{K-1}
+
+
+def matched_ffn_width(cfg) -> int:
+    """The SwiGLU width that gives Vanilla Looped + FFN the parameters of StateLoop + Mamba-2
+    (at d_s = d): the paper's control, 5818 at 1.4B. Counted on the meta device."""
+    with torch.device("meta"):
+        mamba = StateLoopLM(dataclasses.replace(cfg, name="stateloop_mamba2", d_s=cfg.d_model, options={}), mixer="mamba2")
+        vanilla = LoopedLM(dataclasses.replace(cfg, name="vanilla_looped", d_s=0, options={}))
+    extra = sum(p.numel() for p in mamba.parameters()) - sum(p.numel() for p in vanilla.parameters())
+    return cfg.d_ff + round(extra / (3 * cfg.d_model * cfg.n_layers))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from stateloop.models.backbone import Attention, RMSNorm, Rotary
 from stateloop.models.cache import KVCache
+from stateloop.models.fused import derived
 from stateloop.models.kernels import (
     cast,
     causal_conv1d,
@@ -131,8 +132,12 @@ class Mamba2(nn.Module):
             self.D.fill_(1.0)
         self.norm.weight.data.fill_(1.0)
 
+    fused = False  # its fused inference form, A made once while A_log stays, switched on by stateloop/fast.py
+
     def _A(self) -> torch.Tensor:
         """A = -exp(A_log), in float32 at least."""
+        if self.fused and not (torch.is_grad_enabled() and self.A_log.requires_grad):
+            return derived(self, (self.A_log,), lambda: -torch.exp(upcast(self.A_log)))
         return -torch.exp(upcast(self.A_log))
 
     def _conv(self, xBC: torch.Tensor, cache: Mamba2Cache | None) -> torch.Tensor:

@@ -18,8 +18,8 @@ S^k = 0 it is eq. (14)'s reset state, S^{k+1} = eta^k * P^k (and S~^1 of every m
 initialisation (W_Delta = 0, softplus(b_Delta) = 0.3) the write rate of channel c is
 eta_c = 1 - exp(-0.3 lambda_c), so the log-spaced lambda in [0.01, 4] spans slow and fast channels.
 
-:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each (the fused inference form:
-stateloop/fast.py). The GRU ablation (Table 4) replaces eq. (6) by a GRU cell on the same P^k.
+:meth:`SelectiveStateCell.forward` is eqs. (2), (5), (6) one line each (its fused inference form:
+models/fused.py). The GRU ablation (Table 4) replaces eq. (6) by a GRU cell on the same P^k.
 
 Precision [choice; the paper is silent]: the state S^k is kept in float32 (float64 in a float64
 run: :func:`~stateloop.models.kernels.wide_dtype` of the activations), also under bf16 autocast
@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.models.backbone import RMSNorm
+from stateloop.models.fused import selective_state_twin, takes_twin
 from stateloop.models.kernels import cast, upcast
 
 # Paper initialisation of eq. (6).
@@ -84,8 +85,12 @@ class SelectiveStateCell(nn.Module):
         g = torch.exp(-lam * Delta)                                 # (6)  g^k = exp(-lambda * Delta^k)
         return P, g
 
+    fused = False  # its fused inference form, models/fused.selective_state_twin, switched on by stateloop/fast.py
+
     def forward(self, S: torch.Tensor | None, H: torch.Tensor) -> torch.Tensor:
         """(S^k, H^k) -> S~^{k+1} of eq. (3), S = None being S^k = 0."""
+        if takes_twin(self):
+            return selective_state_twin(self, S, H)
         P, g = self.gates(H)
         if S is None:                              # S^k = 0: S^0, or the reset of (14)
             return (1 - g) * P                     # (6)  S~^{k+1} = (1 - g^k) P^k

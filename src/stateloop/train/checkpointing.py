@@ -1,9 +1,9 @@
 """Activation checkpointing (``train.activation_checkpointing``), applied to a built model from outside.
 
-Units (torch.utils.checkpoint, non-reentrant): ``"layer"``, every ``backbone.Layer`` application and
-[choice] StateLoop's state branch (``update``; benchmarks/records/2026-12-05-activation-memory.md)
-and PonderLM's ``ponder``; ``"iteration"``, every ``backbone.Backbone`` application and
-:data:`ITERATION_METHODS`. Units run only in training forwards and never nest, so loss and gradients
+Units (torch.utils.checkpoint, non-reentrant): ``"layer"``, every ``backbone.Layer`` application;
+``"iteration"``, every ``backbone.Backbone`` application; at either level, the methods the model's
+class declares as units of that level (``LoopedLM.checkpoint_units``: StateLoop's state branch
+under "layer", each model's iteration under "iteration"). Units run only in training forwards and never nest, so loss and gradients
 match, bit for bit (tests/models/test_activation_checkpointing.py). Forwards are wrapped as instance
 attributes, not ``checkpoint_wrapper``, so state-dict keys and FSDP's units stay unchanged.
 """
@@ -21,10 +21,7 @@ from stateloop.config import ConfigError
 from stateloop.models.backbone import Backbone, Layer
 from stateloop.sections.train import CHECKPOINTING
 
-STATE_BRANCH = "update"  # StateLoop's state branch, a unit of its own under "layer" ([choice], module docstring)
-ITERATION_METHODS = ("step", "hyper_loop", "core_step", "repetition", "pondering_pass")
-# level -> (the module class whose every application is a unit, the model's methods that are units)
-UNITS = {"layer": (Layer, (STATE_BRANCH, "ponder")), "iteration": (Backbone, ITERATION_METHODS)}
+UNITS = {"layer": Layer, "iteration": Backbone}  # level -> the module class whose every application is a unit
 
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its _Units
 
@@ -35,13 +32,11 @@ class _Units:
     def __init__(self, model: torch.nn.Module, level: str) -> None:
         self.level, self.live, self.inside = level, False, False
         self.wrapped: list[tuple[object, str, object]] = []  # (owner, name, the instance attribute before)
-        kind, methods = UNITS[level]
         for module in model.modules():
-            if isinstance(module, kind):
+            if isinstance(module, UNITS[level]):
                 self._wrap(module, "forward")
-        for name in methods:
-            if callable(getattr(model, name, None)):
-                self._wrap(model, name)
+        for method in getattr(type(model), "checkpoint_units", {}).get(level, ()):  # the class's declaration
+            self._wrap(model, method.__name__)
         self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
                       model.register_forward_hook(self._end)]
 

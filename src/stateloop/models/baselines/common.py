@@ -10,8 +10,8 @@ through ``LoopedLM.apply_stack``, each with its own per-layer caches under its o
 from __future__ import annotations
 
 from stateloop.models.backbone import Backbone
+from stateloop.models.baselines.options import PRELUDE_CORE_CODA, resolve_split
 from stateloop.models.looped import LoopedLM
-from stateloop.models.registry import PRELUDE_CORE_CODA, resolve_split
 
 
 class StackedLM(LoopedLM):

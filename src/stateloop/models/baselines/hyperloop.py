@@ -44,9 +44,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from stateloop.models.baselines.common import StackedLM
+from stateloop.models.baselines.options import (
+    HYPERLOOP_SHARES,
+    HYPERLOOP_SPLIT,
+    HyperloopOptions,
+    check_hyperloop_depth,
+    resolve_split,
+)
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-from stateloop.models.registry import HYPERLOOP_SHARES, HYPERLOOP_SPLIT, HyperloopOptions, resolve_split
 
 
 class LoopHyperConnection(nn.Module):
@@ -123,3 +129,7 @@ class HyperloopLM(StackedLM):
         h_pre, h_post, h_res = hc.weights(Y)
         o = self.apply_backbone(hc.read(Y, h_pre), rope, cache, l) + hc.loop_embed
         return hc.write(Y, o, h_post, h_res)
+
+    checkpoint_units = {"iteration": (hyper_loop,)}
+    depth_check = staticmethod(check_hyperloop_depth)
+    per_iteration = ("hyper",)  # loop l's hyper-connection and e_l

@@ -39,13 +39,15 @@ What the paper leaves open, and the choices made here:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn as nn
 
 from stateloop.models.baselines.common import PreludeCoreCodaLM
+from stateloop.models.baselines.options import MeshOptions, check_mesh_depth, resolve_slots
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-from stateloop.models.registry import MeshOptions, resolve_slots
 
 
 class SlotRouter(nn.Module):
@@ -86,6 +88,10 @@ class MeshLM(PreludeCoreCodaLM):
             SlotRouter(cfg.d_model, self.n_slots, opts.protect_embedding_slot) for _ in range(cfg.K + 1)
         )
 
+    def config_at(self, K: int):
+        """At another K the model keeps its trained buffer of S slots (its default S = K + 3 would follow K)."""
+        return dataclasses.replace(super().config_at(K), options={**self.trained_cfg.options, "n_slots": self.n_slots})
+
     def init_buffer(self, h_emb: torch.Tensor) -> torch.Tensor:
         """m_0 = h_emb, the other slots 0: (B, T, S, d)."""
         m = h_emb.new_zeros(*h_emb.shape[:-1], self.n_slots, h_emb.shape[-1])
@@ -112,3 +118,7 @@ class MeshLM(PreludeCoreCodaLM):
         w_write, w_read = self.routers[t + 1](h)  # routers read the core input h^t
         h_m = self.apply_backbone(h, rope, cache, t)
         return write_then_read(m, h_m, w_write, w_read)
+
+    checkpoint_units = {"iteration": (core_step,)}
+    depth_check = staticmethod(check_mesh_depth)
+    per_iteration = ("routers",)  # router pair t + 1 of core step t, after the transitional cycle's pair 0

@@ -55,9 +55,9 @@ import torch.nn.functional as F
 
 from stateloop.models.backbone import RMSNorm
 from stateloop.models.baselines.common import PreludeCoreCodaLM
+from stateloop.models.baselines.options import ParcaeOptions
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import ModelOutput
-from stateloop.models.registry import ParcaeOptions
 
 DECAY_INIT = math.sqrt(1.0 / 5.0)  # a at init [code: ssm_decay]
 RATE_MIN, RATE_MAX = 1e-6, 80.0  # Delta exp(A_log) is clamped here, so a stays in (0, 1) in float32
@@ -172,3 +172,5 @@ class ParcaeLM(PreludeCoreCodaLM):
     def repetition(self, r: int, h: torch.Tensor, drive: torch.Tensor, a: torch.Tensor, rope, cache) -> torch.Tensor:
         """h_r = R(a h_{r-1} + Delta B e)."""
         return self.apply_backbone(self.injection(h, drive, a), rope, cache, r)
+
+    checkpoint_units = {"iteration": (repetition,)}

@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 
 from stateloop.models.backbone import Rotary
+from stateloop.models.baselines.options import PauseTokenOptions, check_pause_token_depth, resolve_pause
 from stateloop.models.looped import LoopedLM, ModelOutput
-from stateloop.models.registry import PauseTokenOptions, resolve_pause
 
 IGNORE_INDEX = -100
 
@@ -108,3 +108,5 @@ class PauseTokenLM(LoopedLM):
         """Logits at every expanded position (B, (P+1) T, V), for analyses and tests."""
         h, rope = self.inputs(idx, None)
         return self.lm_head(self.apply_backbone(h, rope, None, 0))
+
+    depth_check = staticmethod(check_pause_token_depth)

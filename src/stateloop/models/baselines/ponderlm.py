@@ -37,9 +37,9 @@ import math
 
 import torch
 
+from stateloop.models.baselines.options import PonderLMOptions
 from stateloop.models.kernels import upcast
 from stateloop.models.looped import LoopedLM, ModelOutput
-from stateloop.models.registry import PonderLMOptions
 
 
 class PonderLM(LoopedLM):
@@ -83,3 +83,5 @@ class PonderLM(LoopedLM):
 
     def ponder(self, z: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
         return z + self.pondering_embedding(self.lm_head(H))  # z^{j+1}
+
+    checkpoint_units = {"iteration": (pondering_pass,), "layer": (ponder,)}
