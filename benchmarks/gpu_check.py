@@ -201,8 +201,6 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--train-steps", type=int, default=6, help="timed steps of each form in compile_* (after 2 warm-up)")
     p.add_argument("--micro-1-4b", type=int, default=2, help="micro-batch of memory_vs_plan_1.4b and fsdp2_1x1")
-    p.add_argument("--compile-form", choices=("layers", "model"), default="layers",
-                   help="layers: every decoder layer compiled in place; model: torch.compile(model) (train.compile)")
     p.add_argument("--chunks", default="64,256", help="mamba_chunk_256_vs_64's two chunk lengths")
     p.add_argument("--ssd-seq", type=int, default=2048)
     p.add_argument("--decode-prefill", type=int, default=1024)

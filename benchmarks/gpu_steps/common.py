@@ -13,12 +13,10 @@ an H100 SXM (the same 989 TFLOP/s dense bf16 datasheet peak; training there is c
   first Triton compile and autotune in the Mamba-2 model's first block (the ssd_1.4b step's 84 s for
   twelve 5 ms kernel calls was nearly all of that), over its 8 blocks: (161 - 32 - 80) / 8 = 6 s;
 - DECODE_S: 0.045 s a decoded token of a 1.4B model, eager, batch 1 (the record's 37-45 ms, host-bound);
-- COMPILE_S: the first compiled step, never measured on a GPU: [assume] 30 s at either scale for the
-  default ``--compile-form layers`` (every decoder layer compiled in place; one graph serves every
-  layer and iteration: on this project's 2-core CPU, at d = 32 and K = 7, 30 s for 3 layers and 49 s
-  for 24). ``--compile-form model`` (``train.compile: true``'s whole-model ``torch.compile``) traces
-  all K x L layer applications (168 at 410M): 71 s for 3 layers there, several minutes at 24; it
-  does not fit the steps' caps.
+- COMPILE_S: the first compiled step, never measured on a GPU: [assume] 30 s at either scale for
+  ``train.compile: true``'s units (train/compiling.py: every decoder layer and the state branch
+  compiled in place; one layer graph serves every layer and iteration): on this project's 2-core
+  CPU the first compiled steps of a tiny StateLoop take 40 s (9 graphs, fresh inductor cache).
 """
 
 from __future__ import annotations

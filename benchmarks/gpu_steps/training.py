@@ -43,28 +43,10 @@ FLOPS_410M, FLOPS_1_4B = 17.42e9, 34.90e9  # StateLoop's training FLOPs a token 
 # compile_410m, compile_1.4b
 
 
-def compile_layers(model: torch.nn.Module) -> torch.nn.Module:
-    """torchtitan's regional compile: every decoder layer compiled in place (one graph serves all
-    the layers and loop iterations of one shape), the loop, the state branch and the head eager."""
-    from stateloop.models.backbone import Layer
-
-    for module in model.modules():
-        if isinstance(module, Layer):
-            module.compile()
-    return model
-
-
-def compiled(ctx: Context, model: torch.nn.Module) -> torch.nn.Module:
-    """``--compile-form model``: ``torch.compile(model)`` as ``train.compile: true`` does
-    (train/loop.py); ``layers``: :func:`compile_layers`."""
-    if ctx.args.compile_form == "model":
-        return torch.compile(model)
-    return compile_layers(model)
-
-
 def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tuple[int, ...]) -> dict:
     """StateLoop at the experiment's shape: eager steps, then the same model compiled; tokens/s,
     MFU and the peak beside the plan's figure for each."""
+    from stateloop.train.compiling import compile_units
 
     scale, K, d_s = experiment(ctx, exp_name)
     cfg = run_config(ctx, scale, "stateloop", K, d_s)
@@ -73,7 +55,7 @@ def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tupl
     flops = train_flops_per_token(cfg, seq)
     plan = plan_figure(cfg, seq, micro)
     out.update(model="stateloop", scale=scale, K=K, d_s=d_s, micro_batch=micro, micro_batch_why=why, seq_len=seq,
-               compile_form=ctx.args.compile_form, plan=plan)
+               plan=plan)
     setting = dict(K=K, micro_batch=micro, seq_len=seq, activation_checkpointing="none", strategy="1 GPU")
     model = build(ctx, cfg)
     opt = optimizer(ctx, model)
@@ -83,14 +65,13 @@ def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tupl
         row = out.setdefault(form, {})
         reset_peak(ctx)
         if form == "compiled":
-            model = compiled(ctx, model)
+            model = compile_units(model)  # exactly what train.compile: true does (train/compiling.py)
         timed_steps(ctx, model, opt, x, y, 2, steps, row)
         if form == "compiled":
             row["compile_s"] = row["first_step_s"]  # the first compiled step: tracing, compiling, running
         throughput(ctx, row, flops, micro * seq)
         row.update({k: v for k, v in measured_peak(ctx, plan).items() if k != "plan"})  # the plan: out["plan"]
-        mfu_entry(ctx, ctx.step, scale, "stateloop", form == "compiled", row, **setting,
-                  **({"compile_form": ctx.args.compile_form} if form == "compiled" else {}))
+        mfu_entry(ctx, ctx.step, scale, "stateloop", form == "compiled", row, **setting)
     if out["eager"].get("tokens_per_s") and out["compiled"].get("tokens_per_s"):
         out["compiled_over_eager_tokens_per_s"] = out["compiled"]["tokens_per_s"] / out["eager"]["tokens_per_s"]
     del model, opt

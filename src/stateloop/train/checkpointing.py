@@ -26,17 +26,21 @@ UNITS = {"layer": Layer, "iteration": Backbone}  # level -> the module class who
 _APPLIED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its _Units
 
 
+def units(model: torch.nn.Module, level: str) -> list[tuple[torch.nn.Module, str]]:
+    """(owner, method name) of every unit of ``level`` in ``model``: each application of the level's
+    module class, then the methods the model's class declares for it (``checkpoint_units``)."""
+    found = [(module, "forward") for module in model.modules() if isinstance(module, UNITS[level])]
+    return found + [(model, method.__name__) for method in getattr(type(model), "checkpoint_units", {}).get(level, ())]
+
+
 class _Units:
     """The units of one model at one level, and whether the running forward checkpoints them."""
 
     def __init__(self, model: torch.nn.Module, level: str) -> None:
         self.level, self.live, self.inside = level, False, False
         self.wrapped: list[tuple[object, str, object]] = []  # (owner, name, the instance attribute before)
-        for module in model.modules():
-            if isinstance(module, UNITS[level]):
-                self._wrap(module, "forward")
-        for method in getattr(type(model), "checkpoint_units", {}).get(level, ()):  # the class's declaration
-            self._wrap(model, method.__name__)
+        for owner, name in units(model, level):
+            self._wrap(owner, name)
         self.hooks = [model.register_forward_pre_hook(self._start, with_kwargs=True),
                       model.register_forward_hook(self._end)]
 

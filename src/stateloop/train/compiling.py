@@ -1,8 +1,9 @@
 """``train.compile``: torch.compile applied to a built model's units from outside, as torchtitan does.
 
 [choice] The unit of compilation is the unit of ``activation_checkpointing: layer``
-(train/checkpointing.py): every decoder ``Layer``'s forward and the model's per-iteration branch
-methods (StateLoop's state branch ``update``, PonderLM's ``ponder``). Not the whole model, because:
+(train/checkpointing.py): every decoder ``Layer``'s forward and the methods the model's class
+declares as ``layer`` units (``checkpoint_units``: StateLoop's state branch ``update``, PonderLM's
+``ponder``). Not the whole model, because:
 
 - a looped layer compiles once for all its K applications and for every layer of the stack (the
   graph takes the parameters as inputs; torch >= 2.5 does not guard on a module's identity), so
@@ -35,21 +36,15 @@ from __future__ import annotations
 
 import torch
 
-from stateloop.train.checkpointing import UNITS
+from stateloop.train.checkpointing import units
 
 
 def compile_units(model: torch.nn.Module, backend: str = "inductor", fullgraph: bool = False) -> torch.nn.Module:
     """Compile ``model``'s units (module docstring) in place, as instance attributes: parameters,
     state-dict keys and module hooks (FSDP's, DDP's, the checkpoint units') are unchanged.
     Apply it before activation checkpointing and FSDP; returns the model."""
-    kind, methods = UNITS["layer"]
-    options = dict(backend=backend, fullgraph=fullgraph, dynamic=False)
-    for module in model.modules():
-        if isinstance(module, kind):
-            module.forward = torch.compile(module.forward, **options)
-    for name in methods:
-        if callable(getattr(model, name, None)):
-            setattr(model, name, torch.compile(getattr(model, name), **options))
+    for owner, name in units(model, "layer"):
+        setattr(owner, name, torch.compile(getattr(owner, name), backend=backend, fullgraph=fullgraph, dynamic=False))
     return model
 
 
