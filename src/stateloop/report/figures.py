@@ -83,15 +83,18 @@ def depth_panels(curves: dict[str, dict[int, dict[int, float]]], baseline: str, 
     ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title="(a) PPL against loop depth")
     ax.set_xticks(sorted(set().union(*(curves[m] for m in models))))
     ax.legend()
+    drawn: set[int] = set()
     for i, model in enumerate(models):
         Ks = sorted(set(curves[baseline]) & set(curves[model]))
         if model == baseline or not Ks:
             continue
+        drawn |= set(Ks)
         adv = [paired(curves[baseline][k], curves[model][k], relative_pct) for k in Ks]
         ax2.errorbar(Ks, [e.mean for e in adv], yerr=[e.bar for e in adv], fmt=f"{MARKERS[i % len(MARKERS)]}-",
                      color=_colour(model, i), label=labels.get(model, f"{model} (paired by seed)"))
     ax2.axhline(0, color=style.GREY, lw=0.6)
     ax2.set(xlabel="loop depth K")
+    ax2.set_xticks(sorted(drawn))
     return fig, ax, ax2
 
 
