@@ -294,7 +294,7 @@ def test_the_ladders_lr_overlay_adds_each_rungs_bracket_to_the_same_dag(tmp_path
     work = copy_workflow(tmp_path)
     plans = [jobs(snakemake(work, "-n", "--configfile", *files).stdout)
              for files in (["configs/ladder.yaml", "configs/overlays/ladder_lr.yaml"], ["configs/overlays/ladder_lr.yaml"])]
-    assert plans[0] == plans[1]
+    assert sorted((j["rule"], j.get("output", "")) for j in plans[0]) == sorted((j["rule"], j.get("output", "")) for j in plans[1])
     planned = plans[0]
     trains = [j["output"] for j in planned if j["rule"] == "train"]
     assert len(trains) == len(set(trains)) == 72 + 96
@@ -323,7 +323,7 @@ def test_an_experiment_file_of_its_own_trains_only_its_new_runs_and_renders_its_
     cfg = load_pipeline(idea)
     runs = {r.folder for r in expand_runs(cfg, ["idea"])}
     assert len(runs) == 12
-    assert {j["output"].rsplit("/", 1)[0] for j in planned if j["rule"] == "train"} == runs
+    assert {j["output"].split(",")[0].rsplit("/", 1)[0] for j in planned if j["rule"] == "train"} == runs
     assert {j["output"].rsplit("/", 1)[0] for j in planned if j["rule"] == "eval"} == runs
     assert sorted(j["rule"] for j in planned if j["rule"].startswith("render")) == ["render_comparison", "render_comparison_figure"]
     # every job reads the file resolved, its base merged under it (the config file named by its content)
