@@ -359,13 +359,6 @@ def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
         if exp.baseline is not None and exp.baseline not in exp.models:
             raise ConfigError(f"{where}: experiments.{name}.baseline: {exp.baseline!r} is not one of its models "
                               f"({', '.join(exp.models)}); name one of them")
-    from stateloop.report.outputs import baseline_of, comparisons  # report/outputs.py imports this module
-
-    for name in comparisons(cfg):  # each experiment with a comparison of its own has its baseline
-        try:
-            baseline_of(cfg, name)
-        except ConfigError as err:
-            raise ConfigError(f"{where}: {err}") from None
     # Every split a stage reads must be one the data stage makes (evaluation and the analyses
     # read eval.heldout_split, training's validation train.val_split).
     for name, scale in cfg.scales.items():

@@ -54,6 +54,11 @@ try:
     # strict: unknown keys, wrong types, unknown models; RUNS: every trained run, each once (the
     # experiment grid expanded once, by the check)
     PIPE, RUNS = checked_pipeline(config, CONFIG_NAME)
+    # every experiment of two models or more that no output reads is compared with its baseline
+    try:
+        COMPARED = comparisons(PIPE)
+    except ConfigError as err:
+        raise ConfigError(f"{CONFIG_NAME}: {err}") from None
     gate(PIPE, RUNS, CONFIG_NAME)  # every run of a scale that sets train.gpu_memory_gib fits it, before any job
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
@@ -144,9 +149,8 @@ TABLES = [f for t in of_kind("table") if t in MADE for f in OUTPUTS[t].files]
 FIGURES = [f for t in of_kind("figure") if t in MADE for f in OUTPUTS[t].files]
 CLAIMS = list(OUTPUTS["claims"].files)
 # Every experiment of two models or more that no output above reads (a config's own, such as a new
-# model against Vanilla Looped) gets a comparison named after it (report/compare.py): its table,
-# and where it varies K its figure in Figure 2's form. Each name is a wildcard's only values.
-COMPARED = comparisons(PIPE)
+# model against Vanilla Looped: COMPARED, above) gets a comparison named after it (report/compare.py):
+# its table, and where it varies K its figure in Figure 2's form. Each name is a wildcard's only values.
 COMPARED_BY_K = [e for e in COMPARED if varies_K(PIPE, e)]
 COMPARISONS = [f for e in COMPARED for f in comparison_files(e)] + [f for e in COMPARED_BY_K for f in comparison_files(e, figure=True)]
 

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from stateloop.models.registry import count_params, get_spec
 from stateloop.pipeline import cells, expand_runs
 from stateloop.report import depth, ladder, lr, style, trends
-from stateloop.report.outputs import OUTPUTS
+from stateloop.report.outputs import OUTPUTS, baseline_of
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference
 
@@ -102,8 +102,6 @@ def comparison(cfg, results: Path, name: str):
     """Experiment ``name``'s own comparison as a figure, in Figure 2's form (:func:`depth_panels`):
     where it varies K (report/outputs.py: varies_K), each model's PPL against K and each one's
     advantage over the experiment's baseline, paired by seed; one curve per model and state width."""
-    from stateloop.report.outputs import baseline_of
-
     baseline = baseline_of(cfg, name)
     groups = list(cells(_runs(cfg, name)).values())
     curves: dict[str, dict[int, dict[int, float]]] = {}  # curve -> K -> seed -> PPL

@@ -97,9 +97,14 @@ DEFAULT_BASELINE = "vanilla_looped"  # what an experiment's models are compared 
 
 def comparisons(cfg) -> list[str]:
     """The experiments that get a comparison of their own: trained, of two models or more, and
-    read by name by none of :data:`OUTPUTS` (Table 1 already compares its models); in config order."""
+    read by name by none of :data:`OUTPUTS` (Table 1 already compares its models); in config order.
+    Each has its baseline (:func:`baseline_of`), else one line saying what to write (the Snakefile
+    asks when it checks the config)."""
     read = {e for o in OUTPUTS.values() for e in o.experiments}
-    return [n for n, e in cfg.experiments.items() if e.trained and len(e.models or []) >= 2 and n not in read]
+    names = [n for n, e in cfg.experiments.items() if e.trained and len(e.models or []) >= 2 and n not in read]
+    for name in names:
+        baseline_of(cfg, name)
+    return names
 
 
 def baseline_of(cfg, name: str) -> str:

@@ -79,7 +79,7 @@ def _render_comparison(cfg, config_file, results: Path, out: Path, experiment: s
     if out.suffix == ".pdf":
         if not varies_K(cfg, experiment):
             raise ConfigError(f"--out {out}: experiment {experiment} does not vary K: its comparison is a table (--out .csv)")
-        from stateloop.report import figures
+        from stateloop.report import figures  # matplotlib: `stateloop`'s parser imports this module
 
         return _save_figure(figures.comparison(cfg, results, experiment), out)
     raise ConfigError(f"--out {out}: a comparison is a table (.csv, with its .md) or a figure (.pdf, with its .png)")
