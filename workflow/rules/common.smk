@@ -389,8 +389,6 @@ def output_inputs(name):
     its run_files in the run folders of its experiment, the runs of its reference model at the
     experiment's loop counts, Table 3's timings. The claims read every trained run's eval.json and
     everything the other outputs read."""
-    if name in COMPARED:  # an experiment's own comparison: the held-out PPL of its runs, its baseline's among them
-        return run_files(name, "eval.json")
     o = OUTPUTS[name]
     if o.experiment is None:
         files = [f"{r.folder}/eval.json" for r in RUNS.values()]
@@ -431,5 +429,8 @@ def render_settings(wc):
 
 
 def render_inputs(wc):
-    """Input function of the render rules (the table, figure, comparison or the claims of the wildcards)."""
-    return output_inputs(wc.get("experiment") or wc.get("table") or wc.get("figure") or "claims")
+    """Input function of the render rules (the table, figure, comparison or the claims of the wildcards);
+    an experiment's own comparison reads the held-out PPL of its runs, its baseline's among them."""
+    if wc.get("experiment"):
+        return run_files(wc.experiment, "eval.json")
+    return output_inputs(wc.get("table") or wc.get("figure") or "claims")
