@@ -40,3 +40,4 @@ rule all:
         TABLES,
         FIGURES,
         CLAIMS,
+        COMPARISONS,

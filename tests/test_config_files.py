@@ -14,7 +14,12 @@ from stateloop.schema import render
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+# Experiments of their own: a file naming the config it extends (`base:`), in any folder under configs/
+OVERLAYS = sorted(p for p in (ROOT / "configs").glob("*/*.yaml") if "base" in yaml.safe_load(p.read_text()))
 FIGURE_AND_TABLE_EXPERIMENTS = {"table1", "table4", "loop_depth", "state_width", "state_analysis", "decoding"}
+# Scales of their own that render only some of the paper's outputs, and why
+PARTIAL = {"decide.yaml": "Tables 1, 4, Figure 2 and the claims", "ladder.yaml": "a compute ladder's rungs",
+           "ladder_gpu.yaml": "a compute ladder's rungs"}
 
 
 def test_committed_schema_is_generated_from_the_dataclasses():
@@ -81,23 +86,26 @@ def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
     assert field_docs(Example) == {"a": "the end of its line", "b": "above b, on two lines and its end", "c": ""}
 
 
-# The configs that run a part of the paper only (decide: Tables 1, 4, Figure 2; the ladders: their rungs).
-PARTIAL_CONFIGS = ("decide.yaml", "ladder.yaml", "ladder_gpu.yaml")
-
-
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS + OVERLAYS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
 def test_config_resolves_and_matches_the_schema(path):
+    """Every config resolves (an experiment of its own with its `base:` merged under it) and
+    matches the schema; a scale of its own defines the paper's six experiments, or says in
+    PARTIAL which outputs it renders instead."""
+    from stateloop.config import read_config
+
     cfg = load_pipeline(path)
-    if path.name not in PARTIAL_CONFIGS:
-        missing = sorted(FIGURE_AND_TABLE_EXPERIMENTS - set(cfg.experiments))
-        assert not missing, (f"{path.name} lacks the paper's experiments {missing}: a config that renders all of the "
-                             f"paper defines each of them; one that runs only a part (or experiments of your own) "
-                             f"is named in PARTIAL_CONFIGS of tests/test_config_files.py")
+    if path in CONFIGS and path.name not in PARTIAL:
+        missing = FIGURE_AND_TABLE_EXPERIMENTS - set(cfg.experiments)
+        assert not missing, (
+            f"configs/{path.name} defines none of the paper's experiments {sorted(missing)}. An experiment over an "
+            f"existing scale belongs in a file of its own that names the config it extends, `base: ../tiny.yaml`, "
+            f"under configs/experiments/ (configs/README.md); a new scale of its own defines all six, or is added "
+            f"with what it renders to PARTIAL in tests/test_config_files.py")
         assert not cfg.experiments["decoding"].trained
     runs = expand_runs(cfg)
     assert len({r.id for r in runs}) == len(runs) > 0
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-    jsonschema.validate(yaml.safe_load(path.read_text()), schema)
+    jsonschema.validate(read_config(path), schema)
 
 
 def test_schema_rejects_what_the_loader_rejects():
@@ -142,5 +150,5 @@ def test_checking_every_config_imports_no_torch():
     code = ("import sys\nfrom stateloop.pipeline import load_checked\nfor path in sys.argv[1:]:\n    load_checked(path)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'stateloop.models.looped',\n"
             "    'stateloop.models.baselines.')) and not m.endswith('.options')))")
-    out = subprocess.run([sys.executable, "-c", code, *map(str, CONFIGS)], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code, *map(str, CONFIGS + OVERLAYS)], capture_output=True, text=True, check=True)
     assert CONFIGS and out.stdout.strip() == "[]", out.stdout

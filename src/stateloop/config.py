@@ -287,6 +287,9 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+BASE_KEY = "base"  # a config file's key naming the config file it extends (read_config)
+
+
 def load_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -299,3 +302,59 @@ def load_yaml(path: str | Path) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data
+
+
+def read_config(path: str | Path) -> dict:
+    """A pipeline config file's mapping, with the file its ``base:`` key names merged under it.
+
+    [choice] An experiment lives in a small file of its own that names the config it extends
+    (``base: ../tiny.yaml``, relative to the file itself) and holds only what it adds or changes:
+    the base's mapping is read (itself resolved the same way, to any depth) and the file's keys are
+    merged over it as Snakemake merges ``--configfile A B`` (:func:`merge`: mappings key by key,
+    any other value replaced). Every command that takes ``--config`` reads a file through here,
+    and so does the Snakefile (:func:`resolve_configfiles`); docs/choices.md says why a key and not
+    several files."""
+    return config_chain(path)[0]
+
+
+def config_chain(path: str | Path) -> tuple[dict, list[Path]]:
+    """(the resolved mapping of config file ``path``, the files it was read from, ``path`` first and
+    then its bases); a missing base, a base that is not a path, or a chain that comes back to a file
+    of its own is one line naming the file and its ``base:``."""
+    files: list[Path] = []
+    layers: list[dict] = []
+    path = Path(path)
+    while True:
+        if any(path.resolve() == f.resolve() for f in files):
+            raise ConfigError(f"{files[-1]}: {BASE_KEY}: {path} extends itself "
+                              f"(through {' -> '.join(map(str, files + [path]))})")
+        data = load_yaml(path)
+        files.append(path)
+        base = data.pop(BASE_KEY, None)
+        layers.append(data)
+        if base is None:
+            break
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f"{path}: {BASE_KEY}: expected the path of the config file it extends "
+                              f"(relative to {path.parent or '.'}), got {base!r}")
+        target = path.parent / base
+        if not target.is_file():
+            raise ConfigError(f"{path}: {BASE_KEY}: {base}: no such config file (read relative to the file's own "
+                              f"folder: {target})")
+        path = target
+    out: dict = {}
+    for layer in reversed(layers):
+        out = merge(out, layer)
+    return out, files
+
+
+def resolve_configfiles(paths: list[str | Path], overrides: dict | None = None) -> dict | None:
+    """The config Snakemake should hold for ``--configfile PATHS`` and ``--config`` ``overrides``,
+    where any of the files names a ``base:`` (None where none does: Snakemake's own merge is then
+    the same): each file resolved (:func:`read_config`), merged in order, the overrides last."""
+    if not any(BASE_KEY in load_yaml(p) for p in paths):
+        return None
+    out: dict = {}
+    for p in paths:
+        out = merge(out, read_config(p))
+    return merge(out, dict(overrides or {}))

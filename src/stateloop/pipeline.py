@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.config import ConfigError, from_dict, load_yaml, merge, to_dict
+from stateloop.config import ConfigError, config_chain, from_dict, merge, read_config, to_dict
 from stateloop.models.config import ModelConfig
 from stateloop.models.registry import MODELS, get_spec
 from stateloop.sections.data import DataConfig
@@ -128,6 +128,11 @@ class ExperimentConfig:
     # K' listed into its eval_depth.json (`stateloop eval RUN --depths ...`).
     test_time_K: list[int] = field(default_factory=list)
     test_time_tasks: bool = False  # also run the lm-eval tasks at every test-time K'
+    # The model the others are compared with in the experiment's own comparison (an experiment of
+    # two models or more that no table or figure of the paper reads: results/compare_NAME.csv and
+    # .md, figures/compare_NAME.pdf where it varies K); null: vanilla_looped, which must then be
+    # one of its models
+    baseline: str | None = None
 
     def __post_init__(self) -> None:
         for K in self.test_time_K:
@@ -261,12 +266,12 @@ def load_checked(path: str | Path, overrides: dict | None = None,
     while the file is unchanged, a copy to each caller. ``expand=False``: no runs (:func:`load_run`)."""
     if overrides or not Path(path).is_file():
         return _read_pipeline(str(path), overrides, expand)
-    stat = Path(path).stat()
-    return copy.deepcopy(_read_file_once(str(path), stat.st_mtime_ns, stat.st_size, expand))
+    stats = tuple((str(f), f.stat().st_mtime_ns, f.stat().st_size) for f in config_chain(path)[1])  # the file and its bases
+    return copy.deepcopy(_read_file_once(str(path), stats, expand))
 
 
 def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[PipelineConfig, dict[str, Run]]:
-    data = load_yaml(path)
+    data = read_config(path)  # with the file its `base:` names merged under it
     if overrides:
         data = merge(data, overrides)
     if expand:
@@ -277,8 +282,8 @@ def _read_pipeline(path: str, overrides: dict | None, expand: bool) -> tuple[Pip
     return cfg, {}
 
 
-# Keyed by (path, mtime, size, expand): a file is read again once it changes.
-_read_file_once = functools.lru_cache(maxsize=8)(lambda path, _mtime, _size, expand: _read_pipeline(path, None, expand))
+# Keyed by (path, the (path, mtime, size) of it and its bases, expand): a file is read again once it or a base changes.
+_read_file_once = functools.lru_cache(maxsize=8)(lambda path, _stats, expand: _read_pipeline(path, None, expand))
 
 
 def load_scale(path: str | Path, name: str) -> ScaleConfig:
@@ -367,6 +372,9 @@ def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
         for model in list(exp.models) + list(exp.options) + list(exp.K_by_model):
             if model not in MODELS:
                 raise ConfigError(f"{where}: experiments.{name}.models: unknown model {model!r} (registered: {', '.join(MODELS)})")
+        if exp.baseline is not None and exp.baseline not in exp.models:
+            raise ConfigError(f"{where}: experiments.{name}.baseline: {exp.baseline!r} is not one of its models "
+                              f"({', '.join(exp.models)}); name one of them")
     # Every split a stage reads must be one the data stage makes (evaluation and the analyses
     # read eval.heldout_split, training's validation train.val_split).
     for name, scale in cfg.scales.items():

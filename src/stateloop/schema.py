@@ -147,6 +147,15 @@ def render_docs() -> str:
            "bench) and `NAME` stand for the names a config chooses; an experiment named as one of the paper's",
            "(table1, table4, loop_depth, state_width, state_analysis, decoding) compares the paper's models unless it",
            "lists `models:`. The same keys, as JSON Schema, are `workflow/schemas/config.schema.yaml`.",
+           "",
+           "**An experiment of its own** lives in a small file that names the config it extends, `base:` (a path",
+           "relative to the file itself), and holds only what it adds or changes, merged over the base key by key as",
+           "Snakemake merges `--configfile A B` (mappings merged, any other value replaced); `base:` may itself have",
+           "a base. Every command reads such a file whole: `snakemake --configfile F`, `stateloop train|eval|plan",
+           "--config F`, `stateloop rehearse F` ([`configs/experiments/example_idea.yaml`](experiments/example_idea.yaml)).",
+           "An experiment of two models or more that no table or figure of the paper reads gets a comparison of its",
+           "own, `results/compare_NAME.csv` and `.md` (and `figures/compare_NAME.pdf` where it varies K): each model",
+           "against its `baseline`, paired by seed, with the 95% interval and verdict of Table 1's claims.",
            ""]
     for path, cls in _sections():
         hints = typing.get_type_hints(cls)

@@ -151,9 +151,7 @@ FACTOR = {
 
 @pytest.fixture
 def bracketed(tmp_path, monkeypatch):
-    from stateloop.config import load_yaml
-
-    cfg = load_pipeline(ROOT / "configs" / "ladder.yaml", load_yaml(ROOT / "configs" / "overlays" / "ladder_lr.yaml"))
+    cfg = load_pipeline(ROOT / "configs" / "overlays" / "ladder_lr.yaml")  # its base: ladder.yaml
     monkeypatch.setattr(ladder, "training_flops", lambda cfg, run: 10 ** LOG_FLOPS[run.scale.split("_lr")[0]])
     rung_of = {s: f"ladder_{i}" for i, size in enumerate(("ladder_s", "ladder_m", "ladder_l"), 1)
                for s in cfg.scales if s.split("_lr")[0] == size}
@@ -173,10 +171,8 @@ def bracketed(tmp_path, monkeypatch):
 def test_the_lr_overlay_adds_a_bracket_per_rung_that_changes_only_the_lr():
     """The overlay's points are the rungs' own scales with another peak lr (min_lr a tenth of it),
     at K = 4, the same models and seeds as the rung."""
-    from stateloop.config import load_yaml
-
     base = load_pipeline(ROOT / "configs" / "ladder.yaml")
-    cfg = load_pipeline(ROOT / "configs" / "ladder.yaml", load_yaml(ROOT / "configs" / "overlays" / "ladder_lr.yaml"))
+    cfg = load_pipeline(ROOT / "configs" / "overlays" / "ladder_lr.yaml")  # its base: ladder.yaml, merged under it
     assert ladder.rungs(cfg) == ladder.rungs(base) and len(expand_runs(cfg)) == len(expand_runs(base)) + 8 * 2 * 6
     for name in ladder.rungs(cfg):
         own = cfg.scales[cfg.experiments[name].scale]

@@ -3,7 +3,7 @@ exactly these names (output names spelled once)."""
 
 from stateloop.commands import build_parser
 from stateloop.report import figures, tables
-from stateloop.report.outputs import OUTPUTS, of_kind
+from stateloop.report.outputs import COMPARE, OUTPUTS, of_kind
 
 
 def test_every_output_has_its_renderer_and_files():
@@ -20,4 +20,4 @@ def test_render_offers_exactly_the_outputs():
     parser = build_parser()
     render = next(a for a in parser._actions if a.dest == "command").choices["render"]
     target = next(a for a in render._actions if a.dest == "target")
-    assert list(target.choices) == list(OUTPUTS)
+    assert list(target.choices) == [*OUTPUTS, COMPARE]  # and an experiment's own comparison (--experiment)

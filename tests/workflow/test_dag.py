@@ -2,6 +2,7 @@
 what a changed output affects and MLflow after the smoke DAG (its rehearsal; the rehearsals of
 every config, and resuming an interrupted one, are in test_rehearse.py)."""
 
+import hashlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import urllib.request
 import pytest
 import yaml
 
+from stateloop.config import read_config
 from stateloop.pipeline import expand_runs, load_pipeline
 from support.dag import copy_workflow, env, jobs, snakemake
 from support.rehearsals import dag, mlflow_server
@@ -222,7 +224,9 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
     bracket's 12 new cells x 3 seeds and 3 more seeds of the 9e-3 cells (its 3e-3 is Figure 2's runs), the authors'
     recipe's 8 cells x 4 seeds, the precision A/B's 2 cells x 4 seeds, one training each, seeds
     spelled in every path; Tables 1 and 4, Figure 2, the gap over training tokens, the state's
-    diagnostics, the lr bracket and the claims are its outputs (no Table 2: no lm-eval task)."""
+    diagnostics, the lr bracket and the claims are its outputs (no Table 2: no lm-eval task), and each
+    experiment of two models that none of them reads has a comparison of its own (the authors' recipe
+    at each lr, which varies K, with its figure; the precision A/B, at one K)."""
     work = copy_workflow(tmp_path)
     planned = jobs(snakemake(work, "-n", "--configfile", "configs/decide.yaml").stdout)
     trains = [j["output"] for j in planned if j["rule"] == "train"]
@@ -241,7 +245,12 @@ def test_claims_scale_plans_every_seed_and_only_the_outputs_it_defines(tmp_path)
                               "figures/gap_vs_tokens.pdf, figures/gap_vs_tokens.png",
                               "figures/state_diagnostics.pdf, figures/state_diagnostics.png",
                               "figures/test_time_depth.pdf, figures/test_time_depth.png",
-                              "figures/lr_sweep.pdf, figures/lr_sweep.png"])
+                              "figures/lr_sweep.pdf, figures/lr_sweep.png",
+                              "results/compare_authors_lr_1.csv, results/compare_authors_lr_1.md",
+                              "figures/compare_authors_lr_1.pdf, figures/compare_authors_lr_1.png",
+                              "results/compare_authors_lr_2.csv, results/compare_authors_lr_2.md",
+                              "figures/compare_authors_lr_2.pdf, figures/compare_authors_lr_2.png",
+                              "results/compare_precision_bf16.csv, results/compare_precision_bf16.md"])
 
 
 def test_test_time_depths_evaluate_the_trained_runs_without_training_more(tmp_path):
@@ -278,18 +287,49 @@ def test_the_ladder_plans_its_rungs_and_only_its_outputs(tmp_path):
 
 
 def test_the_ladders_lr_overlay_adds_each_rungs_bracket_to_the_same_dag(tmp_path):
-    """`snakemake --configfile configs/ladder.yaml configs/overlays/ladder_lr.yaml`: Snakemake merges
-    the overlay's experiments into the ladder, so the DAG plans the ladder's 72 trainings and the 8
-    bracket points' 96 (2 models x K = 4 x 6 seeds each), one tokenization and the same outputs."""
+    """`snakemake --configfile configs/overlays/ladder_lr.yaml` (its `base:` is ladder.yaml), or
+    with both files named as before: the overlay's experiments merged into the ladder, so the DAG
+    plans the ladder's 72 trainings and the 8 bracket points' 96 (2 models x K = 4 x 6 seeds each),
+    one tokenization and the same outputs, and each point's comparison of its own (one K: a table)."""
     work = copy_workflow(tmp_path)
-    planned = jobs(snakemake(work, "-n", "--configfile", "configs/ladder.yaml", "configs/overlays/ladder_lr.yaml").stdout)
+    plans = [jobs(snakemake(work, "-n", "--configfile", *files).stdout)
+             for files in (["configs/ladder.yaml", "configs/overlays/ladder_lr.yaml"], ["configs/overlays/ladder_lr.yaml"])]
+    assert sorted((j["rule"], j.get("output", "")) for j in plans[0]) == sorted((j["rule"], j.get("output", "")) for j in plans[1])
+    planned = plans[0]
     trains = [j["output"] for j in planned if j["rule"] == "train"]
     assert len(trains) == len(set(trains)) == 72 + 96
     points = [o for o in trains if re.search(r"runs/ladder_[sml]_lr_\w+/", o)]
     assert len(points) == 96 and all("/K4_ds" in o for o in points)
     assert sum(j["rule"] == "tokenize" for j in planned) == 1
-    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render"))
+    renders = sorted(j["output"] for j in planned if j["rule"].startswith("render") and j["rule"] != "render_comparison")
     assert renders == ["figures/gap_vs_compute.pdf, figures/gap_vs_compute.png", "results/claims.md, results/claims.csv"]
+    compared = sorted(j["output"].split(",")[0] for j in planned if j["rule"] == "render_comparison")
+    assert compared == sorted(f"results/compare_{e}.csv" for e in yaml.safe_load(
+        (work / "configs/overlays/ladder_lr.yaml").read_text())["experiments"])
+
+
+def test_an_experiment_file_of_its_own_trains_only_its_new_runs_and_renders_its_comparison(tmp_path):
+    """An experiment in a file of its own over smoke.yaml (`base:`), 2 models x 2 K x 3 seeds:
+    `snakemake --configfile F results/compare_NAME.md figures/compare_NAME.pdf` plans the 12
+    trainings the base lacks and no other, one evaluation each, and the comparison's table and
+    figure from those runs' eval.json; every job reads the resolved config."""
+    work = copy_workflow(tmp_path)
+    idea = work / "configs" / "experiments" / "idea.yaml"
+    idea.parent.mkdir(exist_ok=True)
+    idea.write_text("base: ../smoke.yaml\nexperiments:\n  idea:\n    scale: smoke\n"
+                    "    models: [vanilla_looped, stateloop_gru]\n    K: [2, 3]\n    d_s: [32]\n    seeds: [1, 2, 3]\n")
+    planned = jobs(snakemake(work, "results/compare_idea.md", "figures/compare_idea.pdf", "-n",
+                             "--configfile", "configs/experiments/idea.yaml").stdout)
+    cfg = load_pipeline(idea)
+    runs = {r.folder for r in expand_runs(cfg, ["idea"])}
+    assert len(runs) == 12
+    assert {j["output"].split(",")[0].rsplit("/", 1)[0] for j in planned if j["rule"] == "train"} == runs
+    assert {j["output"].rsplit("/", 1)[0] for j in planned if j["rule"] == "eval"} == runs
+    assert sorted(j["rule"] for j in planned if j["rule"].startswith("render")) == ["render_comparison", "render_comparison_figure"]
+    # every job reads the file resolved, its base merged under it (the config file named by its content)
+    out = snakemake(work, "results/compare_idea.md", "-n", "-p", "--configfile", "configs/experiments/idea.yaml").stdout
+    digest = hashlib.sha256(yaml.safe_dump(read_config(idea), sort_keys=True).encode()).hexdigest()[:16]
+    assert f"stateloop render compare --experiment idea --config results/configs/{digest}.yaml" in out
 
 
 def test_the_gpu_ladder_plans_its_rungs_on_one_gpu_each(tmp_path):
@@ -348,6 +388,8 @@ def test_paper_config_plans_26_training_runs_once_each(tmp_path):
     (lambda c: c["scales"]["smoke"]["model"].update(d_modle=3), "scales.smoke.model.d_modle: unknown key"),
     (lambda c: c["experiments"]["table4"].update(models=["stateloop", "stateloop_xl"]), "unknown model 'stateloop_xl'"),
     (lambda c: c["scales"]["smoke"]["train"].update(lr="fast"), "scales.smoke.train.lr: expected a number"),
+    (lambda c: c["experiments"].update(idea={"scale": "smoke", "models": ["stateloop", "stateloop_gru"], "d_s": [32]}),
+     "bad.yaml: experiments.idea.baseline: missing: its models (stateloop, stateloop_gru) are each compared with a baseline"),
 ])
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path, edit, needle):
     work = copy_workflow(tmp_path)

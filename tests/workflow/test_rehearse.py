@@ -119,6 +119,36 @@ def test_rehearsal_produces_every_table_and_figure_with_the_papers_rows_and_colu
     assert (claims.loc["state_only_worse"].n == seeds) and claims.loc["state_branch_cheaper_than_iteration"].n >= 2
 
 
+def test_the_tiny_dags_own_experiment_renders_its_comparison(smoke_dag):
+    """tiny.yaml's gru_update, an experiment of its own (2 models x 3 seeds over Table 4's runs; the
+    rehearsal keeps two seeds), renders results/compare_gru_update.csv and .md in the DAG: each
+    model's held-out PPL per seed as its eval.json holds it, and the GRU's change against Vanilla
+    Looped, paired by seed, with the interval and verdict of Table 1's claims."""
+    from stateloop.report import stats
+    from stateloop.report.compare import VERDICTS
+
+    spec = load_yaml(ROOT / "configs" / "tiny.yaml")["experiments"]["gru_update"]
+    assert len(spec["models"]) == 2 and len(spec["seeds"]) == 3 and "baseline" not in spec
+    cfg = load_pipeline(smoke_dag / "config.yaml")
+    runs = expand_runs(cfg, ["gru_update"])
+    assert {r.id for r in runs} <= {r.id for r in expand_runs(cfg, ["table4"])}  # no training of its own
+    seeds = sorted({r.seed for r in runs})
+    assert len(seeds) == SEEDS
+    df = pd.read_csv(smoke_dag / "results/compare_gru_update.csv")
+    assert list(df.model) == ["vanilla_looped", "stateloop_gru"] and list(df.verdict)[0] == "baseline"
+    ppl = {(r.model, r.seed): json.loads((smoke_dag / r.folder / "eval.json").read_text())["heldout"]["ppl"] for r in runs}
+    for _, row in df.iterrows():
+        assert [row[f"ppl_seed{s}"] for s in seeds] == pytest.approx([ppl[(row.model, s)] for s in seeds], abs=1e-4)
+    gru = df.iloc[1]
+    est = stats.paired({s: ppl[("stateloop_gru", s)] for s in seeds}, {s: ppl[("vanilla_looped", s)] for s in seeds},
+                       stats.relative_pct)
+    assert (gru.effect_pct, gru.ci_lo, gru.ci_hi) == pytest.approx((est.mean, est.lo, est.hi), abs=1e-4)
+    assert gru.n == SEEDS and gru.verdict == VERDICTS[stats.verdict(est, -1)]
+    md = (smoke_dag / "results/compare_gru_update.md").read_text()
+    assert md.startswith("# Comparison: gru_update") and "each against **vanilla_looped**" in md
+    assert f"**{gru.verdict}**" in md
+
+
 def test_rehearsal_kept_the_configs_training_settings(rehearsal):
     """Precision, strategy (FSDP runs as FSDP, on CPU ranks over gloo), world shape and accumulation
     as recorded by every trained run."""

@@ -16,7 +16,8 @@ from support.rehearsals import dag
 
 pytestmark = pytest.mark.slow
 
-PATTERNS = ["results/table[1-4].csv", "results/table[1-4].md", "figures/*.pdf", "figures/*.png", "results/claims.*"]
+PATTERNS = ["results/table[1-4].csv", "results/table[1-4].md", "figures/*.pdf", "figures/*.png", "results/claims.*",
+            "results/compare_*.csv", "results/compare_*.md"]
 EXPERIMENT = {"table1": ["table1"], "table2": ["table1"], "table4": ["table4"],  # output -> the experiments it reads
               "loop_depth": ["loop_depth"], "state_width": ["state_width"], "state_analysis": ["state_analysis"],
               "gap_vs_tokens": ["loop_depth", "table1", "table4"], "state_diagnostics": ["table4", "loop_depth", "table1"],
@@ -60,7 +61,8 @@ def test_report_is_one_html_file_with_every_output_and_its_caption(smoke_dag, re
         assert data == (smoke_dag / path).read_bytes(), path
         assert "System Message" not in entry["caption"], (path, entry["caption"])  # docutils' rst errors
     categories = embedded(html, "categories", "categories")
-    assert set(categories) == {"Tables", "Figures", "Claims"} and "Table 4: the ablations" in categories["Tables"]
+    assert set(categories) == {"Tables", "Figures", "Claims", "Comparisons"} and "Table 4: the ablations" in categories["Tables"]
+    assert categories["Comparisons"] == {"Comparison: gru_update": ["results/compare_gru_update.csv", "results/compare_gru_update.md"]}
     assert sorted(p for subcats in categories.values() for paths in subcats.values() for p in paths) == outputs
 
     cfg = load_pipeline(smoke_dag / "config.yaml")
@@ -74,6 +76,13 @@ def test_report_is_one_html_file_with_every_output_and_its_caption(smoke_dag, re
             assert seeds_in(caption, "Seeds: ") == {r.seed for r in runs}, (path, caption)
             count = re.search(r"(\d+) runs? in (\d+) cells?\.", caption)
             assert count and count.groups() == (str(len(runs)), str(len({r.cell for r in runs}))), (path, caption)
+        elif stem.startswith("compare_"):  # an experiment's own comparison: its models against its baseline
+            name = stem.removeprefix("compare_")
+            runs = expand_runs(cfg, [name])
+            assert f"Comparison: {name}" in caption and "against its baseline, vanilla_looped" in caption, caption
+            assert f"Scale {cfg.experiments[name].scale}:" in caption and seeds_in(caption, "Seeds: ") == {r.seed for r in runs}
+            n_cells = len({r.cell for r in runs})
+            assert f"{len(runs)} runs in {n_cells} cells." in caption, caption
         elif stem == "table3":
             assert f"Scale {cfg.experiments['decoding'].scale}:" in caption
             assert "Seeds: none (untrained shapes)" in caption and f"{cfg.bench.repeats} timed runs" in caption

@@ -63,6 +63,8 @@ def report_facts(wildcards, input):
             "reference": decode_models().split()[0],
         }
     facts = _facts(runs)
+    if wildcards.get("experiment"):  # an experiment's own comparison
+        return facts | {"experiment": wildcards.experiment, "baseline": baseline_of(PIPE, wildcards.experiment)}
     if not wildcards.get("table") and not wildcards.get("figure"):  # the claims: experiment by experiment
         facts["experiments"] = [
             {"name": name, **_facts([r for r in runs if name in r.experiments])} for name, exp in PIPE.experiments.items() if exp.trained
@@ -89,6 +91,16 @@ def _figure(path, fmt):
         category="Figures",
         subcategory=lambda wc: OUTPUTS[wc.figure].title,
         labels=_label("figure", fmt),
+    )
+
+
+def _comparison(path, fmt):
+    return report(
+        path,
+        caption="../report/compare.rst",
+        category="Comparisons",
+        subcategory=lambda wc: f"Comparison: {wc.experiment}",
+        labels=lambda wc: {"experiment": wc.experiment, "file": fmt},
     )
 
 

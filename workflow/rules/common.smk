@@ -12,12 +12,12 @@ from snakemake.utils import validate
 from stateloop.ops import warm
 from stateloop.ops.memory import gate
 from stateloop.analysis.common import HELDOUT_KEYS
-from stateloop.config import ConfigError, load_yaml, to_dict
+from stateloop.config import ConfigError, load_yaml, resolve_configfiles, to_dict
 from stateloop.data.stage import data_homes
 from stateloop.files import atomic_write_bytes
 from stateloop.pipeline import RUN_ID_FORM, RUNS_ROOT, checked_pipeline, decoding_specs
 from stateloop.models.registry import MODELS
-from stateloop.report.outputs import BENCH_FILE, OUTPUTS, of_kind
+from stateloop.report.outputs import BENCH_FILE, OUTPUTS, baseline_of, comparison_files, comparisons, of_kind, varies_K
 from stateloop.runs import FINAL_WEIGHTS
 from stateloop.slurm import estimated_params, warning_seconds
 
@@ -44,9 +44,21 @@ CONFIG_NAME = str(workflow.overwrite_configfiles[-1]) if workflow.overwrite_conf
 try:
     for _path in workflow.overwrite_configfiles or [CONFIG_NAME]:
         load_yaml(_path)  # Snakemake's own reading takes a key given twice silently; ours refuses it
+    # A config file naming the file it extends (`base: ../tiny.yaml`: an experiment of its own,
+    # configs/README.md) is read as every command reads it: its base merged under it, then the
+    # other files and --config in order (stateloop.config.resolve_configfiles).
+    _resolved = resolve_configfiles(workflow.overwrite_configfiles or [CONFIG_NAME], workflow.config_settings.config)
+    if _resolved is not None:
+        config.clear()
+        config.update(_resolved)
     # strict: unknown keys, wrong types, unknown models; RUNS: every trained run, each once (the
     # experiment grid expanded once, by the check)
     PIPE, RUNS = checked_pipeline(config, CONFIG_NAME)
+    # every experiment of two models or more that no output reads is compared with its baseline
+    try:
+        COMPARED = comparisons(PIPE)
+    except ConfigError as err:
+        raise ConfigError(f"{CONFIG_NAME}: {err}") from None
     gate(PIPE, RUNS, CONFIG_NAME)  # every run of a scale that sets train.gpu_memory_gib fits it, before any job
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
@@ -136,6 +148,16 @@ def data_meta(wc):
 TABLES = [f for t in of_kind("table") if t in MADE for f in OUTPUTS[t].files]
 FIGURES = [f for t in of_kind("figure") if t in MADE for f in OUTPUTS[t].files]
 CLAIMS = list(OUTPUTS["claims"].files)
+# Every experiment of two models or more that no output above reads (a config's own, such as a new
+# model against Vanilla Looped: COMPARED, above) gets a comparison named after it (report/compare.py):
+# its table, and where it varies K its figure in Figure 2's form. Each name is a wildcard's only values.
+COMPARED_BY_K = [e for e in COMPARED if varies_K(PIPE, e)]
+COMPARISONS = [f for e in COMPARED for f in comparison_files(e)] + [f for e in COMPARED_BY_K for f in comparison_files(e, figure=True)]
+
+
+def one_of(names):
+    """A wildcard constraint matching exactly ``names`` (nothing where there are none)."""
+    return "|".join(re.escape(n) for n in names) or "(?!)"
 
 
 wildcard_constraints:
@@ -387,15 +409,19 @@ def render_settings(wc):
     experiments the output reads (every one for the claims), the whole sections of their scales
     but ``resources`` (read by no render), ``bench`` where it reads Table 3's timings, and the
     names and MLflow settings of every scale (the MLflow run it logs to: commands/render.py)."""
-    name = wc.get("table") or wc.get("figure") or "claims"
-    o = OUTPUTS[name]
-    experiments = list(PIPE.experiments) if o.experiment is None else [e for e in o.experiments if e in PIPE.experiments]
+    name = wc.get("experiment") or wc.get("table") or wc.get("figure") or "claims"
+    if wc.get("experiment"):
+        experiments, bench = [name], False
+    else:
+        o = OUTPUTS[name]
+        experiments = list(PIPE.experiments) if o.experiment is None else [e for e in o.experiments if e in PIPE.experiments]
+        bench = o.bench
     scales = sorted({PIPE.experiments[e].scale for e in experiments})
     return json.dumps(
         {
             "experiments": {e: to_dict(PIPE.experiments[e]) for e in experiments},
             "scales": {s: {k: v for k, v in to_dict(PIPE.scales[s]).items() if k != "resources"} for s in scales},
-            "bench": to_dict(PIPE.bench) if o.bench else None,
+            "bench": to_dict(PIPE.bench) if bench else None,
             "mlflow": {s: [sc.train.mlflow_experiment, sc.train.mlflow_tracking_uri] for s, sc in PIPE.scales.items()},
         },
         sort_keys=True,
@@ -403,5 +429,8 @@ def render_settings(wc):
 
 
 def render_inputs(wc):
-    """Input function of the render rules (the table, figure or the claims of the wildcards)."""
+    """Input function of the render rules (the table, figure, comparison or the claims of the wildcards);
+    an experiment's own comparison reads the held-out PPL of its runs, its baseline's among them."""
+    if wc.get("experiment"):
+        return run_files(wc.experiment, "eval.json")
     return output_inputs(wc.get("table") or wc.get("figure") or "claims")

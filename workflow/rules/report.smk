@@ -68,3 +68,48 @@ rule render_claims:
         facts=report_facts,
     shell:
         "stateloop render claims --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"
+
+
+# An experiment's own comparison (common.smk: COMPARED): each model's held-out PPL per seed and its
+# paired change against the experiment's baseline, with the 95% interval and verdict of Table 1's
+# claims; and where the experiment varies K, the same in Figure 2's form.
+rule render_comparison:
+    input:
+        render_inputs,
+    output:
+        csv=_comparison("results/compare_{experiment}.csv", "CSV"),  # outputs.comparison_files
+        md=_comparison("results/compare_{experiment}.md", "Markdown"),
+    log:
+        "logs/render/compare_{experiment}.log",
+    wildcard_constraints:
+        experiment=one_of(COMPARED),
+    localrule: True
+    conda:
+        "../../envs/stateloop.yaml"
+    params:
+        config=job_config,
+        reads=render_settings,  # the config sections the output reads
+        facts=report_facts,
+    shell:
+        "stateloop render compare --experiment {wildcards.experiment:q} --config {params.config:q} --out {output.csv:q} > {log:q} 2>&1"
+
+
+rule render_comparison_figure:
+    input:
+        render_inputs,
+    output:
+        pdf=_comparison("figures/compare_{experiment}.pdf", "PDF"),
+        png=_comparison("figures/compare_{experiment}.png", "PNG"),
+    log:
+        "logs/render/compare_{experiment}_figure.log",
+    wildcard_constraints:
+        experiment=one_of(COMPARED_BY_K),
+    localrule: True
+    conda:
+        "../../envs/stateloop.yaml"
+    params:
+        config=job_config,
+        reads=render_settings,  # the config sections the output reads
+        facts=report_facts,
+    shell:
+        "stateloop render compare --experiment {wildcards.experiment:q} --config {params.config:q} --out {output.pdf:q} > {log:q} 2>&1"

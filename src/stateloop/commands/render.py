@@ -2,7 +2,8 @@
 
 Tables (table1..table4) and the claims (``claims``: the paper's claims judged, report/claims.py)
 write PATH (.csv) and its Markdown twin (.md); figures (loop_depth, state_width, state_analysis)
-write PATH (.pdf) and its PNG twin (.png). Both atomically.
+write PATH (.pdf) and its PNG twin (.png). Both atomically. ``compare --experiment NAME``: that
+experiment's own comparison (report/compare.py), its table (PATH .csv) or its figure (PATH .pdf).
 
 Both files are also logged to MLflow under TARGET/ of the config's report run (one run per
 config file content, report/render.py); ``--no-mlflow`` skips it.
@@ -12,21 +13,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stateloop.config import StageRequest, arg
+from stateloop.config import ConfigError, StageRequest, arg
 from stateloop.pipeline import load_pipeline
-from stateloop.report.outputs import BENCH_FILE, OUTPUTS
+from stateloop.report.outputs import BENCH_FILE, COMPARE, OUTPUTS
 from stateloop.report.render import render
 
 
 class Request(StageRequest):
-    target: str = arg("what to render (stateloop.report.outputs)", positional=True, choices=list(OUTPUTS))
+    target: str = arg("what to render (stateloop.report.outputs); compare: an experiment's own comparison (--experiment)",
+                      positional=True, choices=[*OUTPUTS, COMPARE])
     config: str = arg("pipeline config (configs/*.yaml)")
     out: str = arg("output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
     results: str = arg("results folder holding runs/ and bench/ (default: results)", "results")
     bench: str | None = arg(f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})", None)
     no_mlflow: bool = arg("do not log the files to MLflow", False)
+    experiment: str | None = arg("compare only: the experiment whose comparison to render (--out results/compare_NAME.csv "
+                                 "for its table, figures/compare_NAME.pdf for its figure where it varies K)", None)
 
 
 def run(args: Request) -> int:
+    if (args.target == COMPARE) != (args.experiment is not None):
+        raise ConfigError("--experiment: give it with target compare, and only then")
     return render(load_pipeline(args.config), args.config, args.target, Path(args.results), Path(args.out),
-                  Path(args.bench) if args.bench else None, mlflow=not args.no_mlflow)
+                  Path(args.bench) if args.bench else None, mlflow=not args.no_mlflow, experiment=args.experiment)

@@ -53,7 +53,7 @@ class Claim:
     experiments: list[str] = field(default_factory=list)
 
 
-def _cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int | None = None):
+def experiment_cell(cfg, experiment: str, model: str, K: int | None = None, d_s: str | int | None = None):
     """The runs of one model's cell in an experiment: at loop count K (default: the experiment's
     first for that model) and state width d_s (an int, "min" or "max"; default: the first)."""
     if experiment not in cfg.experiments:
@@ -77,7 +77,7 @@ def _find(cfg, keep):
     return next((rs for rs in cells(expand_runs(cfg)).values() if keep(rs[0])), None)
 
 
-def _gap(results, ours, theirs):
+def ppl_gap(results, ours, theirs):
     """Our held-out PPL change of cell ``ours`` against ``theirs`` (percent, paired by seed), with
     its note; None where either is missing."""
     if ours is None or theirs is None:
@@ -90,8 +90,8 @@ def _ppl_change(experiment: str, model: str, against: str, same_K: bool = True):
     """Our held-out PPL change of ``model`` against ``against`` (percent, paired by seed)."""
 
     def measure(cfg, results):
-        ours = _cell(cfg, experiment, model)
-        return None if ours is None else _gap(results, ours, _cell(cfg, experiment, against, ours[0].K if same_K else None))
+        ours = experiment_cell(cfg, experiment, model)
+        return None if ours is None else ppl_gap(results, ours, experiment_cell(cfg, experiment, against, ours[0].K if same_K else None))
 
     return measure
 
@@ -101,7 +101,7 @@ def _ffn_measure(cfg, results):
     if out is None:
         return None
     est, note = out
-    sl, ffn = _cell(cfg, "table1", "stateloop"), _cell(cfg, "table1", "vanilla_looped_ffn")
+    sl, ffn = experiment_cell(cfg, "table1", "stateloop"), experiment_cell(cfg, "table1", "vanilla_looped_ffn")
     ps, pf = count_params(sl[0].model_config), count_params(ffn[0].model_config)
     premise = "holds" if ps < pf else "FAILS"
     return est, f"{note}; fewer parameters {premise}: {ps / 1e6:.3f}M vs {pf / 1e6:.3f}M"
@@ -115,7 +115,7 @@ def _advantage_growth(cfg, results):
     lo, hi = Ks[0], Ks[-1]
     adv = {}
     for K in (lo, hi):
-        s, v = _cell(cfg, "loop_depth", "stateloop", K), _cell(cfg, "loop_depth", "vanilla_looped", K)
+        s, v = experiment_cell(cfg, "loop_depth", "stateloop", K), experiment_cell(cfg, "loop_depth", "vanilla_looped", K)
         if s is None or v is None:
             return None
         ps, pv = heldout_by_seed(results, s), heldout_by_seed(results, v)
@@ -131,13 +131,13 @@ def _mean(values: dict[int, float]) -> float:
 
 
 def _narrowest_state(cfg, results):
-    s = _cell(cfg, "state_width", "stateloop", d_s="min")
-    return None if s is None else _gap(results, s, _find(
+    s = experiment_cell(cfg, "state_width", "stateloop", d_s="min")
+    return None if s is None else ppl_gap(results, s, _find(
         cfg, lambda r: r.model == "vanilla_looped" and r.K == s[0].K and r.scale == s[0].scale))
 
 
 def _feedback_share(cfg, results):
-    s = _cell(cfg, "state_analysis", "stateloop")
+    s = experiment_cell(cfg, "state_analysis", "stateloop")
     if s is None:
         return None
     shares = [read_json(results / "runs" / r.id / "shapley.json")["feedback_share_pct"] - 50.0 for r in s]
@@ -147,7 +147,7 @@ def _feedback_share(cfg, results):
 
 def _freeze_vs_replace(cfg, results):
     """Frozen / replaced PPL at the paper's boundary (i = 3 of K = 7; the middle boundary otherwise)."""
-    s = _cell(cfg, "state_analysis", "stateloop")
+    s = experiment_cell(cfg, "state_analysis", "stateloop")
     if s is None:
         return None
     K = s[0].K
@@ -212,20 +212,21 @@ def _paper_latency() -> float:
 
 
 PCT = "% PPL change"
+LOWER_PPL = -1  # the paper_sign of a claim that a model lowers PPL (Table 1's; an experiment's own comparison: compare.py)
 
 
 def paper_claims() -> list[Claim]:
     """The claims of the paper this pipeline judges, in the paper's order."""
     return [
-        Claim("stateloop_vs_vanilla", "StateLoop lowers perplexity against Vanilla Looped", "Table 1", PCT, -1,
+        Claim("stateloop_vs_vanilla", "StateLoop lowers perplexity against Vanilla Looped", "Table 1", PCT, LOWER_PPL,
               _paper_t1("stateloop"), PCT, _ppl_change("table1", "stateloop", "vanilla_looped"), ["table1"]),
         Claim("stateloop_attn_vs_vanilla", "StateLoop with an attention mixer lowers perplexity against Vanilla Looped",
-              "Table 1", PCT, -1, _paper_t1("stateloop_attn"), PCT,
+              "Table 1", PCT, LOWER_PPL, _paper_t1("stateloop_attn"), PCT,
               _ppl_change("table1", "stateloop_attn", "vanilla_looped"), ["table1"]),
         Claim("stateloop_mamba2_vs_vanilla", "StateLoop with a Mamba-2 mixer lowers perplexity against Vanilla Looped",
-              "Table 1", PCT, -1, _paper_t1("stateloop_mamba2"), PCT,
+              "Table 1", PCT, LOWER_PPL, _paper_t1("stateloop_mamba2"), PCT,
               _ppl_change("table1", "stateloop_mamba2", "vanilla_looped"), ["table1"]),
-        Claim("stateloop_vs_vanilla_ffn", "StateLoop beats Vanilla Looped + FFN with fewer parameters", "Table 1", PCT, -1,
+        Claim("stateloop_vs_vanilla_ffn", "StateLoop beats Vanilla Looped + FFN with fewer parameters", "Table 1", PCT, LOWER_PPL,
               _paper_t1("stateloop", "vanilla_looped_ffn"), PCT, _ffn_measure, ["table1"]),
         Claim("advantage_grows_with_K", "StateLoop's advantage over Vanilla Looped grows from K = 3 to K = 7",
               "Figure 2", "points of % PPL advantage", 1,
@@ -261,12 +262,12 @@ def choice_rows() -> list[Claim]:
     rows = []
     for K in (3, 4, 5, 6, 7):
         def vs_vanilla(cfg, results, K=K):
-            s = _cell(cfg, "read_init", "stateloop", K)
-            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "vanilla_looped" and r.K == K))
+            s = experiment_cell(cfg, "read_init", "stateloop", K)
+            return None if s is None else ppl_gap(results, s, _find(cfg, lambda r: r.model == "vanilla_looped" and r.K == K))
 
         def vs_default(cfg, results, K=K):
-            s = _cell(cfg, "read_init", "stateloop", K)
-            return None if s is None else _gap(results, s, _find(cfg, lambda r: r.model == "stateloop" and r.K == K
+            s = experiment_cell(cfg, "read_init", "stateloop", K)
+            return None if s is None else ppl_gap(results, s, _find(cfg, lambda r: r.model == "stateloop" and r.K == K
                                                                and r.scale != s[0].scale and r.d_s == s[0].d_s))
 
         rows.append(Claim(f"read_init_input_vs_vanilla_K{K}", f"With input-style read init, StateLoop lowers perplexity "

@@ -20,7 +20,7 @@ from matplotlib.patches import Patch
 from stateloop.models.registry import count_params, get_spec
 from stateloop.pipeline import cells, expand_runs
 from stateloop.report import depth, ladder, lr, style, trends
-from stateloop.report.outputs import OUTPUTS
+from stateloop.report.outputs import OUTPUTS, baseline_of
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile
 from stateloop.report.tables import _params, _runs, fact, heldout_by_seed, read_json, reference
 
@@ -56,6 +56,68 @@ def _legend_below(ax, handles, ncol: int = 1):
     return ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
+MARKERS = "osD^v<>ph"  # one per model of a depth figure, in the order given
+
+
+def _colour(model: str, i: int) -> str:
+    """The model's own colour (style.MODEL_COLOURS), else the i-th of style.SEQUENCE: two models no
+    figure knew are told apart."""
+    return style.MODEL_COLOURS.get(model) or style.SEQUENCE[i % len(style.SEQUENCE)]
+
+
+def depth_panels(curves: dict[str, dict[int, dict[int, float]]], baseline: str, models: list[str],
+                 labels: dict[str, str] | None = None):
+    """Figure 2's two panels, (fig, ax, ax2), for ``curves`` (model -> K -> seed -> held-out PPL):
+    (a) each model's PPL against K, its mean and 95% interval over seeds; (b) each other model's
+    advantage over ``baseline``, 100 (PPL_baseline / PPL_model - 1) paired by seed at each K both
+    have, labelled ``labels[model]`` (default: the model, paired by seed). Figure 2 and every
+    experiment's own comparison (:func:`comparison`) draw these; the caller adds panel (b)'s
+    label and title."""
+    labels = labels or {}
+    fig, (ax, ax2) = style.subplots(1, 2, width=style.FULL, height=2.7)
+    for i, model in enumerate(models):
+        ks = sorted(curves[model])
+        ests = [t_interval(list(curves[model][k].values())) for k in ks]
+        ax.errorbar(ks, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=f"{MARKERS[i % len(MARKERS)]}-",
+                    color=_colour(model, i), label=model)
+    ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title="(a) PPL against loop depth")
+    ax.set_xticks(sorted(set().union(*(curves[m] for m in models))))
+    ax.legend()
+    drawn: set[int] = set()
+    for i, model in enumerate(models):
+        Ks = sorted(set(curves[baseline]) & set(curves[model]))
+        if model == baseline or not Ks:
+            continue
+        drawn |= set(Ks)
+        adv = [paired(curves[baseline][k], curves[model][k], relative_pct) for k in Ks]
+        ax2.errorbar(Ks, [e.mean for e in adv], yerr=[e.bar for e in adv], fmt=f"{MARKERS[i % len(MARKERS)]}-",
+                     color=_colour(model, i), label=labels.get(model, f"{model} (paired by seed)"))
+    ax2.axhline(0, color=style.GREY, lw=0.6)
+    ax2.set(xlabel="loop depth K")
+    ax2.set_xticks(sorted(drawn))
+    return fig, ax, ax2
+
+
+def comparison(cfg, results: Path, name: str):
+    """Experiment ``name``'s own comparison as a figure, in Figure 2's form (:func:`depth_panels`):
+    where it varies K (report/outputs.py: varies_K), each model's PPL against K and each one's
+    advantage over the experiment's baseline, paired by seed; one curve per model and state width."""
+    baseline = baseline_of(cfg, name)
+    groups = list(cells(_runs(cfg, name)).values())
+    curves: dict[str, dict[int, dict[int, float]]] = {}  # curve -> K -> seed -> PPL
+    widths = {rs[0].model: {r.d_s for g in groups for r in g if r.model == rs[0].model} for rs in groups}
+    for rs in groups:
+        r = rs[0]
+        key = r.model if len(widths[r.model]) == 1 else f"{r.model} d_s={r.d_s}"
+        curves.setdefault(key, {})[r.K] = heldout_by_seed(results, rs)
+    base = next(k for k in curves if k == baseline or k.startswith(f"{baseline} d_s="))
+    fig, ax, ax2 = depth_panels(curves, base, list(curves))
+    ax2.set(ylabel=f"PPL({base}) / PPL(model) - 1 (%)", title=f"(b) advantage over {base}")
+    ax2.legend(loc="best")
+    fig.suptitle(f"{name}: held-out PPL against loop depth (ours: {_seeds_label(groups)}; above 0: lower PPL than {base})")
+    return fig
+
+
 def loop_depth(cfg, results: Path):
     runs = _runs(cfg, "loop_depth")
     groups = list(cells(runs).values())
@@ -66,21 +128,10 @@ def loop_depth(cfg, results: Path):
         if needed not in curves:
             raise KeyError(f"experiments.loop_depth.models: {needed} is missing (Figure 2 compares it)")
     Ks = sorted(set(curves["vanilla_looped"]) & set(curves["stateloop"]))
-    fig, (ax, ax2) = style.subplots(1, 2, width=style.FULL, height=2.7)
-    for model, fmt in (("vanilla_looped", "o-"), ("stateloop", "s-")):
-        ks = sorted(curves[model])
-        ests = [t_interval(list(curves[model][k].values())) for k in ks]
-        ax.errorbar(ks, [e.mean for e in ests], yerr=[e.bar for e in ests], fmt=fmt, color=style.model_colour(model),
-                    label=model)
-    ax.set(xlabel="loop depth K", ylabel="held-out PPL (ours)", title="(a) PPL against loop depth")
-    ax.set_xticks(sorted(set(curves["vanilla_looped"]) | set(curves["stateloop"])))
-    ax.legend()
     # StateLoop's advantage in percent of Vanilla's PPL, paired by seed.
-    adv = [paired(curves["vanilla_looped"][k], curves["stateloop"][k], relative_pct) for k in Ks]
-    ax2.errorbar(Ks, [e.mean for e in adv], yerr=[e.bar for e in adv], fmt="s-", color=style.model_colour("stateloop"),
-                 label="ours (paired by seed)")
-    ax2.axhline(0, color=style.GREY, lw=0.6)
-    ax2.set(xlabel="loop depth K", ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="(b) StateLoop's advantage")
+    fig, ax, ax2 = depth_panels(curves, "vanilla_looped", ["vanilla_looped", "stateloop"],
+                                {"stateloop": "ours (paired by seed)"})
+    ax2.set(ylabel="PPL(vanilla) / PPL(StateLoop) - 1 (%)", title="(b) StateLoop's advantage")
     twin = _paper_axis(ax2, "paper (410M):\nPPL(vanilla) - PPL(StateLoop)")
     paper_Ks = [3, 7]
     twin.scatter(paper_Ks, [fact("fig2_loop_depth", "stateloop_ppl_advantage_at_K3"),

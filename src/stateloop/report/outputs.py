@@ -12,6 +12,11 @@ report.smk, workflow/report/captions.smk) all read this table; an output's name 
     test_time_depth figure test_time_depth (eval_depth.json)       the project's own, not the paper's
     lr_sweep        figure   lr_1 .. lr_5 (eval.json)                  the project's own, not the paper's
     claims          claims   (every experiment)  results/claims.csv + .md
+    compare         compare  NAME (any other)    results/compare_NAME.csv + .md; figures/compare_NAME.pdf + .png
+
+Beside the outputs of this table, every experiment of two models or more that none of them reads
+(:func:`comparisons`: an experiment of a config's own, e.g. a new model against Vanilla Looped)
+gets a comparison of its own, named after it (report/compare.py).
 
 What an output reads from its experiment's run folders (``run_files``), Table 3's timings
 (``bench``: BENCH_FILE under the results folder) and a reference model's runs (``reference``)
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stateloop.config import ConfigError
 from stateloop.runs import BENCH_FILE as BENCH_FILE  # its home beside DEPTH_FILE: the bench request reads it
 from stateloop.runs import DEPTH_FILE
 
@@ -83,3 +89,54 @@ OUTPUTS: dict[str, Output] = {o.name: o for o in (
 
 def of_kind(kind: str) -> list[str]:
     return [name for name, o in OUTPUTS.items() if o.kind == kind]
+
+
+COMPARE = "compare"  # `stateloop render compare --experiment NAME`: an experiment's own comparison
+DEFAULT_BASELINE = "vanilla_looped"  # what an experiment's models are compared with, unless it names a baseline
+
+
+def comparisons(cfg) -> list[str]:
+    """The experiments that get a comparison of their own: trained, of two models or more, and
+    read by name by none of :data:`OUTPUTS` (Table 1 already compares its models); in config order.
+    Each has its baseline (:func:`baseline_of`), else one line saying what to write (the Snakefile
+    asks when it checks the config)."""
+    read = {e for o in OUTPUTS.values() for e in o.experiments}
+    names = [n for n, e in cfg.experiments.items() if e.trained and len(e.models or []) >= 2 and n not in read]
+    for name in names:
+        baseline_of(cfg, name)
+    return names
+
+
+def baseline_of(cfg, name: str) -> str:
+    """The model experiment ``name``'s other models are compared with: its ``baseline``, else
+    Vanilla Looped; one line saying what to write where it trains neither."""
+    exp = cfg.experiments[name]
+    if exp.baseline is not None:
+        return exp.baseline
+    if DEFAULT_BASELINE in exp.models:
+        return DEFAULT_BASELINE
+    raise ConfigError(f"experiments.{name}.baseline: missing: its models ({', '.join(exp.models)}) are each compared "
+                      f"with a baseline, {DEFAULT_BASELINE} unless it names one, and it does not train "
+                      f"{DEFAULT_BASELINE}; add `baseline: {exp.models[0]}` (or another of its models) to it")
+
+
+def loop_counts(cfg, name: str, model: str) -> list[int]:
+    """The loop counts experiment ``name`` trains ``model`` at."""
+    exp = cfg.experiments[name]
+    return list(exp.K_by_model.get(model, exp.K))
+
+
+def varies_K(cfg, name: str) -> bool:
+    """Whether the comparison of ``name`` has a figure (Figure 2's form): its baseline and another
+    of its models at two loop counts or more."""
+    baseline = baseline_of(cfg, name)
+    base = set(loop_counts(cfg, name, baseline))
+    return any(len(base & set(loop_counts(cfg, name, m))) >= 2 for m in cfg.experiments[name].models if m != baseline)
+
+
+def comparison_files(name: str, figure: bool = False) -> tuple[str, str]:
+    """(the file `stateloop render compare --out` names, its twin) of experiment ``name``'s
+    comparison: its table (CSV, Markdown) or, with ``figure``, its figure (PDF, PNG)."""
+    if figure:
+        return f"figures/{COMPARE}_{name}.pdf", f"figures/{COMPARE}_{name}.png"
+    return f"results/{COMPARE}_{name}.csv", f"results/{COMPARE}_{name}.md"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from stateloop.config import ConfigError, from_dict, load_yaml
+from stateloop.config import ConfigError, from_dict, read_config
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.tasks.files import REPO, default_shared_data
 from stateloop.files import atomic_write_bytes
@@ -64,7 +64,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     """Write the rehearsal folder of ``config`` (see the module docstring); returns its config."""
     out = Path(out).resolve()
     shared = Path(shared_data) if shared_data else default_shared_data()
-    raw = load_yaml(config)
+    raw = read_config(config)  # with the file its `base:` names merged under it
     # the real config must be valid before it is rehearsed; lm-eval tasks' data is served for the scales
     # whose runs are trained (and so evaluated), as `stateloop prefetch` fetches them: Table 3's
     # untrained shapes have a scale of their own whose tasks no job reads
