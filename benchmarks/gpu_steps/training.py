@@ -17,6 +17,7 @@ from gpu_steps.common import (
     Context,
     Skip,
     Step,
+    autocast,
     batch,
     build,
     dynamo_reset,
@@ -43,6 +44,14 @@ FLOPS_410M, FLOPS_1_4B = 17.42e9, 34.90e9  # StateLoop's training FLOPs a token 
 # compile_410m, compile_1.4b
 
 
+def same_weights_loss(ctx: Context, model, x, y) -> float:
+    """Eq. (12)'s loss of one training forward under bf16 autocast, with no step taken."""
+    from stateloop.train.loss import lm_loss
+
+    with autocast(ctx):
+        return float(lm_loss(model, x, y).detach())
+
+
 def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tuple[int, ...]) -> dict:
     """StateLoop at the experiment's shape: eager steps, then the same model compiled; tokens/s,
     MFU and the peak beside the plan's figure for each."""
@@ -65,7 +74,12 @@ def compile_vs_eager(ctx: Context, out: dict, exp_name: str, micro_choices: tupl
         row = out.setdefault(form, {})
         reset_peak(ctx)
         if form == "compiled":
+            # the same weights and batch, eager then compiled: the loss difference the configs' switch
+            # to train.compile: true is judged by (docs/cluster.md, "Eager until a GPU says otherwise")
+            out["loss_eager_same_weights"] = same_weights_loss(ctx, model, x, y)
             model = compile_units(model)  # exactly what train.compile: true does (train/compiling.py)
+            out["loss_compiled_same_weights"] = same_weights_loss(ctx, model, x, y)
+            out["loss_rel_diff"] = abs(out["loss_compiled_same_weights"] / out["loss_eager_same_weights"] - 1)
         timed_steps(ctx, model, opt, x, y, 2, steps, row)
         if form == "compiled":
             row["compile_s"] = row["first_step_s"]  # the first compiled step: tracing, compiling, running
@@ -89,7 +103,8 @@ def _headline_compile(out: dict) -> str:
             peak = f", peak {row['peak_gib']:.1f} GiB" if row.get("peak_gib") else ""
             parts.append(f"{form} {row['tokens_per_s']:,.0f} tok/s{mfu}{peak}")
     plan = out.get("plan", {}).get("allocated_gib")
-    return "; ".join(parts) + (f" (plan {plan:.1f} GiB)" if plan and parts else "")
+    diff = f"; loss compiled/eager - 1 at the same weights {out['loss_rel_diff']:.1e}" if "loss_rel_diff" in out else ""
+    return "; ".join(parts) + (f" (plan {plan:.1f} GiB)" if plan and parts else "") + diff
 
 
 # ----------------------------------------------------------------------------------------------
