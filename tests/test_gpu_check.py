@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,11 +40,14 @@ def gpu_check():
 def run_smoke(tmp_path, *args):
     """``gpu_check.py --smoke`` in this process; (exit code, the JSON record, the markdown page)."""
     module = gpu_check()
-    threads = torch.get_num_threads()
+    ranks = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in ranks}
     try:
         code = module.main(["--smoke", "--out", str(tmp_path), *args])
     finally:
         torch.set_num_threads(threads)  # --smoke pins one thread
+    # fsdp2_1x1's process group leaves no MASTER_PORT behind: the suite's later trainings would inherit it
+    assert {k: os.environ.get(k) for k in ranks} == env
     (json_path,), (md_path,) = tmp_path.glob("gpu_check_cpu_*.json"), tmp_path.glob("*-gpu-check-cpu.md")
     return code, json.loads(json_path.read_text()), md_path.read_text()
 

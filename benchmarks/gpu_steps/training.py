@@ -6,6 +6,7 @@ bf16 autocast, clip 1.0, AdamW fused on CUDA); one model is alive at a time, its
 from __future__ import annotations
 
 import datetime
+import os
 import statistics
 
 import torch
@@ -208,6 +209,9 @@ def _headline_410m(out: dict) -> str:
 # fsdp2_1x1
 
 
+RANK_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+
 def fsdp2_1x1(ctx: Context, out: dict) -> dict:
     """The 1.4B StateLoop at K = 4, micro-batch 2 x 2048 under ``train.strategy: fsdp`` forced onto
     one device: Fabric's ModelParallelStrategy with train/parallel.py's ``shard`` on a 1 x 1 mesh
@@ -233,6 +237,7 @@ def fsdp2_1x1(ctx: Context, out: dict) -> dict:
     out.update(model="stateloop", scale=scale, K=K, d_s=d_s, micro_batch=micro, seq_len=seq, sharding="full",
                plan=plan, plan_note="the plan of one device without a wrapper (ops/memory.py plans FSDP only "
                                     "for several ranks); FSDP2's gathered copies come on top")
+    env_before = {k: os.environ.get(k) for k in RANK_VARIABLES}  # Fabric's launch sets them: restored below
     strategy = fsdp_strategy(tcfg, LightningEnvironment(), datetime.timedelta(seconds=300))
     fabric = L.Fabric(accelerator=ctx.device.type, devices=1, strategy=strategy, precision="bf16-mixed")
     fabric.launch()
@@ -276,6 +281,12 @@ def fsdp2_1x1(ctx: Context, out: dict) -> dict:
 
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        # else every process this one starts later (the test suite's trainings) inherits its MASTER_PORT
+        for key, value in env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         free(ctx.device)
     return out
 

@@ -51,7 +51,9 @@ LOSS_RTOL = 5e-5
 
 
 def _env(cache: str) -> dict:
-    return {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1",
+    """The test's environment less a process group's address (each training picks a free port)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    return {**env, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT / 'tests'}", "OMP_NUM_THREADS": "1",
             "TORCHINDUCTOR_CACHE_DIR": cache}
 
 

@@ -484,8 +484,10 @@ def test_touching_one_training_output_reruns_only_its_dependents(smoke_dag):
     write_safetensors(model, {k: v.clone() for k, v in state.items()}, {**metadata, "code_version": "retrained"})
     planned = jobs(dag(smoke_dag, "-n").stdout)
     rules = sorted(j["rule"] for j in planned)
-    # Table 4 only: its eval, the table, the claims, and Figure S2 (the state's diagnostics read Table 4's eval.json)
-    assert rules == ["all", "eval", "render_claims", "render_figure", "render_table"], rules
+    # Table 4 only: its eval, the table, the claims, Figure S2 (the state's diagnostics read Table 4's eval.json)
+    # and the gru_update comparison (it reads Table 4's K = 7 runs)
+    assert rules == ["all", "eval", "render_claims", "render_comparison", "render_figure", "render_table"], rules
+    assert "compare_gru_update" in next(j for j in planned if j["rule"] == "render_comparison")["output"]
     assert "stateloop_gru" in next(j for j in planned if j["rule"] == "eval")["output"]
     assert "table4" in next(j for j in planned if j["rule"] == "render_table")["output"]
     assert "state_diagnostics" in next(j for j in planned if j["rule"] == "render_figure")["output"]
