@@ -42,3 +42,8 @@ def test_the_registry_block_names_an_import_and_a_spec():
     assert imports == ["from stateloop.models.config import refuse_past_trained",
                        "from stateloop.models.looped_iter_emb import IterEmbLM  # torch"]
     assert spec.startswith('ModelSpec("looped_iter_emb", "IterEmbLM"') and spec.endswith(")")
+    # Followed from a clean clone on 2026-12-07, the import line alone left the class out of
+    # model_classes(): `build_model` raised KeyError 'IterEmbLM' outside the tests and ruff called the
+    # import unused. The block now says where the class goes, and the example is registered only if so.
+    assert example.returned_classes(example.blocks()["registry"])[-1] == "IterEmbLM"
+    assert example.returned_classes("    return {c.__name__: c for c in (LoopedLM, PonderLM)}") == ["LoopedLM", "PonderLM"]

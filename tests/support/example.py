@@ -36,6 +36,12 @@ def registry_entry(text: str) -> tuple[list[str], str]:
     return imports, spec
 
 
+def returned_classes(text: str) -> list[str]:
+    """The class names in the registry block's ``return`` line (what it adds to model_classes())."""
+    line = next((ln for ln in text.splitlines() if ln.strip().startswith("return ")), "")
+    return re.findall(r"\b([A-Z]\w*LM)\b", line)
+
+
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -67,6 +73,9 @@ def register() -> str:
         exec(line, namespace)
     spec = eval(spec_text, namespace)
     cls = namespace[spec.model]
+    # model_classes() returns the classes it names: the page must say to add the new one there too
+    assert spec.model in returned_classes(code["registry"]), (
+        f"{DOC}: the registry block imports {spec.model} but does not add it to the classes model_classes() returns")
     registry.MODELS[spec.name] = spec
     builtin = registry.model_classes
     registry.model_classes = lambda: {**builtin(), cls.__name__: cls}
