@@ -60,3 +60,22 @@ def test_a_models_units_compile_into_graphs_that_do_not_grow_with_K(name):
     with torch.no_grad():
         torch.testing.assert_close(model(idx).logits, fresh(idx).logits, rtol=0, atol=0)
     assert logits.shape[:2] == (2, 16)
+
+
+def test_a_compiled_models_deep_copy_computes_with_its_own_weights():
+    """The compiled units are the classes' functions bound to each module: a deep copy (perturbed
+    here) computes with the copy's weights, as an uncompiled model with those weights does."""
+    import copy
+
+    torch.manual_seed(0)
+    model = compile_units(build_model(tiny_config("stateloop")), backend="eager", fullgraph=True).eval()
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    plain = build_model(twin.cfg).eval()
+    plain.load_state_dict(twin.state_dict())
+    idx = torch.randint(0, model.cfg.vocab_size, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(twin(idx).logits, plain(idx).logits, rtol=0, atol=0)
+        assert not torch.equal(twin(idx).logits, model(idx).logits)

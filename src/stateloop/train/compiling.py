@@ -34,18 +34,28 @@ and S^k), independent of K and of the number of steps or validations.
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from stateloop.train.checkpointing import units
 
 
 def compile_units(model: torch.nn.Module, backend: str = "inductor", fullgraph: bool = False) -> torch.nn.Module:
-    """Compile ``model``'s units (module docstring) in place, as instance attributes: parameters,
-    state-dict keys and module hooks (FSDP's, DDP's, the checkpoint units') are unchanged.
-    Apply it before activation checkpointing and FSDP; returns the model."""
+    """Compile ``model``'s units (module docstring) in place: each unit's method becomes its class's
+    function, compiled once per class, bound to the unit as an instance attribute. Parameters,
+    state-dict keys and module hooks (FSDP's, DDP's, the checkpoint units') are unchanged, and a
+    deep copy computes with its own weights (the bound method is copied with its module). Apply it
+    before activation checkpointing and FSDP; returns the model."""
     for owner, name in units(model, "layer"):
-        setattr(owner, name, torch.compile(getattr(owner, name), backend=backend, fullgraph=fullgraph, dynamic=False))
+        key = (getattr(type(owner), name), backend, fullgraph)
+        if key not in _COMPILED:
+            _COMPILED[key] = torch.compile(key[0], backend=backend, fullgraph=fullgraph, dynamic=False)
+        setattr(owner, name, types.MethodType(_COMPILED[key], owner))
     return model
+
+
+_COMPILED: dict = {}  # (a class's function, backend, fullgraph) -> its compiled form, shared by every instance
 
 
 def compile_counts() -> dict:
