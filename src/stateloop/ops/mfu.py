@@ -29,6 +29,7 @@ FALLBACK_MFU = 0.30  # the 2026-12-04 H200 record's rounded eager figure, where 
 PRECISION = "bf16-mixed"
 RECORDS_ENV = "STATELOOP_RECORDS"
 LEGACY_STEP = "train_410m_bf16"  # the step records before the "mfu" list kept their MFU under
+REPO_RECORDS = Path(__file__).resolve().parents[3] / "benchmarks" / "records"  # in a checkout of the repository
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})")
 
 
@@ -37,7 +38,7 @@ def records_dir() -> Path:
     env = os.environ.get(RECORDS_ENV)
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[3] / "benchmarks" / "records"
+    return REPO_RECORDS
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,7 @@ class PlanMfu:
 
 def _name(path: Path) -> str:
     """The record as the repository names it (benchmarks/records/NAME), elsewhere its whole path."""
-    default = Path(__file__).resolve().parents[3] / "benchmarks" / "records"
-    return f"benchmarks/records/{path.name}" if path.resolve().parent == default else str(path)
+    return f"benchmarks/records/{path.name}" if path.resolve().parent == REPO_RECORDS else str(path)
 
 
 def resolve(compile_by_scale: dict[str, bool], folder: Path | None = None) -> PlanMfu:
