@@ -20,8 +20,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from stateloop.config.model import ModelConfig
 from stateloop.models.cache import ModelCache
-from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
 
 MODELS = {  # name -> (K, options): the paper's Table 1 structure

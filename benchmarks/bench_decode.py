@@ -35,9 +35,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from stateloop.analysis.bench_decode import BenchModel, bench_decode
+from stateloop.config.model import ModelConfig
 from stateloop.fast import accelerate
 from stateloop.models.cache import ModelCache
-from stateloop.models.config import ModelConfig
 from stateloop.models.flops import decode_flops_per_token
 from stateloop.models.registry import build_model
 

@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from stateloop.models.config import ModelConfig
+from stateloop.config.model import ModelConfig
 from stateloop.models.looped import StateLoopLM
 from stateloop.models.registry import build_model
 from stateloop.ops.memory_probe import activation_bytes, saved_bytes

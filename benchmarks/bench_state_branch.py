@@ -45,9 +45,9 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from stateloop.config.model import ModelConfig
 from stateloop.fast import accelerate
 from stateloop.models.cache import ModelCache
-from stateloop.models.config import ModelConfig
 from stateloop.models.flops import compute_profile, counter, decode_flops_per_token
 from stateloop.models.fused import cell_weights
 from stateloop.models.kernels import cast, rms_norm, upcast

@@ -21,7 +21,7 @@ import sys
 
 WORK = r"""
 import json, sys, time, torch
-from stateloop.models.config import ModelConfig
+from stateloop.config.model import ModelConfig
 from stateloop.models.registry import build_model
 seconds = float(sys.argv[1])
 cfg = ModelConfig(name="stateloop", vocab_size=256, d_model=64, n_layers=2, n_heads=4, head_dim=16, d_ff=172,

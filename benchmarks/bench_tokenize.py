@@ -73,8 +73,8 @@ def baseline(tokenizer_path: str, corpus: Path) -> tuple[float, int]:
 
 
 def ours(tokenizer_path: str, corpus: Path, out: Path, workers: int) -> tuple[float, int]:
+    from stateloop.config.data import DataConfig
     from stateloop.data.tokenize import tokenize
-    from stateloop.sections.data import DataConfig
 
     cfg = DataConfig(source=str(corpus), tokenizer=tokenizer_path, workers=workers)
     t0 = time.perf_counter()

@@ -53,9 +53,9 @@ def make_shards(folder: Path, vocab: int, n_tokens: int) -> Path:
 def bare_loop(config: dict, steps: int, warmup: int) -> float:
     """tokens/s of forward/backward/step on pre-made batches (after ``warmup`` steps)."""
     from stateloop.config import from_dict
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.model import ModelConfig
+    from stateloop.config.train import TrainConfig
     from stateloop.models.registry import build_model
-    from stateloop.sections.train import TrainConfig
 
     mcfg = from_dict(ModelConfig, config["model"], "model")
     tcfg = from_dict(TrainConfig, config["train"], "train")

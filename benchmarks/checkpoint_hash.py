@@ -33,8 +33,8 @@ from stateloop.train.checkpoint import direct_checkpoint_io
 
 
 def largest_paper_params() -> int:
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import build_model
-    from stateloop.pipeline import expand_runs, load_pipeline
 
     root = Path(__file__).resolve().parents[1]
     runs = [r for r in expand_runs(load_pipeline(root / "configs/paper.yaml")) if r.model == "stateloop"]

@@ -68,7 +68,7 @@ def use_mamba_ssm_sources(src: Path) -> dict:
 
 def load_paper(smoke: bool):
     from stateloop.config import load_yaml
-    from stateloop.pipeline import pipeline_from_dict
+    from stateloop.experiments import pipeline_from_dict
 
     raw = load_yaml(ROOT / "configs" / "paper.yaml")
     if smoke:
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     if args.smoke and device.type == "cpu":
         torch.set_num_threads(1)  # tiny shapes: a second thread only contends
     cfg = load_paper(args.smoke)
-    if args.mamba_chunk:  # a [choice] (models/config.py): mamba_ssm's kernels are tuned for 256
+    if args.mamba_chunk:  # a [choice] (config/model.py): mamba_ssm's kernels are tuned for 256
         for scale in cfg.scales.values():
             scale.model = dataclasses.replace(scale.model, mamba_chunk_size=args.mamba_chunk)
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu"

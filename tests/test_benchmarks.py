@@ -127,7 +127,7 @@ def test_the_backbone_pieces_flops_add_up_to_vanilla_looped_decoded_token():
     share of a decoded token's FLOPs: the two and the head (2 d V) are the whole token as
     models/flops.py counts it (itself checked against torch's counter in tests/models/test_flops.py)."""
     decode_piece_flops = import_benchmark("bench_state_branch").decode_piece_flops
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.model import ModelConfig
     from stateloop.models.flops import decode_flops_per_token
 
     for shape in (dict(n_layers=8, d_model=512, d_ff=1376, n_heads=8), dict(n_layers=3, d_model=96, d_ff=256, n_heads=3)):

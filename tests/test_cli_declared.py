@@ -82,12 +82,20 @@ def test_no_command_module_adds_a_flag_itself():
 def test_numbers_arrive_as_numbers_and_a_bad_one_is_one_line_naming_its_flag(capsys):
     from stateloop.data.stage import Request
 
-    request = Request.of(build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", "12", "--val-fraction", "0.01"]))
-    assert request.max_docs == 12 and type(request.max_docs) is int and request.val_fraction == 0.01
-    assert run_command(["tokenize", "--out", "x", "--max-docs", "twelve"]) == 2
-    assert capsys.readouterr().err == "stateloop tokenize: error: --max-docs: expected an integer, got 'twelve'\n"
+    from stateloop.data.stage import resolve_data
+
+    request = Request.of(build_parser().parse_args(["tokenize", "--out", "x", "--model-vocab-size", "12",
+                                                    "--set", "data.max_docs=12", "data.val_fraction=0.01"]))
+    assert request.model_vocab_size == 12 and type(request.model_vocab_size) is int
+    data = resolve_data(request)[0]
+    assert data.max_docs == 12 and type(data.max_docs) is int and data.val_fraction == 0.01
+    assert run_command(["tokenize", "--out", "x", "--model-vocab-size", "twelve"]) == 2
+    assert capsys.readouterr().err == "stateloop tokenize: error: --model-vocab-size: expected an integer, got 'twelve'\n"
+    # a setting, as train and eval take it: --set names the key
+    assert run_command(["tokenize", "--out", "x", "--set", "data.max_docs=twelve"]) == 2
+    assert capsys.readouterr().err == "stateloop tokenize: error: data.max_docs: expected an integer, got 'twelve'\n"
 
 
 def test_set_is_one_field_everywhere():
-    for command in ("train", "eval", "bench"):
+    for command in ("train", "eval", "bench", "tokenize"):
         assert [f.name for f in _fields(command) if flag_of(f) == "--set"] == ["overrides"], command

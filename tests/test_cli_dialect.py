@@ -38,7 +38,7 @@ def test_every_command_spells_output_and_progress_one_way():
 
 
 def test_an_unknown_state_update_is_refused():
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.model import ModelConfig
     from stateloop.models.looped import StateLoopLM
 
     cfg = ModelConfig(vocab_size=32, n_layers=1, d_model=16, d_ff=32, n_heads=2, head_dim=8, max_seq_len=16, K=2, d_s=8)
@@ -52,11 +52,15 @@ def test_none_on_the_command_line_unsets_a_number(spelling):
     from stateloop.data.stage import Request
     from stateloop.data.stage import resolve_data as resolve
 
-    args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", spelling])
-    data, _ = resolve(Request.of(args))
-    assert data.max_docs is None
-    args = build_parser().parse_args(["tokenize", "--out", "x", "--max-docs", "12"])
+    args = build_parser().parse_args(["tokenize", "--out", "x", "--model-vocab-size", spelling])
+    assert Request.of(args).model_vocab_size is None
+    args = build_parser().parse_args(["tokenize", "--out", "x", "--model-vocab-size", "12"])
+    assert Request.of(args).model_vocab_size == 12
+    # a setting given with --set is YAML: null (not "none") unsets it
+    args = build_parser().parse_args(["tokenize", "--out", "x", "--set", "data.max_docs=12"])
     assert resolve(Request.of(args))[0].max_docs == 12
+    args = build_parser().parse_args(["tokenize", "--out", "x", "--set", "data.max_docs=null"])
+    assert resolve(Request.of(args))[0].max_docs is None
 
 
 def test_building_the_parser_imports_no_heavy_library():
@@ -132,9 +136,9 @@ def recorded(tmp_path, monkeypatch):
     import stateloop.resolve
     import stateloop.slurm
     import stateloop.train.loop
-    from stateloop.models.config import ModelConfig
-    from stateloop.pipeline import DataSection, RunConfig, RunSection
-    from stateloop.sections.train import TrainConfig
+    from stateloop.config.model import ModelConfig
+    from stateloop.config.run import DataSection, RunConfig, RunSection
+    from stateloop.config.train import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)

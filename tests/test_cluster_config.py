@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from stateloop.config import ConfigError, load_yaml
-from stateloop.pipeline import SlurmConfig, pipeline_from_dict
+from stateloop.config.resources import SlurmConfig
+from stateloop.experiments import pipeline_from_dict
 from stateloop.slurm import checkpoint_bytes, estimated_params, timeout_floor, warning_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def test_a_time_limit_too_short_to_save_a_checkpoint_before_it_is_refused(paper)
     ("gpu_partition", "gpu a", "slurm.gpu_partition: 'gpu a' is not one word"),
     ("gpu_type", "h100:8", "slurm.gpu_type: 'h100:8' is not one word"),
     ("gpu_constraint", "'h100'", "slurm.gpu_constraint: \"'h100'\": give it without quotes"),
-    ("max_runtime", -1, "slurm.max_runtime: must be minutes >= 0"),
+    ("max_runtime", -1, "slurm.max_runtime: must be >= 0, got -1"),
     ("write_mb_per_s", 0, "slurm.write_mb_per_s: must be a measured speed above 0"),
 ])
 def test_bad_slurm_keys_are_one_line_naming_the_key(key, value, msg):

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from stateloop.config import ConfigError, from_dict, parse_dotlist
-from stateloop.models.config import ModelConfig
-from stateloop.pipeline import cells, expand_runs, load_pipeline
+from stateloop.config.model import ModelConfig
+from stateloop.experiments import cells, expand_runs, load_pipeline
 
 
 def test_unknown_key_names_the_path():
@@ -119,7 +119,7 @@ def test_a_split_no_stage_makes_fails_at_load_naming_the_key():
     import pytest
 
     from stateloop.config import ConfigError, load_yaml
-    from stateloop.pipeline import pipeline_from_dict
+    from stateloop.experiments import pipeline_from_dict
 
     raw = load_yaml(Path(__file__).resolve().parents[1] / "configs" / "paper.yaml")
     raw["scales"]["410m"]["data"].pop("val_split")
@@ -159,14 +159,14 @@ def test_resolve_run_expands_only_its_runs_model_in_its_experiments(tmp_path, mo
     model, only that model is expanded, never the whole grid."""
     import dataclasses
 
-    from stateloop import pipeline, resolve
+    from stateloop import experiments, resolve
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
                   + "  a: {scale: s, models: [stateloop, vanilla_looped], K: [2, 3], d_s: [16]}\n"
                   + "  b: {scale: s, models: [vanilla_looped], K: [5]}\n")
     calls = []
-    real = pipeline.expand_runs
-    monkeypatch.setattr(pipeline, "expand_runs", lambda cfg, names=None, only=None: calls.append((names, only)) or real(cfg, names, only))
+    real = experiments.expand_runs
+    monkeypatch.setattr(experiments, "expand_runs", lambda c, names=None, only=None: calls.append((names, only)) or real(c, names, only))
     first = resolve.resolve_run(path, "s/stateloop/K3_ds16_seed1234", data_dir=tmp_path)
     again = resolve.resolve_run(path, "s/vanilla_looped/K2_ds0_seed1234", ["train.lr=1e-3"], data_dir=tmp_path)
     assert calls == [(["a"], "stateloop"), (["a", "b"], "vanilla_looped")]
@@ -181,7 +181,7 @@ def test_a_finished_runs_saved_config_reads_back_typed():
     """A run folder's saved config reads back into RunConfig (the request: "A run folder's saved config
     reads back into the same type"): strictly, a bad key one line naming the file; the sections a
     folder lacks at their defaults, train as None (the trained context is then unknown)."""
-    from stateloop.pipeline import RunConfig
+    from stateloop.config.run import RunConfig
     from stateloop.runs import run_id_of, trained_length
 
     model = {"name": "vanilla_looped", "max_seq_len": 64}
@@ -203,9 +203,9 @@ def test_the_eval_section_is_resolved_at_eval_and_never_saved(tmp_path):
     as without; an old folder's saved eval section is accepted beside the others."""
     import dataclasses
 
-    from stateloop.pipeline import RunConfig
+    from stateloop.config.evaluate import EvalConfig
+    from stateloop.config.run import RunConfig
     from stateloop.resolve import resolve_run
-    from stateloop.sections.evaluate import EvalConfig
 
     path = _write(tmp_path, BASE.replace("model: {", "train: {max_steps: 2, global_batch: 8}, model: {")
                   + "  a: {scale: s, models: [stateloop], K: [3], d_s: [16]}\n")

@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from stateloop.pipeline import expand_runs, load_pipeline
-from stateloop.schema import render
+from stateloop.config.schema import render
+from stateloop.experiments import expand_runs, load_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -22,7 +22,7 @@ PARTIAL = {"decide.yaml": "Tables 1, 4, Figure 2 and the claims", "ladder.yaml":
            "ladder_gpu.yaml": "a compute ladder's rungs"}
 
 
-def test_committed_schema_is_generated_from_the_dataclasses():
+def test_committed_schema_is_generated_from_the_declarations():
     assert (ROOT / "workflow/schemas/config.schema.yaml").read_text() == render(), \
         "run: stateloop schema --out workflow/schemas/config.schema.yaml"
 
@@ -34,20 +34,20 @@ def test_config_reference_is_generated_and_documents_every_key():
     import dataclasses
     import typing
 
-    from stateloop.schema import _sections, field_docs, render_docs
+    from stateloop.config.schema import _sections, render_docs
 
     assert (ROOT / "configs/README.md").read_text() == render_docs(), \
         "run: stateloop schema --out workflow/schemas/config.schema.yaml --docs configs/README.md"
     text = render_docs()
     schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
-    train = schema["properties"]["scales"]["additionalProperties"]["properties"]["train"]["properties"]
+    train = schema["$defs"]["TrainConfig"]["properties"]  # each section once, named by its class (pydantic's $defs)
     assert train["lr"]["description"] == "peak learning rate"
     for path, cls in _sections():
-        docs = field_docs(cls)
         assert f"## `{path}`" in text
         for f in dataclasses.fields(cls):
             if f.init:
-                assert docs.get(f.name), f"{cls.__name__}.{f.name}: no comment describes it (the config reference needs one)"
+                assert cls.__pydantic_fields__[f.name].description, \
+                    f"{cls.__name__}.{f.name}: no description (the config reference needs one)"
                 assert f"| `{f.name}` |" in text.split(f"## `{path}`")[1].split("\n## ")[0], (path, f.name)
     # the sections cover every dataclass a config file can hold
     seen, todo = set(), [cls for _, cls in _sections()[:1]]
@@ -58,32 +58,17 @@ def test_config_reference_is_generated_and_documents_every_key():
             for t in (hint, *typing.get_args(hint)):
                 if dataclasses.is_dataclass(t) and t not in seen:
                     todo.append(t)
-    from stateloop.pipeline import ResourcesConfig
+    from stateloop.config.resources import ResourcesConfig
     assert seen - {cls for _, cls in _sections()} == {ResourcesConfig}  # its keys are the STAGE names
 
 
 def test_schema_command_writes_the_schema_and_the_reference(tmp_path):
     """`stateloop schema --out S --docs D`, the command the generated files name, writes both."""
     from stateloop.cli import main
-    from stateloop.schema import render, render_docs
+    from stateloop.config.schema import render, render_docs
 
     assert main(["schema", "--out", str(tmp_path / "s.yaml"), "--docs", str(tmp_path / "README.md")]) == 0
     assert (tmp_path / "s.yaml").read_text() == render() and (tmp_path / "README.md").read_text() == render_docs()
-
-
-def test_field_docs_read_the_comment_above_and_at_the_end_of_a_field():
-    from stateloop.schema import field_docs
-
-    @dataclass
-    class Example:
-        # -- a section rule, not a description --
-        a: int = 1  # the end of its line
-        # above b,
-        # on two lines
-        b: str = "x"  # and its end
-        c: float = 0.5
-
-    assert field_docs(Example) == {"a": "the end of its line", "b": "above b, on two lines and its end", "c": ""}
 
 
 @pytest.mark.parametrize("path", CONFIGS + OVERLAYS, ids=lambda p: str(p.relative_to(ROOT / "configs")))
@@ -124,7 +109,7 @@ def test_the_papers_experiments_compare_the_papers_models_unless_a_config_lists_
     "R1..R6"). An experiment of one of those names without `models:` compares them, a `models:`
     list replaces them, and another name without one is a one-line error."""
     from stateloop.config import ConfigError
-    from stateloop.pipeline import PAPER_MODELS, pipeline_from_dict
+    from stateloop.experiments import PAPER_MODELS, pipeline_from_dict
     from stateloop.report.tables import reference
 
     assert PAPER_MODELS["table1"] == reference("table1_ppl")["model"].tolist()
@@ -147,7 +132,7 @@ def test_checking_every_config_imports_no_torch():
     """Checking a config (the Snakefile's parse in every Snakemake process, `stateloop plan`) reads
     the model registry, whose builders import the models only when one is built: torch and the
     model modules (about 2 CPU-seconds) stay out of the process; the models' options modules, torch-free, are read."""
-    code = ("import sys\nfrom stateloop.pipeline import load_checked\nfor path in sys.argv[1:]:\n    load_checked(path)\n"
+    code = ("import sys\nfrom stateloop.experiments import load_checked\nfor path in sys.argv[1:]:\n    load_checked(path)\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'stateloop.models.looped',\n"
             "    'stateloop.models.baselines.')) and not m.endswith('.options')))")
     out = subprocess.run([sys.executable, "-c", code, *map(str, CONFIGS + OVERLAYS)], capture_output=True, text=True, check=True)

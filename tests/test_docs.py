@@ -180,10 +180,10 @@ def test_the_plan_figures_in_the_docs_are_the_plans_own(monkeypatch):
     analyses' hours, the MFU's record) is what `stateloop plan` prints now: a change to the code, a
     config or the GPU records that moves one fails here until the tables are written again."""
     from stateloop.commands.plan import plan_mfu
+    from stateloop.experiments import load_pipeline
     from stateloop.ops import cost
     from stateloop.ops.analysis_cost import analysis_plan_rows
     from stateloop.ops.mfu import RECORDS_ENV
-    from stateloop.pipeline import load_pipeline
 
     monkeypatch.delenv(RECORDS_ENV, raising=False)  # the repository's records, as the pages say
     files = {p.name: p for p in (DOCS / "tables").glob("plan_*.csv")}

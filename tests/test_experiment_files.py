@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from stateloop.config import ConfigError, config_chain, read_config, resolve_configfiles
-from stateloop.pipeline import expand_runs, load_pipeline, load_run
+from stateloop.experiments import expand_runs, load_pipeline, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "configs" / "smoke.yaml"

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stateloop.config.data import DataConfig
 from stateloop.data.hub import card_patterns, corpus_patterns
 from stateloop.data.tokenizer import train_bpe
 from stateloop.ops.rehearse.hub import Repo, serve_hub
 from stateloop.ops.rehearse.mirrors import write_mirror
-from stateloop.sections.data import DataConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PILE = {"source": "monology/pile-uncopyrighted", "data_files": {"train": "train/*.jsonl.zst", "validation": "val.jsonl.zst"},

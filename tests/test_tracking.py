@@ -17,8 +17,9 @@ import pytest
 import yaml
 
 from stateloop.config import ConfigError
+from stateloop.config.run import RunConfig
+from stateloop.experiments import load_pipeline
 from stateloop.files import code_version
-from stateloop.pipeline import RunConfig, load_pipeline
 from stateloop.tracking.stages import run_of
 from stateloop.tracking.store import client, experiment_id, tracking_uri
 
@@ -126,8 +127,8 @@ def test_a_received_run_folder_never_chooses_the_store(empty_db, here, monkeypat
 
 def test_eval_settings_are_params_of_the_run(empty_db, here):
     from stateloop.config import to_dict
+    from stateloop.config.evaluate import EvalConfig
     from stateloop.evaluate.harness import log_to_mlflow
-    from stateloop.sections.evaluate import EvalConfig
 
     uri = _store(empty_db, here / "results" / "mlflow.db")
     run_dir = here / "run"
@@ -204,7 +205,7 @@ def test_parallel_jobs_on_one_sqlite_store_lose_nothing(tmp_path):
 
 
 def _fake_evals(cfg, results: Path) -> None:
-    from stateloop.pipeline import expand_runs
+    from stateloop.experiments import expand_runs
 
     for i, run in enumerate(expand_runs(cfg)):
         folder = results / "runs" / run.id
@@ -217,7 +218,7 @@ def test_render_logs_its_files_to_the_configs_report_run(empty_db, here):
     from mlflow.tracking import MlflowClient
 
     from stateloop.cli import main
-    from stateloop.pipeline import load_pipeline
+    from stateloop.experiments import load_pipeline
 
     uri = _store(empty_db, here / "results" / "mlflow.db")
     cfg_file = _smoke_config(here / "results" / "configs" / "abc.yaml")

@@ -136,8 +136,8 @@ def last_lines(text: str, n: int = 12) -> str:
 
 def run_config(ctx: Context, scale: str, name: str, K: int, d_s: int, **model_changes):
     """The run's ModelConfig at ``scale`` (paper.yaml, or its rehearsal sizes) with ``name``, K, d_s."""
+    from stateloop.experiments import run_model_config
     from stateloop.models.registry import get_spec
-    from stateloop.pipeline import run_model_config
 
     sc = ctx.cfg.scales[scale]
     if model_changes:

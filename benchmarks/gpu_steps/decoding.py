@@ -17,7 +17,7 @@ from gpu_steps.common import DECODE_S, Context, Skip, Step, free, kernels_found,
 def decode_rows(ctx: Context) -> list:
     """Table 3's models (paper.yaml's ``decoding`` experiment: 1.4B, K = 4 and 5, the state
     branches), as ``stateloop bench decode`` builds untrained ones; built one at a time by the caller."""
-    from stateloop.pipeline import expand_runs
+    from stateloop.experiments import expand_runs
 
     return [f"{r.model}:{r.K}" + (f":{r.d_s}" if r.d_s else "") for r in expand_runs(ctx.cfg, ["decoding"])]
 
@@ -162,8 +162,8 @@ def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device
     """Table 3 as ``stateloop bench decode`` times it (every model built, then timed side by side);
     a fused kernel failing times the pure-PyTorch paths instead, and says so."""
     from stateloop.analysis.bench_decode import bench_decode, untrained_row
+    from stateloop.experiments import expand_runs
     from stateloop.models import kernels
-    from stateloop.pipeline import expand_runs
 
     exp = cfg.experiments["decoding"]
     scale_model = cfg.scales[exp.scale].model

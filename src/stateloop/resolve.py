@@ -13,22 +13,14 @@ import dataclasses
 from pathlib import Path
 
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
-from stateloop.models.config import ModelConfig
+from stateloop.config.evaluate import EvalConfig
+from stateloop.config.model import ModelConfig
+from stateloop.config.pipeline import PipelineConfig
+from stateloop.config.run import FIXED_BY_RUN_ID, RUN_SECTIONS, DataSection, RunConfig, RunSection
+from stateloop.config.train import TrainConfig
+from stateloop.experiments import load_checked, load_run, scale_of
 from stateloop.models.registry import get_spec
-from stateloop.pipeline import (
-    FIXED_BY_RUN_ID,
-    RUN_SECTIONS,
-    DataSection,
-    PipelineConfig,
-    RunConfig,
-    RunSection,
-    load_checked,
-    load_run,
-    scale_of,
-)
 from stateloop.runs import run_id_of, saved_config, saved_run_config
-from stateloop.sections.evaluate import EvalConfig
-from stateloop.sections.train import TrainConfig
 
 LOCAL_ONLY = ("task_dir", "task_data")  # eval keys never taken from a run folder (module docstring)
 

@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from stateloop.config import ConfigError, from_dict
+from stateloop.config.model import ModelConfig
+from stateloop.config.run import RunConfig
 from stateloop.files import code_version, read_safetensors, write_safetensors
-from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
-from stateloop.pipeline import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, RunConfig, parse_run_id
+from stateloop.run_ids import RUN_ID_EXAMPLE, RUN_ID_FORM, RUNS_ROOT, parse_run_id
 
 if TYPE_CHECKING:  # torch is imported where it is used
     import torch

@@ -131,7 +131,7 @@ def test_bench_decode_tiny_shapes(tmp_path, interleave, dtype, capsys):
     state = 2 * (2 * 32 * 2 * 32 + 2 * 32 * 32)  # K = 2 iterations of W_u, W_Delta (d x d_s each) and a read (d_s x d)
     assert rows["stateloop:K2:ds32"]["flops_change_pct"] == pytest.approx(100 * state / (2 * app + head))
     if interleave == "token":  # Table 3 and the claims row print the floor beside the change
-        from stateloop.pipeline import ExperimentConfig, PipelineConfig, ScaleConfig
+        from stateloop.config.pipeline import ExperimentConfig, PipelineConfig, ScaleConfig
         from stateloop.report.claims import _state_branch_latency
         from stateloop.report.outputs import BENCH_FILE
         from stateloop.report.tables import table3

@@ -24,8 +24,8 @@ import yaml
 from stateloop.cli import main
 from stateloop.config import to_dict
 from stateloop.data.shards import ShardWriter, sha256_file, token_dtype, write_meta
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.models.registry import build_model, get_spec
-from stateloop.pipeline import expand_runs, load_pipeline
 from stateloop.runs import save_final
 from support.dag import copy_workflow, snakemake
 
@@ -218,8 +218,8 @@ def test_analyses_share_the_heldout_baseline_of_eval(tmp_path, monkeypatch):
 ])
 def test_produced_splits_are_the_splits_tokenize_writes(tmp_path, data, splits):
     from stateloop.config import from_dict
+    from stateloop.config.data import DataConfig
     from stateloop.data.tokenize import tokenize
-    from stateloop.sections.data import DataConfig
 
     texts = [f"document {i} about {i % 7} things and {i % 3} more" for i in range(200)]
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))

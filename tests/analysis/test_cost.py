@@ -8,10 +8,10 @@ import torch
 import yaml
 
 from stateloop.analysis import interventions, shapley
+from stateloop.experiments import load_pipeline
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
 from stateloop.ops import analysis_cost as cost
-from stateloop.pipeline import load_pipeline
 from support.models import tiny_config
 
 MFU, PEAK = 0.30, 989.0

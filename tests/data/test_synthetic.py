@@ -7,8 +7,8 @@ import re
 
 import pytest
 
+from stateloop.config.data import SyntheticConfig
 from stateloop.data import synthetic
-from stateloop.sections.data import SyntheticConfig
 
 
 def episodes(doc: str) -> list[str]:

@@ -18,10 +18,10 @@ import pytest
 
 from stateloop.cli import main as cli
 from stateloop.config import ConfigError
+from stateloop.config.data import DataConfig, SyntheticConfig
 from stateloop.data import load_tokenizer, synthetic
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.data.tokenize import is_complete, tokenize
-from stateloop.sections.data import DataConfig, SyntheticConfig
 from support.data import quiet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -219,8 +219,9 @@ def test_interrupted_run_leaves_no_complete_looking_shard(tmp_path, monkeypatch,
 def test_sigkill_mid_run_leaves_no_complete_looking_shard(tmp_path):
     out = tmp_path / "d"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cmd = [sys.executable, "-m", "stateloop.cli", "tokenize", "--out", str(out), "--synthetic-docs", "100000,10,10",
-           "--vocab-size", "300", "--bpe-docs", "100", "--shard-tokens", "5000", "--workers", "0", "--no-progress"]
+    cmd = [sys.executable, "-m", "stateloop.cli", "tokenize", "--out", str(out), "--no-progress", "--set",
+           "data.synthetic={train_docs: 100000, val_docs: 10, test_docs: 10}", "data.vocab_size=300", "data.bpe_docs=100",
+           "data.shard_tokens=5000", "data.workers=0"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 600  # a hang guard: the command imports, trains its BPE, then writes shards
     try:
@@ -263,7 +264,7 @@ def test_errors_name_the_key_or_file(tmp_path, shared_data):
     assert "data.tokenizer: " in err(DataConfig(source=str(tmp_path / "body.jsonl"), tokenizer=str(tmp_path / "no.json")))
     assert "data.eos_token: '<eos>'" in err(synth_cfg(eos_token="<eos>", tokenizer=neox))
     assert not (tmp_path / "out").exists()  # nothing was written by a failing run
-    with pytest.raises(ConfigError, match=r"data.val_fraction: must be in \[0, 1\)"):
+    with pytest.raises(ConfigError, match=r"data.val_fraction: must be < 1\.0, got 1\.5"):
         DataConfig(val_fraction=1.5)
 
 
@@ -281,20 +282,20 @@ def test_cli_with_config_scale_and_errors(tmp_path, capsys):
         "stateloop tokenize: error: model.vocab_size: 300 is smaller than the tokenizer's vocabulary "
         "(data.vocab_size: 512 ids); raise model.vocab_size or lower data.vocab_size")
     rc = cli(["tokenize", "--config", str(cfg), "--scale", "small", "--out", str(tmp_path / "o"), "--no-progress",
-              "--vocab-size", "300", "--workers", "0"])
+              "--set", "data.vocab_size=300", "data.workers=0"])
     assert rc == 0 and read_meta(tmp_path / "o")["splits"]["train"]["documents"] == 20
     cfg.write_text("scales:\n  small:\n    data: {vocab_sise: 512}\n")
     assert cli(["tokenize", "--config", str(cfg), "--scale", "small", "--out", str(tmp_path / "p")]) == 2
     assert "scales.small.data.vocab_sise: unknown key" in capsys.readouterr().err
     cfg.write_text("scales:\n  small:\n    data: {synthetic: {max_hops: 9}}\n")
     assert cli(["tokenize", "--config", str(cfg), "--scale", "small", "--out", str(tmp_path / "p")]) == 2
-    assert "scales.small.data.synthetic.max_hops: must be in 1..7" in capsys.readouterr().err
+    assert "scales.small.data.synthetic.max_hops: must be <= 7, got 9" in capsys.readouterr().err
 
 
 def test_hub_source_offline_fails_in_one_line(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "stateloop.cli", "tokenize", "--out", str(tmp_path / "o"), "--source",
-                        "EleutherAI/pile", "--hub-config", "all", "--split", "train", "--vocab-size", "300"],
+    r = subprocess.run([sys.executable, "-m", "stateloop.cli", "tokenize", "--out", str(tmp_path / "o"), "--set",
+                        "data.source=EleutherAI/pile", "data.hub_config=all", "data.split=train", "data.vocab_size=300"],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

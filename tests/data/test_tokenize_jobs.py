@@ -12,10 +12,10 @@ import pytest
 
 import stateloop.data.shards as shards_mod
 import stateloop.data.tokenize as tok_mod
+from stateloop.config.data import DataConfig, SyntheticConfig
 from stateloop.data.shards import ShardSet
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import tokenize
-from stateloop.sections.data import DataConfig, SyntheticConfig
 from support.data import quiet
 
 
@@ -168,7 +168,7 @@ def test_which_scales_train_on_another_scales_tokens():
     tokenizer, order; a budget at most the other's; no hold-out that moves with the budget) and its
     model's vocabulary is as large: configs/paper.yaml's 410M reads its 1.4B's."""
     from stateloop.data.stage import data_homes
-    from stateloop.pipeline import load_pipeline
+    from stateloop.experiments import load_pipeline
 
     root = Path(__file__).resolve().parents[2]
     paper = load_pipeline(root / "configs/paper.yaml")

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from stateloop.config import ConfigError
+from stateloop.config.data import DataConfig, DataError
 from stateloop.data import load_tokenizer
 from stateloop.data.tokenize import tokenize
-from stateloop.pipeline import load_pipeline
-from stateloop.sections.data import DataConfig, DataError
+from stateloop.experiments import load_pipeline
 from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -150,9 +150,9 @@ def test_the_run_config_an_eval_resolves_carries_the_scales_eval_section_and_the
     """The request: one typed run config "(model, data, train, eval sections)" that every stage takes:
     `stateloop eval` hands the harness the run's saved RunConfig with ``eval`` resolved: the scale's
     section of --config, then --set and the flags; the saved sections as the folder has them."""
+    from stateloop.config.evaluate import EvalConfig
     from stateloop.evaluate import harness
     from stateloop.runs import saved_run_config
-    from stateloop.sections.evaluate import EvalConfig
 
     cfg_file = tmp_path / "cfg.yaml"
     cfg_file.write_text("scales:\n  test:\n    eval: {tasks: [synth_mc, synth_cloze], shots: [0], limit: 4, heldout_windows: 3}\n")
@@ -178,7 +178,7 @@ def test_a_successful_eval_prints_one_line(make_run, capsys):
 
 def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, tmp_path, capsys):
     from stateloop.config import ConfigError
-    from stateloop.pipeline import load_pipeline
+    from stateloop.experiments import load_pipeline
     from stateloop.resolve import resolve_eval
 
     cfg_file = tmp_path / "cfg.yaml"
@@ -200,9 +200,9 @@ def test_eval_config_is_strict_and_resolves_from_the_pipeline_config(make_run, t
 def test_paper_task_names_are_lm_evals_own(tmp_path):
     """Every paper task resolves in the installed lm-eval's index (no download), with the output
     type the tables assume; each has its reported metric."""
+    from stateloop.config.evaluate import PAPER_TASKS, EvalConfig
     from stateloop.evaluate import metrics
     from stateloop.evaluate.tasks.prepare import prepare_tasks
-    from stateloop.sections.evaluate import PAPER_TASKS, EvalConfig
 
     prepared = prepare_tasks(PAPER_TASKS, tmp_path / "work", EvalConfig())
     assert prepared.builtin == PAPER_TASKS
@@ -219,9 +219,9 @@ def test_lm_evals_tasks_found_by_scan_as_by_its_whole_index():
     YAML and resolved config. (The one test that pays for the whole index.)"""
     from lm_eval.tasks import TaskManager
 
+    from stateloop.config.evaluate import PAPER_TASKS
     from stateloop.evaluate.tasks.files import lm_eval_task_files
     from stateloop.evaluate.tasks.prepare import task_manager
-    from stateloop.sections.evaluate import PAPER_TASKS
 
     names = [*PAPER_TASKS, "lambada_standard", "arc_easy", "mmlu_anatomy"]
     files = lm_eval_task_files(names)
@@ -356,9 +356,9 @@ def test_the_eval_command_scores_tasks_where_the_config_needs_them(run_id, depth
     """The eval rule names no tasks: the command reads from the config which of its runs need
     lm-eval's tasks (Tables 1-2) and which only held-out perplexity (pipeline.Run.scores_tasks)."""
     from stateloop import resolve
+    from stateloop.config.model import ModelConfig
+    from stateloop.config.run import DataSection, RunConfig, RunSection
     from stateloop.evaluate import harness
-    from stateloop.models.config import ModelConfig
-    from stateloop.pipeline import DataSection, RunConfig, RunSection
 
     seen = {}
 

@@ -14,10 +14,10 @@ import torch
 from lm_eval.api.instance import Instance
 
 from stateloop.cli import main
+from stateloop.config.evaluate import EvalConfig
 from stateloop.evaluate.harness import run_tasks
 from stateloop.evaluate.lm import StateLoopEvalLM, largest_batch, parse_batch_size
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
-from stateloop.sections.evaluate import EvalConfig
 
 
 def lm_eval_cli(monkeypatch, run_dir: Path, elsewhere: Path, *args: str) -> dict:
@@ -57,8 +57,8 @@ def test_synth_mc_through_lm_evals_cli_equals_stateloop_eval(make_run, data_dir,
     """2-shot synth_mc: same prompts and log-likelihoods as `stateloop eval`, the questions drawn
     with the generator settings of the run's data; cuda:0 falls back to the CPU with a warning;
     auto:2 detects a batch size twice (max_batch_size on a CPU)."""
+    from stateloop.config.data import SyntheticConfig
     from stateloop.data.synthetic import task_examples
-    from stateloop.sections.data import SyntheticConfig
 
     run_dir, _ = make_run("stateloop")
     with caplog.at_level(logging.WARNING, logger="stateloop"):

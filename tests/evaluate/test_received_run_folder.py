@@ -219,10 +219,10 @@ TEXT_FIELDS = {
 def test_every_text_field_of_a_saved_config_is_classified():
     from dataclasses import fields
 
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.evaluate import EvalConfig
+    from stateloop.config.model import ModelConfig
+    from stateloop.config.train import TrainConfig
     from stateloop.resolve import resolve_run
-    from stateloop.sections.evaluate import EvalConfig
-    from stateloop.sections.train import TrainConfig
 
     root = Path(__file__).resolve().parents[2]
     config = resolve_run(root / "configs" / "tiny.yaml", "tiny/stateloop/K3_ds64_seed1234", data_dir="data/tiny").as_dict()

@@ -39,7 +39,7 @@ def test_the_pages_code_passes_the_lint(block, tmp_path):
 
 def test_the_registry_block_names_an_import_and_a_spec():
     imports, spec = example.registry_entry(example.blocks()["registry"])
-    assert imports == ["from stateloop.models.config import refuse_past_trained",
+    assert imports == ["from stateloop.config.model import refuse_past_trained",
                        "from stateloop.models.looped_iter_emb import IterEmbLM  # torch"]
     assert spec.startswith('ModelSpec("looped_iter_emb", "IterEmbLM"') and spec.endswith(")")
     # Followed from a clean clone on 2026-12-07, the import line alone left the class out of

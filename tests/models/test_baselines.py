@@ -342,14 +342,14 @@ def test_extra_parameters_follow_the_spec_formulas_at_tiny_shape():
 def test_410m_counts_from_the_spec(name, K, paper):
     from pathlib import Path
 
-    from stateloop.pipeline import load_pipeline, run_model_config
+    from stateloop.experiments import load_pipeline, run_model_config
 
     cfg = load_pipeline(Path(__file__).resolve().parents[2] / "configs/paper.yaml")
     assert round(count_params(run_model_config(cfg.scales["410m"], name, K, 0)) / 1e6, 2) == paper
 
 
 def test_layer_applications_per_token_at_1_4b():
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.model import ModelConfig
 
     expected = {"hyperloop": (4, 60), "mesh": (10, 96), "parcae": (10, 96), "ponderlm": (4, 96), "pause_token": (4, 24)}
     for name, (K, n) in expected.items():
@@ -378,7 +378,7 @@ def test_bad_options_name_the_key():
 def test_table1_runs_use_each_models_own_loop_count(tmp_path):
     from pathlib import Path
 
-    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.experiments import expand_runs, load_pipeline
 
     cfg = load_pipeline(Path(__file__).resolve().parents[2] / "configs/paper.yaml")
     runs = {r.model: r for r in expand_runs(cfg, ["table1"])}

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from stateloop.config.data import DataConfig, DataError
 from stateloop.data.sources import plan_streams
 from stateloop.data.tokenize import holdout_key, holdout_split, tokenize
+from stateloop.experiments import load_pipeline
 from stateloop.ops.rehearse.mirrors import FINEWEB_COLUMNS, MIRRORS, write_mirror
-from stateloop.pipeline import load_pipeline
-from stateloop.sections.data import DataConfig, DataError
 from support.data import encoded, quiet, split_tokens
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.sections.evaluate import PAPER_TASKS
+from stateloop.config.evaluate import PAPER_TASKS
 
 N_EXAMPLES = 20  # records per split file
 LIMIT = 3  # documents scored per task
@@ -148,9 +148,9 @@ def test_a_local_task_dir_name_wins_over_lm_evals_builtin(written, tmp_path, off
     runs beside it (lm-eval's folder indexed first, ours after); with only local tasks lm-eval's
     folder is not indexed. A local YAML may include another by a relative path."""
     from stateloop.config import ConfigError
+    from stateloop.config.evaluate import EvalConfig
     from stateloop.evaluate.tasks.prepare import prepare_tasks
     from stateloop.evaluate.tasks.rehearsal import write_tasks
-    from stateloop.sections.evaluate import EvalConfig
 
     task_dir = written[1]["task_dir"]
     prepared = prepare_tasks(["arc_easy", "lambada_standard"], tmp_path / "mixed", EvalConfig(task_dir=task_dir))
@@ -268,7 +268,7 @@ def test_paper_tasks_evaluate_offline_by_their_real_names(written, shared_data, 
                 assert sum(key in examples for key in pool) == 5, (name, examples)
 
     # Table 2, as the report builds it for the paper's config: eight columns and Avg-8, 0 and 5 shots
-    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.report.tables import table2
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "paper.yaml")

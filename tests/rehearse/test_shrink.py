@@ -32,8 +32,8 @@ def test_every_rehearsal_trains_on_the_cpu_past_the_gpu_check(monkeypatch):
     import torch
 
     from stateloop.config import ConfigError
+    from stateloop.config.train import TrainConfig
     from stateloop.ops.rehearse.config import shrink
-    from stateloop.sections.train import TrainConfig
     from stateloop.train.loop import require_accelerator
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

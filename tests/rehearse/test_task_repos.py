@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.sections.evaluate import PAPER_TASKS
+from stateloop.config.evaluate import PAPER_TASKS
 
 ROOT = Path(__file__).resolve().parents[2]
 CLOSED = "http://127.0.0.1:9"  # a closed port
@@ -41,7 +41,7 @@ def _refuse(*args, **kwargs):
     raise AssertionError(f"network access in an offline job: {args!r}")
 socket.socket.connect = socket.socket.connect_ex = _refuse
 socket.getaddrinfo = _refuse
-from stateloop.sections.evaluate import EvalConfig
+from stateloop.config.evaluate import EvalConfig
 from stateloop.evaluate.tasks.prepare import prepare_tasks
 tasks = sys.argv[2:]
 prepared = prepare_tasks(tasks, sys.argv[1], EvalConfig(tasks=tasks))

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import stats
 from stateloop.report.claims import judge, to_markdown
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from stateloop.config import ConfigError
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import claims, stats
 from stateloop.report.outputs import baseline_of, comparison_files, comparisons, varies_K
 

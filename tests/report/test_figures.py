@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import ladder
 from support.reports import constructed_state
 

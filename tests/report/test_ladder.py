@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import ladder
 from stateloop.report.claims import judge
 
@@ -55,8 +55,8 @@ def test_a_ladders_rehearsal_keeps_its_rungs_order_of_compute(name):
     training compute, or the rehearsed fit has no compute axis (on 2026-12-04 all three rungs of
     ladder_gpu.yaml's rehearsal trained alike and its slope read -17,053 points per tenfold)."""
     from stateloop.config import load_yaml
+    from stateloop.experiments import pipeline_from_dict
     from stateloop.ops.rehearse.config import shrink
-    from stateloop.pipeline import pipeline_from_dict
 
     raw = shrink(load_yaml(ROOT / "configs" / name))
     cfg = pipeline_from_dict(raw, name)

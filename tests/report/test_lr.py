@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import lr
 from stateloop.report.claims import judge
 from stateloop.report.stats import paired, relative_pct

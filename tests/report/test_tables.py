@@ -33,7 +33,7 @@ def _fake_evals(cfg, results, experiment: str) -> None:
     """An eval.json with a made-up held-out PPL for every run of an experiment."""
     import json
 
-    from stateloop.pipeline import expand_runs
+    from stateloop.experiments import expand_runs
 
     for i, run in enumerate(expand_runs(cfg, [experiment])):
         folder = results / "runs" / run.id
@@ -47,8 +47,8 @@ def test_table1_overheads_from_exact_counts_and_compute_per_token(tmp_path):
     layer applications per token and training FLOPs per token against Vanilla."""
     from pathlib import Path
 
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import count_params
-    from stateloop.pipeline import expand_runs, load_pipeline
     from stateloop.report.tables import table1
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "smoke.yaml")
@@ -84,8 +84,8 @@ def test_compute_per_token_at_the_papers_shapes():
     import dataclasses
     from pathlib import Path
 
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.flops import compute_profile
-    from stateloop.pipeline import expand_runs, load_pipeline
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "paper.yaml")
     runs = {r.model: r for r in expand_runs(cfg, ["table1"]) if r.model in ("vanilla_looped", "hyperloop")}
@@ -99,7 +99,7 @@ def test_figure3_labels_each_point_with_its_state_width_and_ppl(tmp_path):
     """Paper, Figure 3: the points are labelled with d_s and their PPL."""
     from pathlib import Path
 
-    from stateloop.pipeline import load_pipeline
+    from stateloop.experiments import load_pipeline
     from stateloop.report.figures import state_width
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "smoke.yaml")
@@ -114,7 +114,7 @@ def test_paper_scale_compares_absolute_numbers(tmp_path):
     """At a scale marked paper: true, Table 4's absolute PPL is set against the paper's."""
     from pathlib import Path
 
-    from stateloop.pipeline import load_pipeline
+    from stateloop.experiments import load_pipeline
     from stateloop.report.tables import table4
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "smoke.yaml")
@@ -132,7 +132,7 @@ def test_table2_has_a_chance_row_and_lm_evals_standard_error(tmp_path):
     import json
     from pathlib import Path
 
-    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.report.tables import table2
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "smoke.yaml")
@@ -158,7 +158,7 @@ def test_figures_draw_seed_intervals_and_keep_the_papers_points_off_our_axis(tmp
     import json
     from pathlib import Path
 
-    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.report.figures import loop_depth
 
     cfg = load_pipeline(Path(__file__).parents[2] / "configs" / "smoke.yaml")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import trends
 from stateloop.report.claims import judge, to_markdown
 from stateloop.report.stats import t_interval

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from stateloop.models.config import ModelConfig
+from stateloop.config.model import ModelConfig
 from stateloop.models.registry import MODELS
 
 # Options some models need at the tiny shape (their defaults are sized for the paper).

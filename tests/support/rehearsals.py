@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from stateloop.config.evaluate import PAPER_TASKS
 from stateloop.evaluate.tasks.files import default_shared_data
-from stateloop.sections.evaluate import PAPER_TASKS
 from support.dag import ROOT, env
 
 SHARED = default_shared_data()
@@ -78,7 +78,7 @@ def needs_shared_data(raw: dict) -> bool:
     lm-eval task of a scale whose runs are trained (rehearse/run.py writes tasks only for those:
     Table 3's untrained shapes have a scale whose tasks no job reads)."""
     from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
-    from stateloop.pipeline import expand_runs, pipeline_from_dict
+    from stateloop.experiments import expand_runs, pipeline_from_dict
 
     local_tasks = set(task_yamls(DEFAULT_TASK_DIR))
     trained = {run.scale for run in expand_runs(pipeline_from_dict(raw))}

@@ -113,8 +113,8 @@ def cli(args: list[str], cwd: Path, env_extra: dict | None = None, **popen) -> s
 @pytest.fixture(scope="session")
 def synthetic_shards(tmp_path_factory) -> Path:
     """The project's synthetic corpus (stateloop.data.synthetic), tokenized with a 512-id BPE."""
+    from stateloop.config.data import DataConfig, SyntheticConfig
     from stateloop.data.tokenize import tokenize
-    from stateloop.sections.data import DataConfig, SyntheticConfig
 
     out = tmp_path_factory.mktemp("synthetic")
     cfg = DataConfig(vocab_size=512, shard_tokens=1 << 20, workers=0,

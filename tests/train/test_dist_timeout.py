@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from stateloop.config import ConfigError
-from stateloop.sections.train import TrainConfig
+from stateloop.config.train import TrainConfig
 from stateloop.train.loop import build_fabric
 from support.training import ROOT
 
@@ -33,7 +33,7 @@ def test_the_strategy_carries_the_configs_timeout():
 # Rank 0 waits at a barrier that rank 1 never reaches (rank 1 waits for rank 0 to give up, then ends).
 BARRIER = textwrap.dedent("""
     import os, sys, time
-    from stateloop.sections.train import TrainConfig
+    from stateloop.config.train import TrainConfig
     from stateloop.train.loop import build_fabric
 
     released = sys.argv[2]

@@ -147,8 +147,8 @@ def _curves(tmp: Path, models: list[str] | None = None, model: dict | None = Non
     ``model``: keys of the scale's model section changed."""
     import yaml
 
+    from stateloop.experiments import expand_runs, load_pipeline
     from stateloop.models.registry import MODELS
-    from stateloop.pipeline import expand_runs, load_pipeline
     from stateloop.resolve import resolve_run
     from stateloop.tracking import tracker
     from stateloop.train.loop import train

@@ -11,9 +11,9 @@ import yaml
 
 from stateloop.cli import main
 from stateloop.config import ConfigError, load_yaml
+from stateloop.experiments import checked_pipeline, load_checked, load_pipeline, run_model_config
 from stateloop.ops import cost, memory
 from stateloop.ops.memory import GIB, Setting
-from stateloop.pipeline import checked_pipeline, load_checked, load_pipeline, run_model_config
 from support.models import tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -302,7 +302,7 @@ def test_one_steps_compute_and_the_job_flags_by_hand():
     three checkpoints of 12 bytes a parameter (written at 100 MB/s and hashed at 1 GB/s: 0.132 s
     for a million parameters) and the final weights: within one 60-minute job; 10,000 steps need
     several; a 2-minute limit leaves no time to save a step (flag, infinite jobs)."""
-    from stateloop.sections.train import TrainConfig
+    from stateloop.config.train import TrainConfig
 
     cfg = tiny_config("vanilla_looped")
 
@@ -330,7 +330,7 @@ def test_a_looped_stacks_gradients_reduce_late_and_are_exposed():
     the first's is hidden; the queue by hand."""
     assert cost._reduce_queue([(0.0, 1.0), (1.0, 1.0)], 3.0) == 0.0
     assert cost._reduce_queue([(2.5, 1.0), (2.6, 1.0)], 3.0) == pytest.approx(1.5)
-    from stateloop.sections.train import TrainConfig
+    from stateloop.config.train import TrainConfig
 
     cfg = tiny_config("vanilla_looped")
     tcfg = TrainConfig(devices=8, num_nodes=2, micro_batch=4, global_batch=64, seq_len=2048, max_steps=10)
@@ -388,7 +388,7 @@ def test_paper_yaml_has_the_plans_choice_per_scale(paper):
 
 
 def _runs(cfg):
-    from stateloop.pipeline import expand_runs
+    from stateloop.experiments import expand_runs
 
     return expand_runs(cfg)
 

@@ -9,7 +9,7 @@ import datetime
 import pytest
 import torch
 
-from stateloop.sections.train import TrainConfig
+from stateloop.config.train import TrainConfig
 from stateloop.train import loop
 from support.training import assert_bitwise_equal, resolved, weights
 
@@ -76,7 +76,7 @@ def test_fsdp_sharding_reaches_fabrics_strategy(sharding, mesh, reshard):
 
 
 def test_every_sharding_of_the_config_has_a_strategy():
-    from stateloop.sections.train import FSDP_SHARDING
+    from stateloop.config.train import FSDP_SHARDING
     from stateloop.train.parallel import RESHARD_AFTER_FORWARD
 
     assert set(RESHARD_AFTER_FORWARD) == set(FSDP_SHARDING)

@@ -205,7 +205,7 @@ def test_system_metrics_and_the_model_are_off_by_their_keys(tiny_setup, tmp_path
     """On by default ("System metrics ... for training runs, on by default, off by a config key")."""
     from mlflow.tracking import MlflowClient
 
-    from stateloop.sections.train import TrainConfig
+    from stateloop.config.train import TrainConfig
 
     assert TrainConfig().mlflow_system_metrics_s > 0 and TrainConfig().mlflow_log_model
 

@@ -60,7 +60,7 @@ def test_loss_falls_and_mlflow_reads_back(tiny_setup, tmp_path):
     assert set(run.data.metrics) >= {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/tokens",
                                      "val/loss", "val/ppl"}
     # MFU = FLOPs per sequence x sequences/s / peak (a peak is configured here; CPUs have none by default).
-    from stateloop.models.config import ModelConfig
+    from stateloop.config.model import ModelConfig
     from stateloop.train.flops import flops_per_sequence
 
     fl = flops_per_sequence(ModelConfig(**cfg["model"]), 32)
@@ -344,8 +344,8 @@ def test_training_never_saves_or_reads_the_eval_section(tiny_setup, tmp_path):
     from a RunConfig carrying one writes the config.yaml and weights of one without."""
     import dataclasses
 
+    from stateloop.config.evaluate import EvalConfig
     from stateloop.resolve import resolve_run
-    from stateloop.sections.evaluate import EvalConfig
 
     cfg_path, data = tiny_setup
     rc = resolve_run(cfg_path, "t/stateloop/K2_ds32_seed1234", ["train.max_steps=2"], data)

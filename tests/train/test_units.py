@@ -9,8 +9,8 @@ import pytest
 
 from stateloop.cli import main
 from stateloop.config import ConfigError
+from stateloop.config.train import TrainConfig
 from stateloop.data.shards import ShardSet
-from stateloop.sections.train import TrainConfig
 from stateloop.train.sampler import TokenSampler
 from stateloop.train.schedule import lr_at
 from support.training import resolved, write_config, write_shards
@@ -123,7 +123,7 @@ def test_run_id_errors(tmp_path):
 def test_shipped_small_configs_resolve_every_run(name, tmp_path):
     from pathlib import Path
 
-    from stateloop.pipeline import expand_runs, load_pipeline
+    from stateloop.experiments import expand_runs, load_pipeline
 
     path = Path(__file__).resolve().parents[2] / "configs" / f"{name}.yaml"
     runs = expand_runs(load_pipeline(path))
@@ -152,8 +152,8 @@ def test_flops_per_sequence_by_hand(K):
 
 
 def test_optimizer_skips_decay_on_vectors_and_flagged_tensors():
+    from stateloop.config.train import TrainConfig
     from stateloop.models.registry import build_model
-    from stateloop.sections.train import TrainConfig
     from stateloop.train.loop import configure_optimizer
     from support.models import tiny_config
 

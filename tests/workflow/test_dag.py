@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from stateloop.config import read_config
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from support.dag import copy_workflow, env, jobs, snakemake
 from support.rehearsals import dag, mlflow_server
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from stateloop.config import load_yaml
+from stateloop.config.evaluate import PAPER_TASKS
+from stateloop.experiments import expand_runs, load_pipeline, pipeline_from_dict
 from stateloop.ops.rehearse.config import SEEDS, kept_settings
-from stateloop.pipeline import expand_runs, load_pipeline, pipeline_from_dict
 from stateloop.report.ladder import RUNGS
-from stateloop.sections.evaluate import PAPER_TASKS
 from support.dag import ROOT
 from support.rehearsals import SHARED, dag, needs_shared_data, rehearsed
 

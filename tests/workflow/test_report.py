@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from support.dag import ROOT, embedded, text_of
 from support.rehearsals import dag
 

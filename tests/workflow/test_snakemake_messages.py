@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from stateloop.pipeline import load_pipeline
+from stateloop.experiments import load_pipeline
 from support.dag import copy_workflow, embedded, snakemake, text_of
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,7 @@
 # The report's side of the render rules (workflow/rules/report.smk): how each output is filed in
 # `snakemake --report` (category, subcategory, labels, caption) and the facts its caption prints
 # (scale, seeds, models), taken from the runs the output reads.
-from stateloop.pipeline import cells as _cells
+from stateloop.experiments import cells as _cells
 
 _RUNS_BY_FOLDER = {r.folder: r for r in RUNS.values()}
 

@@ -15,7 +15,8 @@ from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, resolve_configfiles, to_dict
 from stateloop.data.stage import data_homes
 from stateloop.files import atomic_write_bytes
-from stateloop.pipeline import RUN_ID_FORM, RUNS_ROOT, checked_pipeline, decoding_specs
+from stateloop.experiments import checked_pipeline, decoding_specs
+from stateloop.run_ids import RUN_ID_FORM, RUNS_ROOT
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, baseline_of, comparison_files, comparisons, of_kind, varies_K
 from stateloop.runs import FINAL_WEIGHTS
@@ -62,7 +63,7 @@ try:
     gate(PIPE, RUNS, CONFIG_NAME)  # every run of a scale that sets train.gpu_memory_gib fits it, before any job
 except ConfigError as err:
     raise WorkflowError(f"invalid config: {err}") from None
-validate(config, "../schemas/config.schema.yaml")  # the same rules as JSON Schema (documentation, editors)
+validate(config, "../schemas/config.schema.yaml", set_default=False)  # the declarations as JSON Schema; defaults stay out
 
 # The commands read the config Snakemake holds (file + --config overrides) from a file named by
 # its content, written when this call starts jobs (onstart: never in a dry run, --lint or a call

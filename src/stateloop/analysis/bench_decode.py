@@ -22,21 +22,14 @@ import torch
 
 from stateloop.analysis.request import DecodeRequest
 from stateloop.config import ConfigError, from_dict, merge, parse_dotlist, to_dict
+from stateloop.config.model import ModelConfig
+from stateloop.config.pipeline import BenchConfig, PipelineConfig, ScaleConfig
+from stateloop.experiments import PAPER_MODELS, decoding_specs, run_model_config, scale_of
 from stateloop.fast import accelerate
 from stateloop.files import atomic_write_json, code_version
-from stateloop.models.config import ModelConfig
 from stateloop.models.flops import decode_flops_per_token
 from stateloop.models.generate import greedy_steps, model_logits
 from stateloop.models.registry import build_model, get_spec
-from stateloop.pipeline import (
-    PAPER_MODELS,
-    BenchConfig,
-    PipelineConfig,
-    ScaleConfig,
-    decoding_specs,
-    run_model_config,
-    scale_of,
-)
 from stateloop.runs import load_model, resolve_device, resolve_run_arg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

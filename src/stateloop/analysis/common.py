@@ -22,7 +22,8 @@ from stateloop.runs import FINAL_WEIGHTS, run_id_of, trained_length
 from stateloop.tracking.stages import log_stage
 
 if TYPE_CHECKING:
-    from stateloop.pipeline import PipelineConfig, RunConfig
+    from stateloop.config.pipeline import PipelineConfig
+    from stateloop.config.run import RunConfig
 
 CALIB_SPLIT = "train"  # the split the calibration statistics come from (disjoint from any held-out split)
 CALIB_WINDOWS = 64  # calibration windows, sampled over the whole calibration split

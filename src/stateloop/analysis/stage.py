@@ -17,11 +17,11 @@ from stateloop.analysis.interventions import StateStats, state_statistics
 from stateloop.analysis.jobs import CALIBRATION_FILE
 from stateloop.analysis.request import Request
 from stateloop.config import ConfigError, from_dict
+from stateloop.config.model import ModelConfig
+from stateloop.config.pipeline import PipelineConfig
 from stateloop.fast import accelerate
 from stateloop.files import atomic_torch_save, atomic_write_json, code_version, safe_torch_load
-from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
-from stateloop.pipeline import PipelineConfig
 from stateloop.resolve import resolve_eval
 from stateloop.runs import load_model, read_weights, resolve_device, resolve_run_arg
 

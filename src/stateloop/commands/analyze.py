@@ -23,7 +23,7 @@ over steps (``shapley/phi`` at step k for R_k, ``interventions/ppl_replace`` at 
 from __future__ import annotations
 
 from stateloop.analysis.request import Request
-from stateloop.pipeline import load_checked
+from stateloop.experiments import load_checked
 
 SUBCOMMANDS = {"shapley": "exact Shapley values of the K state reads over all 2^K masks (Figure 4a)",
                "interventions": "calibrated state replacement and freezing (Figure 4b, eq. 15)"}

@@ -16,7 +16,7 @@ overrides); with neither, the shapes of the decoding experiment of ``--config`` 
 from __future__ import annotations
 
 from stateloop.analysis.request import DecodeRequest as Request
-from stateloop.pipeline import load_checked
+from stateloop.experiments import load_checked
 
 SUBCOMMANDS = {"decode": "per-token latency and throughput at batch 1 (Table 3)"}
 

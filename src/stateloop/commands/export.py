@@ -21,15 +21,15 @@ import signal
 import sys
 import threading
 
-from stateloop.config import StageRequest, arg
+from stateloop.config import StageRequest, Text, arg
 from stateloop.export.hf import export_run
-from stateloop.pipeline import RUN_HELP
+from stateloop.run_ids import RUN_HELP
 from stateloop.runs import resolve_run_arg
 
 
 class Request(StageRequest):
-    run: str = arg(RUN_HELP, positional=True, metavar="RUN")
-    out: str = arg("the Hugging Face directory to write (replaced if it exists; outside the run and data folders)", metavar="DIR")
+    run: Text = arg(RUN_HELP, positional=True, metavar="RUN")
+    out: Text = arg("the Hugging Face directory to write (replaced if it exists; outside the run and data folders)", metavar="DIR")
 
 
 class Stopped(BaseException):

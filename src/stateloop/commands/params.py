@@ -7,16 +7,16 @@ import csv
 import io
 import sys
 
-from stateloop.config import StageRequest, arg
+from stateloop.config import StageRequest, Text, arg
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import count_params
-from stateloop.pipeline import expand_runs, load_pipeline
 
 
 class Request(StageRequest):
-    config: str = arg("pipeline config (configs/*.yaml)")
-    experiments: list[str] | None = arg("only these experiments (default: all)", None)
-    out: str | None = arg("write the CSV here instead of stdout", None)
+    config: Text = arg("pipeline config (configs/*.yaml)")
+    experiments: list[Text] | None = arg("only these experiments (default: all)", None)
+    out: Text | None = arg("write the CSV here instead of stdout", None)
 
 
 def run(args: Request) -> int:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from stateloop.config import POSITIVE, StageRequest, arg
+from stateloop.config import POSITIVE, Bool, Float, Int, StageRequest, Text, arg
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.ops import mfu as measured_mfu
 from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_PEAK_TFLOPS, Network, doc_tables, plan_rows, print_plan, write_doc_tables
 from stateloop.ops.mfu import FALLBACK_MFU, RECORDS_ENV
-from stateloop.pipeline import expand_runs, load_pipeline
 
 EPILOG = ("Exit status: 0 every run fits its train.gpu_memory_gib (or the scale sets none); 1 the whole plan is "
           "printed, but a run does not fit its train.gpu_memory_gib (DOES NOT FIT) or, with --analyses, a job is "
@@ -24,34 +24,34 @@ EPILOG = ("Exit status: 0 every run fits its train.gpu_memory_gib (or the scale 
 
 
 class Request(StageRequest):
-    config: str = arg("pipeline config (configs/*.yaml)")
-    experiments: list[str] | None = arg("only these experiments (default: all)", None)
-    mfu: float | None = arg("model FLOPs utilisation assumed for every run (default: measured, the newest GPU record's "
+    config: Text = arg("pipeline config (configs/*.yaml)")
+    experiments: list[Text] | None = arg("only these experiments (default: all)", None)
+    mfu: Float | None = arg("model FLOPs utilisation assumed for every run (default: measured, the newest GPU record's "
                             "for each scale's train.compile, named on the first line; a constant "
                             f"{FALLBACK_MFU:.2f}, with a warning, where there is none: ops/mfu.py)", None,
                             check=(lambda v: 0 < v <= 1, "in (0, 1]"))
-    records: str | None = arg(f"the GPU records' folder (default: ${RECORDS_ENV}, else the repository's benchmarks/records/)",
+    records: Text | None = arg(f"the GPU records' folder (default: ${RECORDS_ENV}, else the repository's benchmarks/records/)",
                               None)
-    peak_tflops: float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)", DEFAULT_PEAK_TFLOPS,
+    peak_tflops: Float = arg(f"per-GPU peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS:g}: H100/H200 SXM dense bf16)", DEFAULT_PEAK_TFLOPS,
                              check=POSITIVE)
-    inter_node_gbps: float = arg(f"network bandwidth per node between nodes, Gb/s (default {Network.inter_node_gbps:g}: one "
+    inter_node_gbps: Float = arg(f"network bandwidth per node between nodes, Gb/s (default {Network.inter_node_gbps:g}: one "
                                  f"400 Gb/s InfiniBand port; 8 ports: 3200)", Network.inter_node_gbps, check=POSITIVE)
-    intra_node_gbs: float = arg(f"bandwidth per GPU within a node, GB/s (default {Network.intra_node_gbs:g}: NCCL over NVLink, "
+    intra_node_gbs: Float = arg(f"bandwidth per GPU within a node, GB/s (default {Network.intra_node_gbs:g}: NCCL over NVLink, "
                                 f"8 x H100 SXM)", Network.intra_node_gbs, check=POSITIVE)
-    compare_strategies: bool = arg("also each run's alternatives: DDP or FSDP (full, grad_op; hybrid ones on several nodes), "
+    compare_strategies: Bool = arg("also each run's alternatives: DDP or FSDP (full, grad_op; hybrid ones on several nodes), "
                                    "micro-batch 1/2/4/8, activation checkpointing none/layer/iteration, the loss whole or "
                                    "per sequence; memory and time of each, the fastest that fits marked", False)
-    gpu_memory_gib: float | None = arg("device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; "
+    gpu_memory_gib: Float | None = arg("device memory the alternatives must fit (default: the scale's train.gpu_memory_gib; "
                                        "unset: not judged)", None, check=POSITIVE)
-    margin: float = arg(f"share of the device memory a chosen setting leaves free (default {DEFAULT_MARGIN:g}): the plan "
+    margin: Float = arg(f"share of the device memory a chosen setting leaves free (default {DEFAULT_MARGIN:g}): the plan "
                         "chooses each run's strategy, the fastest DDP setting within the limit less the margin, else the "
                         "fastest sharded one, and judges the alternatives by the same rule", DEFAULT_MARGIN,
                         check=(lambda v: 0 <= v < 1, "in [0, 1)"))
-    top: int = arg("alternatives shown per run, fastest first (default 6)", 6, check=POSITIVE)
-    analyses: bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
+    top: Int = arg("alternatives shown per run, fastest first (default 6)", 6, check=POSITIVE)
+    analyses: Bool = arg("also every evaluation and analysis job (held-out PPL, Shapley and intervention shards, their "
                          "merges): FLOPs and hours on one GPU against the job's runtime limit (ops/analysis_cost.py)", False)
-    out: str | None = arg("also write the per-run rows as CSV here", None)
-    doc_tables: str | None = arg("also write the plan's figures as the documentation's data files plan_<config>*.csv in this "
+    out: Text | None = arg("also write the per-run rows as CSV here", None)
+    doc_tables: Text | None = arg("also write the plan's figures as the documentation's data files plan_<config>*.csv in this "
                                  "folder (docs/tables): those it has, else all; then python scripts/results_doc.py renders "
                                  "the pages", None)
 

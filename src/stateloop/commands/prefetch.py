@@ -11,15 +11,15 @@ Rerun it safely: it fetches only what is missing (an interrupted download resume
 
 from __future__ import annotations
 
-from stateloop.config import StageRequest, arg
+from stateloop.config import Bool, StageRequest, Text, arg
+from stateloop.experiments import load_checked
 from stateloop.ops.prefetch import NotPrefetched, caches, config_needs, go_offline, prefetch, say
-from stateloop.pipeline import load_checked
 
 
 class Request(StageRequest):
-    config: str = arg("pipeline config (configs/*.yaml)")
-    scales: list[str] | None = arg("only these scales (default: every trained one)", None, nargs="+", metavar="SCALE")
-    check: bool = arg("fetch nothing, never touch the network (the Hub switched off as on a compute node): say whether "
+    config: Text = arg("pipeline config (configs/*.yaml)")
+    scales: list[Text] | None = arg("only these scales (default: every trained one)", None, nargs="+", metavar="SCALE")
+    check: Bool = arg("fetch nothing, never touch the network (the Hub switched off as on a compute node): say whether "
                       "everything is in the caches, as an offline job would find it", False)
 
 

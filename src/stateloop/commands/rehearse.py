@@ -18,20 +18,20 @@ import shlex
 import sys
 from pathlib import Path
 
-from stateloop.config import StageRequest, arg, whole
+from stateloop.config import Bool, Int, StageRequest, Text, arg, whole
 from stateloop.ops.rehearse import run as rehearsal
 
 PASSTHROUGH = "snakemake_args"  # every word after the first `--` (commands.parse), wherever the options are
 
 
 class Request(StageRequest):
-    config: str = arg("pipeline config to rehearse (configs/*.yaml)", positional=True, metavar="CONFIG")
-    out: str | None = arg("rehearsal folder (default: rehearsals/<config name>)", None)
-    shared_data: str | None = arg("folder of the local data copies (default: ../shared/data beside the checkout, or "
+    config: Text = arg("pipeline config to rehearse (configs/*.yaml)", positional=True, metavar="CONFIG")
+    out: Text | None = arg("rehearsal folder (default: rehearsals/<config name>)", None)
+    shared_data: Text | None = arg("folder of the local data copies (default: ../shared/data beside the checkout, or "
                                   "$STATELOOP_SHARED/data)", None)
-    cores: int = arg("Snakemake --cores (default 2)", 2, type=whole("cores"))
-    prepare_only: bool = arg("write the rehearsal folder and print the command", False)
-    snakemake_args: list[str] = arg("passed to snakemake (targets, -n, ...), after --", [], positional=True, metavar="-- SNAKEMAKE_ARGS")
+    cores: Int = arg("Snakemake --cores (default 2)", 2, type=whole("cores"))
+    prepare_only: Bool = arg("write the rehearsal folder and print the command", False)
+    snakemake_args: list[Text] = arg("passed to snakemake (targets, -n, ...), after --", [], positional=True, metavar="-- SNAKEMAKE_ARGS")
 
 
 def run(args: Request) -> int:

@@ -13,21 +13,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from stateloop.config import ConfigError, StageRequest, arg
-from stateloop.pipeline import load_pipeline
+from stateloop.config import Bool, ConfigError, StageRequest, Text, arg
+from stateloop.experiments import load_pipeline
 from stateloop.report.outputs import BENCH_FILE, COMPARE, OUTPUTS
 from stateloop.report.render import render
 
 
 class Request(StageRequest):
-    target: str = arg("what to render (stateloop.report.outputs); compare: an experiment's own comparison (--experiment)",
+    target: Text = arg("what to render (stateloop.report.outputs); compare: an experiment's own comparison (--experiment)",
                       positional=True, choices=[*OUTPUTS, COMPARE])
-    config: str = arg("pipeline config (configs/*.yaml)")
-    out: str = arg("output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
-    results: str = arg("results folder holding runs/ and bench/ (default: results)", "results")
-    bench: str | None = arg(f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})", None)
-    no_mlflow: bool = arg("do not log the files to MLflow", False)
-    experiment: str | None = arg("compare only: the experiment whose comparison to render (--out results/compare_NAME.csv "
+    config: Text = arg("pipeline config (configs/*.yaml)")
+    out: Text = arg("output path: results/<table>.csv, results/claims.csv or figures/<figure>.pdf")
+    results: Text = arg("results folder holding runs/ and bench/ (default: results)", "results")
+    bench: Text | None = arg(f"decode benchmark JSON for table3 (default: RESULTS/{BENCH_FILE})", None)
+    no_mlflow: Bool = arg("do not log the files to MLflow", False)
+    experiment: Text | None = arg("compare only: the experiment whose comparison to render (--out results/compare_NAME.csv "
                                  "for its table, figures/compare_NAME.pdf for its figure where it varies K)", None)
 
 

@@ -1,19 +1,19 @@
 """``stateloop schema``: the JSON Schema of pipeline configs, generated from the dataclasses
 (workflow/schemas/config.schema.yaml is this output), and with ``--docs`` the reference of every
-config key (configs/README.md); stateloop/schema.py renders both."""
+config key (configs/README.md); stateloop/config/schema.py renders both."""
 
 from __future__ import annotations
 
-from stateloop.config import StageRequest, arg
+from stateloop.config import StageRequest, Text, arg
+from stateloop.config.schema import render, render_docs
 from stateloop.files import atomic_write_bytes
-from stateloop.schema import render, render_docs
 
 DOCS_FILE = "configs/README.md"
 
 
 class Request(StageRequest):
-    out: str | None = arg("write the schema here (default: stdout)", None)
-    docs: str | None = arg(f"also write the reference of every config key here ({DOCS_FILE})", None, metavar="PATH")
+    out: Text | None = arg("write the schema here (default: stdout)", None)
+    docs: Text | None = arg(f"also write the reference of every config key here ({DOCS_FILE})", None, metavar="PATH")
 
 
 def run(args: Request) -> int:

@@ -1,8 +1,8 @@
 """Open and check the token shards a resolved run config names, before anything trains (train/loop.py).
 
 A run's config resolves in one place, :func:`stateloop.resolve.resolve_run`
-(docs/architecture.md#how-a-runs-config-resolves), into a :class:`~stateloop.pipeline.RunConfig`;
-a saved one reads back with :meth:`~stateloop.pipeline.RunConfig.read`. Every failure is a one-line
+(docs/architecture.md#how-a-runs-config-resolves), into a :class:`~stateloop.config.run.RunConfig`;
+a saved one reads back with :meth:`~stateloop.config.run.RunConfig.read`. Every failure is a one-line
 :class:`ConfigError` (or ``FileNotFoundError``) naming the key or file.
 """
 
@@ -16,7 +16,7 @@ from stateloop.data.shards import META, ShardSet, read_meta
 from stateloop.data.tokenizer import tokenizer_file
 
 if TYPE_CHECKING:
-    from stateloop.pipeline import RunConfig
+    from stateloop.config.run import RunConfig
 
 
 def open_data(rc: RunConfig):

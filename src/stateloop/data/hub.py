@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError
+from stateloop.config.data import DataConfig, is_local_source
 from stateloop.data.tokenizer import is_local_tokenizer
-from stateloop.sections.data import DataConfig, is_local_source
 
 CARD = "README.md"
 TOKENIZER_FILE = "tokenizer.json"  # data/tokenizer.py's name for it

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import to_dict
+from stateloop.config.data import LOCAL_FORMATS, DataConfig, DataError, is_local_source
 from stateloop.data import hub, synthetic
-from stateloop.sections.data import LOCAL_FORMATS, DataConfig, DataError, is_local_source
 
 BATCH_DOCS = 1024  # documents per worker task ...
 BATCH_CHARS = 1 << 21  # ... or this many characters, whichever comes first

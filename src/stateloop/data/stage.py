@@ -6,53 +6,32 @@ it is asked for is a :class:`Request`, its command's flags."""
 
 from __future__ import annotations
 
-from dataclasses import fields
-
-from stateloop.config import KEEP, ConfigError, StageRequest, arg, from_dict, merge, to_dict
+from stateloop.config import Bool, ConfigError, Int, StageRequest, Text, arg, from_dict, merge, parse_dotlist, to_dict
+from stateloop.config.data import DataConfig
+from stateloop.config.pipeline import ScaleConfig
 from stateloop.data.hub import data_needs, require
 from stateloop.data.tokenize import tokenize
-from stateloop.pipeline import ScaleConfig, load_scale
-from stateloop.sections.data import DataConfig
+from stateloop.experiments import load_scale
 
 
 class Request(StageRequest):
-    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder, and the scale
-    ``config``/``scale`` whose data section the keys after ``scale`` (DataConfig's) override: at
-    :data:`KEEP` (not given) a key stays, None (the flag's none/null) unsets it."""
+    """One tokenization as asked for (``stateloop tokenize``'s flags): the data folder, the scale
+    ``config``/``scale`` whose data section to use (else the section's defaults), and ``--set
+    data.KEY=VALUE`` overrides of its keys, as train and eval take them."""
 
-    out: str = arg("data folder to write (shards, tokenizer.json, meta.json)")
-    config: str | None = arg("pipeline config (configs/*.yaml); read with --scale", None)
-    scale: str | None = arg("the scale whose data: section to use", None)
-    source: str | list[str] | None = arg("source for the text: synthetic, a hub dataset name, or local files/globs "
-                                         "(json/jsonl/txt/parquet; several: '[a.txt, b.txt]')", KEEP)
-    hub_config: str | None = arg("the hub dataset's config name", KEEP)
-    split: str | None = arg("hub split read for training", KEEP)
-    val_split: str | None = arg("hub split (or local files) used whole as val", KEEP)
-    test_split: str | None = arg("hub split (or local files) used whole as test", KEEP)
-    val_fraction: float | None = arg("fraction of training documents held out as val (by content hash)", KEEP)
-    test_fraction: float | None = arg("fraction of training documents held out as test (by content hash)", KEEP)
-    text_field: str | None = arg("column holding the text (json/parquet/hub)", KEEP)
-    text_unit: str | None = arg(".txt files: document, paragraph or line", KEEP)
-    max_docs: int | None = arg("read at most this many training documents", KEEP)
-    max_tokens: int | None = arg("stop reading once the train split has this many tokens", KEEP)
-    tokenizer: str | None = arg("bpe (train on the corpus), a tokenizer.json path, or a hub name", KEEP)
-    vocab_size: int | None = arg("vocabulary size of a trained BPE", KEEP)
-    bpe_docs: int | None = arg("train the BPE on this many documents", KEEP)
-    eos_token: str | None = arg("end-of-document token (default: the tokenizer's own)", KEEP)
-    shard_tokens: int | None = arg("tokens per shard file", KEEP)
-    workers: int | None = arg("encoding processes (0: in this process)", KEEP)
-    seed: int | None = arg("seed of the synthetic generator and the held-out hash", KEEP)
-    synthetic_docs: str | None = arg("documents per synthetic split, e.g. 20000,500,500", None, metavar="TRAIN,VAL,TEST")
-    model_vocab_size: int | None = arg("fail unless the tokenizer fits this model vocabulary (default: the scale's)", None)
-    force: bool = arg("rewrite even when the folder is up to date", False)
-    no_progress: bool = arg("no progress bar", False)
+    out: Text = arg("data folder to write (shards, tokenizer.json, meta.json)")
+    config: Text | None = arg("pipeline config (configs/*.yaml); read with --scale", None)
+    scale: Text | None = arg("the scale whose data: section to use", None)
+    overrides: list[Text] = arg("override a data setting (configs/README.md: scales.SCALE.data), e.g. data.source=corpus/*.jsonl "
+                                "data.vocab_size=8192 data.synthetic.train_docs=100", [], name="--set", metavar="data.KEY=VALUE")
+    model_vocab_size: Int | None = arg("fail unless the tokenizer fits this model vocabulary (default: the scale's)", None)
+    force: Bool = arg("rewrite even when the folder is up to date", False)
+    no_progress: Bool = arg("no progress bar", False)
 
 
 def resolve_data(args: Request, scale: ScaleConfig | None = None) -> tuple[DataConfig, int | None]:
     """(DataConfig, model vocab size or None) from --config/--scale (``scale``: their ScaleConfig,
-    loaded by the caller) and the flags."""
-    import yaml
-
+    loaded by the caller) and the ``--set data.KEY=VALUE`` overrides."""
     base: dict = {}
     model_vocab = args.model_vocab_size
     where = "data"
@@ -63,17 +42,11 @@ def resolve_data(args: Request, scale: ScaleConfig | None = None) -> tuple[DataC
         where = f"scales.{args.scale}.data"
         if model_vocab is None:
             model_vocab = scale.model.vocab_size
-    over = {f.name: getattr(args, f.name) for f in fields(args) if f.default is KEEP and getattr(args, f.name) is not KEEP}
-    if isinstance(over.get("source"), str) and over["source"].startswith("["):
-        over["source"] = yaml.safe_load(over["source"])  # a list of files
-    if args.synthetic_docs:
-        try:
-            train, val, test = (int(x) for x in args.synthetic_docs.split(","))
-        except ValueError:
-            raise ConfigError(f"--synthetic-docs: expected TRAIN,VAL,TEST integers, got {args.synthetic_docs!r}") from None
-        over["synthetic"] = {"train_docs": train, "val_docs": val, "test_docs": test}
+    over = parse_dotlist(args.overrides)
+    if set(over) - {"data"}:
+        raise ConfigError(f"--set {sorted(set(over) - {'data'})[0]}.*: tokenize sets data.KEY=VALUE only")
     try:
-        data = from_dict(DataConfig, merge(base, over), where)
+        data = from_dict(DataConfig, merge(base, over.get("data") or {}), where)
     except ConfigError as err:
         raise ConfigError(f"{args.config}: {err}" if args.config else str(err)) from None
     return data, model_vocab

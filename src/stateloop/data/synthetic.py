@@ -20,7 +20,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from stateloop.sections.data import SYNTHETIC_KINDS, SyntheticConfig
+from stateloop.config.data import SYNTHETIC_KINDS, SyntheticConfig
 
 VERSION = "v1"  # part of every seed string: bump when the generator's output changes
 SPLITS = ("train", "val", "test")

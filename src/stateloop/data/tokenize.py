@@ -1,7 +1,7 @@
 """Text -> flat token shards (the data stage; ``stateloop tokenize`` is its command line): this module
 encodes what the source readers (data/sources.py) read and writes the shards.
 
-Pipeline, for a :class:`~stateloop.sections.data.DataConfig`:
+Pipeline, for a :class:`~stateloop.config.data.DataConfig`:
 
 1. **Source** (data/sources.py): ``synthetic``, local files or a hub dataset (a local folder may
    read as one), in batches of documents; a document longer than
@@ -58,12 +58,12 @@ from pathlib import Path
 import numpy as np
 
 from stateloop.config import to_dict
+from stateloop.config.data import DataConfig, DataError, SyntheticConfig
 from stateloop.data.shards import META, VERIFIED, ShardWriter, read_meta, sha256_file, stamp_verified, token_dtype, write_meta
 from stateloop.data.sources import Stream, describe_source, plan_streams, split_sources, text_batches
 from stateloop.data.synthetic import document
 from stateloop.data.tokenizer import find_eos, load_tokenizer_spec, sha256_text, train_bpe, vocab_size_of
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version
-from stateloop.sections.data import DataConfig, DataError, SyntheticConfig
 
 PIPELINE_VERSION = 1  # part of the fingerprint: bump when the same inputs would give other tokens
 PARTIAL = ".partial"

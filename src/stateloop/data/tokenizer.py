@@ -12,8 +12,8 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from stateloop.config.data import DataError
 from stateloop.data.shards import read_meta, sha256_file
-from stateloop.sections.data import DataError
 
 EOS = "<|endoftext|>"  # the end-of-document token of a trained BPE (GPT-2 / GPT-NeoX spelling)
 # Tried in order when a tokenizer's end-of-document token is not given.

@@ -24,6 +24,9 @@ import torch
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError, to_dict
+from stateloop.config.evaluate import EvalConfig
+from stateloop.config.pipeline import PipelineConfig
+from stateloop.config.run import RunConfig
 from stateloop.data.shards import ShardSet, read_meta
 from stateloop.evaluate import diagnostics as state_diagnostics
 from stateloop.evaluate import metrics as M
@@ -31,9 +34,7 @@ from stateloop.evaluate.lm import StateLoopEvalLM, load_run
 from stateloop.evaluate.perplexity import split_windows, token_nll
 from stateloop.evaluate.tasks.prepare import prepare_tasks
 from stateloop.files import atomic_write_bytes, atomic_write_json, code_version, current_umask
-from stateloop.pipeline import PipelineConfig, RunConfig
 from stateloop.runs import DEPTH_FILE, trained_length
-from stateloop.sections.evaluate import EvalConfig
 from stateloop.tracking.records import flatten
 from stateloop.tracking.stages import log_stage
 

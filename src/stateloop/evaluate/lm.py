@@ -41,11 +41,11 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError
+from stateloop.config.run import RunConfig
 from stateloop.data import load_tokenizer as data_load_tokenizer
 from stateloop.data.shards import read_meta
 from stateloop.fast import accelerate
 from stateloop.models.generate import greedy_steps
-from stateloop.pipeline import RunConfig
 from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, saved_run_config, trained_length
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from stateloop.data.hub import require
 from stateloop.evaluate import harness
 from stateloop.evaluate.request import Request
 from stateloop.evaluate.tasks.needs import task_needs
-from stateloop.pipeline import find_run, load_checked
+from stateloop.experiments import find_run, load_checked
 from stateloop.runs import DEPTH_FILE, resolve_run_arg
 
 

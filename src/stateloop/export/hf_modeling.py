@@ -24,14 +24,14 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from stateloop.config import from_dict
+from stateloop.config.model import ModelConfig
 from stateloop.models.cache import ModelCache
-from stateloop.models.config import ModelConfig
 from stateloop.models.registry import build_model
 
 
 class StateLoopConfig(PretrainedConfig):
     """``stateloop_model``: the run's resolved ``model:`` section (every key of
-    :class:`~stateloop.models.config.ModelConfig`); ``max_position_embeddings``: the context the
+    :class:`~stateloop.config.model.ModelConfig`); ``max_position_embeddings``: the context the
     run was trained with, which lm-eval's HF backend takes as its window."""
 
     model_type = "stateloop"

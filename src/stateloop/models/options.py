@@ -3,9 +3,11 @@ reads them without loading the models."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import Field
+
+from stateloop.config import Int, section
 
 
-@dataclass
+@section
 class FFNOptions:
-    d_ff: int | None = None  # SwiGLU width; None: matched to stateloop_mamba2 at d_s = d (5818 at 1.4B)
+    d_ff: Int | None = Field(None, description="SwiGLU width; None: matched to stateloop_mamba2 at d_s = d (5818 at 1.4B)")

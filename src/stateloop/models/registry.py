@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError, from_dict
+from stateloop.config.model import ModelConfig
 from stateloop.models.baselines.options import (
     HyperloopOptions,
     MeshOptions,
@@ -41,7 +42,6 @@ from stateloop.models.baselines.options import (
     check_pause_token,
     check_pause_token_depth,
 )
-from stateloop.models.config import ModelConfig
 from stateloop.models.options import FFNOptions
 
 if TYPE_CHECKING:

@@ -26,10 +26,10 @@ from stateloop.analysis.common import CALIB_WINDOWS
 from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Shard, n_batches
 from stateloop.data.stage import data_homes
+from stateloop.experiments import expand_runs
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
 from stateloop.ops.cost import run_mfu
-from stateloop.pipeline import expand_runs
 
 # [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
 # Pile's validation split is 1.4 GB of JSON lines (EleutherAI/pile_val_test's card); the paper's

@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from stateloop.config.pipeline import PipelineConfig
+from stateloop.experiments import expand_runs, run_model_config
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import count_params, get_spec
 from stateloop.ops import memory
 from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB, Setting, parameter_bytes, plan_memory
 from stateloop.ops.mfu import FALLBACK_MFU
-from stateloop.pipeline import PipelineConfig, expand_runs, run_model_config
 from stateloop.slurm import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_HASH_BYTES_PER_S,

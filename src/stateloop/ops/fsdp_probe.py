@@ -23,7 +23,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from stateloop.models.config import ModelConfig
+from stateloop.config.model import ModelConfig
 from stateloop.models.registry import build_model
 
 

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.config.train import CHECKPOINTING
+from stateloop.experiments import load_checked, load_run
 from stateloop.files import atomic_write_bytes
 from stateloop.measured import cache_dir as _measured_dir
 from stateloop.measured import code_digest
 from stateloop.models.registry import build_model
-from stateloop.pipeline import load_checked, load_run
 from stateloop.runs import resolve_run_arg
-from stateloop.sections.train import CHECKPOINTING
 
 GIB = 2**30
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params
-from stateloop.pipeline import cells, expand_runs
 from stateloop.report import depth, ladder, lr, precision, recipe, stats, trends
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import paired, relative_pct

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from stateloop.pipeline import cells, expand_runs
+from stateloop.experiments import cells, expand_runs
 from stateloop.report import stats
 from stateloop.report.claims import LOWER_PPL, PCT, experiment_cell, ppl_gap
 from stateloop.report.outputs import baseline_of, loop_counts

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from matplotlib.lines import Line2D
 
+from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import get_spec
-from stateloop.pipeline import cells, expand_runs
 from stateloop.report import style
 from stateloop.report.stats import paired, relative_pct, t_interval
 from stateloop.report.tables import read_json

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from matplotlib.patches import Patch
 
+from stateloop.experiments import cells, expand_runs
 from stateloop.models.registry import count_params, get_spec
-from stateloop.pipeline import cells, expand_runs
 from stateloop.report import depth, ladder, lr, style, trends
 from stateloop.report.outputs import OUTPUTS, baseline_of
 from stateloop.report.stats import paired, relative_pct, t_interval, t_quantile

@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stateloop.pipeline import expand_runs, load_pipeline
+from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.report import lr
 from stateloop.report.stats import Estimate, relative_pct, t_quantile
 from stateloop.report.tables import reference

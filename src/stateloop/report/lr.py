@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.pipeline import cells, expand_runs
+from stateloop.experiments import cells, expand_runs
 from stateloop.report import stats, style
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
 from stateloop.report.tables import heldout_by_seed

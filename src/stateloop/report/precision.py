@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from stateloop.pipeline import Run, expand_runs
+from stateloop.experiments import Run, expand_runs
 from stateloop.report import stats
 from stateloop.report.lr import MODEL, PAPER_SIGN, REFERENCE
 from stateloop.report.stats import Estimate, paired, relative_pct

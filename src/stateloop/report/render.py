@@ -9,8 +9,8 @@ import io
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.config.pipeline import PipelineConfig
 from stateloop.files import atomic_write_bytes
-from stateloop.pipeline import PipelineConfig
 from stateloop.report.outputs import COMPARE, OUTPUTS, comparisons, varies_K
 from stateloop.tracking.records import standard_tags
 from stateloop.tracking.store import client, named_run, tracking_uri

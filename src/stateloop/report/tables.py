@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from stateloop.config.evaluate import PAPER_TASKS as EVAL_TASKS
 from stateloop.evaluate import metrics as M
+from stateloop.experiments import cells, expand_runs
 from stateloop.models.flops import compute_profile
 from stateloop.models.registry import count_params
-from stateloop.pipeline import cells, expand_runs
 from stateloop.report.outputs import BENCH_FILE
 from stateloop.report.stats import Estimate, paired, relative_pct, t_interval
-from stateloop.sections.evaluate import PAPER_TASKS as EVAL_TASKS
 
 TABLE4_GROUPS = [  # (ablation, variant) rows as the paper prints them
     ("feedback", "state_only"), ("feedback", "stateloop"),

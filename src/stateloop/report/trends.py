@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from stateloop.pipeline import Run, cells, expand_runs
+from stateloop.experiments import Run, cells, expand_runs
 from stateloop.report.stats import Estimate, relative_pct, t_interval
 from stateloop.report.tables import read_json
 

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from stateloop.config import ConfigError
-from stateloop.pipeline import PipelineConfig, RunConfig
+from stateloop.config.pipeline import PipelineConfig
+from stateloop.config.run import RunConfig
 from stateloop.runs import TRAIN_SUMMARY
 from stateloop.tracking.records import log_datasets, log_params, standard_tags
 from stateloop.tracking.store import client, named_run, same_store, tracking_uri

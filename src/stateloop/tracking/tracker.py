@@ -21,11 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from stateloop.config.train import registered_model_name
 from stateloop.data.shards import read_meta
 from stateloop.data.tokenizer import TOKENIZER_FILE
 from stateloop.files import atomic_write_json, code_version
 from stateloop.runs import MLFLOW_FILE
-from stateloop.sections.train import registered_model_name
 from stateloop.tracking.records import flatten, log_datasets, log_params, standard_tags
 from stateloop.tracking.registry import log_model
 from stateloop.tracking.store import client, experiment_id, tracking_uri

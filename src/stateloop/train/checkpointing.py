@@ -18,8 +18,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from stateloop.config import ConfigError
+from stateloop.config.train import CHECKPOINTING
 from stateloop.models.backbone import Backbone, Layer
-from stateloop.sections.train import CHECKPOINTING
 
 UNITS = {"layer": Layer, "iteration": Backbone}  # level -> the module class whose every application is a unit
 

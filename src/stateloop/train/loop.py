@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 
 from stateloop.config import ConfigError
+from stateloop.config.run import RunConfig
 from stateloop.data.check import open_data
 from stateloop.evaluate import diagnostics as diag
 from stateloop.evaluate.perplexity import heldout_windows, token_nll
 from stateloop.files import atomic_write_json, code_version
 from stateloop.models.registry import build_model
-from stateloop.pipeline import RunConfig
 from stateloop.runs import TRAIN_SUMMARY, resolve_device, save_final
 from stateloop.tracking.tracker import Tracker, log_final_model, open_training_run
 from stateloop.train.checkpoint import CheckpointStore, direct_checkpoint_io, warn

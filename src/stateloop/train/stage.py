@@ -9,11 +9,12 @@ import os
 import sys
 
 from stateloop import resolve, slurm
-from stateloop.config import ConfigError, StageRequest, arg
+from stateloop.config import Bool, ConfigError, StageRequest, Text, arg
 from stateloop.data import hub
 from stateloop.data.shards import reverify
 from stateloop.evaluate.tasks.needs import task_needs
-from stateloop.pipeline import RUN_HELP, RUN_ID_FORM, find_run, load_checked
+from stateloop.experiments import find_run, load_checked
+from stateloop.run_ids import RUN_HELP, RUN_ID_FORM
 from stateloop.runs import resolve_run_arg
 from stateloop.train import signals
 
@@ -22,16 +23,16 @@ class Request(StageRequest):
     """One training as asked for (``stateloop train``'s flags): the run, its config and data, and
     how the training reports and reacts to a changed config."""
 
-    config: str = arg("pipeline config (configs/*.yaml)")
-    run: str = arg(f"{RUN_HELP}; the id's seed replaces train.seed", positional=True, metavar="RUN")
-    data_dir: str | None = arg("token shards (a `stateloop tokenize` output folder with meta.json)", None)
-    out: str | None = arg("run folder (default: RUN's folder, results/runs/{run id} for a run id)", None)
-    no_progress: bool = arg("no progress bar", False)
-    restart_on_change: bool = arg("a changed model or optimiser setting starts the run afresh (its checkpoints and weights "
+    config: Text = arg("pipeline config (configs/*.yaml)")
+    run: Text = arg(f"{RUN_HELP}; the id's seed replaces train.seed", positional=True, metavar="RUN")
+    data_dir: Text | None = arg("token shards (a `stateloop tokenize` output folder with meta.json)", None)
+    out: Text | None = arg("run folder (default: RUN's folder, results/runs/{run id} for a run id)", None)
+    no_progress: Bool = arg("no progress bar", False)
+    restart_on_change: Bool = arg("a changed model or optimiser setting starts the run afresh (its checkpoints and weights "
                                   "are removed) instead of being refused; the DAG passes it", False)
-    verify_shards: bool = arg("read every token shard in full against meta.json's sha256 again, also those stamped as "
+    verify_shards: Bool = arg("read every token shard in full against meta.json's sha256 again, also those stamped as "
                               "verified (the stamps trust a file whose size, times and inode are unchanged)", False)
-    overrides: list[str] = arg("override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...",
+    overrides: list[Text] = arg("override a resolved value: train.lr=1e-3 train.max_steps=20 model.norm_eps=1e-6 data.dir=...",
                                [], name="--set", metavar="SECTION.KEY=VALUE")
 
 

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.config.evaluate import EvalConfig
 from stateloop.data.shards import read_meta
 from stateloop.evaluate.tasks.files import SHARED_SOURCES, default_shared_data
 from stateloop.evaluate.tasks.prepare import PREPARERS, absolute_data_files
 from stateloop.runs import has_final_weights, saved_run_config
-from stateloop.sections.evaluate import EvalConfig
 
 METADATA_SETTINGS = ("seed", "fewshot_pool", "synthetic_examples")  # EvalConfig keys read from --metadata
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stateloop.config import ConfigError
+from stateloop.config.data import SyntheticConfig
+from stateloop.config.evaluate import EvalConfig
 from stateloop.data.synthetic import task_examples
 from stateloop.evaluate.tasks.files import (
     DEFAULT_TASK_DIR,
@@ -53,8 +55,6 @@ from stateloop.evaluate.tasks.files import (
     wikitext_pages,
     write_jsonl,
 )
-from stateloop.sections.data import SyntheticConfig
-from stateloop.sections.evaluate import EvalConfig
 
 # The synthetic generator's splits: the few-shot pool and the held-out examples.
 SYNTH_FEWSHOT_SPLIT = "train"

@@ -4,9 +4,9 @@ classes and the registry (models/registry.py) read these; nothing here knows the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import Field
 
-from stateloop.config import ConfigError
+from stateloop.config import Bool, ConfigError, Float, Int, Text, section
 
 
 def resolve_split(cfg, opts, names: tuple[str, ...], parts: tuple[int, ...], model: str) -> tuple[int, ...]:
@@ -49,14 +49,14 @@ HYPERLOOP_SPLIT = ("n_begin", "n_middle", "n_end")
 HYPERLOOP_SHARES = (1, 2, 1)
 
 
-@dataclass
+@section
 class HyperloopOptions:
-    n_begin: int | None = None  # unique begin layers; None: n_layers / 4 (6 at 24)
-    n_middle: int | None = None  # shared middle layers, looped K times; None: n_layers / 2 (12)
-    n_end: int | None = None  # unique end layers; None: n_layers / 4 (6)
-    n_streams: int = 4  # n parallel residual streams
-    alpha_init: float = 0.01  # alpha^{pre,post,res} at init (mHC's value)
-    res_bias: float = 3.0  # b_res at init: h_res = sigmoid(3) ~ 0.95
+    n_begin: Int | None = Field(None, description="unique begin layers; None: n_layers / 4 (6 at 24)")
+    n_middle: Int | None = Field(None, description="shared middle layers, looped K times; None: n_layers / 2 (12)")
+    n_end: Int | None = Field(None, description="unique end layers; None: n_layers / 4 (6)")
+    n_streams: Int = Field(4, description="n parallel residual streams")
+    alpha_init: Float = Field(0.01, description="alpha^{pre,post,res} at init (mHC's value)")
+    res_bias: Float = Field(3.0, description="b_res at init: h_res = sigmoid(3) ~ 0.95")
 
 
 def check_hyperloop(cfg, opts: HyperloopOptions) -> None:
@@ -75,13 +75,13 @@ def check_hyperloop_depth(trained, K: int) -> None:
                           f"and it was trained with {trained.K} (K <= {trained.K} only)")
 
 
-@dataclass
+@section
 class MeshOptions:
-    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
-    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
-    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
-    n_slots: int | None = None  # buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)
-    protect_embedding_slot: bool = False  # true: slot 0 keeps the embedding (writes go to slots 1..S-1)
+    n_prelude: Int | None = Field(None, description="unique layers before the loop; None: n_layers / 3 (8 at 24)")
+    n_core: Int | None = Field(None, description="shared core layers, repeated K times; None: n_layers / 3")
+    n_coda: Int | None = Field(None, description="unique layers after the loop; None: n_layers / 3")
+    n_slots: Int | None = Field(None, description="buffer slots S; None: K + 3 (the paper's rule, 13 at K = 10)")
+    protect_embedding_slot: Bool = Field(False, description="true: slot 0 keeps the embedding (writes go to slots 1..S-1)")
 
 
 def resolve_slots(cfg, opts: MeshOptions) -> int:
@@ -103,19 +103,19 @@ def check_mesh_depth(trained, K: int) -> None:
                           f"with {trained.K + 1} router pairs (K <= {trained.K} only)")
 
 
-@dataclass
+@section
 class PonderLMOptions:
-    scale_embeds: bool = True  # c = sqrt(d) on the input and pondering embeddings (else c = 1)
-    multiply_pondering_steps: bool = True  # z^0 = s c E[x] (official 1.4B recipe)
+    scale_embeds: Bool = Field(True, description="c = sqrt(d) on the input and pondering embeddings (else c = 1)")
+    multiply_pondering_steps: Bool = Field(True, description="z^0 = s c E[x] (official 1.4B recipe)")
 
 
-@dataclass
+@section
 class ParcaeOptions:
-    n_prelude: int | None = None  # unique layers before the loop; None: n_layers / 3 (8 at 24)
-    n_core: int | None = None  # shared core layers, repeated K times; None: n_layers / 3
-    n_coda: int | None = None  # unique layers after the loop; None: n_layers / 3
-    state_init: str = "random"  # h_0: "random" (official like-init) or "zero"
-    eval_seed: int = 0  # seed of the fixed per-position h_0 in eval mode
+    n_prelude: Int | None = Field(None, description="unique layers before the loop; None: n_layers / 3 (8 at 24)")
+    n_core: Int | None = Field(None, description="shared core layers, repeated K times; None: n_layers / 3")
+    n_coda: Int | None = Field(None, description="unique layers after the loop; None: n_layers / 3")
+    state_init: Text = Field("random", description="h_0: \"random\" (official like-init) or \"zero\"")
+    eval_seed: Int = Field(0, description="seed of the fixed per-position h_0 in eval mode")
 
     def __post_init__(self) -> None:
         if self.state_init not in ("random", "zero"):
@@ -126,10 +126,10 @@ def check_parcae(cfg, opts: ParcaeOptions) -> None:
     check_prelude_core_coda(cfg, opts, "parcae")
 
 
-@dataclass
+@section
 class PauseTokenOptions:
-    n_pause: int | None = None  # pauses after every real token; None: K - 1 (3 at K = 4)
-    pause_id: int | None = None  # embedding row of <pause>; None: vocab_size - 1 (an unused padded id)
+    n_pause: Int | None = Field(None, description="pauses after every real token; None: K - 1 (3 at K = 4)")
+    pause_id: Int | None = Field(None, description="embedding row of <pause>; None: vocab_size - 1 (an unused padded id)")
 
 
 def resolve_pause(cfg, opts: PauseTokenOptions) -> tuple[int, int]:

@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from stateloop.config.data import DataConfig, DataError, SyntheticConfig
 from stateloop.data import synthetic
 from stateloop.data.synthetic import document
 from stateloop.data.tokenize import holdout_key, holdout_split
 from stateloop.files import atomic_write_bytes
-from stateloop.sections.data import DataConfig, DataError, SyntheticConfig
 
 MIRROR_VERSION = 1  # in every README: bump when the same arguments would give other files
 PILE = "monology/pile-uncopyrighted"

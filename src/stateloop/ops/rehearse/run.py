@@ -19,17 +19,17 @@ from pathlib import Path
 import yaml
 
 from stateloop.config import ConfigError, from_dict, read_config
+from stateloop.config.data import DataConfig, is_local_source
+from stateloop.config.evaluate import EvalConfig
 from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.tasks.files import REPO, default_shared_data
+from stateloop.experiments import checked_pipeline, pipeline_from_dict
 from stateloop.files import atomic_write_bytes
 from stateloop.ops.memory import gate
 from stateloop.ops.rehearse.config import shrink
 from stateloop.ops.rehearse.hub import Repo, serve_hub
 from stateloop.ops.rehearse.mirrors import write_mirror
 from stateloop.ops.rehearse.tasks import hub_tasks, write_task_repos
-from stateloop.pipeline import checked_pipeline, pipeline_from_dict
-from stateloop.sections.data import DataConfig, is_local_source
-from stateloop.sections.evaluate import EvalConfig
 
 SNAKEFILE = REPO / "Snakefile"
 # hub tokenizer name -> its file under the shared data folder

@@ -1,24 +1,31 @@
-"""Configuration schema: dataclasses are the schema, YAML files hold values only.
+"""Typed configs: pydantic v2 declares every setting once, YAML files hold values only.
 
-Every section of a config file is read into a dataclass by :func:`from_dict`, which rejects
-unknown keys and values of the wrong type with a one-line :class:`ConfigError` naming the key
-(``model.d_modle: unknown key``). The sections' dataclasses live with their stages:
-``models/config.py`` (ModelConfig), ``sections/data.py``, ``sections/train.py``, ``sections/evaluate.py``;
-how a run's config resolves: ``resolve.resolve_run``.
+Each section of a config file is a pydantic dataclass declared with :func:`section` (its fields'
+types, bounds and one-line descriptions: ``Field(default, gt=0, description=...)``); the
+declarations are the loader (:func:`from_dict`: unknown keys and wrong types refused), the JSON
+Schema Snakemake validates and configs/README.md (config/schema.py). A refusal is one
+:class:`ConfigError` line naming the key path (``model.d_modle: unknown key (allowed: ...)``). The
+sections live in this folder: model.py, data.py, train.py, evaluate.py, pipeline.py (scales,
+experiments, the benchmark, the cluster and each stage's job resources), run.py (one run's
+resolved config). A command's own flags are its ``Request`` (:class:`StageRequest`); how a run's
+config resolves: ``resolve.resolve_run``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import functools
 import re
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import pydantic
+import pydantic.dataclasses
 import yaml
+from pydantic import BeforeValidator, Strict, StrictBool, StrictInt
 
 
 class ConfigError(ValueError):
@@ -26,105 +33,128 @@ class ConfigError(ValueError):
 
 
 # ----------------------------------------------------------------------------------------------
-# Strict dict -> dataclass conversion
-
+# The field types of a config: strict (no "8" for 8, no "yes" for true), as YAML writes values.
 
 _YAML11_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
+class _AlsoString:
+    """A number's or a name's JSON Schema also admits the other kind: PyYAML reads 3e-4 (no dot)
+    as a string, and 410 (a name like 410m without its letter) as a number."""
+
+    def __init__(self, other: str) -> None:
+        self.other = other
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        out = handler(core_schema)
+        return {**out, "type": [out["type"], self.other]}
 
 
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` and convert nested dataclasses."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+Int = StrictInt
+Bool = StrictBool
+# a number: an integer or float, or a string YAML 1.1 leaves unread (3e-4); never nan or inf (config: allow_inf_nan)
+Float = Annotated[float, Strict(), BeforeValidator(lambda v: float(v) if isinstance(v, str) and _YAML11_FLOAT.match(v) else v),
+                  _AlsoString("string")]
+# a name or text: a number is read as its text (YAML reads 1.4b as a string but 410 as an int)
+Text = Annotated[str, Strict(), BeforeValidator(lambda v: str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v),
+                 _AlsoString("number")]
+STRICT = pydantic.ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def section(cls: type | None = None, *, key: str = "", frozen: bool = False) -> Any:
+    """Declare a config section: a pydantic dataclass (``dataclasses.replace``, ``asdict`` and
+    ``fields`` work as on any dataclass) that refuses unknown keys, checked on construction from
+    Python too, where a refusal is a one-line :class:`ConfigError` as from a file, naming the key
+    below ``key`` (the section's place in a config: ``train``)."""
+    def declare(cls: type) -> type:
+        cls.key = key
+        cls = pydantic.dataclasses.dataclass(frozen=frozen, config=STRICT)(cls)
+        init = cls.__init__
+
+        @functools.wraps(init)
+        def checked_init(self, *args: Any, **kwargs: Any) -> None:
             try:
-                return _convert(value, arg, where)
-            except ConfigError as err:
-                errors.append(str(err))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {tp}")
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        return from_dict(tp, value, where)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
-        (item_tp, *_rest) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
-        key_tp, val_tp = typing.get_args(tp) or (Any, Any)
-        return {_convert(k, key_tp, f"{where}"): _convert(v, val_tp, f"{where}.{k}") for k, v in value.items()}
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__} {value!r}")
-        return dict(value)
-    if tp is list:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {type(value).__name__} {value!r}")
-        return list(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where}: expected true/false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str) and _YAML11_FLOAT.match(value):  # PyYAML reads 3e-4 (no dot) as a string
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if not math.isfinite(value):  # .nan / .inf would pass every "<= 0" check
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            # YAML reads 1.4b as a string but 410 as an int; names are strings.
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return str(value)
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
-    raise ConfigError(f"{where}: unsupported annotation {_type_name(tp)}")
+                init(self, *args, **kwargs)
+            except pydantic.ValidationError as err:
+                raise ConfigError(one_line(err, type(self), self.where() if hasattr(self, "where") else key)) from None
+
+        cls.__init__ = checked_init
+        return cls
+
+    return declare if cls is None else declare(cls)
+
+
+@functools.cache
+def _adapter(cls: Any) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(cls)
 
 
 def from_dict(cls: type, data: Any, where: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__} {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            raise ConfigError(f"{path}: unknown key (allowed: {', '.join(sorted(names))})")
-        kwargs[key] = _convert(value, hints[key], path)
-    for f in dataclasses.fields(cls):
-        if f.init and f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{where + '.' if where else ''}{f.name}: missing required key")
+    """Section ``cls`` (a :func:`section`) of a mapping, checked by its declaration."""
     try:
-        return cls(**kwargs)
-    except ConfigError as err:
-        msg = str(err)
-        # Field checks in __post_init__ name the key relative to the section; prefix the section path.
-        raise ConfigError(msg if not where or msg.startswith(where) else f"{where}.{msg.split('.', 1)[-1]}") from None
+        return _adapter(cls).validate_python({} if data is None else data)
+    except pydantic.ValidationError as err:
+        raise ConfigError(one_line(err, cls, where)) from None
+
+
+def _fields_at(cls: Any, loc: tuple) -> list[str]:
+    """The keys the section at ``loc`` below ``cls`` declares (for an unknown key's message)."""
+    tp = cls
+    for part in loc:
+        for kind in kinds_of(tp):
+            if dataclasses.is_dataclass(kind) and isinstance(part, str):
+                hints = typing.get_type_hints(kind, include_extras=True)
+                if part in hints:
+                    tp = hints[part]
+                    break
+            elif typing.get_origin(kind) is dict:
+                tp = typing.get_args(kind)[1]
+                break
+            elif typing.get_origin(kind) is list:
+                tp = typing.get_args(kind)[0]
+                break
+    found = [k for k in kinds_of(tp) if dataclasses.is_dataclass(k)]
+    return sorted(f.name for f in dataclasses.fields(found[0]) if f.init) if found else []
+
+
+def _bound(kind: str, ctx: dict) -> str:
+    limit = next(iter(ctx.values()))
+    if kind == "greater_than" and limit == 0:
+        return "must be positive"
+    return f"must be {dict(greater_than='>', greater_than_equal='>=', less_than='<', less_than_equal='<=')[kind]} {limit}"
+
+
+QUOTED = r"'([^']*)'"  # a choice in pydantic's list of a Literal's values
+
+
+def one_line(err: pydantic.ValidationError, cls: Any, where: str = "") -> str:
+    """The first refusal of a validation as one line: the key path, then what was wrong in the
+    project's words (``train.lr: expected a number, got 'fast'``)."""
+    e = err.errors(include_url=False)[0]
+    kind, loc, got, ctx = e["type"], e["loc"], e.get("input"), e.get("ctx") or {}
+    path = where
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    what = {"int_type": "expected an integer", "bool_type": "expected true/false", "float_type": "expected a number",
+            "finite_number": "expected a finite number", "string_type": "expected a string"}.get(kind)
+    if kind == "value_error":  # a section's own check (__post_init__): its message names the key below the section
+        msg = str(ctx.get("error", e["msg"]))
+        return msg if not path or msg.startswith(path) else f"{path}.{msg.split('.', 1)[-1]}"
+    if kind in ("missing", "missing_argument"):
+        text = "missing required key"
+    elif kind in ("extra_forbidden", "unexpected_keyword_argument"):
+        text = f"unknown key (allowed: {', '.join(_fields_at(cls, loc[:-1]))})"
+    elif kind in ("dict_type", "dataclass_type", "model_type", "dataclass_exact_type"):
+        text = f"expected a mapping, got {type(got).__name__} {got!r}"
+    elif kind in ("list_type", "tuple_type"):
+        text = f"expected a list, got {type(got).__name__} {got!r}"
+    elif kind == "literal_error":
+        text = f"must be one of {', '.join(re.findall(QUOTED, ctx['expected']))}; got {got!r}"
+    elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        text = f"{_bound(kind, ctx)}, got {got!r}"
+    else:
+        text = f"{what}, got {got!r}" if what else f"{e['msg'][0].lower()}{e['msg'][1:]}, got {got!r}"
+    return f"{path}: {text}" if path else text
 
 
 KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()  # a request field's default: as the config has it
@@ -189,14 +219,14 @@ def _from_text(value: Any, tp: Any, flag: str) -> Any:
 
 
 class StageRequest:
-    """The base of a command's request (a frozen dataclass): its fields, declared with :func:`arg`,
-    are the command's flags (commands.add_flags), and a stage's function takes it, so a stage is a
-    Python API as well as a command. Values are checked as :func:`from_dict` checks a config
-    section, on construction from Python as from flags; a field at :data:`KEEP` is not checked."""
+    """The base of a command's request (a frozen :func:`section`): its fields, declared with
+    :func:`arg`, are the command's flags (commands.add_flags), and a stage's function takes it, so a
+    stage is a Python API as well as a command. Values are checked by the declaration, built from
+    Python as from flags; a field left at :data:`KEEP` is not checked."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclasses.dataclass(frozen=True)(cls)
+        section(cls, frozen=True)
 
     @classmethod
     def where(cls) -> str:
@@ -207,9 +237,9 @@ class StageRequest:
     def of(cls, args) -> Any:
         """The request of a command's parsed flags (an argparse namespace): each field from the
         attribute of the same name, its text read as the field's type (a bad number, or one its
-        check refuses, is a one-line ConfigError naming the flag); a field the namespace lacks (a flag not given) keeps its
-        default, a required one is a one-line ConfigError; attributes that are no field (the
-        command's name) are left out."""
+        check refuses, is a one-line ConfigError naming the flag); a field the namespace lacks (a
+        flag not given) keeps its default, a required one is a one-line ConfigError; attributes
+        that are no field (the command's name) are left out."""
         hints, given = typing.get_type_hints(cls), vars(args)
         values = {f.name: _from_text(given[f.name], hints[f.name], flag_of(f))
                   for f in dataclasses.fields(cls) if f.init and f.name in given}
@@ -217,12 +247,6 @@ class StageRequest:
             if (check := f.metadata.get("check")) and values.get(f.name) is not None and not check[0](values[f.name]):
                 raise ConfigError(f"{flag_of(f)} must be {check[1]}, got {values[f.name]}")
         return from_dict(cls, values, cls.where())
-
-    def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for f in dataclasses.fields(self):
-            if f.init and getattr(self, f.name) is not KEEP:  # frozen: the checked value is set past its guard
-                object.__setattr__(self, f.name, _convert(getattr(self, f.name), hints[f.name], f"{self.where()}.{f.name}"))
 
 
 def to_dict(obj: Any) -> Any:

@@ -44,10 +44,12 @@ content (and likewise ``test_fraction``). :attr:`DataConfig.val_description` say
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from stateloop.config import ConfigError
+from pydantic import Field
+
+from stateloop.config import ConfigError, Float, Int, Text, section
 
 LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".txt": "text", ".text": "text", ".parquet": "parquet"}
 
@@ -70,25 +72,20 @@ class DataError(ConfigError):
     """The data source or tokenizer cannot be used. One line, naming the file or key."""
 
 
-@dataclass
+@section(key="data.synthetic")
 class SyntheticConfig:
     """Settings of the offline generator (:mod:`stateloop.data.synthetic`). Each split is drawn
     from its own seed namespace, so held-out documents never come from the training stream."""
 
-    train_docs: int = 20000  # documents of the train split
-    val_docs: int = 500  # ... of the val split
-    test_docs: int = 500  # ... of the test split
-    # Relative weight of each episode kind in a document (see the generator's docstring).
-    mix: dict[str, float] = field(default_factory=lambda: {k: 1.0 for k in SYNTHETIC_KINDS})
-    max_hops: int = 4  # longest chain of variable bindings / relations to follow
-    max_steps: int = 6  # longest chain of arithmetic statements
+    train_docs: Int = Field(20000, gt=0, description="documents of the train split")
+    val_docs: Int = Field(500, ge=0, description="... of the val split")
+    test_docs: Int = Field(500, ge=0, description="... of the test split")
+    mix: dict[Text, Float] = Field(default_factory=lambda: {k: 1.0 for k in SYNTHETIC_KINDS}, description="Relative weight of each episode "
+        "kind in a document (see the generator's docstring).")
+    max_hops: Int = Field(4, ge=1, le=7, description="longest chain of variable bindings / relations to follow")
+    max_steps: Int = Field(6, ge=1, le=12, description="longest chain of arithmetic statements")
 
     def __post_init__(self) -> None:
-        for key in ("train_docs", "val_docs", "test_docs"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"synthetic.{key}: must be >= 0, got {getattr(self, key)}")
-        if self.train_docs == 0:
-            raise ConfigError("synthetic.train_docs: must be positive")
         for key in self.mix:
             if key not in SYNTHETIC_KINDS:
                 raise ConfigError(f"synthetic.mix.{key}: unknown kind (known: {', '.join(SYNTHETIC_KINDS)})")
@@ -96,38 +93,34 @@ class SyntheticConfig:
                 raise ConfigError(f"synthetic.mix.{key}: weight must be >= 0, got {self.mix[key]}")
         if not any(w > 0 for w in self.mix.values()):
             raise ConfigError("synthetic.mix: at least one kind needs a positive weight")
-        if not 1 <= self.max_hops <= 7:
-            raise ConfigError(f"synthetic.max_hops: must be in 1..7, got {self.max_hops}")
-        if not 1 <= self.max_steps <= 12:
-            raise ConfigError(f"synthetic.max_steps: must be in 1..12, got {self.max_steps}")
 
 
-@dataclass
+@section(key="data")
 class DataConfig:
     """Where a scale's tokens come from. Output: one folder of token shards (see shards.py)."""
 
-    source: str | list[str] = "synthetic"  # "synthetic" | hub dataset name | local paths/globs
-    hub_config: str | None = None  # the hub dataset's config name (e.g. "wikitext-103-raw-v1")
-    split: str = "train"  # hub split read for training (local files: all rows)
-    val_split: str | None = None  # hub split used whole as "val" (else val_fraction of `split`)
-    test_split: str | None = None  # hub split used whole as "test" (else test_fraction of `split`)
-    # split name -> file pattern(s) relative to the source (hub repo or one local folder), passed
-    # to datasets.load_dataset as data_files; None: the splits datasets infers from file names
-    data_files: dict[str, str | list[str]] | None = None
-    val_fraction: float = 0.0005  # documents of `split` held out as "val", chosen by content hash
-    test_fraction: float = 0.0  # ... and as "test"
-    text_field: str = "text"  # column holding the document text (json / parquet / hub)
-    text_unit: str = "document"  # .txt files: one document per "document" (file), "paragraph" or "line"
-    max_docs: int | None = None  # read at most this many documents of `split` (None: all)
-    max_tokens: int | None = None  # stop reading `split` once train has this many tokens (None: all)
-    tokenizer: str = "bpe"  # "bpe" (train on the corpus) | path to tokenizer.json | hub name
-    vocab_size: int = 4096  # BPE only: size of the trained vocabulary, special tokens included
-    bpe_docs: int = 100000  # BPE only: train on the first this-many training documents
-    eos_token: str | None = None  # end-of-document token (None: the tokenizer's own, detected)
-    shard_tokens: int = 1 << 27  # tokens per shard file (2^27 = 256 MiB at uint16)
-    workers: int = 1  # encoding processes (0: encode in the main process); output never depends on it
-    seed: int = 0  # seeds the synthetic generator and the held-out hash
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # the generator's sizes (source: synthetic)
+    source: Text | list[Text] = Field("synthetic", description="\"synthetic\" | hub dataset name | local paths/globs")
+    hub_config: Text | None = Field(None, description="the hub dataset's config name (e.g. \"wikitext-103-raw-v1\")")
+    split: Text = Field("train", description="hub split read for training (local files: all rows)")
+    val_split: Text | None = Field(None, description="hub split used whole as \"val\" (else val_fraction of `split`)")
+    test_split: Text | None = Field(None, description="hub split used whole as \"test\" (else test_fraction of `split`)")
+    data_files: dict[Text, Text | list[Text]] | None = Field(None, description="split name -> file pattern(s) relative to the source (hub "
+        "repo or one local folder), passed to datasets.load_dataset as data_files; None: the splits datasets infers from file names")
+    val_fraction: Float = Field(0.0005, ge=0, lt=1, description="documents of `split` held out as \"val\", chosen by content hash")
+    test_fraction: Float = Field(0.0, ge=0, lt=1, description="... and as \"test\"")
+    text_field: Text = Field("text", description="column holding the document text (json / parquet / hub)")
+    text_unit: Literal["document", "paragraph", "line"] = Field("document", description=".txt files: one document per \"document\" (file), "
+        "\"paragraph\" or \"line\"")
+    max_docs: Int | None = Field(None, gt=0, description="read at most this many documents of `split` (None: all)")
+    max_tokens: Int | None = Field(None, gt=0, description="stop reading `split` once train has this many tokens (None: all)")
+    tokenizer: Text = Field("bpe", description="\"bpe\" (train on the corpus) | path to tokenizer.json | hub name")
+    vocab_size: Int = Field(4096, ge=257, description="BPE only: size of the trained vocabulary, special tokens included")
+    bpe_docs: Int = Field(100000, gt=0, description="BPE only: train on the first this-many training documents")
+    eos_token: Text | None = Field(None, description="end-of-document token (None: the tokenizer's own, detected)")
+    shard_tokens: Int = Field(1 << 27, gt=0, description="tokens per shard file (2^27 = 256 MiB at uint16)")
+    workers: Int = Field(1, ge=0, description="encoding processes (0: encode in the main process); output never depends on it")
+    seed: Int = Field(0, description="seeds the synthetic generator and the held-out hash")
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig, description="the generator's sizes (source: synthetic)")
 
     @property
     def val_description(self) -> str:
@@ -168,10 +161,6 @@ class DataConfig:
                 raise ConfigError("data.source: 'synthetic' cannot be combined with files")
         elif not self.source:
             raise ConfigError("data.source: must not be empty")
-        for key in ("val_fraction", "test_fraction"):
-            value = getattr(self, key)
-            if not 0.0 <= value < 1.0:
-                raise ConfigError(f"data.{key}: must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ConfigError("data.val_fraction: val_fraction + test_fraction must be below 1")
         if self.data_files is not None:
@@ -185,21 +174,8 @@ class DataConfig:
                 if name is not None and name not in self.data_files:
                     raise ConfigError(f"data.{key}: {name!r} is not a split of data.data_files "
                                       f"(has: {', '.join(self.data_files)})")
-        if self.text_unit not in ("document", "paragraph", "line"):
-            raise ConfigError(f"data.text_unit: must be document, paragraph or line; got {self.text_unit!r}")
-        for key in ("max_docs", "max_tokens"):
-            if getattr(self, key) is not None and getattr(self, key) <= 0:
-                raise ConfigError(f"data.{key}: must be positive, got {getattr(self, key)}")
         if not self.tokenizer:
             raise ConfigError("data.tokenizer: must not be empty")
-        if self.vocab_size < 257:  # the 256 byte symbols plus the end-of-document token
-            raise ConfigError(f"data.vocab_size: a byte-level BPE needs at least 257 ids, got {self.vocab_size}")
-        if self.bpe_docs <= 0:
-            raise ConfigError(f"data.bpe_docs: must be positive, got {self.bpe_docs}")
-        if self.shard_tokens <= 0:
-            raise ConfigError(f"data.shard_tokens: must be positive, got {self.shard_tokens}")
-        if self.workers < 0:
-            raise ConfigError(f"data.workers: must be >= 0, got {self.workers}")
 
     @property
     def is_synthetic(self) -> bool:

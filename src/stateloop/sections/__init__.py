@@ -1,1 +1,0 @@
-"""The sections of the pipeline config (data, evaluate, train), below everything that reads them."""
