@@ -80,9 +80,7 @@ def test_no_command_module_adds_a_flag_itself():
 
 
 def test_numbers_arrive_as_numbers_and_a_bad_one_is_one_line_naming_its_flag(capsys):
-    from stateloop.data.stage import Request
-
-    from stateloop.data.stage import resolve_data
+    from stateloop.data.stage import Request, resolve_data
 
     request = Request.of(build_parser().parse_args(["tokenize", "--out", "x", "--model-vocab-size", "12",
                                                     "--set", "data.max_docs=12", "data.val_fraction=0.01"]))

@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import jsonschema

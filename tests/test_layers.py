@@ -1,11 +1,11 @@
 """Every module of the package imports downward only. The layers, bottom first: a module may import
 modules of its own layer and of the layers listed before it, never of one listed after it.
 
-core: the package itself, config/ (every config section declared once with pydantic, its loading, ConfigError) and run_ids.py (the run id's grammar)
+core: the package itself, config/ (every config section, declared once with pydantic; ConfigError) and run_ids.py (the run id)
 files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
 models: models/ (the architectures and their registry)
 fast: fast.py (switches the fused inference forms the modules declare on and off, from outside models/)
-pipeline: experiments.py (a config's experiments expanded into runs, the config checked) and slurm.py (a SLURM job's time, sizes and signals)
+pipeline: experiments.py (a config's experiments expanded into runs, the config checked) and slurm.py (a SLURM job's time)
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 data: data/ (synthetic text, sources, tokenizing, shards, the Hub's cache, the tokenize stage)
 export: export/ (a run as a Hugging Face directory)

@@ -126,8 +126,8 @@ def test_the_bundle_is_the_projects_code_with_only_import_lines_rewritten():
         found = {Path(p).name for p in get_relative_import_files(str(folder / "modeling_stateloop.py"))}
         assert found | {"modeling_stateloop.py"} == set(files)
         needed = {m for name in files for m in get_imports(str(folder / name))}
-        assert needed <= {"torch", "transformers", "yaml", "argparse", "dataclasses", "math", "re", "types", "typing", "pathlib",
-                          "collections", "contextlib", "functools", "itertools", "threading", "__future__"}, needed
+        assert needed <= {"torch", "transformers", "yaml", "pydantic", "pydantic_core", "argparse", "dataclasses", "math", "re", "types",
+                          "typing", "pathlib", "collections", "contextlib", "functools", "itertools", "threading", "__future__"}, needed
     sources = {}
     for path in hf.PACKAGE_DIR.rglob("*.py"):
         parts = path.relative_to(hf.PACKAGE_DIR).with_suffix("").parts

@@ -73,7 +73,7 @@ def _case(name, tmp_path):
 
         text = tmp_path / "text.txt"
         text.write_text("a short first line\n" + "x" * (MAX_DOC_CHARS + 1) + "\n")
-        unit = ["--text-unit", "line"] if name == "long-line" else []
+        unit = ["--set", "data.text_unit=line"] if name == "long-line" else []
         where = "text.txt:2: a document longer than 8,388,608 characters" if name == "long-line" else (
             "text.txt: a document longer than 8,388,608 characters (memory per document is bounded); split it "
             "(data.text_unit: document reads the whole file as one")

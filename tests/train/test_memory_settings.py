@@ -76,7 +76,9 @@ def test_fsdp_sharding_reaches_fabrics_strategy(sharding, mesh, reshard):
 
 
 def test_every_sharding_of_the_config_has_a_strategy():
-    from stateloop.config.train import FSDP_SHARDING
+    import typing
+
+    from stateloop.config.train import FsdpSharding
     from stateloop.train.parallel import RESHARD_AFTER_FORWARD
 
-    assert set(RESHARD_AFTER_FORWARD) == set(FSDP_SHARDING)
+    assert set(RESHARD_AFTER_FORWARD) == set(typing.get_args(FsdpSharding))

@@ -97,30 +97,24 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ConfigError(one_line(err, cls, where)) from None
 
 
-def _fields_at(cls: Any, loc: tuple) -> list[str]:
-    """The keys the section at ``loc`` below ``cls`` declares (for an unknown key's message)."""
+def _type_at(cls: Any, loc: tuple) -> Any:
+    """The annotation of the key at ``loc`` below section ``cls`` (for a refusal's words)."""
     tp = cls
     for part in loc:
         for kind in kinds_of(tp):
-            if dataclasses.is_dataclass(kind) and isinstance(part, str):
-                hints = typing.get_type_hints(kind, include_extras=True)
-                if part in hints:
-                    tp = hints[part]
-                    break
-            elif typing.get_origin(kind) is dict:
-                tp = typing.get_args(kind)[1]
+            if dataclasses.is_dataclass(kind) and part in typing.get_type_hints(kind):
+                tp = typing.get_type_hints(kind)[part]
                 break
-            elif typing.get_origin(kind) is list:
-                tp = typing.get_args(kind)[0]
+            if typing.get_origin(kind) in (dict, list):
+                tp = typing.get_args(kind)[-1 if typing.get_origin(kind) is dict else 0]
                 break
-    found = [k for k in kinds_of(tp) if dataclasses.is_dataclass(k)]
-    return sorted(f.name for f in dataclasses.fields(found[0]) if f.init) if found else []
+    return tp
 
 
-def _bound(kind: str, ctx: dict) -> str:
+def _bound(kind: str, ctx: dict, tp: Any) -> str:
     limit = next(iter(ctx.values()))
     if kind == "greater_than" and limit == 0:
-        return "must be positive"
+        return "must be positive" + (" or null" if type(None) in kinds_of(tp) else "")
     return f"must be {dict(greater_than='>', greater_than_equal='>=', less_than='<', less_than_equal='<=')[kind]} {limit}"
 
 
@@ -143,7 +137,8 @@ def one_line(err: pydantic.ValidationError, cls: Any, where: str = "") -> str:
     if kind in ("missing", "missing_argument"):
         text = "missing required key"
     elif kind in ("extra_forbidden", "unexpected_keyword_argument"):
-        text = f"unknown key (allowed: {', '.join(_fields_at(cls, loc[:-1]))})"
+        names = [f.name for k in kinds_of(_type_at(cls, loc[:-1])) if dataclasses.is_dataclass(k) for f in dataclasses.fields(k)]
+        text = f"unknown key (allowed: {', '.join(sorted(names))})"
     elif kind in ("dict_type", "dataclass_type", "model_type", "dataclass_exact_type"):
         text = f"expected a mapping, got {type(got).__name__} {got!r}"
     elif kind in ("list_type", "tuple_type"):
@@ -151,7 +146,8 @@ def one_line(err: pydantic.ValidationError, cls: Any, where: str = "") -> str:
     elif kind == "literal_error":
         text = f"must be one of {', '.join(re.findall(QUOTED, ctx['expected']))}; got {got!r}"
     elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        text = f"{_bound(kind, ctx)}, got {got!r}"
+        tp = _type_at(cls, loc)
+        text = f"{_bound(kind, ctx, tp)}, got {float(got) if float in kinds_of(tp) else got!r}"
     else:
         text = f"{what}, got {got!r}" if what else f"{e['msg'][0].lower()}{e['msg'][1:]}, got {got!r}"
     return f"{path}: {text}" if path else text

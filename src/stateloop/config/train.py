@@ -24,6 +24,7 @@ from stateloop.config import Bool, ConfigError, Float, Int, Text, section
 
 Checkpointing = Literal["none", "layer", "iteration"]
 CHECKPOINTING = typing.get_args(Checkpointing)
+FsdpSharding = Literal["full", "hybrid", "grad_op", "hybrid_grad_op"]
 
 
 @section(key="train", frozen=True)
@@ -42,7 +43,7 @@ class TrainConfig:
         "the other ranks before the process group fails it (Fabric's default: 1800). It must exceed the longest stretch one rank works "
         "alone while the others wait: rank 0's checkpoint write and hash (a 17 GB checkpoint of the 1.4B runs: about 2 minutes on a "
         "parallel file system)")
-    fsdp_sharding: Literal["full", "hybrid", "grad_op", "hybrid_grad_op"] = Field("full", description="FSDP's sharding (strategy fsdp): "
+    fsdp_sharding: FsdpSharding = Field("full", description="FSDP's sharding (strategy fsdp): "
         "full = parameters, gradients and optimizer state sharded over every rank; hybrid = the same within a node, replicated across "
         "nodes; grad_op = gradients and optimizer state sharded, parameters kept whole between forward and backward (ZeRO-2); "
         "hybrid_grad_op = grad_op within a node, replicated across nodes")

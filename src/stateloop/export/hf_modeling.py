@@ -8,7 +8,7 @@ flat ``from .stateloop_a_b import x`` that transformers' remote-code loader foll
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
 
 builds the very modules the project trains (no second copy of the model code exists) with only
-torch, transformers and PyYAML installed. In the project it imports as
+torch, transformers, PyYAML and pydantic installed. In the project it imports as
 ``stateloop.export.hf_modeling`` (the tests compare the two routes).
 
 The model decodes through :class:`~stateloop.models.cache.ModelCache` (one KV cache per
