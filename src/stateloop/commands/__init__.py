@@ -40,7 +40,7 @@ TOOLS: dict[str, tuple[str, str]] = {
     "params": ("stateloop.commands.params", "parameter counts of every run in a config (CSV)"),
     "plan": ("stateloop.commands.plan", "tokens, FLOPs, peak GPU memory, training time and GPU-hours of every run in a config"),
     "rehearse": ("stateloop.commands.rehearse", "run a config's own DAG offline on this machine, sizes shrunk"),
-    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config dataclasses)"),
+    "schema": ("stateloop.commands.schema", "JSON Schema of pipeline configs (from the config declarations)"),
     "lm-eval": ("stateloop.commands.lm_eval", "lm-eval's own command line (arguments unchanged) with the stateloop model"),
 }
 COMMANDS = {**PIPELINE, **TOOLS}

@@ -1,4 +1,4 @@
-"""``stateloop schema``: the JSON Schema of pipeline configs, generated from the dataclasses
+"""``stateloop schema``: the JSON Schema of pipeline configs, generated from the config declarations
 (workflow/schemas/config.schema.yaml is this output), and with ``--docs`` the reference of every
 config key (configs/README.md); stateloop/config/schema.py renders both."""
 
