@@ -5,7 +5,7 @@ K = 4, SwiGLU 2.6875 d as at 1.4B, heads of 64, the GPT-NeoX vocabulary of 50,43
 2 x 512 tokens), under bf16 autocast as Lightning Fabric's bf16-mixed runs on a CPU:
 
 - the bytes autograd saves for backward in one training forward and loss
-  (stateloop.ops.memory_probe.saved_bytes: distinct storages, parameters excluded), and
+  (support.memory_probe.saved_bytes: distinct storages, parameters excluded), and
 - the time of one training step (forward, loss, backward), timed in interleaved rounds so that load
   on the machine hits every setting alike: the median time and the median over rounds of the time
   relative to the reference measured in the same round (each round in another order),
@@ -26,16 +26,21 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from stateloop.config.model import ModelConfig
 from stateloop.models.looped import StateLoopLM
 from stateloop.models.registry import build_model
-from stateloop.ops.memory_probe import activation_bytes, saved_bytes
 from stateloop.train import checkpointing
 from stateloop.train.loss import lm_loss
+
+# the probe lives in tests/support, beside the tests that check the plan with it
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.memory_probe import activation_bytes, saved_bytes  # noqa: E402
 
 MiB, GiB = 2.0**20, 2.0**30
 

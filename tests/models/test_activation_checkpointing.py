@@ -19,7 +19,7 @@ from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
 from stateloop.models.looped import StateLoopLM
 from stateloop.models.registry import MODELS, build_model
-from stateloop.ops.memory_probe import saved_bytes
+from support.memory_probe import saved_bytes
 from support.models import tiny_config
 
 ALL = sorted(MODELS)

@@ -42,10 +42,10 @@ def paper():
 @pytest.mark.slow
 def test_the_fake_measurement_is_the_real_forwards_saved_bytes(name):
     """At a tiny shape, what the fake-tensor measurement (with its decoder-layer stand-ins) finds kept
-    for backward equals what ops/memory_probe.py measures on real tensors, at every checkpointing
+    for backward equals what tests/support/memory_probe.py measures on real tensors, at every checkpointing
     level (both with CUDA's fused RMSNorm); the probe also counts the loss's log-softmax (float32) and
     the targets (int64), which the plan counts as the loss's buffers instead."""
-    from stateloop.ops.memory_probe import saved_bytes
+    from support.memory_probe import saved_bytes
 
     cfg, B, T = tiny_config(name), 2, 32
     p = memory.saved_profile(cfg, B, T)
@@ -142,7 +142,7 @@ PROBE_SHAPE = dict(vocab_size=4096, n_layers=2, d_model=256, d_ff=768, n_heads=4
     ("vanilla_looped", "full", 1, 2), ("vanilla_looped", "grad_op", 1, 2), ("vanilla_looped", "full", 2, 2),
     ("vanilla_looped", "full", 1, 8), ("stateloop", "full", 1, 8), ("stateloop", "grad_op", 2, 8)])
 def test_the_fsdp_plan_against_fsdp2s_live_memory(name, sharding, accumulation, world):
-    """ops/fsdp_probe.py trains two steps of the model sharded by train/parallel.py (FSDP2, bf16
+    """tests/support/fsdp_probe.py trains two steps of the model sharded by train/parallel.py (FSDP2, bf16
     autocast, AdamW, accumulation with gradient sync off) in a process of a fake process group of
     ``world`` ranks (FSDP2 allocates as it would; the collectives move no data) and reads the live
     bytes of every allocation from torch's profiler: no code of ops/memory.py. The plan (its
@@ -153,7 +153,7 @@ def test_the_fsdp_plan_against_fsdp2s_live_memory(name, sharding, accumulation, 
     root one in each), once and K - 1 under grad_op; one reduce-scatter per unit, a second per
     looped unit where micro-batches accumulate. (A plan of FSDP1's form, the units gathered in
     bf16, which the plan had before FSDP2, lies 2-46% under the measurements here.)"""
-    from stateloop.ops.fsdp_probe import fsdp_step_memory
+    from support.fsdp_probe import fsdp_step_memory
 
     cfg = tiny_config(name, **PROBE_SHAPE, d_s=256 if name != "vanilla_looped" else 0)
     found = fsdp_step_memory(cfg, sharding=sharding, accumulation=accumulation, world=world, fake=True)[0]

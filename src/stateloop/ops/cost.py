@@ -15,7 +15,7 @@ margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
   use in the forward (the measured order, ops/memory.py); in a looped model that is the last 1/K
   of backward for the shared stack. One queue: bytes join when final, the link reduces them in
   turn, what is left at backward's end is exposed. DDP: one ring all-reduce per step. FSDP2: the
-  reduce-scatters and all-gathers that ops/fsdp_probe.py counts (tests/train/test_memory_plan.py).
+  reduce-scatters and all-gathers that tests/support/fsdp_probe.py counts (tests/train/test_memory_plan.py).
   [assume] Links: ``inter_node_gbps`` per node (400 Gb/s, one NDR InfiniBand port) and
   ``intra_node_gbs`` per GPU (360 GB/s, NCCL's all-reduce bus bandwidth over NVLink on 8 x H100).
 - Validation, checkpoints (at slurm.py's rates: :func:`checkpoint_seconds`) and each job's start

@@ -4,7 +4,7 @@ gate on ``train.gpu_memory_gib``). Peak = static + activations + loss + allowanc
 - **Static**: weights, gradients and AdamW's two moments (4 bytes each under ``bf16-mixed``), DDP's
   buckets with several processes; gradients only where they exist at the peak (``set_to_none``:
   :func:`plan_memory` takes the larger of two instants). FSDP2: :func:`fsdp_static`, checked
-  against FSDP2's own allocations (ops/fsdp_probe.py: 0.5% under to 19% over them).
+  against FSDP2's own allocations (tests/support/fsdp_probe.py: 0.5% under to 19% over them).
 - **Activations**: what autograd keeps for backward in one training forward, measured
   (:func:`measure_saved`), then changed by ``train.activation_checkpointing`` (:func:`activations`).
 - **Loss**: the cross-entropy's buffers, 12 bytes a logit (:data:`LOSS_BYTES_PER_LOGIT`) over the

@@ -12,7 +12,7 @@ The CPU cannot show CUDA's streams (a GPU may hold one more gathered unit in the
 caching allocator or the CUDA kernels' activations; gloo's frees land at varying moments, so the
 tests use the fake group.
 
-    python -m stateloop.ops.fsdp_probe [--sharding full] [--accumulation 1] [--world 2] [--fake]
+    python -m support.fsdp_probe [--sharding full] [--accumulation 1] [--world 2] [--fake]
 """
 
 from __future__ import annotations
