@@ -153,10 +153,6 @@ def one_line(err: pydantic.ValidationError, cls: Any, where: str = "") -> str:
     return f"{path}: {text}" if path else text
 
 
-KEEP: Any = type("Keep", (), {"__repr__": lambda self: "KEEP"})()  # a request field's default: as the config has it
-# (where None is a value of its own: unset)
-
-
 def arg(help: str, default: Any = dataclasses.MISSING, **flag: Any) -> Any:
     """A request field declared with its command's flag (commands.add_flags builds the flag from
     it): ``help`` its help text; without ``default`` the flag is required; ``flag``: argparse's
@@ -218,7 +214,7 @@ class StageRequest:
     """The base of a command's request (a frozen :func:`section`): its fields, declared with
     :func:`arg`, are the command's flags (commands.add_flags), and a stage's function takes it, so a
     stage is a Python API as well as a command. Values are checked by the declaration, built from
-    Python as from flags; a field left at :data:`KEEP` is not checked."""
+    Python as from flags."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
