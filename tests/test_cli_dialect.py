@@ -130,17 +130,18 @@ def recorded(tmp_path, monkeypatch):
         raise ConfigError("recorded")
 
     import stateloop.resolve
-    import stateloop.slurm
     import stateloop.train.loop
+    import stateloop.train.slurm
     from stateloop.models.config import ModelConfig
     from stateloop.pipeline import DataSection, RunConfig, RunSection
     from stateloop.sections.train import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)
-    monkeypatch.setattr(stateloop.slurm, "warn_cpu_fallback", lambda accelerator: None)
+    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     monkeypatch.setattr("stateloop.commands.train.gate_run", lambda config, run: None)  # reads the config file
+    monkeypatch.setattr("stateloop.commands.train.check_cluster_file", lambda config: None)  # reads it too
     return seen
 
 

@@ -23,6 +23,7 @@ over steps (``shapley/phi`` at step k for R_k, ``interventions/ppl_replace`` at 
 from __future__ import annotations
 
 from stateloop.analysis.request import Request
+from stateloop.ops.cluster import check_cluster_file
 from stateloop.pipeline import load_checked
 
 SUBCOMMANDS = {"shapley": "exact Shapley values of the K state reads over all 2^K masks (Figure 4a)",
@@ -30,6 +31,7 @@ SUBCOMMANDS = {"shapley": "exact Shapley values of the K state reads over all 2^
 
 
 def run(request: Request) -> int:
+    check_cluster_file(request.config)
     from stateloop.analysis.stage import analyze  # lazy: torch
 
     return analyze(request, load_checked(request.config, expand=False)[0] if request.config else None)

@@ -8,14 +8,14 @@ import contextlib
 import os
 import sys
 
-from stateloop import resolve, slurm
+from stateloop import resolve
 from stateloop.config import ConfigError, StageRequest, arg
 from stateloop.data import hub
 from stateloop.data.shards import reverify
 from stateloop.evaluate.tasks.needs import task_needs
 from stateloop.pipeline import RUN_HELP, RUN_ID_FORM, find_run, load_checked
 from stateloop.runs import resolve_run_arg
-from stateloop.train import signals
+from stateloop.train import signals, slurm
 
 
 class Request(StageRequest):
