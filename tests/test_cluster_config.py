@@ -127,7 +127,7 @@ REFUSING = {
     "render": ["render", "table1", "--config", "{cfg}", "--out", "t.csv", "--no-mlflow"],
     "plan": ["plan", "--config", "{cfg}"],
     "params": ["params", "--config", "{cfg}"],
-    "prefetch": ["prefetch", "--config", "{cfg}", "--check"],
+    "prefetch": ["prefetch", "--config", "{cfg}"],  # not --check: it switches the Hub off for the whole process
 }
 
 
