@@ -34,12 +34,12 @@ import sys
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from stateloop.analysis.bench_decode import BenchModel, bench_decode
 from stateloop.config.model import ModelConfig
 from stateloop.fast import accelerate
 from stateloop.models.cache import ModelCache
 from stateloop.models.flops import decode_flops_per_token
 from stateloop.models.registry import build_model
+from stateloop.ops.bench_decode import BenchModel, bench_decode
 
 SHAPE = dict(
     vocab_size=4096, n_layers=24, d_model=128, d_ff=344, n_heads=2, head_dim=64, max_seq_len=2048,

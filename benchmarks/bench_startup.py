@@ -42,7 +42,7 @@ ITEMS = {  # label -> python code run with `python -c`
     "mlflow": "import mlflow",
     "stateloop.train.loop (the train command's module)": "import stateloop.train.loop",
     "stateloop.report.tables (every render job)": "import stateloop.report.tables",
-    "stateloop.analysis.bench_decode (the bench job)": "import stateloop.analysis.bench_decode",
+    "stateloop.ops.bench_decode (the bench job)": "import stateloop.ops.bench_decode",
     "load configs/tiny.yaml (every job; its test_time_K checked)":
         "from stateloop.experiments import load_pipeline; load_pipeline('configs/tiny.yaml')",
     "MLflow client on a new sqlite store (creates, migrates)": STORE,

@@ -166,7 +166,7 @@ def test_the_gpu_check_imports_mamba_ssm_triton_kernels_without_the_package_init
 def test_the_gpu_checks_decode_falls_back_to_the_twins_when_a_kernel_fails(monkeypatch):
     """A fused kernel failing inside Table 3's decode (one try on a lent GPU) is recorded, the rows
     are timed again on the pure-PyTorch paths, and the later steps see the kernels again."""
-    import stateloop.analysis.bench_decode as bench
+    import stateloop.ops.bench_decode as bench
     from stateloop.models import kernels
 
     gpu_check = import_benchmark("gpu_check")

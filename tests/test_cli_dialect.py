@@ -134,17 +134,18 @@ def recorded(tmp_path, monkeypatch):
         raise ConfigError("recorded")
 
     import stateloop.resolve
-    import stateloop.slurm
     import stateloop.train.loop
+    import stateloop.train.slurm
     from stateloop.config.model import ModelConfig
     from stateloop.config.run import DataSection, RunConfig, RunSection
     from stateloop.config.train import TrainConfig
 
     monkeypatch.setattr(runs, "read_weights", read_weights)
     monkeypatch.setattr(stateloop.resolve, "resolve_run", resolve_run)
-    monkeypatch.setattr(stateloop.slurm, "warn_cpu_fallback", lambda accelerator: None)
+    monkeypatch.setattr(stateloop.train.slurm, "warn_cpu_fallback", lambda accelerator: None)
     monkeypatch.setattr(stateloop.train.loop, "train", train)
     monkeypatch.setattr("stateloop.commands.train.gate_run", lambda config, run: None)  # reads the config file
+    monkeypatch.setattr("stateloop.commands.train.check_cluster_file", lambda config: None)  # reads it too
     return seen
 
 

@@ -2,21 +2,24 @@
 modules of its own layer and of the layers listed before it, never of one listed after it.
 
 core: the package itself, config/ (every config section, declared once with pydantic; ConfigError) and run_ids.py (the run id)
-files: files.py (atomic writes, safe loading, the code version) and measured.py (measurements kept on disk by config and code)
+files: files.py (atomic writes, safe loading, the code version)
 models: models/ (the architectures and their registry)
 fast: fast.py (switches the fused inference forms the modules declare on and off, from outside models/)
-pipeline: experiments.py (a config's experiments expanded into runs, the config checked) and slurm.py (a SLURM job's time)
+pipeline: experiments.py (a config's experiments expanded into runs, the config checked)
 runs: runs.py (run folders, saved weights and configs) and resolve.py (a run's config, resolved to train or evaluate it)
 data: data/ (synthetic text, sources, tokenizing, shards, the Hub's cache, the tokenize stage)
 export: export/ (a run as a Hugging Face directory)
 tracking: tracking/ (MLflow: the store, what runs record, model registration, training's Tracker, the later stages' runs)
 stages: the stages that read runs: train/, evaluate/, analysis/
 report: report/ (tables, figures, claims)
-ops: ops/ (planning: memory, cost, the probes; prefetching; the warm server; rehearse/: a config's DAG offline, sizes shrunk)
+ops: ops/ (planning: memory, cost, probes, cluster.py; measured.py caches; bench_decode.py; prefetching; warm server; rehearse/)
 commands: commands/ (the command table, the parser, one module per command)
 cli: cli.py (the console script)
 
-Imports are read with ast, function-local and ``if TYPE_CHECKING:`` ones included; a module named
+The research code (models/, data/, train/, evaluate/, analysis/, report/: RESEARCH) lies below ops
+and so never imports it, nor anything that imports it; the memory gate (ops/memory.py) and the cluster
+check (ops/cluster.py) are called by the commands and the Snakefile (workflow/, which this test does
+not read) only. Imports are read with ast, function-local and ``if TYPE_CHECKING:`` ones included; a module named
 in a string (commands/__init__.py's table, importlib) is not an import. The imports form no cycle
 anywhere in src, within a layer either (models/ included: the model modules never import the
 registry, which imports them when it builds one).
@@ -34,11 +37,9 @@ LAYER_OF = {
     "stateloop.config": "core",
     "stateloop.run_ids": "core",
     "stateloop.files": "files",
-    "stateloop.measured": "files",
     "stateloop.models": "models",
     "stateloop.fast": "fast",
     "stateloop.experiments": "pipeline",
-    "stateloop.slurm": "pipeline",
     "stateloop.runs": "runs",
     "stateloop.resolve": "runs",
     "stateloop.data": "data",
@@ -159,6 +160,22 @@ def cycles(graph: dict[str, list[str]] | None = None) -> list[list[str]]:
     return found
 
 
+# The research folders: none imports operations code (stateloop.ops), not even inside a function.
+RESEARCH = ("stateloop.models", "stateloop.data", "stateloop.train", "stateloop.evaluate", "stateloop.analysis",
+            "stateloop.report")
+
+
+def _in(module: str, folders) -> bool:
+    return any(module == f or module.startswith(f + ".") for f in folders)
+
+
+def research_imports_of_ops(graph: dict[str, list[str]] | None = None) -> list[str]:
+    """``module -> stateloop.ops...`` for every import of operations code by a research module
+    (``graph``: module -> the modules it imports; None: src's)."""
+    graph = graph if graph is not None else {m: sorted({t for _, t in imports(m)}) for m in MODULES}
+    return [f"{m} -> {t}" for m, targets in graph.items() if _in(m, RESEARCH) for t in targets if _in(t, ("stateloop.ops",))]
+
+
 def test_the_table_names_the_docstrings_layers():
     assert len(set(ORDER)) == len(ORDER) and set(ORDER) == set(LAYER_OF.values()), (ORDER, set(LAYER_OF.values()))
 
@@ -171,6 +188,26 @@ def test_every_module_has_a_layer():
 def test_imports_go_downward_only():
     found = upward_imports()
     assert not found, "imports of a higher layer:\n" + "\n".join(found)
+
+
+def test_research_code_never_imports_operations():
+    """models/, data/, train/, evaluate/, analysis/ and report/ import nothing of ops/ (issue 60: the
+    decoding benchmark, the rehearsals' task data, SLURM's timing and the measurement caches moved
+    there), and the layers keep it so: ops lies above every research layer."""
+    found = research_imports_of_ops()
+    assert not found, "research modules importing operations code:\n" + "\n".join(found)
+    research_layers = {layer_of(m) for m in MODULES if _in(m, RESEARCH)}
+    assert all(ORDER.index(layer) < ORDER.index("ops") for layer in research_layers), research_layers
+    assert all(layer_of(m) == "ops" for m in MODULES if _in(m, ("stateloop.ops",)))
+
+
+def test_a_research_import_of_operations_is_found():
+    """The test above is not satisfied by anything: a planted import (the analysis stage reading the
+    benchmark's dtypes, as before issue 60) is found, and is an upward import too."""
+    graph = {m: sorted({t for _, t in imports(m)}) for m in MODULES}
+    graph["stateloop.analysis.stage"] = [*graph["stateloop.analysis.stage"], "stateloop.ops.bench_decode"]
+    assert research_imports_of_ops(graph) == ["stateloop.analysis.stage -> stateloop.ops.bench_decode"]
+    assert ORDER.index(layer_of("stateloop.ops.bench_decode")) > ORDER.index(layer_of("stateloop.analysis.stage"))
 
 
 def test_no_import_cycle_in_src():

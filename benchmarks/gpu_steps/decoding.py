@@ -107,7 +107,7 @@ def cuda_graph_decode(ctx: Context, out: dict) -> dict:
     """Table 3 with each model's decode step captured in a CUDA graph (bf16 weights, batch 1,
     after a ``--decode-prefill``-token prefill), one model at a time, beside its eager tokens;
     each model's change against Vanilla Looped K = 4, eager and graphed."""
-    from stateloop.analysis.bench_decode import untrained_row
+    from stateloop.ops.bench_decode import untrained_row
 
     scale_model = ctx.cfg.scales[ctx.cfg.experiments["decoding"].scale].model
     dtype = torch.bfloat16 if ctx.cuda else torch.float32
@@ -161,9 +161,9 @@ def _headline_graph(out: dict) -> str:
 def decode_bench(cfg, prefill: int, tokens: int, runs: int, device: torch.device, interleave: str) -> dict:
     """Table 3 as ``stateloop bench decode`` times it (every model built, then timed side by side);
     a fused kernel failing times the pure-PyTorch paths instead, and says so."""
-    from stateloop.analysis.bench_decode import bench_decode, untrained_row
     from stateloop.experiments import expand_runs
     from stateloop.models import kernels
+    from stateloop.ops.bench_decode import bench_decode, untrained_row
 
     exp = cfg.experiments["decoding"]
     scale_model = cfg.scales[exp.scale].model

@@ -19,7 +19,6 @@ from stateloop.config.model import ModelConfig
 from stateloop.config.pipeline import PipelineConfig, ScaleConfig
 from stateloop.models.registry import MODELS, get_spec
 from stateloop.run_ids import RUN_CELL_FORM, RUN_ID_FORM, RUNS_ROOT, split_run_id
-from stateloop.slurm import checkpoint_bytes, checkpoint_seconds, estimated_params, timeout_floor, warning_seconds
 
 # The models each of the paper's experiments compares (Tables 1-4, Figures 2-4), in the order
 # the tables and figures list them: an experiment of one of these names without ``models:``
@@ -197,33 +196,8 @@ def check_pipeline(cfg: PipelineConfig, where: str = "config") -> None:
             if split not in splits:
                 raise ConfigError(f"{where}: scales.{name}.{key}: {split!r} is not a split the data stage makes "
                                   f"(data: {', '.join(splits)})")
-    # Each scale against the cluster: every stage's runtime within max_runtime; the training's
-    # warning and train.dist_timeout_s against a checkpoint's write and hash (slurm.py).
-    slurm = cfg.slurm
-    speed = slurm.write_mb_per_s * 1e6
-    for name, scale in cfg.scales.items():
-        for stage in ("tokenize", "train", "eval", "analyze", "bench"):
-            runtime = getattr(scale.resources, stage).runtime
-            if slurm.max_runtime and runtime > slurm.max_runtime:
-                raise ConfigError(
-                    f"{where}: scales.{name}.resources.{stage}.runtime: {runtime} min is above slurm.max_runtime = "
-                    f"{slurm.max_runtime} min, the partitions' time limit (SLURM would keep the job pending: "
-                    f"PartitionTimeLimit); ask for at most {slurm.max_runtime} (a training requeues itself at its limit)")
-        params = estimated_params(scale.model)
-        size, save = checkpoint_bytes(params), checkpoint_seconds(params, speed)
-        runtime = scale.resources.train.runtime
-        lead = warning_seconds(params, runtime, speed)
-        if lead < warning_seconds(params, 10**9, speed):  # capped at a quarter of the time limit
-            raise ConfigError(
-                f"{where}: scales.{name}.resources.train.runtime: {runtime} min is too short to save a checkpoint "
-                f"before the limit: {size / 1e9:.1f} GB at slurm.write_mb_per_s = {slurm.write_mb_per_s:g} takes "
-                f"{save:.0f} s, and SLURM's warning may take at most a quarter of the limit; raise the runtime")
-        floor = timeout_floor(params, speed)
-        if scale.train.world_size > 1 and scale.train.dist_timeout_s < floor:
-            raise ConfigError(
-                f"{where}: scales.{name}.train.dist_timeout_s: {scale.train.dist_timeout_s} s is shorter than rank 0's "
-                f"checkpoint write and hash while the other ranks wait ({size / 1e9:.1f} GB at slurm.write_mb_per_s = "
-                f"{slurm.write_mb_per_s:g}: {save:.0f} s); set it to at least {floor} (the write speed measured: docs/cluster.md)")
+    # Each scale against the cluster (runtimes, SLURM's warning, dist_timeout_s): ops/cluster.py's check_cluster,
+    # which the Snakefile and the commands call.
 
 
 def run_model_config(scale: ScaleConfig, model: str, K: int, d_s: int, options: dict | None = None) -> ModelConfig:

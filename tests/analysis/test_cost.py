@@ -174,8 +174,7 @@ def test_a_bad_shard_count_is_one_line_naming_the_key(tmp_path, value):
 def test_a_forward_count_is_kept_on_disk_by_config_and_code(tmp_path, monkeypatch):
     """`stateloop plan --analyses` counts every run's forward once: read back by a later process
     (the in-memory table emptied) without counting; another version of the code counts again."""
-    from stateloop import measured
-    from stateloop.ops import analysis_cost
+    from stateloop.ops import analysis_cost, measured
 
     monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
     monkeypatch.setattr(analysis_cost, "_FORWARD", {})

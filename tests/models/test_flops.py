@@ -154,10 +154,10 @@ def test_decode_flops_equal_the_counted_step(name, shape):
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """Counts kept in this test's own folder, none in memory: nothing counted before is reused."""
-    from stateloop.models import flops
+    from stateloop.models import counted
 
     monkeypatch.setenv("STATELOOP_CACHE", str(tmp_path))
-    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(counted, "PROFILES", {})
     return tmp_path
 
 
@@ -175,19 +175,29 @@ def test_stand_ins_count_what_the_whole_model_counts(name):
 
 
 def test_counts_are_kept_on_disk_by_config_and_code(own_cache, monkeypatch):
-    """A count is read back by a later process (the in-memory table emptied) without counting;
-    a change to the code that counts (the digest of models/, models/flops.py among them) names
-    another file, so a stale count is never read."""
-    from stateloop import measured
-    from stateloop.models import flops
+    """Where a command keeps the counts on disk (ops/measured.py: keep_flop_counts; models/ reads no
+    cache itself), a count is read back by a later process (the in-memory table emptied) without
+    counting; a change to the code that counts (the digest of models/, models/flops.py among them)
+    names another file, so a stale count is never read."""
+    from stateloop.models import counted, flops
+    from stateloop.ops import measured
 
     c = config("stateloop", SHAPES["A"]["shape"])
     first = flops.compute_profile(c, 16)
+    assert not (own_cache / "flops").exists()  # not kept: in this process only
+    measured.keep_flop_counts()
+    assert flops.compute_profile(c, 16) == first and isinstance(counted.PROFILES, measured.Kept)
+    assert not (own_cache / "flops").exists()  # the count already held is not written again
+    monkeypatch.setattr(counted, "PROFILES", {})
+    measured.keep_flop_counts()
+    first = flops.compute_profile(c, 16)
     assert len(list((own_cache / "flops").glob("*.json"))) == 1
-    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(counted, "PROFILES", {})
+    measured.keep_flop_counts()
     monkeypatch.setattr(flops, "_count_profile", lambda *a: pytest.fail("counted again"))
     assert flops.compute_profile(c, 16) == first
-    monkeypatch.setattr(flops, "_PROFILES", {})
+    monkeypatch.setattr(counted, "PROFILES", {})
+    measured.keep_flop_counts()
     monkeypatch.setattr(measured, "code_digest", lambda *m: "another version of the code")
     with pytest.raises(pytest.fail.Exception, match="counted again"):
         flops.compute_profile(c, 16)

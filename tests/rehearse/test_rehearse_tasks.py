@@ -1,4 +1,4 @@
-"""Rehearsal tasks (stateloop.evaluate.tasks.rehearsal): lm-eval's own paper tasks, by their real names, over
+"""Rehearsal tasks (stateloop.ops.rehearse.task_data): lm-eval's own paper tasks, by their real names, over
 small local files in each Hub dataset's schema; evaluated offline through ``stateloop eval`` at 0
 and 5 shots, they fill every column of Table 2 and its Avg-8."""
 
@@ -80,7 +80,7 @@ def written(shared_data, tmp_path_factory):
             pytest.skip(f"{shared_data / folder} not found")
     key = str(shared_data)
     if key not in _WRITTEN:
-        from stateloop.evaluate.tasks.rehearsal import write_tasks
+        from stateloop.ops.rehearse.task_data import write_tasks
 
         out = tmp_path_factory.mktemp("rehearse_tasks")
         overrides = write_tasks(PAPER_TASKS, out, shared_data, N_EXAMPLES)
@@ -150,7 +150,7 @@ def test_a_local_task_dir_name_wins_over_lm_evals_builtin(written, tmp_path, off
     from stateloop.config import ConfigError
     from stateloop.config.evaluate import EvalConfig
     from stateloop.evaluate.tasks.prepare import prepare_tasks
-    from stateloop.evaluate.tasks.rehearsal import write_tasks
+    from stateloop.ops.rehearse.task_data import write_tasks
 
     task_dir = written[1]["task_dir"]
     prepared = prepare_tasks(["arc_easy", "lambada_standard"], tmp_path / "mixed", EvalConfig(task_dir=task_dir))

@@ -390,6 +390,8 @@ def test_paper_config_plans_26_training_runs_once_each(tmp_path):
     (lambda c: c["scales"]["smoke"]["train"].update(lr="fast"), "scales.smoke.train.lr: expected a number"),
     (lambda c: c["experiments"].update(idea={"scale": "smoke", "models": ["stateloop", "stateloop_gru"], "d_s": [32]}),
      "bad.yaml: experiments.idea.baseline: missing: its models (stateloop, stateloop_gru) are each compared with a baseline"),
+    # the cluster's check (ops/cluster.py), which the Snakefile calls itself: pipeline.py's knows no cluster
+    (lambda c: c.setdefault("slurm", {}).update(max_runtime=1), "min is above slurm.max_runtime = 1 min"),
 ])
 def test_bad_config_fails_at_dag_build_naming_the_key(tmp_path, edit, needle):
     work = copy_workflow(tmp_path)

@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stateloop import slurm
 from stateloop.train import signals as train_signals
+from stateloop.train import slurm
 from support.dag import ROOT, copy_workflow, env
 
 RUN = "smoke/vanilla_looped/K2_ds0_seed1234"

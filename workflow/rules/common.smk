@@ -10,6 +10,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from stateloop.ops import warm
+from stateloop.ops.cluster import check_cluster, estimated_params, warning_seconds
 from stateloop.ops.memory import gate
 from stateloop.analysis.common import HELDOUT_KEYS
 from stateloop.config import ConfigError, load_yaml, resolve_configfiles, to_dict
@@ -20,7 +21,6 @@ from stateloop.run_ids import RUN_ID_FORM, RUNS_ROOT
 from stateloop.models.registry import MODELS
 from stateloop.report.outputs import BENCH_FILE, OUTPUTS, baseline_of, comparison_files, comparisons, of_kind, varies_K
 from stateloop.runs import FINAL_WEIGHTS
-from stateloop.slurm import estimated_params, warning_seconds
 
 # A rule job of a SLURM submission (remote mode, inside the SLURM job) uses the CPUs its job was
 # given. The SLURM plugin starts it with the submitting host's --cores (profiles/default's `cores:
@@ -55,6 +55,7 @@ try:
     # strict: unknown keys, wrong types, unknown models; RUNS: every trained run, each once (the
     # experiment grid expanded once, by the check)
     PIPE, RUNS = checked_pipeline(config, CONFIG_NAME)
+    check_cluster(PIPE, CONFIG_NAME)  # runtimes within slurm.max_runtime, SLURM's warning and dist_timeout_s
     # every experiment of two models or more that no output reads is compared with its baseline
     try:
         COMPARED = comparisons(PIPE)
@@ -327,8 +328,8 @@ def launcher(wc, resources):
 
 def warning_lead(wc, runtime):
     """N of the training job's ``--signal=USR1@N``, sized for a checkpoint of the scale's shape at the
-    config's measured ``slurm.write_mb_per_s`` (slurm.py: estimated_params, warning_seconds;
-    the config check compares the same write with ``train.dist_timeout_s``)."""
+    config's measured ``slurm.write_mb_per_s`` (ops/cluster.py: estimated_params, warning_seconds;
+    its check_cluster compares the same write with ``train.dist_timeout_s``)."""
     return warning_seconds(estimated_params(PIPE.scales[wc.scale].model), runtime, PIPE.slurm.write_mb_per_s * 1e6)
 
 
@@ -338,7 +339,7 @@ def train_resources(wc):
     requested, and would otherwise train on the CPU), one task per device, and
     ``slurm_extra``: SIGUSR1 to the job steps (not ``B:``, the batch shell, where the plugin runs
     the rule: srun's tasks would never see it) N seconds before the time limit, N sized for the
-    scale's checkpoint at slurm.write_mb_per_s (slurm.py, warning_seconds: at 100 MB/s 1.4B 360 s, 410M 190 s; the trainer then
+    scale's checkpoint at slurm.write_mb_per_s (ops/cluster.py, warning_seconds: at 100 MB/s 1.4B 360 s, 410M 190 s; the trainer then
     checkpoints and requeues the job), and the job's SLURM log appended to, not truncated, when
     SLURM restarts a requeued job."""
     t, res = train_res(wc), stage(wc.scale, "train")

@@ -1,5 +1,5 @@
 """The requests of ``stateloop analyze`` (analysis/stage.py) and ``stateloop bench decode``
-(analysis/bench_decode.py) apart from their stages, which import torch: parsers are built without it."""
+(ops/bench_decode.py) apart from their stages, which import torch: parsers are built without it."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from stateloop.analysis import common, interventions, shapley, shards
-from stateloop.analysis.bench_decode import DTYPES
 from stateloop.analysis.interventions import StateStats, state_statistics
 from stateloop.analysis.jobs import CALIBRATION_FILE
 from stateloop.analysis.request import Request
@@ -174,7 +173,7 @@ def _eval_setup(args, run_dir, config, model, device) -> tuple[torch.nn.Module, 
     )
     dtype = args.dtype if args.dtype != "auto" else ("bf16-mixed" if evalp.precision == "bf16-mixed" else "float32")
     autocast = dtype == "bf16-mixed"  # as `stateloop eval`: bf16 autocast on any device
-    model = model.to(torch.float32 if dtype == "bf16-mixed" else DTYPES[dtype])
+    model = model.to(torch.float32 if dtype == "bf16-mixed" else getattr(torch, dtype))  # float32, bfloat16, float16
     eval_precision = "bf16-mixed" if evalp.precision == "bf16-mixed" else "float32"
     matches_eval = (proto.split, proto.max_windows, proto.seq_len, dtype) == (
         evalp.split, evalp.max_windows, evalp.seq_len, eval_precision)

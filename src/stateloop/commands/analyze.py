@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from stateloop.analysis.request import Request
 from stateloop.experiments import load_checked
+from stateloop.ops.cluster import check_cluster_file
 
 SUBCOMMANDS = {"shapley": "exact Shapley values of the K state reads over all 2^K masks (Figure 4a)",
                "interventions": "calibrated state replacement and freezing (Figure 4b, eq. 15)"}
 
 
 def run(request: Request) -> int:
+    check_cluster_file(request.config)
     from stateloop.analysis.stage import analyze  # lazy: torch
 
     return analyze(request, load_checked(request.config, expand=False)[0] if request.config else None)

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from stateloop.analysis.request import DecodeRequest as Request
 from stateloop.experiments import load_checked
+from stateloop.ops.cluster import check_cluster_file
 
 SUBCOMMANDS = {"decode": "per-token latency and throughput at batch 1 (Table 3)"}
 
 
 def run(request: Request) -> int:
-    from stateloop.analysis.bench_decode import run_stage  # lazy: torch
+    check_cluster_file(request.config)
+    from stateloop.ops.bench_decode import run_stage  # lazy: torch
 
     return run_stage(request, load_checked(request.config, expand=False)[0] if request.config else None)

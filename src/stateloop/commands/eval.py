@@ -16,9 +16,11 @@ eval settings unless ``--tasks`` names none).
 from __future__ import annotations
 
 from stateloop.evaluate.request import Request
+from stateloop.ops.cluster import check_cluster_file
 
 
 def run(request: Request) -> int:
+    check_cluster_file(request.config)
     from stateloop.evaluate.stage import eval_stage  # lazy: torch, lm-eval
 
     return eval_stage(request)  # the stage loads --config

@@ -11,6 +11,7 @@ from stateloop.config import StageRequest, Text, arg
 from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import count_params
+from stateloop.ops.cluster import check_cluster
 
 
 class Request(StageRequest):
@@ -21,6 +22,7 @@ class Request(StageRequest):
 
 def run(args: Request) -> int:
     cfg = load_pipeline(args.config)
+    check_cluster(cfg, args.config)
     rows = [(r.id, r.model, r.scale, r.K, r.d_s, count_params(r.model_config)) for r in expand_runs(cfg, args.experiments)]
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

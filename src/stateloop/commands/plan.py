@@ -15,6 +15,7 @@ from pathlib import Path
 from stateloop.config import POSITIVE, Bool, Float, Int, StageRequest, Text, arg
 from stateloop.experiments import expand_runs, load_pipeline
 from stateloop.ops import mfu as measured_mfu
+from stateloop.ops.cluster import check_cluster
 from stateloop.ops.cost import DEFAULT_MARGIN, DEFAULT_PEAK_TFLOPS, Network, doc_tables, plan_rows, print_plan, write_doc_tables
 from stateloop.ops.mfu import FALLBACK_MFU, RECORDS_ENV
 
@@ -69,6 +70,7 @@ def plan_mfu(cfg, mfu: float | None = None, records: str | None = None) -> measu
 def run(args: Request) -> int:
     network = Network(args.inter_node_gbps, args.intra_node_gbs)
     cfg = load_pipeline(args.config)
+    check_cluster(cfg, args.config)
     mfu = plan_mfu(cfg, args.mfu, args.records)
     print(mfu.source, flush=True)  # the first line: what the hours below rest on
     rows = plan_rows(cfg, args.experiments, mfu, args.peak_tflops, network, args.margin, args.gpu_memory_gib)

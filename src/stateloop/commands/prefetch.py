@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from stateloop.config import Bool, StageRequest, Text, arg
 from stateloop.experiments import load_checked
+from stateloop.ops.cluster import check_cluster
 from stateloop.ops.prefetch import NotPrefetched, caches, config_needs, go_offline, prefetch, say
 
 
@@ -27,6 +28,7 @@ def run(args: Request) -> int:
     if args.check:  # offline by construction, before anything reads the Hub's settings
         go_offline()
     pipeline, runs = load_checked(args.config)
+    check_cluster(pipeline, args.config)
     needs = config_needs(pipeline, runs, args.scales)
     if not args.check:
         return prefetch(needs, args.config)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from stateloop.config import Bool, ConfigError, StageRequest, Text, arg
 from stateloop.experiments import load_pipeline
+from stateloop.ops.cluster import check_cluster
+from stateloop.ops.measured import keep_flop_counts
 from stateloop.report.outputs import BENCH_FILE, COMPARE, OUTPUTS
 from stateloop.report.render import render
 
@@ -34,5 +36,8 @@ class Request(StageRequest):
 def run(args: Request) -> int:
     if (args.target == COMPARE) != (args.experiment is not None):
         raise ConfigError("--experiment: give it with target compare, and only then")
-    return render(load_pipeline(args.config), args.config, args.target, Path(args.results), Path(args.out),
+    cfg = load_pipeline(args.config)
+    check_cluster(cfg, args.config)
+    keep_flop_counts()  # table 1's FLOP counts: counted once per shape, across processes too
+    return render(cfg, args.config, args.target, Path(args.results), Path(args.out),
                   Path(args.bench) if args.bench else None, mlflow=not args.no_mlflow, experiment=args.experiment)

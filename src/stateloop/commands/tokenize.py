@@ -14,5 +14,12 @@ the overrides describe the data alone (defaults: DataConfig's).
 from __future__ import annotations
 
 from stateloop.data import stage
+from stateloop.ops.cluster import check_cluster_file
 
-Request, run = stage.Request, stage.tokenize_stage  # the stage loads --config's --scale
+Request = stage.Request
+
+
+def run(request: Request) -> int:
+    if request.config and request.scale:
+        check_cluster_file(request.config)
+    return stage.tokenize_stage(request)  # the stage loads --config's --scale

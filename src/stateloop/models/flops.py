@@ -10,12 +10,13 @@ writes out one decoded token's count, which :func:`counted_decode_flops` checks.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, bmm_flop, sdpa_flop_count
 
-from stateloop import measured
+from stateloop.models import counted
 from stateloop.models.backbone import Layer
 from stateloop.models.cache import ModelCache
 from stateloop.models.looped import matched_ffn_width
@@ -65,22 +66,15 @@ def _meta_model(cfg):
     return build_model(cfg, device="meta")
 
 
-# compute_profile's counts (seconds each at a deep shape), once per process and kept on disk by
-# config, seq_len and code digest (stateloop/measured.py, kind "flops").
-_PROFILES: dict[str, ComputeProfile] = {}
-
-
 def compute_profile(cfg, seq_len: int) -> ComputeProfile:
     """Training FLOPs (forward and the loss's backward) and layer applications per token of one
-    sequence of ``seq_len`` tokens; counted once for each (config, ``seq_len``, code) and kept."""
-    name = measured.key(dataclasses.asdict(cfg), seq_len, measured.code_digest())
-    if name not in _PROFILES:
-        found = measured.load("flops", name)
-        if found is None:
-            found = dataclasses.asdict(_count_profile(cfg, seq_len))
-            measured.store("flops", name, found)
-        _PROFILES[name] = ComputeProfile(**found)
-    return _PROFILES[name]
+    sequence of ``seq_len`` tokens; counted once for each (config, ``seq_len``) and kept in
+    models/counted.py's table (on disk too where a command swapped in ops/measured.py's)."""
+    name = json.dumps([dataclasses.asdict(cfg), seq_len], sort_keys=True, default=repr)
+    found = counted.PROFILES.get(name)
+    if found is None:
+        found = counted.PROFILES[name] = dataclasses.asdict(_count_profile(cfg, seq_len))
+    return ComputeProfile(**found)
 
 
 def _count_profile(cfg, seq_len: int, stand_ins: bool = True) -> ComputeProfile:

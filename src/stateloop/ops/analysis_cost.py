@@ -20,7 +20,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-from stateloop import measured
 from stateloop.analysis import jobs
 from stateloop.analysis.common import CALIB_WINDOWS
 from stateloop.analysis.shapley import nll_sum
@@ -29,6 +28,7 @@ from stateloop.data.stage import data_homes
 from stateloop.experiments import expand_runs
 from stateloop.models.flops import counter
 from stateloop.models.registry import build_model
+from stateloop.ops import measured
 from stateloop.ops.cost import run_mfu
 
 # [assume] The held-out split's size before it is tokenized, by (data.source, data.val_split). The
@@ -185,7 +185,7 @@ _FORWARD: dict[tuple[str, int], float] = {}
 def forward_flops(cfg, seq_len: int) -> float:
     """One window's FLOPs of the model's forward pass (any model; the held-out PPL's). Counted once
     per (config, seq_len) and this module's and the models' code, and kept on disk
-    (stateloop/measured.py, with models/flops.py's counts), so ``stateloop plan --analyses`` called
+    (ops/measured.py, with models/flops.py's counts), so ``stateloop plan --analyses`` called
     again counts no model's forward."""
     key = _key(cfg, seq_len)
     if key not in _FORWARD:

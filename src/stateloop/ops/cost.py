@@ -18,11 +18,11 @@ margin (:data:`DEFAULT_MARGIN`), sharding only where it must.
   reduce-scatters and all-gathers that tests/support/fsdp_probe.py counts (tests/train/test_memory_plan.py).
   [assume] Links: ``inter_node_gbps`` per node (400 Gb/s, one NDR InfiniBand port) and
   ``intra_node_gbs`` per GPU (360 GB/s, NCCL's all-reduce bus bandwidth over NVLink on 8 x H100).
-- Validation, checkpoints (at slurm.py's rates: :func:`checkpoint_seconds`) and each job's start
+- Validation, checkpoints (at ops/cluster.py's rates: :func:`checkpoint_seconds`) and each job's start
   (:data:`STARTUP_S`, plus reading the checkpoint back, [assume] as long as writing it).
 
 **Per job, not per total.** A training job checkpoints and requeues itself before its limit
-(slurm.py), so a run may span several jobs: the check is that a job can start, resume, make a step
+(train/slurm.py), so a run may span several jobs: the check is that a job can start, resume, make a step
 and save it within its limit (``no progress`` otherwise); ``requeue xN`` flags runs of several jobs.
 """
 
@@ -40,16 +40,16 @@ from stateloop.config.pipeline import PipelineConfig
 from stateloop.experiments import expand_runs, run_model_config
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import count_params, get_spec
-from stateloop.ops import memory
-from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB, Setting, parameter_bytes, plan_memory
-from stateloop.ops.mfu import FALLBACK_MFU
-from stateloop.slurm import (
+from stateloop.ops import measured, memory
+from stateloop.ops.cluster import (
     CHECKPOINT_BYTES_PER_PARAM,
     CHECKPOINT_HASH_BYTES_PER_S,
     CHECKPOINT_WRITE_BYTES_PER_S,
     estimated_params,
     warning_seconds,
 )
+from stateloop.ops.memory import ALLOWANCE_FRACTION, ALLOWANCE_GIB, Setting, parameter_bytes, plan_memory
+from stateloop.ops.mfu import FALLBACK_MFU
 
 if TYPE_CHECKING:
     from stateloop.ops.memory import MemoryPlan
@@ -190,6 +190,8 @@ def run_mfu(mfu: float | Callable[[str], float], scale: str) -> float:
 def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo: dict | None = None) -> dict:
     """Memory and time of one run trained as ``setting`` (a row's columns); ``memo``: shared lookups."""
     from stateloop.models.flops import compute_profile  # torch: the plan command builds its parser without it
+
+    measured.keep_flop_counts()  # each shape counted once, across processes too
 
     memo = {} if memo is None else memo
     scale = cfg.scales[run.scale]

@@ -33,9 +33,9 @@ from stateloop.config import ConfigError
 from stateloop.config.train import CHECKPOINTING
 from stateloop.experiments import load_checked, load_run
 from stateloop.files import atomic_write_bytes
-from stateloop.measured import cache_dir as _measured_dir
-from stateloop.measured import code_digest
 from stateloop.models.registry import build_model
+from stateloop.ops.measured import cache_dir as _measured_dir
+from stateloop.ops.measured import code_digest
 from stateloop.runs import resolve_run_arg
 
 GIB = 2**30
@@ -459,12 +459,12 @@ def _model_key(cfg) -> str:
 
 def _code_digest() -> str:
     """sha256 of the code a measurement depends on: the models, this module and torch's version
-    (stateloop/measured.py; a cached measurement is used only while they are unchanged)."""
+    (ops/measured.py; a cached measurement is used only while they are unchanged)."""
     return code_digest("ops/memory.py", "train/checkpointing.py")
 
 
 def cache_dir() -> Path | None:
-    """Where measurements are kept between processes (stateloop/measured.py): ``$STATELOOP_CACHE/memory``
+    """Where measurements are kept between processes (ops/measured.py): ``$STATELOOP_CACHE/memory``
     (empty: none), else ``$XDG_CACHE_HOME/stateloop/memory`` (``~/.cache``)."""
     return _measured_dir("memory")
 

@@ -13,7 +13,7 @@ import os
 import signal
 import threading
 
-from stateloop.slurm import requeue_job, say
+from stateloop.train.slurm import requeue_job, say
 
 REQUEUE_EXIT = 75  # EX_TEMPFAIL (sysexits.h): stopped by a signal with a complete checkpoint; rerun to resume
 WARNING = signal.SIGUSR1  # what SLURM sends before the time limit (--signal=USR1@N)

@@ -8,7 +8,7 @@ import contextlib
 import os
 import sys
 
-from stateloop import resolve, slurm
+from stateloop import resolve
 from stateloop.config import Bool, ConfigError, StageRequest, Text, arg
 from stateloop.data import hub
 from stateloop.data.shards import reverify
@@ -16,7 +16,7 @@ from stateloop.evaluate.tasks.needs import task_needs
 from stateloop.experiments import find_run, load_checked
 from stateloop.run_ids import RUN_HELP, RUN_ID_FORM
 from stateloop.runs import resolve_run_arg
-from stateloop.train import signals
+from stateloop.train import signals, slurm
 
 
 class Request(StageRequest):

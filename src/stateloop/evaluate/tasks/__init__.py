@@ -7,9 +7,10 @@
   ``stateloop eval`` (absolute data paths, the synthetic and shared tasks' data written) and the
   task manager over the chosen tasks;
 - :mod:`~stateloop.evaluate.tasks.hooks`: the ``custom_dataset`` hooks the local YAMLs name, so
-  that lm-eval's own command line runs them from any folder (``--include_path workflow/tasks``);
-- :mod:`~stateloop.evaluate.tasks.rehearsal`: lm-eval's own tasks, by their real names, over
-  small local files, for rehearsing a config offline.
+  that lm-eval's own command line runs them from any folder (``--include_path workflow/tasks``).
+
+lm-eval's own tasks, by their real names, over small local files for rehearsing a config offline
+are operations code: :mod:`stateloop.ops.rehearse.task_data`.
 
 The package's ``__init__`` imports nothing: each user imports the submodule it needs.
 """

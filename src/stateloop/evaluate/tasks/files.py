@@ -3,7 +3,7 @@
 Every module of the package reads them: :mod:`~stateloop.evaluate.tasks.prepare` makes the YAMLs
 of ``workflow/tasks/`` runnable for one evaluation, :mod:`~stateloop.evaluate.tasks.hooks` hooks
 them into lm-eval's own command line, and a rehearsal (:mod:`stateloop.ops.rehearse.run`,
-:mod:`~stateloop.evaluate.tasks.rehearsal`) copies them beside lm-eval's own tasks that it writes
+:mod:`stateloop.ops.rehearse.task_data`) copies them beside lm-eval's own tasks that it writes
 over small excerpts of the same shared files. This module imports none of them (nor lm-eval), so
 that each, and the test suite, imports it at the top of its file:
 

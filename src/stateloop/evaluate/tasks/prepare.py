@@ -15,7 +15,7 @@ with every path made absolute. A task's data folder is
   of WikiText is);
 - otherwise (``lambada_openai_local``, or any YAML you add): ``eval.task_data[task]``, the
   source folder itself; a YAML whose data files are all absolute paths (as
-  :mod:`stateloop.evaluate.tasks.rehearsal` writes them) needs no ``task_data``.
+  :mod:`stateloop.ops.rehearse.task_data` writes them) needs no ``task_data``.
 
 A local YAML may ``include:`` another one (a relative include is made absolute, as its copy is
 written elsewhere), e.g. lm-eval's own YAML of a task with only its data source overridden; its

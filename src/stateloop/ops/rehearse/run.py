@@ -25,6 +25,7 @@ from stateloop.data.tokenizer import is_local_tokenizer
 from stateloop.evaluate.tasks.files import REPO, default_shared_data
 from stateloop.experiments import checked_pipeline, pipeline_from_dict
 from stateloop.files import atomic_write_bytes
+from stateloop.ops.cluster import check_cluster
 from stateloop.ops.memory import gate
 from stateloop.ops.rehearse.config import shrink
 from stateloop.ops.rehearse.hub import Repo, serve_hub
@@ -69,6 +70,7 @@ def prepare(config: str | Path, out: str | Path, shared_data: str | Path | None 
     # whose runs are trained (and so evaluated), as `stateloop prefetch` fetches them: Table 3's
     # untrained shapes have a scale of their own whose tasks no job reads
     real, runs = checked_pipeline(raw, str(config))
+    check_cluster(real, str(config))
     gate(real, runs, str(config))
     trained = {run.scale for run in runs.values()}
     cfg = shrink(raw)

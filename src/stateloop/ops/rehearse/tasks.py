@@ -4,7 +4,7 @@
 lm-eval's own task YAMLs name (``dataset_path``, ``dataset_name``), in the layout ``datasets``
 resolves from a script-free Hub repository (a README whose ``configs:`` map each config and split
 to ``{config}/{split}-00000-of-00001.parquet``), with the schema and content of
-:mod:`stateloop.evaluate.tasks.rehearsal`. Tasks that share a dataset share its folder. The
+:mod:`stateloop.ops.rehearse.task_data`. Tasks that share a dataset share its folder. The
 evaluation jobs then read lm-eval's unchanged YAMLs offline from the caches, as on a compute node.
 ``datasets`` 4+ refuses repositories with loading scripts, and lm-eval's YAMLs name script-free
 ones (lm-eval's issue #3171 lists those that still fail, none read here). ``tasks.json`` records
@@ -21,7 +21,7 @@ import yaml
 
 from stateloop.config import ConfigError
 from stateloop.evaluate.tasks.files import DEFAULT_TASK_DIR, task_yamls
-from stateloop.evaluate.tasks.rehearsal import MIN_EXAMPLES, SOURCES, check_records, lm_eval_yamls, task_splits
+from stateloop.ops.rehearse.task_data import MIN_EXAMPLES, SOURCES, check_records, lm_eval_yamls, task_splits
 
 CARD = "README.md"
 MANIFEST = "tasks.json"
@@ -68,7 +68,7 @@ def write_task_repos(tasks: list[str], out_dir: str | Path, shared_data: str | P
                      n_examples: int = 20) -> dict[str, Path]:
     """Write the Hub datasets lm-eval's ``tasks`` read (see the module docstring; local tasks
     filtered out by :func:`hub_tasks`) into ``out_dir`` (each repository's folder replaced);
-    returns ``repo_id -> folder``. A task not in :data:`~stateloop.evaluate.tasks.rehearsal.SOURCES`
+    returns ``repo_id -> folder``. A task not in :data:`~stateloop.ops.rehearse.task_data.SOURCES`
     is a :class:`ConfigError` (its data cannot be made here)."""
     if n_examples < MIN_EXAMPLES:
         raise ValueError(f"n_examples: at least {MIN_EXAMPLES} (five-shot prompts need five examples besides the scored one)")

@@ -311,7 +311,7 @@ def write_tasks(tasks: list[str], out_dir: Path, shared_data: Path, n_examples: 
                 "dataset_kwargs": {"data_files": {s: str(p) for s, (p, _) in files.items()}}}
         header = (f"# lm-eval's {name} ({lm_yaml.parent.name}/{lm_yaml.name}) over small local files in the schema of\n"
                   f"# {source.dataset[0]}" + (f" ({source.dataset[1]})" if source.dataset[1] else "") +
-                  f": {source.origin}. Written by stateloop.evaluate.tasks.rehearsal;\n"
+                  f": {source.origin}. Written by stateloop.ops.rehearse.task_data;\n"
                   f"# only where the data comes from is overridden (prompt, processors, metrics: the included YAML).\n")
         text = header + yaml.safe_dump(spec, sort_keys=False)
         tmp = yaml_dir / f".{name}.yaml.tmp"

@@ -1,6 +1,6 @@
 """Measurements kept on disk between processes: ``stateloop plan`` and the config check's memory
 gate measure each model shape once (ops/memory.py's fake-tensor forward, models/flops.py's FLOP
-count), not on every call.
+count through :func:`keep_flop_counts`), not on every call.
 
 A measurement is a small JSON file under :func:`cache_dir` ``/<kind>/``, named by the sha256 of
 what it was measured from: the arguments (the model config, shapes, precision) and the digest of
@@ -19,8 +19,9 @@ import os
 from pathlib import Path
 
 from stateloop.files import atomic_write_bytes
+from stateloop.models import counted
 
-ROOT = Path(__file__).resolve().parent  # src/stateloop
+ROOT = Path(__file__).resolve().parents[1]  # src/stateloop
 
 
 def cache_dir(kind: str) -> Path | None:
@@ -72,3 +73,38 @@ def store(kind: str, name: str, value) -> None:
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(folder / f"{name}.json", json.dumps(value).encode())
+
+
+class Kept(dict):
+    """A table of measurements of ``kind`` by name that is kept on disk too: a name not in memory is
+    read from disk (:func:`load`), and one set is stored (:func:`store`), each under the name with the
+    digest of the code that measures (:func:`code_digest` of ``modules``) added."""
+
+    def __init__(self, kind: str, *modules: str):
+        super().__init__()
+        self.kind, self.modules = kind, modules
+
+    def _name(self, name: str) -> str:
+        return key(name, code_digest(*self.modules))
+
+    def get(self, name, default=None):
+        if name not in self:
+            found = load(self.kind, self._name(name))
+            if found is None:
+                return default
+            super().__setitem__(name, found)
+        return self[name]
+
+    def __setitem__(self, name, value) -> None:
+        super().__setitem__(name, value)
+        store(self.kind, self._name(name), value)
+
+
+def keep_flop_counts() -> None:
+    """models/flops.py's counts (``compute_profile``) kept on disk as well as in this process, kind
+    "flops" (models/counted.py's table swapped for a :class:`Kept` one): the commands that count call
+    it (train, render, plan); models/ reads no cache itself."""
+    if not isinstance(counted.PROFILES, Kept):
+        kept = Kept("flops")
+        dict.update(kept, counted.PROFILES)
+        counted.PROFILES = kept
