@@ -615,19 +615,11 @@ def saved_profile(model_cfg, micro_batch: int, seq_len: int, precision: str = "b
     figure is affine in the micro-batch (activations per sequence; weight copies and RoPE's tables
     fixed), so the plan compares micro-batches 1 to 8 from two measurements."""
     one, two = measure_saved(model_cfg, [1, 2], seq_len, precision, mamba_kernels)
-    fields = {f.name for f in dataclasses.fields(SavedProfile)}
-    out = {}
-    for key in fields:
-        a, b = one.get(key, 0), two.get(key, 0)
-        if key == "micro_batch":
-            out[key] = micro_batch
-        elif key == "first_use":
-            out[key] = tuple(tuple(x) for x in a)
-        elif key in ("seq_len", "layer_apps", "loop_apps", "logit_itemsize"):
-            out[key] = a
-        else:
-            out[key] = a + (b - a) * (micro_batch - 1)
-    return SavedProfile(**out)
+    fixed = ("seq_len", "layer_apps", "loop_apps", "logit_itemsize", "first_use")
+    out = {f.name: one.get(f.name, 0) + (two.get(f.name, 0) - one.get(f.name, 0)) * (micro_batch - 1)
+           for f in dataclasses.fields(SavedProfile) if f.name not in (*fixed, "micro_batch")}
+    return SavedProfile(**out, **{k: one[k] for k in fixed[:-1]}, micro_batch=micro_batch,
+                        first_use=tuple(tuple(x) for x in one["first_use"]))
 
 
 # ----------------------------------------------------------------------------------------------
