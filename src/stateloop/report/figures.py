@@ -56,9 +56,6 @@ def _legend_below(ax, handles, ncol: int = 1):
     return ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
-MARKERS = "osD^v<>ph"  # one per model of a depth figure, in the order given
-
-
 def _colour(model: str, i: int) -> str:
     """The model's own colour (style.MODEL_COLOURS), else the i-th of style.SEQUENCE: two models no
     figure knew are told apart."""
