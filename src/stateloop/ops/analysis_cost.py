@@ -10,8 +10,8 @@ FLOPs are counted, not modelled: the pieces of one window's forward (each iterat
 head) run on the meta device under models/flops.py's counter and are combined as the analysis code
 combines them (tests/analysis/test_cost.py checks each against the counter over the analysis's own
 code). Hours = FLOPs / (MFU x peak), the MFU the training step's (ops/cost.py). The held-out split's
-size comes from the tokenized data where it exists, else :data:`ASSUMED_SPLIT_TOKENS`, else the
-caller's ``split_tokens``; a scale without any has no estimate unless ``eval.heldout_windows`` caps it.
+size comes from the tokenized data where it exists, else :data:`ASSUMED_SPLIT_TOKENS`; a scale
+without either has no estimate unless ``eval.heldout_windows`` caps it.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Heldout:
     source: str  # where the count comes from
 
 
-def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = None) -> Heldout:
+def heldout(cfg, scale_name: str, data_root="data") -> Heldout:
     """The held-out windows of a scale's runs (module docstring)."""
     scale = cfg.scales[scale_name]
     ev, model, train = scale.eval, scale.model, scale.train
@@ -89,8 +89,6 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
             source = f"{meta} (split {ev.heldout_split}: {tokens} tokens)"
         except (OSError, ValueError, KeyError, TypeError):
             tokens = None
-    if tokens is None and split_tokens and scale_name in split_tokens:
-        tokens, source = int(split_tokens[scale_name]), f"given: {int(split_tokens[scale_name]):.3g} tokens"
     assumed = ASSUMED_SPLIT_TOKENS.get((scale.data.source, scale.data.val_split))
     if tokens is None and assumed is not None:
         tokens = assumed
@@ -205,8 +203,7 @@ def forward_flops(cfg, seq_len: int) -> float:
 
 # -- the jobs --------------------------------------------------------------------------------------
 
-def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="data",
-                       split_tokens: dict | None = None) -> list[dict]:
+def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="data") -> list[dict]:
     """One row per evaluation or analysis job the DAG runs for the pipeline config ``cfg`` (module
     docstring): ``job`` (the rule), ``run``, ``shard`` ("I/N" or ""), ``windows``, ``tokens``,
     ``flops``, ``hours`` (at ``mfu``, or ``mfu(scale)``, of ``peak_tflops`` per GPU), ``limit_min`` (the job's runtime
@@ -224,11 +221,11 @@ def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="dat
                      "gpus": int(res["gpus"]), "heldout_from": source, "note": note})
 
     def resources(stage) -> dict:
-        return {k: getattr(stage, k) for k in ("runtime", "mem_mb", "cpus_per_task", "gpus")}
+        return {"runtime": stage.runtime, "gpus": stage.gpus}
 
     for run in expand_runs(cfg):
         scale = cfg.scales[run.scale]
-        h = heldout(cfg, run.scale, data_root, split_tokens)
+        h = heldout(cfg, run.scale, data_root)
         known = h.windows is not None
         tokens = h.windows * h.seq_len if known else None
         cfg_run = run.model_config

@@ -214,9 +214,9 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo
 
 def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float | Callable[[str], float] = DEFAULT_MFU,
               peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(), margin: float = DEFAULT_MARGIN,
-              limit_gib: float | None = None, choose_strategy: bool = True) -> list[dict]:
+              limit_gib: float | None = None) -> list[dict]:
     """One row per run of the experiments (default: every trained one); where its memory limit is
-    known and ``choose_strategy``, also :func:`choose`'s setting and whether the config ``agrees``."""
+    known, also :func:`choose`'s setting and whether the config ``agrees``."""
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
@@ -231,7 +231,7 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float | Callable[[str]
         row.update(current)
         row["fits"] = None if not train.gpu_memory_gib else row["mem_gib"] <= train.gpu_memory_gib
         limit = limit_gib or train.gpu_memory_gib or None
-        if choose_strategy and limit:
+        if limit:
             alts = alternatives(cfg, run, limit, mfu, peak_tflops, network, margin)
             pick = choose(alts)
             row["_alternatives"] = alts
