@@ -79,7 +79,6 @@ def chance_level(samples: list[dict]) -> float:
 
 
 def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
-
     lines = [json.dumps(s, default=str, ensure_ascii=False) for s in samples]
     path = folder / f"{task}_{shots}shot.jsonl"
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())

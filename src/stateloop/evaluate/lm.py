@@ -360,7 +360,6 @@ class StateLoopEvalLM(TemplateLM):
         return out
 
     def _greedy(self, group) -> list[str]:
-
         max_gen = group[0][3]
         seqs = torch.tensor([ids for _, ids, _, _ in group], dtype=torch.long, device=self._device)
         generated = [[] for _ in group]

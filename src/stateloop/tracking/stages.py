@@ -21,7 +21,6 @@ def train_summary(run_dir) -> dict:
     """RUN_DIR/train.json (written when training finishes), or {} when absent."""
     import json
 
-
     path = Path(run_dir) / TRAIN_SUMMARY
     if not path.is_file():
         return {}
@@ -59,7 +58,6 @@ def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineCon
     names when the store holds it (missing from the store train.json records: an error), else the
     newest run named ``run_id`` in the run's experiment, created when absent."""
     from mlflow.exceptions import MlflowException
-
 
     summary = train_summary(run_dir)
     uri = stage_uri(config, pipeline)
