@@ -41,11 +41,7 @@ def offline() -> bool:
     read when it is imported; datasets also reads HF_DATASETS_OFFLINE)."""
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE) or _true(os.environ.get("HF_DATASETS_OFFLINE"))
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_DATASETS_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
 def caches() -> str:
