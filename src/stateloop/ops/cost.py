@@ -372,12 +372,9 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float | 
     at = f"MFU {mfu:.0%}" if not callable(mfu) else "the MFU above"
     print(f"\nTotals at {at} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
     names = experiments or [n for n, e in cfg.experiments.items() if e.trained]
-    for name in names:
-        sel = [r for r in rows if name in r["experiments"].split()]
+    for name, sel in [(n, [r for r in rows if n in r["experiments"].split()]) for n in names] + [("all (each once)", rows)]:
         print(f"  {name:<16}{len(sel):>4} runs {sum(r['train_flops'] for r in sel):>12.3e} FLOPs "
               f"{sum(r['gpu_hours'] for r in sel):>11.0f} GPU-h")
-    print(f"  {'all (each once)':<16}{len(rows):>4} runs {sum(r['train_flops'] for r in rows):>12.3e} FLOPs "
-          f"{sum(r['gpu_hours'] for r in rows):>11.0f} GPU-h")
     print(f"\nGiB/GPU: the planned peak per device (weights, gradients, optimizer state; activations of the K "
           f"unrolled iterations; the loss's logits) + {ALLOWANCE_GIB:g} GiB + {ALLOWANCE_FRACTION:.0%} for the "
           f"allocator and workspaces (ops/memory.py); limit: train.gpu_memory_gib. step s: one optimiser step, "

@@ -530,8 +530,6 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         total = sum(p.numel() for p in model.parameters())
         params = {"total": total, "loop": loop, "unique_layers": sum(sizes) - loop, "unit_max": max(sizes, default=0),
                   "root": total - sum(sizes)}
-        levels = CHECKPOINTING
-
         def run(B, level):
             rec = _Recorder(model)
             autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
@@ -550,7 +548,7 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         for B in micro_batches:
             rec, logits = run(B, "none")
             levels_measured = {}
-            for level in levels[1:]:
+            for level in CHECKPOINTING[1:]:
                 other, _ = run(B, level)
                 # a unit backward recomputes: the largest of the level's units, as the forward without
                 # checkpointing kept them (a decoder layer and a stack run as units only when live)
