@@ -172,7 +172,12 @@ def _mamba_kernels():
 
     import stateloop.models.mixers as mixers  # torch: the commands import this module for the gate
 
-    class Scan(torch.autograd.Function):
+    class Measured(torch.autograd.Function):
+        @staticmethod
+        def backward(ctx, grad):  # pragma: no cover
+            raise RuntimeError("memory measurement: no backward")
+
+    class Scan(Measured):
         @staticmethod
         def forward(ctx, x, dt, A, B, C, chunk):
             b, seq, h, _ = x.shape
@@ -180,19 +185,11 @@ def _mamba_kernels():
             ctx.save_for_backward(out, x, dt, x.new_empty((b, h, -(-seq // chunk), chunk), dtype=torch.float32), A, B, C)
             return out
 
-        @staticmethod
-        def backward(ctx, grad):  # pragma: no cover
-            raise RuntimeError("memory measurement: no backward")
-
-    class GatedNorm(torch.autograd.Function):
+    class GatedNorm(Measured):
         @staticmethod
         def forward(ctx, y, z, weight, group_size):
             ctx.save_for_backward(y, z, y.new_empty(y.shape[:-1] + (y.shape[-1] // group_size,), dtype=torch.float32))
             return torch.empty_like(y)
-
-        @staticmethod
-        def backward(ctx, grad):  # pragma: no cover
-            raise RuntimeError("memory measurement: no backward")
 
     def ssd(x, dt, A, B, C, chunk_size, impl="auto", initial_state=None, return_final_state=False):
         if initial_state is not None or return_final_state:
