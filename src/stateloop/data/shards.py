@@ -237,11 +237,9 @@ def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int
                           f"(tokenize again to record checksums)")
     stamp = path.parent / VERIFIED / path.name
     key = stamp_key(path, sha256, vocab_size)
-    try:
+    with contextlib.suppress(OSError):
         if not _reverify and stamp.read_text() == key:
             return
-    except OSError:
-        pass
     digest, top = scan_shard(path, dtype, chunk)
     failure = None
     if digest != sha256:
@@ -253,10 +251,8 @@ def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int
         with contextlib.suppress(OSError):
             stamp.unlink(missing_ok=True)  # a stale stamp must not vouch for the file later
         raise ValueError(failure)
-    try:
+    with contextlib.suppress(OSError):  # a read-only data folder: verify again next time
         atomic_write_bytes(stamp, key.encode())
-    except OSError:
-        pass  # a read-only data folder: verify again next time
 
 
 def open_split(data_dir: str | Path, split: str) -> ShardSet:
