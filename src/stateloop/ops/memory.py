@@ -34,7 +34,7 @@ from stateloop.files import atomic_write_bytes
 from stateloop.measured import cache_dir as _measured_dir
 from stateloop.measured import code_digest
 from stateloop.models.registry import build_model
-from stateloop.pipeline import load_checked, load_run
+from stateloop.pipeline import load_run
 from stateloop.runs import resolve_run_arg
 from stateloop.sections.train import CHECKPOINTING
 
@@ -858,11 +858,6 @@ def gate(cfg, runs, where: str = "config") -> None:
     cost nothing (no torch, no model)."""
     if any(scale.train.gpu_memory_gib for scale in cfg.scales.values()):
         check_fit(cfg, runs, where)
-
-
-def gate_file(path) -> None:
-    """:func:`gate` of the config file ``path``, read as the commands read it (``load_checked``)."""
-    gate(*load_checked(path), str(path))
 
 
 def gate_run(path, run: str) -> None:

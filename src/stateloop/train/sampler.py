@@ -73,10 +73,6 @@ class TokenSampler:
             self._perms[epoch] = perm
         return perm
 
-    def epoch_at(self, step: int) -> float:
-        """Epochs of the split completed before optimiser step ``step`` (0.5: half-way through the first)."""
-        return step * self.global_batch / self.n_windows
-
     def step_windows(self, step: int) -> np.ndarray:
         """Window indices (0 .. n_windows - 1) of the global batch of optimiser step ``step``."""
         g = step * self.global_batch + np.arange(self.global_batch, dtype=np.int64)
