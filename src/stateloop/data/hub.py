@@ -100,14 +100,8 @@ def card_patterns(card_text: str | None, config: str | None, splits: list[str]) 
     configs = card_front(card_text).get("configs")
     if not isinstance(configs, list):
         return None
-    chosen = None
-    for entry in configs:
-        if not isinstance(entry, dict):
-            continue
-        name = entry.get("config_name", "default")
-        if name == (config or "default") or (config is None and entry.get("default")):
-            chosen = entry
-            break
+    chosen = next((e for e in configs if isinstance(e, dict) and (
+        e.get("config_name", "default") == (config or "default") or (config is None and e.get("default")))), None)
     if chosen is None:
         return None
     files = chosen.get("data_files")
