@@ -26,8 +26,7 @@ from stateloop.analysis.common import CALIB_WINDOWS
 from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Shard, n_batches
 from stateloop.data.stage import data_homes
-from stateloop.models.flops import counter
-from stateloop.models.registry import build_model
+from stateloop.models.flops import counter, meta_model
 from stateloop.ops.cost import run_mfu
 from stateloop.pipeline import expand_runs
 
@@ -106,13 +105,6 @@ def heldout(cfg, scale_name: str, data_root="data") -> Heldout:
 _PIECES: dict[tuple[str, int], dict] = {}
 
 
-def _meta_model(cfg):
-    """The model on the meta device, in training mode as models/flops.py counts it (an eval-mode
-    Parcae makes its fixed initial state from positions read as numbers, which the meta device
-    has not; the two modes run the same matmuls)."""
-    return build_model(dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch"), device="meta", init=False)
-
-
 def _key(cfg, seq_len: int) -> tuple[str, int]:
     return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr), seq_len
 
@@ -126,7 +118,7 @@ def pieces(cfg, seq_len: int) -> dict:
         return _PIECES[key]
     import torch
 
-    model = _meta_model(cfg)
+    model = meta_model(cfg)
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     out = {"step": [], "feedback": []}
 
@@ -192,7 +184,7 @@ def forward_flops(cfg, seq_len: int) -> float:
         if found is None:
             import torch
 
-            model = _meta_model(cfg)
+            model = meta_model(cfg)
             with torch.no_grad(), counter() as c:
                 model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
             found = float(c.get_total_flops())
