@@ -465,8 +465,8 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     if workers != cfg.workers:
         cfg = dataclasses.replace(cfg, workers=workers)  # not part of the fingerprint: the same tokens
     resume = None if force else _resume_state(out, fp)
+    stage = out / PARTIAL
     if resume is not None:  # an interrupted run of the same inputs: its tokenizer and complete shards stay
-        stage = out / PARTIAL
         tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
         tok, tok_desc = _tokenizer_from(tok_json), resume["tokenizer"]
         done = sum(len(w["shards"]) for w in resume["writers"].values())
@@ -474,7 +474,6 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     else:
         out.mkdir(parents=True, exist_ok=True)
         _clear(out)
-        stage = out / PARTIAL
         stage.mkdir()
         if tok is None:  # a byte-level BPE trained on the first training documents
             log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")
