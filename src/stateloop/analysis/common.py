@@ -101,10 +101,8 @@ def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int
 
     shards = open_split(_data_dir(config, run_dir), split)
     slots = window_count(shards, seq_len)
-    if n is None or n >= slots:
-        picked = np.arange(slots)
-    else:
-        picked = np.sort(np.random.default_rng(seed).choice(slots, size=n, replace=False))
+    every = n is None or n >= slots
+    picked = np.arange(slots) if every else np.sort(np.random.default_rng(seed).choice(slots, size=n, replace=False))
     starts = [int(i) * seq_len for i in picked]
     windows = torch.from_numpy(np.stack([shards.window(s, seq_len + 1) for s in starts]))
     return windows, starts

@@ -786,10 +786,7 @@ def fsdp_static(n: ParamCounts, setting: Setting, embedding: int) -> tuple[int, 
     grad_op = setting.fsdp_sharding in ("grad_op", "hybrid_grad_op")
     accumulating = setting.accumulation > 1
     sharded = 3 * pb * n.total // S
-    if grad_op:
-        start = sharded + pb * n.total + pb * U
-    else:
-        start = sharded + pb * n.root + GATHERED_UNIT * pb * U
+    start = sharded + (pb * n.total + pb * U if grad_op else pb * n.root + GATHERED_UNIT * pb * U)
     if accumulating:
         start += pb * n.total
     after = sharded + pb * n.root + pb * U + pb * U // S + pb * n.unique_layers // S
