@@ -4,8 +4,6 @@ a pure-PyTorch twin. ``impl``: ``"auto"`` (the kernel on CUDA when it imports), 
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +14,8 @@ def _optional(*names: str) -> list:
     """The functions ``package.module.function`` of an optional CUDA package: all of them, or Nones
     where one does not import (no package, or a build without its CUDA extension)."""
     try:  # pragma: no cover - only on GPU machines
+        import importlib  # inside the try: transformers' remote-code check of an export reads no import there
+
         return [getattr(importlib.import_module(m), f) for m, _, f in (n.rpartition(".") for n in names)]
     except Exception:  # noqa: BLE001
         return [None] * len(names)
