@@ -80,16 +80,14 @@ def torch_write_error(err: BaseException, path: str | Path) -> OSError | None:
     return OSError(code, os.strerror(code) if full else f"torch's writer failed: {str(err).strip().splitlines()[0]}")
 
 
-def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, fsync, rename; a failed write (a full
+def _atomic_write_with(path: str | Path, write) -> None:
+    """``write(tmp)`` to a temporary file beside ``path``, fsync, rename; a failed write (a full
     disk) removes the temporary file and raises one OSError naming ``path``."""
-    import torch
-
     path = Path(path)
     fd, tmp = _temp_beside(path)
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        write(tmp)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -99,6 +97,13 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
         if written is not None:
             raise OSError(written.errno, f"{path}: not written ({written.strerror or written})") from None
         raise
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save``, atomically (:func:`_atomic_write_with`)."""
+    import torch
+
+    _atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
 
 
 @functools.cache
@@ -119,24 +124,14 @@ def code_version() -> str:
 
 def write_safetensors(path: str | Path, tensors: dict, metadata: dict[str, str]) -> None:
     """Write ``tensors`` (name -> tensor) and string ``metadata`` as a safetensors file, atomically
-    (a temporary file beside ``path``, fsynced, renamed over it)."""
+    (:func:`_atomic_write_with`: a full disk is one OSError naming the file, as for torch.save)."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    fd, tmp = _temp_beside(path)
-    os.close(fd)
-    try:
+    def write(tmp):
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
         os.chmod(tmp, 0o666 & ~current_umask())  # safetensors writes the file anew, owner-only
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        written = torch_write_error(err, tmp)  # a full disk: one OSError naming the file, as for torch.save
-        Path(tmp).unlink(missing_ok=True)
-        if written is not None:
-            raise OSError(written.errno, f"{path}: not written ({written.strerror or written})") from None
-        raise
+
+    _atomic_write_with(path, write)
 
 
 # numpy arrays, which checkpoints written before the safe format held (numpy's RNG state). Rebuilding

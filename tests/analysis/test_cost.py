@@ -181,7 +181,7 @@ def test_a_forward_count_is_kept_on_disk_by_config_and_code(tmp_path, monkeypatc
     cfg = tiny_config("stateloop")
     first = analysis_cost.forward_flops(cfg, 16)
     monkeypatch.setattr(analysis_cost, "_FORWARD", {})
-    monkeypatch.setattr(analysis_cost, "_meta_model", lambda *a: pytest.fail("counted again"))
+    monkeypatch.setattr(analysis_cost, "meta_model", lambda *a: pytest.fail("counted again"))
     assert analysis_cost.forward_flops(cfg, 16) == first
     monkeypatch.setattr(analysis_cost, "_FORWARD", {})
     monkeypatch.setattr(measured, "code_digest", lambda *m: "another version of the code")

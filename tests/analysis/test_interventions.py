@@ -9,9 +9,10 @@ import torch
 from stateloop.analysis.interventions import (
     StateStats,
     calibrate,
+    exact_sums,
     freezing_overrides,
-    intervention_analysis,
     intervention_nll,
+    intervention_result,
     replacement_overrides,
     state_statistics,
 )
@@ -75,8 +76,8 @@ def test_replacing_a_state_by_itself_leaves_the_nll_unchanged(tiny_run):
 
 def test_interventions_change_the_nll_and_freezing_at_k_minus_1_is_replacement(tiny_run):
     run_dir, model = tiny_run
-    res, stats = intervention_analysis(model, run_windows(run_dir, "val"), run_windows(run_dir, "test"),
-                                       batch_size=4, progress=False)
+    stats = state_statistics(model, run_windows(run_dir, "val"), batch_size=4, progress=False)  # calibrate, then evaluate
+    res = intervention_result(model.cfg.K, exact_sums(model, run_windows(run_dir, "test"), stats, 4, progress=False), stats)
     K = model.cfg.K
     assert [e["i"] for e in res["replacement"]] == list(range(1, K)) == [e["i"] for e in res["freezing"]]
     assert res["freezing"][0]["boundaries"] == list(range(2, K + 1))

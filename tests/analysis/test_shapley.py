@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from stateloop.analysis.shapley import keep_vector, masked_nll_sums, shapley_analysis, shapley_values
+from stateloop.analysis.shapley import exact_sums, keep_vector, masked_nll_sums, shapley_result, shapley_values
 from support.analysis import make_run, run_windows
 
 
@@ -45,7 +45,7 @@ def test_mask_tree_equals_masked_forward_passes(tiny_run):
 
 def test_efficiency_and_shares(tiny_run):
     run_dir, model = tiny_run
-    res = shapley_analysis(model, run_windows(run_dir, "test"), batch_size=8, progress=False)
+    res = shapley_result(model.cfg.K, exact_sums(model, run_windows(run_dir, "test"), 8, progress=False))
     assert sum(res["shapley"]) == pytest.approx(res["nll_all_masked"] - res["nll_none_masked"], abs=1e-9)
     assert sum(res["share_pct"]) == pytest.approx(100.0)
     assert res["feedback_share_pct"] + res["terminal_share_pct"] == pytest.approx(100.0)
@@ -59,7 +59,7 @@ def test_inert_read_gets_zero(tmp_path, inert):
     run_dir, model = make_run(tmp_path, K=4)
     with torch.no_grad():
         (model.W_sout if inert == "terminal" else model.W_sz).weight.zero_()
-    res = shapley_analysis(model, run_windows(run_dir, "test"), batch_size=8, progress=False)
+    res = shapley_result(model.cfg.K, exact_sums(model, run_windows(run_dir, "test"), 8, progress=False))
     phi, K = res["shapley"], model.cfg.K
     zero, live = ([K - 1], range(K - 1)) if inert == "terminal" else (range(K - 1), [K - 1])
     assert all(phi[i] == 0.0 for i in zero), phi

@@ -111,7 +111,6 @@ def activation_bytes(cfg, *, seq_len: int, model=None, **settings) -> Activation
     device = settings.get("device", "cpu")
     if model is None:
         _, dtype = precision_context(settings.get("precision", "bf16-mixed"), torch.device(device).type)
-
         model = build_model(cfg, device=device).to(dtype)
     one, two = (saved_bytes(cfg, batch=b, seq_len=seq_len, model=model, **settings) for b in (1, 2))
     per_token = (two - one) / seq_len

@@ -239,7 +239,7 @@ def test_a_run_that_fits_passes(tmp_path):
     raw = _one_gpu_config(1, activation_checkpointing="layer")
     path = tmp_path / "fits.yaml"
     path.write_text(yaml.safe_dump(raw))
-    memory.gate_file(path)
+    memory.gate(*load_checked(path), str(path))  # the config file read as the commands read it
     assert load_pipeline(path).scales["1.4b"].train.gpu_memory_gib == 80
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from stateloop.config import ConfigError
-from stateloop.data.shards import ShardSet, sha256_file
+from stateloop.data.shards import open_split, sha256_file, window_count
 from stateloop.runs import FINAL_WEIGHTS, run_id_of, trained_length
 from stateloop.tracking.stages import log_stage
 
@@ -82,25 +82,10 @@ class WindowSet:
         return torch.from_numpy(np.stack(rows))
 
 
-def open_shards(data_dir, split: str):
-    """The split's ShardSet; what it refuses, as one-line ConfigErrors (as in training)."""
-    try:
-        return ShardSet(data_dir, split)
-    except KeyError as err:
-        raise ConfigError(str(err.args[0])) from None
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
 def heldout_set(config: RunConfig, run_dir, split: str, seq_len: int, max_windows: int | None):
     """The held-out windows as a :class:`WindowSet`, nothing read yet. Returns (windows, shards)."""
-    shards = open_shards(_data_dir(config, run_dir), split)
-    n = (len(shards) - 1) // seq_len
-    if max_windows is not None:
-        n = min(n, max_windows)
-    if n <= 0:
-        raise ConfigError(f"{shards.dir}: split {split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
-    return WindowSet(shards, seq_len, n), shards
+    shards = open_split(_data_dir(config, run_dir), split)
+    return WindowSet(shards, seq_len, window_count(shards, seq_len, max_windows)), shards
 
 
 def weights_sha256(run_dir) -> str:
@@ -115,14 +100,10 @@ def sampled_windows(config: RunConfig, run_dir, split: str, seq_len: int, n: int
     slots: every slot. Returns (windows, start positions)."""
     import torch  # torch: see WindowSet
 
-    shards = open_shards(_data_dir(config, run_dir), split)
-    slots = (len(shards) - 1) // seq_len
-    if slots <= 0:
-        raise ConfigError(f"{shards.dir}: split {split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
-    if n is None or n >= slots:
-        picked = np.arange(slots)
-    else:
-        picked = np.sort(np.random.default_rng(seed).choice(slots, size=n, replace=False))
+    shards = open_split(_data_dir(config, run_dir), split)
+    slots = window_count(shards, seq_len)
+    every = n is None or n >= slots
+    picked = np.arange(slots) if every else np.sort(np.random.default_rng(seed).choice(slots, size=n, replace=False))
     starts = [int(i) * seq_len for i in picked]
     windows = torch.from_numpy(np.stack([shards.window(s, seq_len + 1) for s in starts]))
     return windows, starts

@@ -186,15 +186,6 @@ def stats_digest(stats: StateStats) -> str:
     return h.hexdigest()[:16]
 
 
-def intervention_analysis(model, calib_windows: torch.Tensor, eval_windows, batch_size: int = 8,
-                          device="cpu", progress: bool = True) -> tuple[dict, StateStats]:
-    """Calibrate on ``calib_windows``, then evaluate every single replacement and freezing on
-    ``eval_windows``. Returns (result dict, the calibration statistics)."""
-    stats = state_statistics(model, calib_windows, batch_size, device, progress)
-    sums = exact_sums(model, eval_windows, stats, batch_size, device, progress)
-    return intervention_result(model.cfg.K, sums, stats), stats
-
-
 def intervention_result(K: int, sums: Sums, stats: StateStats) -> dict:
     """The result of the exact sums of every intervention's NLL (one run, or the merged shards)."""
     nll = {name: sums.mean(name) for name in sums.names}

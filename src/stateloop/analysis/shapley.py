@@ -114,11 +114,6 @@ def shapley_values(values: list[float] | torch.Tensor, K: int) -> list[float]:
     return phi
 
 
-def shapley_analysis(model, windows, batch_size: int = 8, device="cpu", progress: bool = True) -> dict:
-    """Held-out NLL of all 2^K read masks and each read's exact Shapley value and share."""
-    return shapley_result(model.cfg.K, exact_sums(model, windows, batch_size, device, progress))
-
-
 def shapley_result(K: int, sums: Sums) -> dict:
     """The result of the exact sums of every mask's NLL (one run, or the merged shards)."""
     nll = [sums.mean(name) for name in sum_names(K)]

@@ -140,10 +140,8 @@ def shard_key(**settings) -> dict:
     return json.loads(json.dumps(settings, sort_keys=True))
 
 
-def _difference(theirs: dict, ours: dict, ignore=()) -> str | None:
+def _difference(theirs: dict, ours: dict) -> str | None:
     for name in sorted(set(theirs) | set(ours)):
-        if name in ignore:
-            continue
         if theirs.get(name) != ours.get(name):
             return f"{name} {theirs.get(name)!r}, here {ours.get(name)!r}"
     return None
@@ -232,9 +230,9 @@ def _resume(partial: Path, base: dict, key: dict, names, code_version: str) -> t
 
 
 def merge(analysis: str, key: dict, count: int, n_windows: int, batch_size: int, tokens_per_window: int, names,
-          run_dir, ignore=()) -> tuple[Sums, list[dict]]:
+          run_dir) -> tuple[Sums, list[dict]]:
     """The exact sums of the ``count`` finished shard files of ``analysis`` in the run folder, which
-    must have been made for ``key`` (but the keys in ``ignore``) and together cover every batch of
+    must have been made for ``key`` and together cover every batch of
     the ``n_windows`` held-out windows exactly once. Returns (sums, the shard documents)."""
     nb = n_batches(n_windows, batch_size)
     total, docs = Sums(names), []
@@ -247,7 +245,7 @@ def merge(analysis: str, key: dict, count: int, n_windows: int, batch_size: int,
         doc = _read(path)
         if doc.get("analysis") != analysis or not doc.get("complete"):
             raise ConfigError(f"{path}: not a finished shard of {analysis}")
-        why = _difference(doc.get("key", {}), key, ignore)
+        why = _difference(doc.get("key", {}), key)
         if why is not None:
             raise ConfigError(f"{path}: made for other settings ({why}); run shard {shard.label} again")
         theirs = doc.get("shard", {})

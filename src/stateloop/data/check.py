@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from stateloop.config import ConfigError
-from stateloop.data.shards import META, ShardSet, read_meta
+from stateloop.data.shards import META, ShardSet, open_split, read_meta
 from stateloop.data.tokenizer import tokenizer_file
 
 if TYPE_CHECKING:
@@ -42,12 +42,7 @@ def open_data(rc: RunConfig):
     tokenizer_file(folder, meta)  # a name inside the folder (the final weights' MLflow model exports it)
 
     def split(name: str):
-        try:
-            shards = ShardSet(folder, name)
-        except KeyError as err:
-            raise ConfigError(str(err).strip("'\"")) from None
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
+        shards = open_split(folder, name)
         if len(shards) < tcfg.seq_len + 1:
             raise ConfigError(f"{where}: split {name!r} has {len(shards)} tokens, fewer than one window of "
                               f"train.seq_len + 1 = {tcfg.seq_len + 1}")

@@ -41,11 +41,7 @@ def offline() -> bool:
     read when it is imported; datasets also reads HF_DATASETS_OFFLINE)."""
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE) or _true(os.environ.get("HF_DATASETS_OFFLINE"))
-
-
-def _true(value: str | None) -> bool:
-    return (value or "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_DATASETS_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
 
 
 def caches() -> str:
@@ -104,14 +100,8 @@ def card_patterns(card_text: str | None, config: str | None, splits: list[str]) 
     configs = card_front(card_text).get("configs")
     if not isinstance(configs, list):
         return None
-    chosen = None
-    for entry in configs:
-        if not isinstance(entry, dict):
-            continue
-        name = entry.get("config_name", "default")
-        if name == (config or "default") or (config is None and entry.get("default")):
-            chosen = entry
-            break
+    chosen = next((e for e in configs if isinstance(e, dict) and (
+        e.get("config_name", "default") == (config or "default") or (config is None and e.get("default")))), None)
     if chosen is None:
         return None
     files = chosen.get("data_files")

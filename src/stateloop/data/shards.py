@@ -36,12 +36,9 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
+def sha256_file(path: str | Path) -> str:
     with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 class ShardWriter:
@@ -145,12 +142,7 @@ class ShardWriter:
             os.replace(self.dir / name, tmp)
         fh = open(tmp, "r+b")
         fh.truncate(size)
-        h, top = hashlib.sha256(), -1
-        step = (1 << 22) - (1 << 22) % self.dtype.itemsize
-        while block := fh.read(step):
-            h.update(block)
-            ids = np.frombuffer(block, dtype=self.dtype.newbyteorder("<"))
-            top = max(top, int(ids.max())) if ids.size else top
+        h, top = _scan(fh, self.dtype.newbyteorder("<"))
         fh.seek(size)
         self._name, self._tmp, self._fh, self._n, self._top, self._hash = name, tmp, fh, n, top, h
 
@@ -201,15 +193,20 @@ def reverify():
         _reverify = before
 
 
+def _scan(fh, dtype: np.dtype, chunk: int = 1 << 22):
+    """(the sha256 object, largest token id) of what is left to read in ``fh`` (-1 for nothing)."""
+    h, top = hashlib.sha256(), -1
+    while block := fh.read(chunk - chunk % dtype.itemsize):
+        h.update(block)
+        ids = np.frombuffer(block, dtype=dtype)
+        top = max(top, int(ids.max())) if ids.size else top
+    return h, top
+
+
 def scan_shard(path: Path, dtype: np.dtype, chunk: int = 1 << 22) -> tuple[str, int]:
     """(sha256, largest token id) of a shard, in one pass (-1 for an empty one)."""
-    h, top = hashlib.sha256(), -1
-    step = chunk - chunk % dtype.itemsize
     with open(path, "rb") as fh:
-        while block := fh.read(step):
-            h.update(block)
-            ids = np.frombuffer(block, dtype=dtype)
-            top = max(top, int(ids.max())) if ids.size else top
+        h, top = _scan(fh, dtype, chunk)
     return h.hexdigest(), top
 
 
@@ -240,11 +237,9 @@ def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int
                           f"(tokenize again to record checksums)")
     stamp = path.parent / VERIFIED / path.name
     key = stamp_key(path, sha256, vocab_size)
-    try:
+    with contextlib.suppress(OSError):
         if not _reverify and stamp.read_text() == key:
             return
-    except OSError:
-        pass
     digest, top = scan_shard(path, dtype, chunk)
     failure = None
     if digest != sha256:
@@ -256,10 +251,27 @@ def verify_once(path: Path, sha256: str | None, dtype: np.dtype, vocab_size: int
         with contextlib.suppress(OSError):
             stamp.unlink(missing_ok=True)  # a stale stamp must not vouch for the file later
         raise ValueError(failure)
-    try:
+    with contextlib.suppress(OSError):  # a read-only data folder: verify again next time
         atomic_write_bytes(stamp, key.encode())
-    except OSError:
-        pass  # a read-only data folder: verify again next time
+
+
+def open_split(data_dir: str | Path, split: str) -> ShardSet:
+    """The split's :class:`ShardSet`; what it refuses, as one-line ConfigErrors."""
+    try:
+        return ShardSet(data_dir, split)
+    except (KeyError, ValueError) as err:
+        raise ConfigError(str(err.args[0])) from None
+
+
+def window_count(shards: ShardSet, seq_len: int, max_windows: int | None = None) -> int:
+    """How many non-overlapping windows of seq_len + 1 tokens the split holds (at most ``max_windows``);
+    a ConfigError where not one does."""
+    n = (len(shards) - 1) // seq_len
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n <= 0:
+        raise ConfigError(f"{shards.dir}: split {shards.split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
+    return n
 
 
 def _meta_field(meta: dict, key: str, where: Path, kind=None):

@@ -270,7 +270,6 @@ def describe_source(cfg: DataConfig, streams: list[Stream]) -> dict:
     """What was read, for meta.json; for local files also their sizes and modification times
     (these enter the fingerprint, so an edited file triggers a rewrite)."""
     if cfg.is_synthetic:
-
         return {"kind": "synthetic", "generator": synthetic.VERSION, "seed": cfg.seed, **to_dict(cfg.synthetic)}
     out: dict = {"kind": streams[0].kind, "text_field": cfg.text_field, "max_docs": cfg.max_docs}
     if streams[0].kind in ("hub", "folder"):

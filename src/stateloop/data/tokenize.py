@@ -251,13 +251,6 @@ def _clear(out: Path) -> None:
     shutil.rmtree(out / VERIFIED, ignore_errors=True)
 
 
-def _progress(desc: str, total: int | None, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="doc", unit_scale=True, dynamic_ncols=True, disable=not enabled,
-                file=sys.stderr, mininterval=0.5)
-
-
 def _synthetic_tasks(split: str, n: int, step: int = 256) -> Iterator[tuple]:
     for start in range(0, n, step):
         yield ("synthetic", split, start, min(n, start + step))
@@ -332,7 +325,10 @@ def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dic
     budget = cfg.max_tokens if stream.split is None else None
     if budget is not None and skip and writers["train"].tokens >= budget:
         return  # the earlier attempt had reached the budget
-    with _progress(f"tokenize {stream.split or 'train+held-out'}", stream.n_docs, progress) as bar:
+    from tqdm.auto import tqdm
+
+    with tqdm(total=stream.n_docs, desc=f"tokenize {stream.split or 'train+held-out'}", unit="doc", unit_scale=True,
+              dynamic_ncols=True, disable=not progress, file=sys.stderr, mininterval=0.5) as bar:
         n_tokens = 0
         done = skip
         tasks = _synthetic_tasks(stream.split, stream.n_docs) if stream.kind == "synthetic" else \
@@ -354,15 +350,6 @@ def _write_stream(cfg: DataConfig, stream: Stream, runner: _Runner, writers: dic
 
 RESUME = "resume.json"  # in the staging folder: where an interrupted tokenization continues
 RESUME_VERSION = 1
-
-
-def _save_resume(stage: Path, fp: str, tok_desc: dict, stream: int, results: int, docs: dict,
-                 writers: dict[str, ShardWriter]) -> None:
-    """Record (atomically) that the first ``results`` results of stream ``stream`` are in the
-    writers, whose open shards are made durable first."""
-    state = {"version": RESUME_VERSION, "fingerprint": fp, "tokenizer": tok_desc, "stream": stream, "results": results,
-             "docs": docs, "writers": {s: w.state() for s, w in writers.items()}}
-    atomic_write_json(stage / RESUME, state)
 
 
 def _resume_state(out: Path, fp: str) -> dict | None:
@@ -401,8 +388,10 @@ def _write_shards(cfg: DataConfig, streams: list[Stream], stage: Path, tok_json:
     runner = _Runner(cfg.workers, cfg.seed, synth, tok_json, eos_id, dtype.name, cfg.holdout_fractions)
     try:
         for i, stream in enumerate(streams[first:], first):
-            def save(done: int, i=i) -> None:
-                _save_resume(stage, fp, tok_desc or {}, i, done, docs, writers)
+            def save(done: int, i=i) -> None:  # the first ``done`` results of stream i are in the writers (open shards made durable first)
+                atomic_write_json(stage / RESUME, {"version": RESUME_VERSION, "fingerprint": fp, "tokenizer": tok_desc or {},
+                                                   "stream": i, "results": done, "docs": docs,
+                                                   "writers": {s: w.state() for s, w in writers.items()}})
 
             _write_stream(cfg, stream, runner, writers, docs, progress, skip if i == first else 0, save)
     finally:
@@ -476,8 +465,8 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     if workers != cfg.workers:
         cfg = dataclasses.replace(cfg, workers=workers)  # not part of the fingerprint: the same tokens
     resume = None if force else _resume_state(out, fp)
+    stage = out / PARTIAL
     if resume is not None:  # an interrupted run of the same inputs: its tokenizer and complete shards stay
-        stage = out / PARTIAL
         tok_json = (stage / "tokenizer.json").read_text(encoding="utf-8")
         tok, tok_desc = _tokenizer_from(tok_json), resume["tokenizer"]
         done = sum(len(w["shards"]) for w in resume["writers"].values())
@@ -485,7 +474,6 @@ def tokenize(cfg: DataConfig, out: str | Path, *, model_vocab_size: int | None =
     else:
         out.mkdir(parents=True, exist_ok=True)
         _clear(out)
-        stage = out / PARTIAL
         stage.mkdir()
         if tok is None:  # a byte-level BPE trained on the first training documents
             log(f"training a byte-level BPE ({cfg.vocab_size} ids) on up to {cfg.bpe_docs:,} training documents")

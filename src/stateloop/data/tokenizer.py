@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from stateloop.config import ConfigError
 from stateloop.config.data import DataError
 from stateloop.data.shards import read_meta, sha256_file
 
@@ -114,6 +115,14 @@ def tokenizer_file(data_dir: str | Path, meta: dict) -> Path:
     return Path(data_dir) / name
 
 
+def meta_eos_id(data_dir: str | Path) -> int:
+    """The end-of-document id in a data folder's meta.json; a one-line ConfigError where it has no integer one."""
+    try:
+        return int(read_meta(data_dir)["eos_id"])  # FileNotFoundError naming meta.json
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"{Path(data_dir) / 'meta.json'}: no integer eos_id") from None
+
+
 def load_tokenizer(data_dir: str | Path):
     """The tokenizer that made a data folder's tokens (a ``tokenizers.Tokenizer``).
 
@@ -126,7 +135,6 @@ def load_tokenizer(data_dir: str | Path):
     text exactly as the training data was.
     """
     from tokenizers import Tokenizer
-
 
     data_dir = Path(data_dir)
     meta = read_meta(data_dir)

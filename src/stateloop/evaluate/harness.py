@@ -41,12 +41,6 @@ from stateloop.tracking.stages import log_stage
 WORK_DIR = "eval_work"
 
 
-def lm_eval_dir_name(stem: str) -> str:
-    """The folder of lm-eval's own files of the evaluation ``stem``: lm_eval/ (eval.json's),
-    lm_eval_K{K}/ (eval_K{K}.json's)."""
-    return "lm_eval" + stem.removeprefix("eval")
-
-
 def depth_stem(K: int, trained_K: int) -> str:
     """The name of an evaluation at depth K of a run trained at ``trained_K``: "eval" at the
     trained depth (eval.json, eval_samples/, MLflow eval/...), "eval_K{K}" at another."""
@@ -80,7 +74,6 @@ def chance_level(samples: list[dict]) -> float:
 
 
 def _write_samples(folder: Path, task: str, shots: int, samples: list[dict]) -> Path:
-
     lines = [json.dumps(s, default=str, ensure_ascii=False) for s in samples]
     path = folder / f"{task}_{shots}shot.jsonl"
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
@@ -279,7 +272,7 @@ def _measure(run, lm, cfg: EvalConfig, run_dir: Path, stem: str, progress: bool)
     samples_dir = run_dir / f"{stem}_samples" if cfg.log_samples else None
     if cfg.tasks:
         out.update(run_tasks(lm, cfg, run_dir / WORK_DIR, samples_dir, progress, read_meta(run.data_dir),
-                             lm_eval_dir=run_dir / lm_eval_dir_name(stem)))
+                             lm_eval_dir=run_dir / ("lm_eval" + stem.removeprefix("eval"))))  # lm_eval/, lm_eval_K{K}/
     else:
         import lm_eval
 

@@ -42,8 +42,7 @@ from tqdm.auto import tqdm
 
 from stateloop.config import ConfigError
 from stateloop.config.run import RunConfig
-from stateloop.data import load_tokenizer as data_load_tokenizer
-from stateloop.data.shards import read_meta
+from stateloop.data.tokenizer import load_tokenizer, meta_eos_id
 from stateloop.fast import accelerate
 from stateloop.models.generate import greedy_steps
 from stateloop.runs import FINAL_WEIGHTS, load_model, resolve_device, run_id_of, saved_run_config, trained_length
@@ -64,23 +63,9 @@ class LoadedRun:
     run_id: str
 
 
-def load_tokenizer(data_dir: Path):
-    """The tokenizer that made a data folder's shards (checked against meta.json by the data
-    stage's loader), and its end-of-document id."""
-
-    meta_path = Path(data_dir) / "meta.json"
-    meta = read_meta(data_dir)  # FileNotFoundError naming meta.json
-    try:
-        eos_id = int(meta["eos_id"])
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"{meta_path}: no integer eos_id") from None
-    return data_load_tokenizer(data_dir), eos_id
-
-
 def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None = None) -> LoadedRun:
     """Model (eval mode, on ``device``), resolved config and tokenizer of a run folder. ``config``:
     the folder's saved config already read (resolve.resolve_eval's), else read here."""
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such run folder")
@@ -90,7 +75,8 @@ def load_run(run_dir: str | Path, device: str = "auto", config: RunConfig | None
     if not config.data.dir:
         raise ConfigError(f"{run_dir / FINAL_WEIGHTS}: the saved config has no data.dir (where the tokenizer is)")
     data_dir = Path(config.data.dir)
-    tokenizer, eos_id = load_tokenizer(data_dir)
+    eos_id = meta_eos_id(data_dir)
+    tokenizer = load_tokenizer(data_dir)  # checked against meta.json's sha256
     n_tok = tokenizer.get_vocab_size()
     if n_tok > model.cfg.vocab_size:
         raise ConfigError(f"{data_dir / 'tokenizer.json'}: {n_tok} ids do not fit the model's vocab_size {model.cfg.vocab_size}")
@@ -374,7 +360,6 @@ class StateLoopEvalLM(TemplateLM):
         return out
 
     def _greedy(self, group) -> list[str]:
-
         max_gen = group[0][3]
         seqs = torch.tensor([ids for _, ids, _, _ in group], dtype=torch.long, device=self._device)
         generated = [[] for _ in group]

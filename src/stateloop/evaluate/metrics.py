@@ -63,12 +63,8 @@ def column(task: str) -> str:
 def reported(task: str) -> dict[str, str]:
     """{"accuracy": metric, "perplexity": metric} for the tables this task appears in."""
     col = column(task)
-    out = {}
-    if col in ACCURACY_METRIC:
-        out["accuracy"] = ACCURACY_METRIC[col]
-    if col in PERPLEXITY_METRIC:
-        out["perplexity"] = PERPLEXITY_METRIC[col]
-    return out
+    return {kind: table[col] for kind, table in (("accuracy", ACCURACY_METRIC), ("perplexity", PERPLEXITY_METRIC))
+            if col in table}
 
 
 def describe(table: str = "accuracy", tasks: list[str] | None = None) -> str:

@@ -7,31 +7,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from stateloop.config import ConfigError
-from stateloop.data.shards import ShardSet
+from stateloop.data.shards import open_split, window_count
 
 
 def heldout_windows(shards, seq_len: int, max_windows: int | None = None) -> torch.Tensor:
     """Consecutive non-overlapping windows of seq_len + 1 tokens from the start of a split
     (input = window[:-1], target = window[1:]). Deterministic: the same windows every call."""
-    n = (len(shards) - 1) // seq_len
-    if max_windows is not None:
-        n = min(n, max_windows)
-    if n <= 0:
-        raise ValueError(f"{shards.dir}: split {shards.split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
+    n = window_count(shards, seq_len, max_windows)
     return torch.from_numpy(np.stack([shards.window(i * seq_len, seq_len + 1) for i in range(n)]))
-
 
 
 def split_windows(data_dir, split: str, seq_len: int, max_windows: int | None = None):
     """Held-out windows of a data folder's split, with one-line errors for a missing split or one
     shorter than a window. Returns (windows, shards)."""
-
-    try:
-        shards = ShardSet(data_dir, split)
-        return heldout_windows(shards, seq_len, max_windows), shards
-    except (KeyError, ValueError) as err:
-        raise ConfigError(err.args[0]) from None
+    shards = open_split(data_dir, split)
+    return heldout_windows(shards, seq_len, max_windows), shards
 
 
 @torch.no_grad()

@@ -26,9 +26,7 @@ def eval_stage(args: Request) -> int:
     if unknown:
         raise ConfigError(f"--set {unknown[0]}...: only eval.* settings can be overridden here")
     overrides = dict(dotted.get("eval", {}))
-    for flag, key in (("tasks", "tasks"), ("shots", "shots"), ("limit", "limit"), ("batch_size", "batch_size"), ("device", "device")):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+    overrides.update({k: v for k in ("tasks", "shots", "limit", "batch_size", "device") if (v := getattr(args, k)) is not None})
     planned = find_run(pipeline, target.id) if pipeline and target.id else None
     if planned and "tasks" not in overrides and not planned.scores_tasks(depths=bool(args.depths)):
         overrides["tasks"] = []  # a run of the config that needs only its held-out perplexity

@@ -26,7 +26,7 @@ from pathlib import Path
 import stateloop
 from stateloop.config import ConfigError
 from stateloop.data.shards import read_meta
-from stateloop.data.tokenizer import load_tokenizer, tokenizer_file
+from stateloop.data.tokenizer import load_tokenizer, meta_eos_id, tokenizer_file
 from stateloop.files import code_version, current_umask, write_safetensors
 from stateloop.runs import load_model, run_id_of, saved_run_config, trained_length, weights_metadata
 
@@ -238,10 +238,7 @@ def export_run(run_dir: str | Path, out: str | Path, log=None) -> Path:
     check_replaceable(out)
     meta = read_meta(data_dir)
     tok = load_tokenizer(data_dir)  # checked against meta.json's sha256
-    try:
-        eos_id = int(meta["eos_id"])
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"{data_dir / 'meta.json'}: no integer eos_id") from None
+    eos_id = meta_eos_id(data_dir)
     eos_token = tok.id_to_token(eos_id)
     if eos_token is None:
         raise ConfigError(f"{data_dir / 'meta.json'}: eos_id {eos_id} is not in the tokenizer's vocabulary")

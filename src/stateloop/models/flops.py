@@ -61,7 +61,9 @@ def counter() -> FlopCounterMode:
     return FlopCounterMode(display=False, custom_mapping=FLOP_FORMULAS)
 
 
-def _meta_model(cfg):
+def meta_model(cfg):
+    """``cfg``'s model on the meta device with the torch kernels, in training mode (an eval-mode Parcae
+    reads positions as numbers, which the meta device has not; both modes run the same matmuls)."""
     cfg = dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch")
     return build_model(cfg, device="meta")
 
@@ -84,7 +86,7 @@ def _count_profile(cfg, seq_len: int, stand_ins: bool = True) -> ComputeProfile:
     tests/models/test_flops.py) in a fraction of the time."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    model = _meta_model(cfg)
+    model = meta_model(cfg)
     positions = [0]
     added = [0]
     memo: dict[tuple, int] = {}
@@ -158,7 +160,7 @@ def decode_flops_per_token(cfg, context: float) -> float | None:
 
 def counted_decode_flops(cfg, context: int) -> int:
     """The FLOPs of one cached single-token step after ``context`` tokens, as the counter sees them."""
-    model = _meta_model(cfg).eval()
+    model = meta_model(cfg).eval()
     cache = ModelCache()
     with torch.inference_mode():
         if context:

@@ -9,39 +9,25 @@ import torch.nn.functional as F
 
 from stateloop.models.ssd import ssd_chunked
 
-try:  # pragma: no cover - only on GPU machines
-    from flash_attn import flash_attn_func as _flash_attn_func
 
-    HAS_FLASH_ATTN = True
-except Exception:  # ImportError, or a build without its CUDA extension
-    _flash_attn_func = None
-    HAS_FLASH_ATTN = False
+def _optional(*names: str) -> list:
+    """The functions ``package.module.function`` of an optional CUDA package: all of them, or Nones
+    where one does not import (no package, or a build without its CUDA extension)."""
+    try:  # pragma: no cover - only on GPU machines
+        import importlib  # inside the try: transformers' remote-code check of an export reads no import there
 
-try:  # pragma: no cover - only on GPU machines
-    from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as _mamba_chunk_scan_combined
+        return [getattr(importlib.import_module(m), f) for m, _, f in (n.rpartition(".") for n in names)]
+    except Exception:  # noqa: BLE001
+        return [None] * len(names)
 
-    HAS_MAMBA_SSM = True
-except Exception:
-    _mamba_chunk_scan_combined = None
-    HAS_MAMBA_SSM = False
 
-try:  # pragma: no cover - only on GPU machines
-    from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn as _rmsnorm_gated_fn
-    from mamba_ssm.ops.triton.selective_state_update import selective_state_update as _selective_state_update
-
-    HAS_MAMBA_DECODE = True
-except Exception:
-    _rmsnorm_gated_fn = _selective_state_update = None
-    HAS_MAMBA_DECODE = False
-
-try:  # pragma: no cover - only on GPU machines
-    from causal_conv1d import causal_conv1d_fn as _causal_conv1d_fn
-    from causal_conv1d import causal_conv1d_update as _causal_conv1d_update
-
-    HAS_CAUSAL_CONV1D = True
-except Exception:
-    _causal_conv1d_fn = _causal_conv1d_update = None
-    HAS_CAUSAL_CONV1D = False
+(_flash_attn_func,) = _optional("flash_attn.flash_attn_func")
+(_mamba_chunk_scan_combined,) = _optional("mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined")
+_rmsnorm_gated_fn, _selective_state_update = _optional(
+    "mamba_ssm.ops.triton.layernorm_gated.rmsnorm_fn", "mamba_ssm.ops.triton.selective_state_update.selective_state_update")
+_causal_conv1d_fn, _causal_conv1d_update = _optional("causal_conv1d.causal_conv1d_fn", "causal_conv1d.causal_conv1d_update")
+HAS_FLASH_ATTN, HAS_MAMBA_SSM = _flash_attn_func is not None, _mamba_chunk_scan_combined is not None
+HAS_MAMBA_DECODE, HAS_CAUSAL_CONV1D = _rmsnorm_gated_fn is not None, _causal_conv1d_fn is not None
 
 
 def _use_kernel(impl: str, available: bool, tensor: torch.Tensor, what: str) -> bool:

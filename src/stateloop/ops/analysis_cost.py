@@ -10,8 +10,8 @@ FLOPs are counted, not modelled: the pieces of one window's forward (each iterat
 head) run on the meta device under models/flops.py's counter and are combined as the analysis code
 combines them (tests/analysis/test_cost.py checks each against the counter over the analysis's own
 code). Hours = FLOPs / (MFU x peak), the MFU the training step's (ops/cost.py). The held-out split's
-size comes from the tokenized data where it exists, else :data:`ASSUMED_SPLIT_TOKENS`, else the
-caller's ``split_tokens``; a scale without any has no estimate unless ``eval.heldout_windows`` caps it.
+size comes from the tokenized data where it exists, else :data:`ASSUMED_SPLIT_TOKENS`; a scale
+without either has no estimate unless ``eval.heldout_windows`` caps it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from stateloop.analysis.shapley import nll_sum
 from stateloop.analysis.shards import Shard, n_batches
 from stateloop.data.stage import data_homes
 from stateloop.experiments import expand_runs
-from stateloop.models.flops import counter
-from stateloop.models.registry import build_model
+from stateloop.models.flops import counter, meta_model
 from stateloop.ops import measured
 from stateloop.ops.cost import run_mfu
 
@@ -74,7 +73,7 @@ class Heldout:
     source: str  # where the count comes from
 
 
-def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = None) -> Heldout:
+def heldout(cfg, scale_name: str, data_root="data") -> Heldout:
     """The held-out windows of a scale's runs (module docstring)."""
     scale = cfg.scales[scale_name]
     ev, model, train = scale.eval, scale.model, scale.train
@@ -89,8 +88,6 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
             source = f"{meta} (split {ev.heldout_split}: {tokens} tokens)"
         except (OSError, ValueError, KeyError, TypeError):
             tokens = None
-    if tokens is None and split_tokens and scale_name in split_tokens:
-        tokens, source = int(split_tokens[scale_name]), f"given: {int(split_tokens[scale_name]):.3g} tokens"
     assumed = ASSUMED_SPLIT_TOKENS.get((scale.data.source, scale.data.val_split))
     if tokens is None and assumed is not None:
         tokens = assumed
@@ -108,13 +105,6 @@ def heldout(cfg, scale_name: str, data_root="data", split_tokens: dict | None = 
 _PIECES: dict[tuple[str, int], dict] = {}
 
 
-def _meta_model(cfg):
-    """The model on the meta device, in training mode as models/flops.py counts it (an eval-mode
-    Parcae makes its fixed initial state from positions read as numbers, which the meta device
-    has not; the two modes run the same matmuls)."""
-    return build_model(dataclasses.replace(cfg, attn_impl="torch", ssd_impl="torch"), device="meta", init=False)
-
-
 def _key(cfg, seq_len: int) -> tuple[str, int]:
     return json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr), seq_len
 
@@ -128,7 +118,7 @@ def pieces(cfg, seq_len: int) -> dict:
         return _PIECES[key]
     import torch
 
-    model = _meta_model(cfg)
+    model = meta_model(cfg)
     idx = torch.zeros(1, seq_len, dtype=torch.long, device="meta")
     out = {"step": [], "feedback": []}
 
@@ -194,7 +184,7 @@ def forward_flops(cfg, seq_len: int) -> float:
         if found is None:
             import torch
 
-            model = _meta_model(cfg)
+            model = meta_model(cfg)
             with torch.no_grad(), counter() as c:
                 model(torch.zeros(1, seq_len, dtype=torch.long, device="meta"))
             found = float(c.get_total_flops())
@@ -205,8 +195,7 @@ def forward_flops(cfg, seq_len: int) -> float:
 
 # -- the jobs --------------------------------------------------------------------------------------
 
-def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="data",
-                       split_tokens: dict | None = None) -> list[dict]:
+def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="data") -> list[dict]:
     """One row per evaluation or analysis job the DAG runs for the pipeline config ``cfg`` (module
     docstring): ``job`` (the rule), ``run``, ``shard`` ("I/N" or ""), ``windows``, ``tokens``,
     ``flops``, ``hours`` (at ``mfu``, or ``mfu(scale)``, of ``peak_tflops`` per GPU), ``limit_min`` (the job's runtime
@@ -224,11 +213,11 @@ def analysis_plan_rows(cfg, mfu=0.30, peak_tflops: float = 989.0, data_root="dat
                      "gpus": int(res["gpus"]), "heldout_from": source, "note": note})
 
     def resources(stage) -> dict:
-        return {k: getattr(stage, k) for k in ("runtime", "mem_mb", "cpus_per_task", "gpus")}
+        return {"runtime": stage.runtime, "gpus": stage.gpus}
 
     for run in expand_runs(cfg):
         scale = cfg.scales[run.scale]
-        h = heldout(cfg, run.scale, data_root, split_tokens)
+        h = heldout(cfg, run.scale, data_root)
         known = h.windows is not None
         tokens = h.windows * h.seq_len if known else None
         cfg_run = run.model_config

@@ -123,13 +123,12 @@ def plan_time(model_cfg, tcfg, setting, flops_per_token: float, profile, params,
     app_backward_s = backward_s * (1 - head_share) / apps
     comm = 0.0
     nodes, world = setting.num_nodes, setting.world
+    pb = parameter_bytes(setting.precision)
     if world > 1 and not setting.sharded:  # DDP: one all-reduce of the float32 gradients per step
-        pb = parameter_bytes(setting.precision)
         bw = network.bandwidth(nodes > 1)
         ready = [(backward_s * (1 - f), 2 * (world - 1) / world * pb * n / bw) for f, n in profile.first_use]
         comm = _reduce_queue(ready, backward_s)
     elif setting.sharded:  # FSDP2 (train/parallel.py): float32 gathered and reduced, as DDP reduces
-        pb = parameter_bytes(setting.precision)
         group = setting.shard_group
         hybrid = setting.fsdp_sharding.startswith("hybrid")
         bw_group = network.bandwidth(group > setting.devices)
@@ -218,9 +217,9 @@ def _run_plan(cfg: PipelineConfig, run, setting, mfu, peak_tflops, network, memo
 
 def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float | Callable[[str], float] = DEFAULT_MFU,
               peak_tflops: float = DEFAULT_PEAK_TFLOPS, network: Network = Network(), margin: float = DEFAULT_MARGIN,
-              limit_gib: float | None = None, choose_strategy: bool = True) -> list[dict]:
+              limit_gib: float | None = None) -> list[dict]:
     """One row per run of the experiments (default: every trained one); where its memory limit is
-    known and ``choose_strategy``, also :func:`choose`'s setting and whether the config ``agrees``."""
+    known, also :func:`choose`'s setting and whether the config ``agrees``."""
     rows = []
     for run in expand_runs(cfg, experiments):  # each run once (expand_runs merges experiments)
         train = cfg.scales[run.scale].train
@@ -235,7 +234,7 @@ def plan_rows(cfg: PipelineConfig, experiments=None, mfu: float | Callable[[str]
         row.update(current)
         row["fits"] = None if not train.gpu_memory_gib else row["mem_gib"] <= train.gpu_memory_gib
         limit = limit_gib or train.gpu_memory_gib or None
-        if choose_strategy and limit:
+        if limit:
             alts = alternatives(cfg, run, limit, mfu, peak_tflops, network, margin)
             pick = choose(alts)
             row["_alternatives"] = alts
@@ -274,14 +273,18 @@ def alternatives(cfg: PipelineConfig, run, limit_gib: float | None,
     return sorted(rows, key=lambda r: (r["wall_h"], r["mem_gib"]))
 
 
+def _by_setting(rows: list[dict]) -> dict[str, list[dict]]:
+    """The alternatives of ``rows`` (:func:`plan_rows`'s) grouped by setting label."""
+    by_label: dict[str, list[dict]] = {}
+    for alt in (alt for row in rows for alt in row["_alternatives"]):
+        by_label.setdefault(alt["setting"], []).append(alt)
+    return by_label
+
+
 def choose_for_scale(rows: list[dict]) -> dict | None:
     """The one setting for all of a scale's runs (:func:`plan_rows`'s rows): of those every run fits,
     DDP where there is one, then the least GPU-hours; None where none fits them all."""
-    by_label: dict[str, list[dict]] = {}
-    for row in rows:
-        for alt in row["_alternatives"]:
-            by_label.setdefault(alt["setting"], []).append(alt)
-    every = [alts for alts in by_label.values() if len(alts) == len(rows) and all(a["fits"] is not False for a in alts)]
+    every = [alts for alts in _by_setting(rows).values() if len(alts) == len(rows) and all(a["fits"] is not False for a in alts)]
     if not every:
         return None
     every.sort(key=lambda alts: (alts[0]["strategy"] == "fsdp", sum(a["gpu_hours"] for a in alts)))
@@ -372,12 +375,9 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float | 
     at = f"MFU {mfu:.0%}" if not callable(mfu) else "the MFU above"
     print(f"\nTotals at {at} of {peak_tflops:g} TFLOP/s per GPU (training jobs, restarts included):")
     names = experiments or [n for n, e in cfg.experiments.items() if e.trained]
-    for name in names:
-        sel = [r for r in rows if name in r["experiments"].split()]
+    for name, sel in [(n, [r for r in rows if n in r["experiments"].split()]) for n in names] + [("all (each once)", rows)]:
         print(f"  {name:<16}{len(sel):>4} runs {sum(r['train_flops'] for r in sel):>12.3e} FLOPs "
               f"{sum(r['gpu_hours'] for r in sel):>11.0f} GPU-h")
-    print(f"  {'all (each once)':<16}{len(rows):>4} runs {sum(r['train_flops'] for r in rows):>12.3e} FLOPs "
-          f"{sum(r['gpu_hours'] for r in rows):>11.0f} GPU-h")
     print(f"\nGiB/GPU: the planned peak per device (weights, gradients, optimizer state; activations of the K "
           f"unrolled iterations; the loss's logits) + {ALLOWANCE_GIB:g} GiB + {ALLOWANCE_FRACTION:.0%} for the "
           f"allocator and workspaces (ops/memory.py); limit: train.gpu_memory_gib. step s: one optimiser step, "
@@ -411,12 +411,8 @@ def print_plan(cfg: PipelineConfig, experiments: list[str] | None, mfu: float | 
                   f"(the fastest {top} shown; * the plan's choice: DDP where it fits, = the config's)")
             print_table(shown, ALTERNATIVE_COLUMNS, indent="  ")
     if out:
-        buf = io.StringIO()
         fields = [k for k in rows[0] if not k.startswith("_")]
-        writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n", extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-        atomic_write_bytes(out, buf.getvalue().encode())
+        _write_csv(out, [fields] + [[r.get(k) for k in fields] for r in rows])
     return sum(r["fits"] is False for r in rows)  # the runs over their train.gpu_memory_gib (commands/plan.py: exit 1)
 
 
@@ -435,11 +431,6 @@ def record_plans(pipeline: PipelineConfig, record: dict) -> dict[str, MemoryPlan
         cfg = run_model_config(scale, name, step["K"], get_spec(name).width(step["d_s"]))
         out[name] = plan_memory(cfg, step["seq_len"], setting, logits_kept=True, mamba_kernels=kernels)
     return out
-
-
-__all__ = ["DEFAULT_MARGIN", "DEFAULT_MFU", "DEFAULT_PEAK_TFLOPS", "Network", "TimePlan", "alternatives", "choose",
-           "choose_for_scale", "doc_tables", "plan_rows", "plan_time", "print_plan", "print_table", "record_plans",
-           "run_mfu", "write_doc_tables"]
 
 
 # -- the documentation's figures: docs/tables/plan_<config>*.csv, rendered into the pages by
@@ -500,13 +491,9 @@ def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Ne
                      "GPU-h:"]]
         for scale in sorted({r["run"].split("/")[0] for r in chosen}):
             mine = [r for r in chosen if r["run"].startswith(scale + "/")]
-            by_label: dict[str, list[dict]] = {}
-            for r in mine:
-                for alt in r["_alternatives"]:
-                    by_label.setdefault(alt["setting"], []).append(alt)
             current = mine[0]
             picked = []
-            for label, alts in by_label.items():
+            for label, alts in _by_setting(mine).items():
                 what = _changed(alts[0], current)
                 if what is None or len(alts) != len(mine):
                     continue
@@ -535,13 +522,12 @@ def doc_tables(stem: str, rows: list[dict], mfu, peak_tflops: float, network: Ne
 def write_doc_tables(tables: dict[str, list[list[str]]], folder) -> list[Path]:
     """Rewrite those of :func:`doc_tables`'s tables that ``folder`` has (the ones a page shows), or
     where it has none of them write them all; the paths written."""
-    paths = []
     kept = [name for name in tables if (Path(folder) / name).is_file()]
-    for name in kept or list(tables):
-        table = tables[name]
-        buf = io.StringIO()
-        csv.writer(buf, lineterminator="\n").writerows(table)
-        path = Path(folder) / name
-        atomic_write_bytes(path, buf.getvalue().encode())
-        paths.append(path)
-    return paths
+    return [_write_csv(Path(folder) / name, tables[name]) for name in kept or list(tables)]
+
+
+def _write_csv(path, table: list[list]) -> Path:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(table)
+    atomic_write_bytes(path, buf.getvalue().encode())
+    return Path(path)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from stateloop.config import ConfigError
 from stateloop.config.train import CHECKPOINTING
-from stateloop.experiments import load_checked, load_run
+from stateloop.experiments import load_run
 from stateloop.files import atomic_write_bytes
 from stateloop.models.registry import build_model
 from stateloop.ops.measured import cache_dir as _measured_dir
@@ -172,7 +172,12 @@ def _mamba_kernels():
 
     import stateloop.models.mixers as mixers  # torch: the commands import this module for the gate
 
-    class Scan(torch.autograd.Function):
+    class Measured(torch.autograd.Function):
+        @staticmethod
+        def backward(ctx, grad):  # pragma: no cover
+            raise RuntimeError("memory measurement: no backward")
+
+    class Scan(Measured):
         @staticmethod
         def forward(ctx, x, dt, A, B, C, chunk):
             b, seq, h, _ = x.shape
@@ -180,19 +185,11 @@ def _mamba_kernels():
             ctx.save_for_backward(out, x, dt, x.new_empty((b, h, -(-seq // chunk), chunk), dtype=torch.float32), A, B, C)
             return out
 
-        @staticmethod
-        def backward(ctx, grad):  # pragma: no cover
-            raise RuntimeError("memory measurement: no backward")
-
-    class GatedNorm(torch.autograd.Function):
+    class GatedNorm(Measured):
         @staticmethod
         def forward(ctx, y, z, weight, group_size):
             ctx.save_for_backward(y, z, y.new_empty(y.shape[:-1] + (y.shape[-1] // group_size,), dtype=torch.float32))
             return torch.empty_like(y)
-
-        @staticmethod
-        def backward(ctx, grad):  # pragma: no cover
-            raise RuntimeError("memory measurement: no backward")
 
     def ssd(x, dt, A, B, C, chunk_size, impl="auto", initial_state=None, return_final_state=False):
         if initial_state is not None or return_final_state:
@@ -530,8 +527,6 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         total = sum(p.numel() for p in model.parameters())
         params = {"total": total, "loop": loop, "unique_layers": sum(sizes) - loop, "unit_max": max(sizes, default=0),
                   "root": total - sum(sizes)}
-        levels = CHECKPOINTING
-
         def run(B, level):
             rec = _Recorder(model)
             autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
@@ -550,7 +545,7 @@ def _measure(model_cfg, micro_batches: list[int], T: int, precision: str, mamba_
         for B in micro_batches:
             rec, logits = run(B, "none")
             levels_measured = {}
-            for level in levels[1:]:
+            for level in CHECKPOINTING[1:]:
                 other, _ = run(B, level)
                 # a unit backward recomputes: the largest of the level's units, as the forward without
                 # checkpointing kept them (a decoder layer and a stack run as units only when live)
@@ -615,19 +610,11 @@ def saved_profile(model_cfg, micro_batch: int, seq_len: int, precision: str = "b
     figure is affine in the micro-batch (activations per sequence; weight copies and RoPE's tables
     fixed), so the plan compares micro-batches 1 to 8 from two measurements."""
     one, two = measure_saved(model_cfg, [1, 2], seq_len, precision, mamba_kernels)
-    fields = {f.name for f in dataclasses.fields(SavedProfile)}
-    out = {}
-    for key in fields:
-        a, b = one.get(key, 0), two.get(key, 0)
-        if key == "micro_batch":
-            out[key] = micro_batch
-        elif key == "first_use":
-            out[key] = tuple(tuple(x) for x in a)
-        elif key in ("seq_len", "layer_apps", "loop_apps", "logit_itemsize"):
-            out[key] = a
-        else:
-            out[key] = a + (b - a) * (micro_batch - 1)
-    return SavedProfile(**out)
+    fixed = ("seq_len", "layer_apps", "loop_apps", "logit_itemsize", "first_use")
+    out = {f.name: one.get(f.name, 0) + (two.get(f.name, 0) - one.get(f.name, 0)) * (micro_batch - 1)
+           for f in dataclasses.fields(SavedProfile) if f.name not in (*fixed, "micro_batch")}
+    return SavedProfile(**out, **{k: one[k] for k in fixed[:-1]}, micro_batch=micro_batch,
+                        first_use=tuple(tuple(x) for x in one["first_use"]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -799,10 +786,7 @@ def fsdp_static(n: ParamCounts, setting: Setting, embedding: int) -> tuple[int, 
     grad_op = setting.fsdp_sharding in ("grad_op", "hybrid_grad_op")
     accumulating = setting.accumulation > 1
     sharded = 3 * pb * n.total // S
-    if grad_op:
-        start = sharded + pb * n.total + pb * U
-    else:
-        start = sharded + pb * n.root + GATHERED_UNIT * pb * U
+    start = sharded + (pb * n.total + pb * U if grad_op else pb * n.root + GATHERED_UNIT * pb * U)
     if accumulating:
         start += pb * n.total
     after = sharded + pb * n.root + pb * U + pb * U // S + pb * n.unique_layers // S
@@ -871,11 +855,6 @@ def gate(cfg, runs, where: str = "config") -> None:
     cost nothing (no torch, no model)."""
     if any(scale.train.gpu_memory_gib for scale in cfg.scales.values()):
         check_fit(cfg, runs, where)
-
-
-def gate_file(path) -> None:
-    """:func:`gate` of the config file ``path``, read as the commands read it (``load_checked``)."""
-    gate(*load_checked(path), str(path))
 
 
 def gate_run(path, run: str) -> None:

@@ -33,7 +33,6 @@ def go_offline() -> None:
         datasets.config.HF_DATASETS_OFFLINE = True
 
 
-
 def config_needs(pipeline, runs: dict, scales: list[str] | None = None) -> list[Need]:
     """Every need of the config's trained runs' scales (``scales``: only these): their data
     stage's, and their lm-eval tasks where a run of the scale scores them."""
@@ -43,18 +42,14 @@ def config_needs(pipeline, runs: dict, scales: list[str] | None = None) -> list[
         if unknown:
             raise ConfigError(f"--scales: {unknown[0]!r} is not a scale of the config (has: {', '.join(pipeline.scales)})")
         names = [s for s in names if s in scales]
-    out: list[Need] = []
-    seen: set[str] = set()
+    out: dict[str, Need] = {}  # by key: two needs of one key are one
     for name in names:
         scale = pipeline.scales[name]
         scored = any(r.scale == name and (r.scores_tasks() or r.scores_tasks(depths=True)) for r in runs.values())
         for need in data_needs(scale.data) + (task_needs(scale.eval.tasks, scale.eval, f"scales.{name}.eval")
                                               if scored else []):
-            key = need.key or need.what
-            if key not in seen:
-                seen.add(key)
-                out.append(need)
-    return out
+            out.setdefault(need.key or need.what, need)
+    return list(out.values())
 
 
 def prefetch(needs: list[Need], config: str) -> int:

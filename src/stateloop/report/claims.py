@@ -317,44 +317,26 @@ def ladder_rows(cfg) -> list[Claim]:
 
 
 LR_SOURCE = f"{OWN_PREFIX}: learning rate (not the paper's)"
-
-
-def lr_rows(cfg) -> list[Claim]:
-    """The project's own rows (not the paper's claims): does the StateLoop vs Vanilla Looped
-    verdict hold at every peak lr of a bracket (report/lr.py)? One row per K; the effect is the
-    gap with each model at its own best lr."""
-    return [Claim(f"lr_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped at every peak lr tried "
-                  f"(K = {K})", LR_SOURCE, PCT, -1, math.nan, "- (the paper trains at one lr per scale)",
-                  lambda cfg, results, K=K: lr.measure(cfg, results, K), list(lr.experiments(cfg)))
-            for K in lr.loop_counts(cfg)]
-
-
 RECIPE_SOURCE = f"{OWN_PREFIX}: the authors' recipe (not the paper's)"
-
-
-def recipe_rows(cfg) -> list[Claim]:
-    """The project's own rows: the verdict under the authors' recipe where the paper is silent
-    (plain init, their warm-up; report/recipe.py). One row per K; the note holds the project's
-    recipe at the same lrs and seeds."""
-    return [Claim(f"recipe_authors_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped under the "
-                  f"authors' recipe (K = {K})", RECIPE_SOURCE, PCT, -1, math.nan,
-                  "- (the paper states neither init nor warm-up)",
-                  lambda cfg, results, K=K: recipe.measure(cfg, results, K), list(recipe.experiments(cfg)))
-            for K in recipe.loop_counts(cfg)]
-
-
 PRECISION_SOURCE = f"{OWN_PREFIX}: the paper runs' precision (not the paper's)"
 
 
-def precision_rows(cfg) -> list[Claim]:
-    """The project's own rows: the verdict when both models train in the paper runs' precision,
-    bf16-mixed, rather than float32 (report/precision.py). One row per K; the note holds the float32
-    gap on the same seeds and the change between them."""
-    return [Claim(f"precision_bf16_verdict_K{K}", f"StateLoop lowers perplexity against Vanilla Looped when both "
-                  f"train in bf16-mixed (K = {K})", PRECISION_SOURCE, PCT, -1, math.nan,
-                  "- (the paper names no training precision)",
-                  lambda cfg, results, K=K: precision.measure(cfg, results, K), [precision.EXPERIMENT])
-            for K in precision.loop_counts(cfg)]
+def verdict_rows(cfg) -> list[Claim]:
+    """The project's own rows (not the paper's claims), one per K of each study, whose effect is
+    StateLoop's PPL change against Vanilla Looped: at every peak lr of a bracket (report/lr.py; the
+    gap with each model at its own best lr); under the authors' recipe where the paper is silent
+    (plain init, their warm-up; report/recipe.py; the note holds the project's recipe at the same lrs
+    and seeds); when both models train in the paper runs' precision, bf16-mixed, rather than float32
+    (report/precision.py; the note holds the float32 gap on the same seeds and the change)."""
+    studies = [(lr, "lr_verdict", "at every peak lr tried", LR_SOURCE, "- (the paper trains at one lr per scale)",
+                list(lr.experiments(cfg))),
+               (recipe, "recipe_authors_verdict", "under the authors' recipe", RECIPE_SOURCE,
+                "- (the paper states neither init nor warm-up)", list(recipe.experiments(cfg))),
+               (precision, "precision_bf16_verdict", "when both train in bf16-mixed", PRECISION_SOURCE,
+                "- (the paper names no training precision)", [precision.EXPERIMENT])]
+    return [Claim(f"{prefix}_K{K}", f"StateLoop lowers perplexity against Vanilla Looped {when} (K = {K})", source, PCT,
+                  -1, math.nan, paper_unit, lambda cfg, results, study=study, K=K: study.measure(cfg, results, K), experiments)
+            for study, prefix, when, source, paper_unit, experiments in studies for K in study.loop_counts(cfg)]
 
 
 DEPTH_SOURCE = f"{OWN_PREFIX}: test-time depth (not the paper's)"
@@ -364,21 +346,17 @@ def depth_rows(cfg) -> list[Claim]:
     """This project's own question, one row per trained K of the test_time_depth experiment: does
     StateLoop degrade less than Vanilla Looped past its trained depth (report/depth.py)? Negative:
     it does."""
-
-    def measure(cfg, results, K):
-        return depth.degrades_less(depth.curves(cfg, results), K)
-
     return [Claim(f"test_time_depth_degrades_less_K{K}", f"StateLoop degrades less than Vanilla Looped beyond its "
                   f"trained depth (trained K = {K})", DEPTH_SOURCE, "points of % PPL change from K to K*", -1, math.nan,
-                  "not in the paper", lambda cfg, results, K=K: measure(cfg, results, K), [depth.EXPERIMENT])
+                  "not in the paper", lambda cfg, results, K=K: depth.degrades_less(depth.curves(cfg, results), K),
+                  [depth.EXPERIMENT])
             for K in depth.trained_depths(cfg)]
 
 
 def judge(cfg, results: Path) -> pd.DataFrame:
     """Every claim's row (``claims.csv``)."""
     rows = []
-    own = (token_trend_rows(cfg) + ladder_rows(cfg) + lr_rows(cfg) + recipe_rows(cfg) + precision_rows(cfg)
-           + depth_rows(cfg))
+    own = token_trend_rows(cfg) + ladder_rows(cfg) + verdict_rows(cfg) + depth_rows(cfg)
     for c in paper_claims() + choice_rows() + own:
         out = c.measure(cfg, results)
         if out is None and c.source.startswith(("choice", "own")):

@@ -61,10 +61,7 @@ def degrades_less(curves_: dict, K: int, model: str = "stateloop", against: str 
     None when either model lacks runs at K or depths past K."""
     if K not in curves_.get(model, {}) or K not in curves_.get(against, {}):
         return None
-    ours = {s: degradation(c, K) for s, c in curves_[model][K].items()}
-    theirs = {s: degradation(c, K) for s, c in curves_[against][K].items()}
-    ours = {s: v for s, v in ours.items() if v is not None}
-    theirs = {s: v for s, v in theirs.items() if v is not None}
+    ours, theirs = ({s: v for s, c in curves_[m][K].items() if (v := degradation(c, K)) is not None} for m in (model, against))
     if not ours or not theirs:
         return None
     star = deepest_beyond(K, next(iter(curves_[model][K].values())))

@@ -56,9 +56,6 @@ def _legend_below(ax, handles, ncol: int = 1):
     return ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol)
 
 
-MARKERS = "osD^v<>ph"  # one per model of a depth figure, in the order given
-
-
 def _colour(model: str, i: int) -> str:
     """The model's own colour (style.MODEL_COLOURS), else the i-th of style.SEQUENCE: two models no
     figure knew are told apart."""
@@ -228,14 +225,6 @@ def state_analysis(cfg, results: Path):
     return fig
 
 
-def _comparison_colour(comp) -> str:
-    """A comparison takes the colour of the model it is about: the variant or ablation, or
-    StateLoop against Vanilla Looped, or Vanilla + FFN when StateLoop is set against it."""
-    if comp.model == "stateloop" and comp.against != "vanilla_looped":
-        return style.model_colour(comp.against)
-    return style.model_colour(comp.model)
-
-
 LINESTYLES = ("-", "--", ":", "-.")  # one per loop count where a model's colour repeats
 MARKERS = ("o", "s", "^", "D")
 
@@ -262,7 +251,9 @@ def gap_vs_tokens(cfg, results: Path):
             est = trends.slope(curves)
             fit = "no slope (one point)" if est is None else f"slope {est.format()}"
             n = Ks.index(comp.ours[0].K)
-            colour = _comparison_colour(comp)
+            # the model the comparison is about: the variant or ablation, StateLoop against Vanilla, Vanilla + FFN
+            colour = style.model_colour(comp.against if comp.model == "stateloop" and comp.against != "vanilla_looped"
+                                        else comp.model)
             ax.errorbar(xs, [points[x].mean for x in xs], yerr=[points[x].bar for x in xs], fmt=MARKERS[n % 4],
                         ls=LINESTYLES[n % 4], ms=3, color=colour, label=f"{comp.label} ({fit})")
             lo = [points[x].lo if points[x].bar else points[x].mean for x in xs]

@@ -121,9 +121,7 @@ def rung_points(cfg, results: Path, K: int) -> list[Rung]:
     out = []
     for name in rungs(cfg):
         points = lr.bracket(cfg, results, K, bracket_names(cfg, name))
-        if not points:
-            continue
-        seeds = sorted(lr.common_seeds(points))
+        seeds = sorted(lr.common_seeds(points))  # none without points
         if not seeds:
             continue
         on = lr.on_seeds(points, set(seeds))

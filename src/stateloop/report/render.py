@@ -29,17 +29,13 @@ def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Pa
         from stateloop.report import claims  # pandas, matplotlib: `stateloop`'s parser imports this module
 
         df = claims.judge(cfg, results)
-        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
-        atomic_write_bytes(out.with_suffix(".md"), claims.to_markdown(df, cfg, str(config_file)).encode())
-        written = [out, out.with_suffix(".md")]
+        written = _save_table(df, claims.to_markdown(df, cfg, str(config_file)), out)
     elif OUTPUTS[target].kind == "table":
         from stateloop.report import tables  # pandas: `stateloop`'s parser imports this module
 
         kwargs = {"bench_json": bench} if OUTPUTS[target].bench and bench else {}
         df, notes = tables.TABLES[target](cfg, results, **kwargs)
-        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
-        atomic_write_bytes(out.with_suffix(".md"), tables.to_markdown(df, notes, OUTPUTS[target].title).encode())
-        written = [out, out.with_suffix(".md")]
+        written = _save_table(df, tables.to_markdown(df, notes, OUTPUTS[target].title), out)
     else:
         from stateloop.report import figures  # matplotlib: `stateloop`'s parser imports this module
 
@@ -48,6 +44,13 @@ def render(cfg: PipelineConfig, config_file, target: str, results: Path, out: Pa
     if mlflow:
         print(f"stateloop render: logged to MLflow run {log_to_mlflow(cfg, config_file, target, written)}")
     return 0
+
+
+def _save_table(df, markdown: str, out: Path) -> list[Path]:
+    """``df`` as ``out`` (CSV) and ``markdown`` as its .md twin."""
+    atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
+    atomic_write_bytes(out.with_suffix(".md"), markdown.encode())
+    return [out, out.with_suffix(".md")]
 
 
 def _save_figure(fig, out: Path) -> list[Path]:
@@ -73,9 +76,7 @@ def _render_comparison(cfg, config_file, results: Path, out: Path, experiment: s
         from stateloop.report import compare  # pandas: `stateloop`'s parser imports this module
 
         df = compare.compare(cfg, results, experiment)
-        atomic_write_bytes(out, df.to_csv(index=False, float_format="%.4f").encode())
-        atomic_write_bytes(out.with_suffix(".md"), compare.to_markdown(df, cfg, experiment, str(config_file)).encode())
-        return [out, out.with_suffix(".md")]
+        return _save_table(df, compare.to_markdown(df, cfg, experiment, str(config_file)), out)
     if out.suffix == ".pdf":
         if not varies_K(cfg, experiment):
             raise ConfigError(f"--out {out}: experiment {experiment} does not vary K: its comparison is a table (--out .csv)")

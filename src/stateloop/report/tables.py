@@ -64,14 +64,12 @@ def heldout_by_seed(results: Path, runs) -> dict[int, float]:
 
 
 def _runs(cfg, experiment: str):
-
     if experiment not in cfg.experiments:
         raise KeyError(f"experiments.{experiment}: the config defines no such experiment (needed by this table)")
     return expand_runs(cfg, [experiment])
 
 
 def _params(run) -> int:
-
     return count_params(run.model_config)
 
 
@@ -83,10 +81,7 @@ def heldout_description(cfg, runs) -> str:
         sc = cfg.scales[scale]
         split = sc.eval.heldout_split
         source = sc.data.source if isinstance(sc.data.source, str) else ", ".join(sc.data.source)
-        if split == "val":
-            where = sc.data.val_description
-        else:
-            where = f"its {split!r} split"
+        where = sc.data.val_description if split == "val" else f"its {split!r} split"
         parts.append(f"the {split!r} split of {source} ({where}; {windows_note(sc)})" + (f" at scale {scale}" if len(scales) > 1 else ""))
     return "; ".join(parts)
 
@@ -141,12 +136,9 @@ def _seeds_note(groups: dict) -> str:
             "Student-t over seeds, relative changes paired by seed (stateloop.report.stats).")
 
 
-def _reference_cell(groups: dict, model: str, K: int | None = None) -> list | None:
-    """The runs of ``model``'s cell (at loop count ``K`` when given, else the first)."""
-    for rs in groups.values():
-        if rs[0].model == model and (K is None or rs[0].K == K):
-            return rs
-    return None
+def _reference_cell(groups: dict, model: str) -> list | None:
+    """The runs of ``model``'s first cell."""
+    return next((rs for rs in groups.values() if rs[0].model == model), None)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +147,6 @@ def _reference_cell(groups: dict, model: str, K: int | None = None) -> list | No
 def table1(cfg, results: Path) -> tuple[pd.DataFrame, list[str]]:
     """Perplexities: held-out (the paper's Pile column), LAMBADA-OpenAI (token), WikiText-2 (word),
     each model's held-out PPL change against Vanilla Looped, parameters and compute."""
-
     runs = _runs(cfg, "table1")
     groups = cells(runs)
     comparable = _is_paper_scale(cfg, runs)

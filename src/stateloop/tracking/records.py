@@ -26,7 +26,6 @@ def standard_tags(command: str) -> dict[str, str]:
     """MLflow's own tags (the UI's "User", "Source", "Git commit") for a run made by ``stateloop COMMAND``."""
     import getpass
 
-
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

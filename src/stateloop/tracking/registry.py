@@ -13,12 +13,6 @@ MODEL_NAME_FORBIDDEN = re.compile(r"[/:.%\"']")
 LOGGED_MODEL_TYPE = "transformers (trust_remote_code)"  # what the artifacts are: a Hugging Face directory
 
 
-def logged_model_name(run_name: str) -> str:
-    """A run id as MLflow allows a logged model's name: tiny/stateloop/K4_ds32_seed1 ->
-    tiny-stateloop-K4_ds32_seed1 (the run id itself is the model's tag ``stateloop.run``)."""
-    return MODEL_NAME_FORBIDDEN.sub("-", run_name)
-
-
 def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], tags: dict[str, str],
               step: int, register: str = "") -> str:
     """The run's final weights as an MLflow LoggedModel (export/hf.py's Hugging Face directory),
@@ -38,7 +32,8 @@ def log_model(c, run_id: str, run_dir, run_name: str, params: dict[str, str], ta
     if ready:
         model_id = ready[0].model_id
     else:
-        model = c.create_logged_model(exp_id, name=logged_model_name(run_name), source_run_id=run_id,
+        # tiny/stateloop/K4_ds32_seed1 -> tiny-stateloop-K4_ds32_seed1; the run id itself is the tag stateloop.run
+        model = c.create_logged_model(exp_id, name=MODEL_NAME_FORBIDDEN.sub("-", run_name), source_run_id=run_id,
                                       params=params, tags={"stateloop.run": run_name, **tags},
                                       model_type=LOGGED_MODEL_TYPE)
         model_id = model.model_id

@@ -5,7 +5,6 @@ stage's results logged into it (:func:`log_stage`)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from stateloop.config import ConfigError
@@ -22,7 +21,6 @@ def train_summary(run_dir) -> dict:
     """RUN_DIR/train.json (written when training finishes), or {} when absent."""
     import json
 
-
     path = Path(run_dir) / TRAIN_SUMMARY
     if not path.is_file():
         return {}
@@ -35,24 +33,12 @@ def train_summary(run_dir) -> dict:
     return data
 
 
-def _local_train_setting(config: RunConfig | None, pipeline: PipelineConfig | None = None):
-    """The ``train:`` section (TrainConfig) of the run's scale in the pipeline config named on the
-    command line (``pipeline``, loaded by the command), else None. Never the config file the run
-    folder names (``run.config``): a received folder could name one of its own (resolve.py)."""
-    if pipeline is None:
-        return None
-    scale = pipeline.scales.get(config.run.scale if config else None)
-    return scale.train if scale is not None else None
-
-
 def stage_uri(config: RunConfig | None, pipeline: PipelineConfig | None = None) -> str:
     """The store of a stage after training: $MLFLOW_TRACKING_URI, else the ``train.mlflow_tracking_uri``
     of the run's scale in the pipeline config named on the command line, else the local default.
     Never the store that train.json, the run's saved config or the config file it names gives."""
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return tracking_uri()
-    train = _local_train_setting(config, pipeline)
-    return tracking_uri(train.mlflow_tracking_uri if train is not None else None)
+    scale = pipeline.scales.get(config.run.scale if config else None) if pipeline is not None else None
+    return tracking_uri(scale.train.mlflow_tracking_uri if scale is not None else None)
 
 
 def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineConfig | None = None, command: str = "eval"):
@@ -60,7 +46,6 @@ def run_of(run_dir, run_id: str, config: RunConfig | None, pipeline: PipelineCon
     names when the store holds it (missing from the store train.json records: an error), else the
     newest run named ``run_id`` in the run's experiment, created when absent."""
     from mlflow.exceptions import MlflowException
-
 
     summary = train_summary(run_dir)
     uri = stage_uri(config, pipeline)

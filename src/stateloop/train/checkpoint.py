@@ -102,7 +102,6 @@ class CheckpointStore:
         unpickler (memory-mapped, cheap) and loads it only when that succeeds."""
         import torch
 
-
         problem = CheckpointStore.check_safe(Path(path))
         if problem is not None:
             raise ConfigError(problem)

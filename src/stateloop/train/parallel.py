@@ -52,7 +52,6 @@ def shard(model: torch.nn.Module, mesh, sharding: str) -> torch.nn.Module:
     (2-D: replicate x shard; a 1 x N mesh shards over all N ranks). In place; returns ``model``."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-
     mesh = mesh if mesh.size(0) > 1 else mesh[mesh.mesh_dim_names[1]]  # one replica: a 1-D mesh
     # No cast: parameters gathered, and gradients reduced, in the parameters' own dtype (float32;
     # float64 in a float64 run). The module docstring says why.

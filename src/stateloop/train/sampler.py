@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from stateloop.data.shards import ShardSet
+from stateloop.data.shards import ShardSet, window_count
 
 # Names the stream's construction; checkpoints record it, so a resume on another stream warns.
 STREAM = "permuted-windows-v1"
@@ -58,11 +58,9 @@ def epoch_permutation(n_windows: int, seed: int, epoch: int) -> np.ndarray:
 
 class TokenSampler:
     def __init__(self, shards: ShardSet, seq_len: int, global_batch: int, micro_batch: int, world_size: int, seed: int):
-        if len(shards) < seq_len + 1:
-            raise ValueError(f"{shards.dir}: split {shards.split!r} has {len(shards)} tokens, fewer than one window of {seq_len + 1}")
         self.shards, self.seq_len, self.seed = shards, seq_len, seed
         self.global_batch, self.micro_batch, self.world_size = global_batch, micro_batch, world_size
-        self.n_windows = (len(shards) - 1) // seq_len  # windows of seq_len + 1 tokens at stride seq_len
+        self.n_windows = window_count(shards, seq_len)  # windows of seq_len + 1 tokens at stride seq_len
         self._perms: dict[int, np.ndarray] = {}  # epoch -> permutation; at most two kept
 
     def permutation(self, epoch: int) -> np.ndarray:
@@ -74,10 +72,6 @@ class TokenSampler:
                 del self._perms[max(self._perms, key=lambda e: abs(e - epoch))]
             self._perms[epoch] = perm
         return perm
-
-    def epoch_at(self, step: int) -> float:
-        """Epochs of the split completed before optimiser step ``step`` (0.5: half-way through the first)."""
-        return step * self.global_batch / self.n_windows
 
     def step_windows(self, step: int) -> np.ndarray:
         """Window indices (0 .. n_windows - 1) of the global batch of optimiser step ``step``."""

@@ -28,8 +28,4 @@ def lr_at(step: int, lr: float, min_lr: float, warmup_steps: int, total_steps: i
 
 def lr_lambda(cfg, total_steps: int):
     """The multiplier of ``cfg.lr`` that ``torch.optim.lr_scheduler.LambdaLR`` applies at each step."""
-
-    def factor(step: int) -> float:
-        return lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, total_steps, cfg.schedule) / cfg.lr
-
-    return factor
+    return lambda step: lr_at(step, cfg.lr, cfg.min_lr, cfg.warmup_steps, total_steps, cfg.schedule) / cfg.lr

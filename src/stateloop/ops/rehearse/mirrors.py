@@ -306,10 +306,7 @@ def fineweb_edu_files(data_cfg: DataConfig, shared_data: Path | None, n_train: i
     config, pattern, folder, dump = _fineweb_config(data_cfg.hub_config)
     fractions, key = data_cfg.holdout_fractions, holdout_key(data_cfg.seed)
     want = {"train": n_train, "val": n_val if fractions[0] else 0, "test": n_test if fractions[1] else 0}
-
-    def assign(text: str) -> str:
-        return holdout_split(text, fractions, key)
-
+    assign = lambda text: holdout_split(text, fractions, key)  # noqa: E731
     sources = _sources(shared_data)
     cursor = _Cursor(sources)
     got: dict[str, list[_Doc]] = {s: [] for s in want}
