@@ -184,3 +184,23 @@ def test_the_gpu_checks_decode_falls_back_to_the_twins_when_a_kernel_fails(monke
     assert calls == [True, False] and result["kernel_error"] == "RuntimeError: triton: out of resources"
     assert result["kernels"]["mamba_ssm"] is False and kernels.HAS_MAMBA_SSM is True
     assert len(result["rows"]) == 6
+
+
+def test_the_config_walk_reaches_the_training_and_stops_at_its_first_line(tmp_path, monkeypatch, capsys):
+    """benchmarks/config_walk.py traces `stateloop train` until train.loop.train is entered: it
+    passes through the config's resolution and never trains (no run folder is written)."""
+    from stateloop.data.stage import Request, tokenize_stage
+
+    data = tmp_path / "data"
+    assert tokenize_stage(Request(config=str(ROOT / "configs/smoke.yaml"), scale="smoke", out=str(data), no_progress=True)) == 0
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["config_walk.py", "--config", str(ROOT / "configs/smoke.yaml"), "--data-dir", str(data), "--list"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(ROOT / "benchmarks/config_walk.py"), run_name="__main__")
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    stops = [line.strip() for line in out.splitlines() if line.startswith("  ") and ": entered" not in line]
+    for stop in ("experiments.py: load_run", "train/stage.py: train_stage", "resolve.py: resolve_run"):
+        assert stop in stops, (stop, stops)
+    assert not (tmp_path / "results").exists()  # stopped before the training wrote anything
+    assert re.search(r"\d+ stops in \d+ files, \d+ entries into a file", out), out

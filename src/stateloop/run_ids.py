@@ -26,7 +26,6 @@ def parse_run_id(run_id: str) -> tuple[str, str, int, int, int] | None:
     return (m["scale"], m["model"], int(m["K"]), int(m["ds"]), int(m["seed"])) if m else None
 
 
-
 def split_run_id(run_id: str) -> tuple[str, str, int, int, int]:
     """(scale, model, K, d_s, seed) of a run id (RUN_ID_FORM); one line when it is not one."""
     parts = parse_run_id(run_id)

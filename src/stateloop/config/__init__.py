@@ -5,8 +5,8 @@ types, bounds and one-line descriptions: ``Field(default, gt=0, description=...)
 declarations are the loader (:func:`from_dict`: unknown keys and wrong types refused), the JSON
 Schema Snakemake validates and configs/README.md (config/schema.py). A refusal is one
 :class:`ConfigError` line naming the key path (``model.d_modle: unknown key (allowed: ...)``). The
-sections live in this folder: model.py, data.py, train.py, evaluate.py, pipeline.py (scales,
-experiments, the benchmark, the cluster and each stage's job resources), run.py (one run's
+sections live in this folder: model.py, data.py, train.py, evaluate.py, resources.py (each stage's
+job resources, the cluster), pipeline.py (scales, experiments, the benchmark), run.py (one run's
 resolved config). A command's own flags are its ``Request`` (:class:`StageRequest`); how a run's
 config resolves: ``resolve.resolve_run``.
 """

@@ -76,7 +76,6 @@ class BenchConfig:
         "the paper's literal protocol.")
 
 
-
 @section
 class PipelineConfig:
     scales: Annotated[dict[Text, ScaleConfig], Field(description="scale name -> its settings")]

@@ -32,7 +32,6 @@ class AnalyzeResources(StageResources):
         "calibration job first, then the shards, then their merge.")
 
 
-
 @section
 class ResourcesConfig:
     tokenize: StageResources = Field(default_factory=StageResources)

@@ -1,9 +1,10 @@
 """The ``train:`` section of a scale: hardware, optimiser, schedule, budget, checkpoints, tracking.
 
-A frozen dataclass (a changed copy: ``dataclasses.replace``). Every field is a YAML value;
-:func:`stateloop.config.from_dict` rejects unknown keys and wrong types, and
-:meth:`TrainConfig.__post_init__` rejects impossible values, each with a one-line
-:class:`~stateloop.config.ConfigError` naming the key (``train.strategy: ...``).
+A frozen section (a changed copy: ``dataclasses.replace``). Every field is a YAML value, declared
+with its type, bounds and choices; :func:`stateloop.config.from_dict` refuses unknown keys, wrong
+types and values out of bounds, and :meth:`TrainConfig.__post_init__` the settings that contradict
+each other, each with a one-line :class:`~stateloop.config.ConfigError` naming the key
+(``train.strategy: ...``).
 
 Batch arithmetic (paper: 256 sequences x 2048 tokens per optimiser step)::
 

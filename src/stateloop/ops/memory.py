@@ -48,7 +48,6 @@ ALLOWANCE_GIB = 1.5  # CUDA context, cuBLAS and NCCL workspaces
 ALLOWANCE_FRACTION = 0.08  # the allocator's free reserved blocks (~3%) + the H200 record's unexplained 4.5%
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Precision
 
